@@ -1,0 +1,33 @@
+# gnnscale developer entry points. Everything lives in .venv; no network access at run time.
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.gnnscale-installed
+# CPU build of torch available on the project's machines; a bare `torch` requirement would pull a CUDA build.
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q torch==$(TORCH_VERSION)
+	$(VPY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/gnnscale train --dataset csbm --model gcn --epochs 100
+
+test: setup
+	$(VPY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check gnnscale tests benchmarks
+	$(VENV)/bin/mypy gnnscale
+
+bench: setup
+	$(VPY) benchmarks/inmemory_vs_pyg.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,152 @@
+"""Blocks: the bipartite sub-graphs every layer runs on.
+
+A :class:`Block` holds the in-edges of ``num_dst`` destination rows from ``num_src`` source rows, in CSR. By
+convention (DGL's) the first ``num_dst`` source rows *are* the destination vertices, so ``x_src[:num_dst]`` is the
+destinations' own representation. The in-memory engine uses one block for the whole graph; chunked engines cut
+blocks out of the same normalised adjacency, so a chunk sees exactly the edge weights the full graph would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from gnnscale.graph.graph import Graph, _coo_to_csr
+
+Norm = Literal["none", "gcn"]
+
+
+@dataclass(frozen=True)
+class AdjacencySpec:
+    """Which adjacency a layer aggregates over. Normalisation is global (it reads degrees of the whole graph)."""
+
+    self_loops: bool = False
+    """Add a self-loop to every vertex that has none (PyG's ``add_remaining_self_loops``)."""
+    norm: Norm = "none"
+    """``"gcn"``: symmetric ``D^-1/2 (A + I) D^-1/2`` weights; ``"none"``: the graph's weights (or ones)."""
+
+
+def normalized_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, Tensor | None]:
+    """In-neighbour CSR ``(indptr, indices, weight)`` of the whole graph after self-loops and normalisation.
+
+    Chunked engines slice destination row ranges out of this, so per-chunk blocks carry globally correct weights.
+    """
+    indptr, indices = graph.indptr, graph.indices.long()
+    weight = graph.edge_weight if spec.norm == "gcn" else None
+    n = graph.num_nodes
+    if spec.self_loops:
+        dst = graph.dst_index()
+        has_loop = torch.zeros(n, dtype=torch.bool)
+        has_loop[dst[indices == dst]] = True
+        missing = torch.nonzero(~has_loop).view(-1)
+        src = torch.cat([indices, missing])
+        dst = torch.cat([dst, missing])
+        if weight is not None:
+            weight = torch.cat([weight, torch.ones(missing.numel(), dtype=weight.dtype)])
+        indptr, indices, weight = _coo_to_csr(src, dst, n, weight, coalesce=False)
+    if spec.norm == "gcn":
+        w = torch.ones(indices.numel()) if weight is None else weight
+        deg = torch.zeros(n).index_add_(0, _rows(indptr), w)  # weighted in-degree, self-loop included
+        dinv = deg.pow(-0.5)
+        dinv.masked_fill_(torch.isinf(dinv), 0.0)
+        weight = dinv[indices] * w * dinv[_rows(indptr)]
+    return indptr, indices, weight
+
+
+def _rows(indptr: Tensor) -> Tensor:
+    """``[nnz]`` row of each CSR entry."""
+    counts = indptr[1:] - indptr[:-1]
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=indptr.device), counts)
+
+
+@dataclass(eq=False)
+class Block:
+    """In-edges of ``num_dst`` destination rows from ``num_src`` source rows (destinations are the first rows)."""
+
+    indptr: Tensor
+    """``[num_dst + 1]`` row pointers."""
+    indices: Tensor
+    """``[num_edges]`` local source row (``0 <= i < num_src``) of each edge."""
+    num_src: int
+    edge_weight: Tensor | None = None
+    """``[num_edges]`` weight per edge; ``None`` means ones."""
+    src_ids: Tensor | None = None
+    """``[num_src]`` global vertex id of each source row; ``None`` means ``arange(num_src)``."""
+    _cache: dict[str, Tensor] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_graph(cls, graph: Graph, spec: AdjacencySpec = AdjacencySpec()) -> Block:
+        """One block covering the whole graph (``num_src == num_dst == num_nodes``)."""
+        indptr, indices, weight = normalized_csr(graph, spec)
+        return cls(indptr=indptr, indices=indices, num_src=graph.num_nodes, edge_weight=weight)
+
+    @property
+    def num_dst(self) -> int:
+        return int(self.indptr.numel()) - 1
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.indptr.device
+
+    def row_ids(self, rows: int | None = None) -> Tensor:
+        """Global ids of the first ``rows`` source rows (all when ``None``): the keys of keyed dropout."""
+        rows = self.num_src if rows is None else rows
+        if self.src_ids is None:
+            return torch.arange(rows, device=self.device)
+        return self.src_ids[:rows]
+
+    def in_degree(self) -> Tensor:
+        """``[num_dst]`` in-edges per destination."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def dst_index(self) -> Tensor:
+        """``[num_edges]`` destination row of each edge (cached)."""
+        if "dst" not in self._cache:
+            self._cache["dst"] = _rows(self.indptr)
+        return self._cache["dst"]
+
+    def _values(self) -> Tensor:
+        if self.edge_weight is not None:
+            return self.edge_weight
+        return torch.ones(self.num_edges, device=self.device)
+
+    def adj(self) -> Tensor:
+        """Sparse CSR ``[num_dst, num_src]`` adjacency with the edge weights (cached)."""
+        if "adj" not in self._cache:
+            self._cache["adj"] = torch.sparse_csr_tensor(
+                self.indptr, self.indices.to(self.indptr.dtype), self._values(), (self.num_dst, self.num_src)
+            )
+        return self._cache["adj"]
+
+    def adj_t(self) -> Tensor:
+        """Sparse CSR ``[num_src, num_dst]`` transpose, for backward (cached): sources sum their gradients."""
+        if "adj_t" not in self._cache:
+            csc = self.adj().to_sparse_csc()
+            self._cache["adj_t"] = torch.sparse_csr_tensor(
+                csc.ccol_indices(), csc.row_indices(), csc.values(), (self.num_src, self.num_dst)
+            )
+        return self._cache["adj_t"]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Block:
+        """Copy to ``device`` (caches are rebuilt there on first use)."""
+        def mv(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return Block(
+            indptr=self.indptr.to(device, non_blocking=non_blocking),
+            indices=self.indices.to(device, non_blocking=non_blocking),
+            num_src=self.num_src,
+            edge_weight=mv(self.edge_weight),
+            src_ids=mv(self.src_ids),
+        )
+
+    def nbytes(self) -> int:
+        ts = [self.indptr, self.indices, self.edge_weight, self.src_ids]
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)

@@ -1,0 +1,331 @@
+"""The one Graph type of gnnscale: in-neighbour CSR topology plus vertex data.
+
+Convention: edge ``u -> v`` means ``v`` aggregates ``u`` (PyG's ``source_to_target`` flow). The CSR is indexed by
+destination: the in-neighbours of ``v`` are ``indices[indptr[v]:indptr[v+1]]``. Every engine reads this one type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import Tensor
+
+from gnnscale.errors import GraphError
+
+MASK_NAMES = ("train_mask", "val_mask", "test_mask")
+# NaN/inf checks read features in slabs of this many rows, so a memory-mapped matrix is never loaded whole.
+_CHECK_ROWS = 1 << 16
+
+
+@dataclass(eq=False)
+class Graph:
+    """A graph in in-neighbour CSR with float32 features, integer labels and train/val/test masks.
+
+    Construct with :meth:`from_edge_index`, :meth:`from_scipy` or :meth:`from_pyg` rather than directly; the
+    constructor validates whatever it is given and raises :class:`~gnnscale.errors.GraphError` on bad input.
+    """
+
+    indptr: Tensor
+    """``[num_nodes + 1]`` int64 row pointers, indexed by destination vertex."""
+    indices: Tensor
+    """``[num_edges]`` int64 or int32 source vertex of each in-edge."""
+    x: Tensor | None = None
+    """``[num_nodes, num_features]`` float32 features; may be backed by a memory-mapped file."""
+    y: Tensor | None = None
+    """``[num_nodes]`` int64 labels in ``[0, num_classes)``."""
+    train_mask: Tensor | None = None
+    val_mask: Tensor | None = None
+    test_mask: Tensor | None = None
+    edge_weight: Tensor | None = None
+    """``[num_edges]`` float32 weight of each in-edge, in CSR order; ``None`` means all ones."""
+    name: str = "graph"
+    num_classes: int | None = None
+    """Number of classes; inferred as ``y.max() + 1`` when omitted."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Free-form provenance (dataset spec, generator parameters); saved by :func:`gnnscale.graph.io.save`."""
+
+    def __post_init__(self) -> None:
+        if self.y is not None and self.num_classes is None and self.y.numel() > 0:
+            self.num_classes = int(self.y.max()) + 1
+        self.validate()
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.numel()) - 1
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.numel())
+
+    @property
+    def num_features(self) -> int:
+        return 0 if self.x is None else int(self.x.shape[1])
+
+    def in_degree(self) -> Tensor:
+        """``[num_nodes]`` number of in-edges of each vertex."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def out_degree(self) -> Tensor:
+        """``[num_nodes]`` number of out-edges of each vertex."""
+        return torch.bincount(self.indices.long(), minlength=self.num_nodes)
+
+    def dst_index(self) -> Tensor:
+        """``[num_edges]`` destination vertex of each edge, in CSR order."""
+        return torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degree())
+
+    def edge_index(self) -> Tensor:
+        """``[2, num_edges]`` COO edges ``(source, destination)`` in CSR order, PyG's convention."""
+        return torch.stack([self.indices.long(), self.dst_index()])
+
+    # ------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check every invariant; raise :class:`GraphError` naming the first one broken."""
+        ip, ind = self.indptr, self.indices
+        if ip.dim() != 1 or ip.numel() < 1:
+            raise GraphError("indptr must be a 1-D tensor of length num_nodes + 1")
+        if ip.dtype != torch.int64:
+            raise GraphError(f"indptr must be int64, got {ip.dtype}")
+        if ind.dim() != 1 or ind.dtype not in (torch.int64, torch.int32):
+            raise GraphError(f"indices must be a 1-D int64 or int32 tensor, got {ind.dtype} of shape {tuple(ind.shape)}")
+        n = self.num_nodes
+        if n == 0:
+            raise GraphError("the graph is empty (0 vertices)")
+        if int(ip[0]) != 0 or int(ip[-1]) != ind.numel():
+            raise GraphError(f"indptr must start at 0 and end at num_edges={ind.numel()}, got {int(ip[0])}..{int(ip[-1])}")
+        if n > 1 and bool((ip[1:] < ip[:-1]).any()):
+            raise GraphError("indptr must be non-decreasing")
+        if ind.numel():
+            lo, hi = int(ind.min()), int(ind.max())
+            if lo < 0:
+                raise GraphError(f"negative vertex id {lo} in edges")
+            if hi >= n:
+                raise GraphError(f"vertex id {hi} in edges is out of range for {n} vertices")
+        if self.edge_weight is not None:
+            if self.edge_weight.shape != (ind.numel(),):
+                raise GraphError(
+                    f"edge_weight has shape {tuple(self.edge_weight.shape)}, expected ({ind.numel()},)"
+                )
+            if not bool(torch.isfinite(self.edge_weight).all()):
+                raise GraphError("edge_weight contains NaN or inf")
+        if self.x is not None:
+            if self.x.dim() != 2 or self.x.shape[0] != n:
+                raise GraphError(f"features have shape {tuple(self.x.shape)}, expected ({n}, num_features)")
+            if self.x.dtype != torch.float32:
+                raise GraphError(f"features must be float32, got {self.x.dtype}")
+            for start in range(0, n, _CHECK_ROWS):
+                if not bool(torch.isfinite(self.x[start : start + _CHECK_ROWS]).all()):
+                    raise GraphError(f"features contain NaN or inf (in rows {start}..{min(n, start + _CHECK_ROWS) - 1})")
+        if self.y is not None:
+            if self.y.shape != (n,):
+                raise GraphError(f"labels have shape {tuple(self.y.shape)}, expected ({n},)")
+            if self.y.dtype != torch.int64:
+                raise GraphError(f"labels must be int64, got {self.y.dtype}")
+            c = self.num_classes
+            if c is None or c < 1:
+                raise GraphError(f"num_classes must be >= 1, got {c}")
+            lo, hi = int(self.y.min()), int(self.y.max())
+            if lo < 0 or hi >= c:
+                raise GraphError(f"labels must lie in [0, {c}), found {lo if lo < 0 else hi}")
+        for mname in MASK_NAMES:
+            m = getattr(self, mname)
+            if m is None:
+                continue
+            if m.dtype != torch.bool:
+                raise GraphError(f"{mname} must be a bool tensor, got {m.dtype}")
+            if m.shape != (n,):
+                raise GraphError(f"{mname} has length {m.numel()}, expected {n} (one entry per vertex)")
+            if self.y is None and bool(m.any()):
+                raise GraphError(f"{mname} selects vertices but the graph has no labels")
+
+    # ---------------------------------------------------------- constructors
+    @classmethod
+    def from_edge_index(
+        cls,
+        edge_index: Tensor | np.ndarray,
+        num_nodes: int | None = None,
+        *,
+        edge_weight: Tensor | np.ndarray | None = None,
+        coalesce: bool = True,
+        **data: Any,
+    ) -> Graph:
+        """Build from ``[2, E]`` COO edges ``(source, destination)``.
+
+        Args:
+            edge_index: edges, PyG convention (row 0 = source, row 1 = destination).
+            num_nodes: number of vertices; defaults to ``max id + 1`` (or the feature rows when given).
+            edge_weight: optional ``[E]`` weights.
+            coalesce: merge duplicate edges (summing their weights). Without it, duplicates stay as multi-edges.
+            **data: ``x``, ``y``, masks, ``name``, ``num_classes``, ``meta`` as for :class:`Graph`.
+        """
+        ei = torch.as_tensor(np.asarray(edge_index) if isinstance(edge_index, np.ndarray) else edge_index)
+        if ei.dim() != 2 or ei.shape[0] != 2:
+            raise GraphError(f"edge_index must have shape [2, num_edges], got {tuple(ei.shape)}")
+        if ei.dtype.is_floating_point or ei.dtype == torch.bool:
+            raise GraphError(f"edge_index must hold integers, got {ei.dtype}")
+        ei = ei.long()
+        if num_nodes is None:
+            x = data.get("x")
+            num_nodes = int(x.shape[0]) if x is not None else (int(ei.max()) + 1 if ei.numel() else 0)
+        if ei.numel():
+            lo, hi = int(ei.min()), int(ei.max())
+            if lo < 0:
+                raise GraphError(f"negative vertex id {lo} in edge_index")
+            if hi >= num_nodes:
+                raise GraphError(f"vertex id {hi} in edge_index is out of range for {num_nodes} vertices")
+        w = None if edge_weight is None else torch.as_tensor(edge_weight, dtype=torch.float32)
+        if w is not None and w.shape != (ei.shape[1],):
+            raise GraphError(f"edge_weight has shape {tuple(w.shape)}, expected ({ei.shape[1]},)")
+        indptr, indices, w = _coo_to_csr(ei[0], ei[1], num_nodes, w, coalesce)
+        return cls(indptr=indptr, indices=indices, edge_weight=w, **data)
+
+    @classmethod
+    def from_scipy(cls, adj: sp.spmatrix | sp.sparray, *, weighted: bool = False, **data: Any) -> Graph:
+        """Build from a square scipy sparse adjacency where ``adj[u, v] != 0`` is the edge ``u -> v``."""
+        if adj.ndim != 2 or adj.shape[0] != adj.shape[1]:
+            raise GraphError(f"adjacency must be square, got shape {adj.shape}")
+        coo = sp.coo_matrix(adj)
+        ei = np.vstack([coo.row, coo.col]).astype(np.int64)
+        w = coo.data.astype(np.float32) if weighted else None
+        return cls.from_edge_index(ei, adj.shape[0], edge_weight=w, **data)
+
+    @classmethod
+    def from_pyg(cls, data: Any, name: str = "pyg") -> Graph:
+        """Build from a ``torch_geometric.data.Data`` (edge_index, x, y, train/val/test masks, edge_weight)."""
+        ew = getattr(data, "edge_weight", None)
+        kw: dict[str, Any] = {
+            "x": None if data.x is None else data.x.float().contiguous(),
+            "y": None if getattr(data, "y", None) is None else data.y.long().view(-1),
+            "name": name,
+        }
+        for mname in MASK_NAMES:
+            kw[mname] = getattr(data, mname, None)
+        return cls.from_edge_index(data.edge_index, int(data.num_nodes), edge_weight=ew, coalesce=False, **kw)
+
+    def to_pyg(self) -> Any:
+        """Convert to a ``torch_geometric.data.Data`` with the same vertex order."""
+        from gnnscale._compat import require
+
+        Data = require("torch_geometric.data", "torch_geometric").Data
+        d = Data(x=self.x, edge_index=self.edge_index(), y=self.y, num_nodes=self.num_nodes)
+        if self.edge_weight is not None:
+            d.edge_weight = self.edge_weight
+        for mname in MASK_NAMES:
+            if getattr(self, mname) is not None:
+                d[mname] = getattr(self, mname)
+        return d
+
+    def to_scipy(self) -> sp.csr_matrix:
+        """The in-neighbour CSR as scipy: entry ``[v, u]`` is the edge ``u -> v``."""
+        w = np.ones(self.num_edges, np.float32) if self.edge_weight is None else self.edge_weight.numpy()
+        n = self.num_nodes
+        return sp.csr_matrix((w, self.indices.numpy(), self.indptr.numpy()), shape=(n, n))
+
+    # ------------------------------------------------------------ transforms
+    def symmetrize(self) -> Graph:
+        """Return the undirected version: every edge in both directions, duplicates merged."""
+        ei = self.edge_index()
+        both = torch.cat([ei, ei.flip(0)], dim=1)
+        w = None if self.edge_weight is None else torch.cat([self.edge_weight, self.edge_weight])
+        indptr, indices, w = _coo_to_csr(both[0], both[1], self.num_nodes, w, coalesce=True, reduce="max")
+        return replace(self, indptr=indptr, indices=indices, edge_weight=w)
+
+    def with_indices_dtype(self, dtype: torch.dtype) -> Graph:
+        """Same graph with ``indices`` stored as int32 (half the memory) or int64."""
+        if dtype == torch.int32 and self.num_nodes > torch.iinfo(torch.int32).max:
+            raise GraphError("graph has too many vertices for int32 indices")
+        return replace(self, indices=self.indices.to(dtype))
+
+    # ------------------------------------------------------------ statistics
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held by each part of the graph (topology, features, labels, masks)."""
+        def size(t: Tensor | None) -> int:
+            return 0 if t is None else t.numel() * t.element_size()
+
+        out = {
+            "topology": size(self.indptr) + size(self.indices) + size(self.edge_weight),
+            "features": size(self.x),
+            "labels": size(self.y),
+            "masks": sum(size(getattr(self, m)) for m in MASK_NAMES),
+        }
+        out["total"] = sum(out.values())
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """Summary statistics printed by ``gnnscale info``."""
+        din, dout = self.in_degree().double(), self.out_degree().double()
+        self_loops = int((self.indices.long() == self.dst_index()).sum())
+        split = {m: (0 if getattr(self, m) is None else int(getattr(self, m).sum())) for m in MASK_NAMES}
+
+        def desc(d: Tensor) -> dict[str, float]:
+            return {
+                "min": float(d.min()),
+                "mean": float(d.mean()),
+                "median": float(d.median()),
+                "max": float(d.max()),
+            }
+
+        return {
+            "name": self.name,
+            "nodes": self.num_nodes,
+            "edges": self.num_edges,
+            "features": self.num_features,
+            "classes": self.num_classes,
+            "self_loops": self_loops,
+            "isolated_nodes": int(((din == 0) & (dout == 0)).sum()),
+            "in_degree": desc(din),
+            "out_degree": desc(dout),
+            **split,
+            "bytes": self.nbytes(),
+        }
+
+    def equals(self, other: Graph) -> bool:
+        """Exact equality of topology, data and metadata (used by convert round-trip tests)."""
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, Tensor) or isinstance(b, Tensor):
+                if a is None or b is None or a.dtype != b.dtype or not torch.equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"Graph(name={self.name!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
+            f"features={self.num_features}, classes={self.num_classes})"
+        )
+
+
+def _coo_to_csr(
+    src: Tensor,
+    dst: Tensor,
+    num_nodes: int,
+    weight: Tensor | None,
+    coalesce: bool,
+    reduce: str = "sum",
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Sort COO edges by (destination, source) into in-neighbour CSR; optionally merge duplicates."""
+    key = dst * num_nodes + src
+    key, perm = torch.sort(key, stable=True)
+    if weight is not None:
+        weight = weight[perm]
+    if coalesce and key.numel():
+        key, inverse = torch.unique_consecutive(key, return_inverse=True)
+        if weight is not None:
+            merged = torch.zeros(key.numel(), dtype=weight.dtype)
+            if reduce == "sum":
+                merged.index_add_(0, inverse, weight)
+            else:
+                merged = merged.fill_(-float("inf")).scatter_reduce(0, inverse, weight, reduce="amax")
+            weight = merged
+    dst_sorted = torch.div(key, num_nodes, rounding_mode="floor")
+    indices = key - dst_sorted * num_nodes
+    counts = torch.bincount(dst_sorted, minlength=num_nodes)
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    return indptr, indices, weight

@@ -1,0 +1,26 @@
+"""Layer zoo (aggregate + update over blocks) and the model stack."""
+
+from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.gat import GATLayer
+from gnnscale.nn.gcn import GCNLayer
+from gnnscale.nn.gin import GINLayer
+from gnnscale.nn.mlp import MLPLayer
+from gnnscale.nn.model import GNN, MODELS, build_model
+from gnnscale.nn.ops import keyed_dropout, mix_key, spmm, spmm_mean
+from gnnscale.nn.sage import SAGELayer
+
+__all__ = [
+    "GNN",
+    "MODELS",
+    "BlockLayer",
+    "GATLayer",
+    "GCNLayer",
+    "GINLayer",
+    "MLPLayer",
+    "SAGELayer",
+    "build_model",
+    "keyed_dropout",
+    "mix_key",
+    "spmm",
+    "spmm_mean",
+]

@@ -1,0 +1,44 @@
+"""GCN (Kipf & Welling): ``h_v = W * sum_u d_uv h_u + b`` over the self-looped, symmetrically normalised graph."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from gnnscale.graph.block import AdjacencySpec, Block
+from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.ops import spmm
+
+
+class GCNLayer(BlockLayer):
+    """GCN layer; parameters named as PyG's ``GCNConv`` (``lin.weight``, ``bias``).
+
+    Args:
+        project_first: apply ``W`` before aggregating (cheaper when ``in > out``; the same function, since the
+            aggregation is linear). ``None`` picks by the dimensions. With ``False``, AGGREGATE is parameter-free
+            and its output can be cached (HongTu's recomputation-caching hybrid).
+    """
+
+    adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True, norm="gcn")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, project_first: bool | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.lin = nn.Linear(in_features, out_features, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.project_first = in_features > out_features if project_first is None else project_first
+        nn.init.xavier_uniform_(self.lin.weight)
+
+    @property
+    def aggregate_has_params(self) -> bool:
+        return self.project_first
+
+    def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
+        h = self.lin(x_src) if self.project_first else x_src  # [num_src, F]
+        return spmm(block, h)  # [num_dst, F]
+
+    def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
+        out = agg if self.project_first else self.lin(agg)
+        return out if self.bias is None else out + self.bias

@@ -1,0 +1,31 @@
+"""GIN (Xu et al.): ``h_v = MLP((1 + eps) h_v + sum_u h_u)``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from gnnscale.graph.block import Block
+from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.ops import spmm
+
+
+class GINLayer(BlockLayer):
+    """GIN layer with a two-layer MLP ``Linear -> ReLU -> Linear``; same function as PyG's ``GINConv(mlp)``."""
+
+    def __init__(self, in_features: int, out_features: int, eps: float = 0.0, train_eps: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.mlp = nn.Sequential(
+            nn.Linear(in_features, out_features), nn.ReLU(), nn.Linear(out_features, out_features)
+        )
+        if train_eps:
+            self.eps = nn.Parameter(torch.tensor([eps]))
+        else:
+            self.register_buffer("eps", torch.tensor([eps]))
+
+    def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
+        return spmm(block, x_src)  # [num_dst, in]
+
+    def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
+        return self.mlp((1 + self.eps) * x_dst + agg)

@@ -1,0 +1,105 @@
+"""A stack of block layers with activation and keyed dropout between them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gnnscale.errors import ConfigError
+from gnnscale.graph.block import AdjacencySpec, Block
+from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.gat import GATLayer
+from gnnscale.nn.gcn import GCNLayer
+from gnnscale.nn.gin import GINLayer
+from gnnscale.nn.mlp import MLPLayer
+from gnnscale.nn.ops import keyed_dropout, mix_key
+from gnnscale.nn.sage import SAGELayer
+
+MODELS: dict[str, type[BlockLayer]] = {
+    "gcn": GCNLayer,
+    "sage": SAGELayer,
+    "gat": GATLayer,
+    "gin": GINLayer,
+    "mlp": MLPLayer,
+}
+
+
+class GNN(nn.Module):
+    """``num_layers`` block layers; before layer ``l``: activation (``l > 0``) then dropout.
+
+    Engines drive it either whole (:meth:`forward` on one block) or layer by layer
+    (:meth:`layer_input` then ``layers[l]`` on each chunk's block): both give the same numbers, because
+    dropout masks are keyed by ``(seed, epoch, layer, vertex id)`` rather than drawn from a stateful RNG.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        in_features: int,
+        hidden: int,
+        num_classes: int,
+        num_layers: int = 2,
+        dropout: float = 0.5,
+        heads: int = 4,
+    ):
+        super().__init__()
+        if kind not in MODELS:
+            raise ConfigError(f"unknown model {kind!r}; choose one of {', '.join(MODELS)}")
+        if num_layers < 1:
+            raise ConfigError(f"--layers must be >= 1, got {num_layers}")
+        self.kind, self.dropout = kind, dropout
+        self.activation: Callable[[Tensor], Tensor] = F.elu if kind == "gat" else F.relu
+        dims = [in_features] + [hidden] * (num_layers - 1) + [num_classes]
+        layers: list[BlockLayer] = []
+        for i in range(num_layers):
+            last = i == num_layers - 1
+            if kind == "gat":
+                if not last and hidden % heads:
+                    raise ConfigError(f"--hidden ({hidden}) must be divisible by --heads ({heads}) for GAT")
+                h = 1 if last else heads
+                layers.append(GATLayer(dims[i], dims[i + 1] // h, heads=h, concat=True))
+            else:
+                layers.append(MODELS[kind](dims[i], dims[i + 1]))
+        self.layers = nn.ModuleList(layers)
+
+    @property
+    def adjacency(self) -> AdjacencySpec:
+        """The adjacency every layer aggregates over (one per model)."""
+        return type(self.layers[0]).adjacency
+
+    def dropout_key(self, seed: int, epoch: int, layer: int) -> int:
+        """Key of the dropout mask applied to the input of ``layer`` in ``epoch``."""
+        return mix_key(seed, epoch, layer)
+
+    def layer_input(self, layer: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None) -> Tensor:
+        """What ``layers[layer]`` consumes: activation of the previous output (if any), then dropout.
+
+        Args:
+            h: ``[rows, F]`` previous layer's output (or the features for layer 0).
+            row_ids: ``[rows]`` global vertex ids of those rows.
+            seed_epoch: ``(seed, epoch)`` while training; ``None`` disables dropout (evaluation).
+        """
+        if layer > 0:
+            h = self.activation(h)
+        key = None if seed_epoch is None else self.dropout_key(*seed_epoch, layer)
+        return keyed_dropout(h, self.dropout, key, row_ids)
+
+    def forward(self, block: Block, x: Tensor, seed_epoch: tuple[int, int] | None = None) -> Tensor:
+        """Whole-graph forward on one block whose sources are its destinations (``num_src == num_dst``)."""
+        row_ids = block.row_ids()
+        h = x
+        for i, layer in enumerate(self.layers):
+            h = layer(block, self.layer_input(i, h, row_ids, seed_epoch))
+        return h
+
+
+def build_model(
+    kind: str, in_features: int, hidden: int, num_classes: int, *, layers: int, dropout: float, heads: int, seed: int
+) -> GNN:
+    """Build a model with weights determined by ``seed`` alone (same seed -> same initial weights everywhere)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout, heads=heads)

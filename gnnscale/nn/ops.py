@@ -1,0 +1,88 @@
+"""Sparse aggregation and chunk-invariant dropout shared by every layer and engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import gnnscale._compat  # noqa: F401  (silences torch's sparse-CSR beta warnings)
+from gnnscale.graph.block import Block
+
+
+class _SpMM(torch.autograd.Function):
+    """``out = A @ x`` with ``A`` sparse CSR; backward is ``A^T @ grad`` with a cached CSR transpose.
+
+    No ``[num_edges, F]`` tensor is ever built, in forward or backward, on CPU or CUDA.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, adj: Tensor, adj_t: Tensor) -> Tensor:
+        ctx.adj_t = adj_t
+        return adj @ x  # [num_dst, F]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return ctx.adj_t @ grad.contiguous(), None, None  # [num_src, F]
+
+
+def spmm(block: Block, x: Tensor) -> Tensor:
+    """Weighted sum of in-neighbour rows: ``out[v] = sum_u w_uv x[u]`` for each destination row ``v``."""
+    if not x.requires_grad:
+        return block.adj() @ x
+    return _SpMM.apply(x.contiguous(), block.adj(), block.adj_t())
+
+
+def spmm_mean(block: Block, x: Tensor) -> Tensor:
+    """Mean of in-neighbour rows (zero for a destination without in-edges)."""
+    deg = block.in_degree().clamp(min=1).to(x.dtype).unsqueeze(-1)  # [num_dst, 1]
+    return spmm(block, x) / deg
+
+
+# --------------------------------------------------------------------------------------------- keyed dropout
+# Dropout masks are a pure function of (key, global vertex id, feature index), so an engine that processes the
+# graph chunk by chunk, or recomputes a layer in backward, draws exactly the mask the in-memory engine draws.
+_M31 = 0x7FFFFFFF
+_C = 0x45D9F3B  # < 2^27: a product with a 31-bit value stays below 2^58, no int64 overflow anywhere
+
+
+def _mix31(h: Tensor) -> Tensor:
+    """A 31-bit integer hash (two multiply-xorshift rounds) on int64 tensors holding values in [0, 2^31)."""
+    h = (((h >> 16) ^ h) * _C) & _M31
+    h = (((h >> 16) ^ h) * _C) & _M31
+    return (h >> 16) ^ h
+
+
+def mix_key(*parts: int) -> int:
+    """Fold integers (seed, epoch, layer, ...) into one 31-bit dropout key."""
+    h = torch.tensor(0x2545F491, dtype=torch.int64)
+    for p in parts:
+        h = _mix31(h ^ (int(p) & _M31))
+    return int(h)
+
+
+def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
+    """``[rows, F]`` bool mask, true with probability ``1 - p``, identical for a vertex wherever it appears."""
+    dev = row_ids.device
+    r = row_ids.long()
+    hr = _mix31(((r ^ (r >> 31)) & _M31) ^ key)  # [rows]
+    cols = torch.arange(num_features, device=dev, dtype=torch.int64)
+    hc = _mix31((cols * 0x9E3779B1) & _M31 ^ _mix31(torch.tensor(key ^ 0x5BD1E995, device=dev)))  # [F]
+    u = _mix31(hr.unsqueeze(1) ^ hc.unsqueeze(0))  # [rows, F] uniform in [0, 2^31)
+    return u >= int(p * (1 << 31))
+
+
+def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor) -> Tensor:
+    """Inverted dropout whose mask depends only on ``key`` and the rows' global vertex ids.
+
+    Args:
+        x: ``[rows, F]`` representations.
+        p: drop probability; ``key=None`` or ``p=0`` returns ``x`` unchanged (evaluation).
+        key: from :func:`mix_key` (seed, epoch, layer).
+        row_ids: ``[rows]`` global vertex id of each row.
+    """
+    if key is None or p <= 0.0:
+        return x
+    mask = keep_mask(row_ids, x.shape[1], p, key)
+    return x * mask / (1.0 - p)

@@ -1,0 +1,37 @@
+"""GraphSAGE with mean aggregation: ``h_v = W_l mean_u h_u + b + W_r h_v``."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from gnnscale.graph.block import Block
+from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.ops import spmm_mean
+
+
+class SAGELayer(BlockLayer):
+    """GraphSAGE-mean layer; parameters named as PyG's ``SAGEConv`` (``lin_l`` with bias, ``lin_r`` without).
+
+    Args:
+        project_first: apply ``W_l`` before the mean (cheaper when ``in > out``; same function). ``None``: auto.
+    """
+
+    def __init__(self, in_features: int, out_features: int, project_first: bool | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.lin_l = nn.Linear(in_features, out_features, bias=True)
+        self.lin_r = nn.Linear(in_features, out_features, bias=False)
+        self.project_first = in_features > out_features if project_first is None else project_first
+
+    @property
+    def aggregate_has_params(self) -> bool:
+        return self.project_first
+
+    def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
+        if self.project_first:
+            return spmm_mean(block, x_src @ self.lin_l.weight.t())  # [num_dst, out]
+        return spmm_mean(block, x_src)  # [num_dst, in]
+
+    def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
+        left = agg + self.lin_l.bias if self.project_first else self.lin_l(agg)
+        return left + self.lin_r(x_dst)

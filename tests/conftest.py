@@ -1,0 +1,1 @@
+import gnnscale._compat  # noqa: F401  (warning filters)

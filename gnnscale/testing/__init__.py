@@ -35,7 +35,7 @@ def need_file(rel: str) -> Path:
 
 
 def tiny_graph(with_data: bool = True) -> Graph:
-    """6 vertices, 2 classes, 9 directed edges incl. one self-loop and one vertex (5) with no in-edges."""
+    """6 vertices, 2 classes, 9 directed edges incl. self-loops 2->2 and 4->4, and a vertex (5) with no in-edges."""
     src = torch.tensor([1, 2, 0, 3, 2, 4, 3, 0, 4])
     dst = torch.tensor([0, 0, 1, 1, 2, 3, 4, 4, 4])
     if not with_data:

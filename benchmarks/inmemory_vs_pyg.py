@@ -1,0 +1,247 @@
+"""gnnscale's in-memory engine vs the same model in PyG: same graph, same device, one run.
+
+    .venv/bin/python benchmarks/inmemory_vs_pyg.py --device cpu
+    .venv/bin/python benchmarks/inmemory_vs_pyg.py --nodes 20000 --epochs 3 --no-save
+    .venv/bin/python benchmarks/inmemory_vs_pyg.py --models gcn,sage,gat --device cuda --out /tmp/b.jsonl
+
+Cases (one per model, on a seeded CSBM graph) x implementations: gnnscale-inmemory, pyg (edge_index) and, for
+GCN, pyg-sparse (``adj_t`` from ``ToSparseTensor``). Each runs ``--warmup`` untimed then ``--epochs`` timed
+epochs; the table gives median epoch time and ``pyg_time / ours_time`` (> 1: gnnscale is faster). One JSON
+line per (case, implementation) is appended to benchmarks/results/inmemory_vs_pyg.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import datetime
+import gc
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torch_geometric
+from torch import Tensor, nn
+from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+from torch_geometric.transforms import ToSparseTensor
+
+from gnnscale.engines import InMemoryEngine
+from gnnscale.graph.generators import csbm
+from gnnscale.graph.graph import Graph
+from gnnscale.nn import build_model
+from gnnscale.train import TrainConfig, resolve_device
+
+Step = Callable[[int], float]  # one training epoch -> loss
+OURS = "gnnscale-inmemory"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "inmemory_vs_pyg.jsonl"
+
+
+class PygNet(nn.Module):
+    """The plain PyG model: dropout before every layer (input included), ReLU (ELU for GAT) between layers."""
+
+    def __init__(self, cfg: TrainConfig, in_features: int, num_classes: int):
+        super().__init__()
+        dims = [in_features] + [cfg.hidden] * (cfg.layers - 1) + [num_classes]
+        convs: list[nn.Module] = []
+        for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            if cfg.model == "gcn":
+                convs.append(GCNConv(d_in, d_out, cached=True))
+            elif cfg.model == "sage":
+                convs.append(SAGEConv(d_in, d_out, aggr="mean"))
+            elif cfg.model == "gat":
+                heads = 1 if i == cfg.layers - 1 else cfg.heads
+                convs.append(GATConv(d_in, d_out // heads, heads=heads))
+            else:
+                raise ValueError(f"no PyG model for {cfg.model!r}")
+        self.convs, self.p = nn.ModuleList(convs), cfg.dropout
+        self.act: Callable[[Tensor], Tensor] = F.elu if cfg.model == "gat" else F.relu
+
+    def forward(self, x: Tensor, adj: Any) -> Tensor:
+        for i, conv in enumerate(self.convs):
+            x = conv(F.dropout(self.act(x) if i else x, self.p, self.training), adj)
+        return x
+
+
+def make_ours(g: Graph, cfg: TrainConfig, dev: torch.device) -> Step:
+    assert g.num_classes is not None
+    model = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers,
+                        dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
+    engine = InMemoryEngine(g, model, cfg, dev)
+    return lambda epoch: engine.train_epoch(epoch)["loss"]
+
+
+def make_pyg(g: Graph, cfg: TrainConfig, dev: torch.device, sparse: bool = False) -> Step:
+    assert g.num_classes is not None
+    data = g.to_pyg()
+    if sparse:  # torch_sparse.SparseTensor when installed, else a torch.sparse_csr adj_t (PyG >= 2.4)
+        data = ToSparseTensor()(data)
+    data = data.to(dev)
+    adj = data.adj_t if sparse else data.edge_index
+    torch.manual_seed(cfg.seed)
+    model = PygNet(cfg, g.num_features, g.num_classes).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def step(epoch: int) -> float:
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        out = model(data.x, adj)
+        loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+        loss.backward()
+        opt.step()
+        return float(loss.detach())  # the same host sync as the engine's train_epoch
+
+    return step
+
+
+IMPLS: dict[str, Callable[[Graph, TrainConfig, torch.device], Step]] = {
+    OURS: make_ours,
+    "pyg": make_pyg,
+    "pyg-sparse": lambda g, cfg, dev: make_pyg(g, cfg, dev, sparse=True),
+}
+
+
+def _status_bytes(key: str) -> int | None:
+    """A ``Vm*`` field of /proc/self/status in bytes (Linux only), else None."""
+    with contextlib.suppress(OSError, StopIteration):
+        lines = Path("/proc/self/status").read_text().splitlines()
+        line = next(ln for ln in lines if ln.startswith(key + ":"))
+        return int(line.split()[1]) * 1024
+    return None
+
+
+def free_memory(dev: torch.device) -> None:
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    elif sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):  # return freed heap to the OS: a fair RSS baseline for the next impl
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def start_peak(dev: torch.device) -> tuple[str, int]:
+    """Reset the peak counter; return (what peak_bytes measures, baseline bytes)."""
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        return "cuda max_memory_allocated", 0
+    rss = _status_bytes("VmRSS")
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: resets VmHWM (peak RSS) to the current RSS
+        if rss is not None:
+            return "cpu peak RSS increase over baseline (VmHWM reset)", rss
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return "cpu ru_maxrss increase (lower bound: process-lifetime peak)", maxrss
+
+
+def end_peak(dev: torch.device, kind: str, base: int) -> int:
+    if dev.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(dev))
+    peak = _status_bytes("VmHWM") if "VmHWM" in kind else None
+    return max(0, (peak or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - base)
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds CUDA devices too
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def bench(name: str, g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int) -> dict[str, Any]:
+    """Median epoch time and peak memory of one implementation, or ``skipped`` when a baseline cannot run."""
+    free_memory(dev)
+    seed_all(cfg.seed)
+    kind, base = start_peak(dev)
+    step: Step | None = None
+    times: list[float] = []
+    try:
+        step = IMPLS[name](g, cfg, dev)
+        for e in range(1, warmup + cfg.epochs + 1):
+            sync(dev)
+            t0 = time.perf_counter()
+            step(e)
+            sync(dev)
+            if e > warmup:
+                times.append(time.perf_counter() - t0)
+        peak = end_peak(dev, kind, base)
+    except Exception as exc:
+        if name == OURS:
+            raise
+        print(f"note: skipping {name} for {cfg.model}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return {"impl": name, "skipped": f"{type(exc).__name__}: {exc}"}
+    finally:
+        del step
+        free_memory(dev)
+    return {"impl": name, "median_epoch_s": statistics.median(times), "epoch_times_s": times,
+            "peak_bytes": peak, "peak_kind": kind}
+
+
+def device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"{platform.processor() or 'cpu'} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="gcn,sage", help="comma-separated subset of gcn,sage,gat")
+    ap.add_argument("--nodes", type=int, default=200_000)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
+    ap.add_argument("--no-save", action="store_true", help="print the table only")
+    args = ap.parse_args(argv)
+
+    dev = resolve_device(args.device)
+    seed_all(args.seed)
+    g = csbm(nodes=args.nodes, classes=5, avg_degree=10, features=128, seed=args.seed)  # one graph for all
+    common = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "device": str(dev),
+              "device_name": device_name(dev), "torch": torch.__version__, "pyg": torch_geometric.__version__}
+    print(f"{g!r} on {common['device_name']}; torch {torch.__version__}, PyG {torch_geometric.__version__}")
+    print(f"warmup {args.warmup}, timed {args.epochs}; ratio = impl_time / {OURS}_time (> 1: ours faster)")
+    records: list[dict[str, Any]] = []
+    for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+        cfg = TrainConfig(model=model, hidden=64, layers=2, dropout=0.5, epochs=args.epochs, seed=args.seed)
+        case = {"model": model, "graph": "csbm", "nodes": g.num_nodes, "edges": g.num_edges, "avg_degree": 10,
+                "features": g.num_features, "classes": g.num_classes, "hidden": cfg.hidden,
+                "layers": cfg.layers, "dropout": cfg.dropout, "heads": cfg.heads, "warmup": args.warmup,
+                "epochs": args.epochs, "seed": args.seed}
+        impls = [OURS, "pyg"] + (["pyg-sparse"] if model == "gcn" else [])
+        rows = [bench(name, g, cfg, dev, args.warmup) for name in impls]
+        print(f"\n{model}: nodes={g.num_nodes} edges={g.num_edges} features={g.num_features} "
+              f"hidden={cfg.hidden} layers={cfg.layers}  [peak = {rows[0]['peak_kind']}]")
+        print(f"  {'impl':<20}{'median epoch (s)':>18}{'peak (MiB)':>12}{'pyg/ours':>10}")
+        for r in rows:
+            if "skipped" in r:
+                print(f"  {r['impl']:<20}skipped: {r['skipped']}")
+                continue
+            r["ratio_vs_ours"] = r["median_epoch_s"] / rows[0]["median_epoch_s"]
+            print(f"  {r['impl']:<20}{r['median_epoch_s']:>18.4f}{r['peak_bytes'] / 2**20:>12.1f}"
+                  f"{r['ratio_vs_ours']:>10.2f}")
+            records.append({**common, **case, **r})
+    if not args.no_save and records:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        print(f"\nappended {len(records)} records to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""gnnscale: train graph neural networks on graphs bigger than one GPU's memory, with unchanged results."""
+
+from gnnscale import _compat  # noqa: F401  (warning filters, optional-dependency probes)
+from gnnscale.errors import ConfigError, DatasetError, EngineError, GnnscaleError, GraphError
+from gnnscale.graph import Block, Graph
+from gnnscale.graph.datasets import load_dataset
+from gnnscale.train import TrainConfig, TrainResult, train
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Block",
+    "ConfigError",
+    "DatasetError",
+    "EngineError",
+    "GnnscaleError",
+    "Graph",
+    "GraphError",
+    "TrainConfig",
+    "TrainResult",
+    "__version__",
+    "load_dataset",
+    "train",
+]

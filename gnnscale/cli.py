@@ -1,0 +1,214 @@
+"""``gnnscale`` command line: thin — parse flags, build a config, pick an engine, train.
+
+Bad input of any kind exits with status 2 and one ``error: ...`` line on stderr, leaving no partial files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gnnscale.errors import ConfigError, GnnscaleError
+
+USAGE_ERROR = 2
+
+
+class _UsageError(GnnscaleError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``error: ...`` line (raised, so main() reports it like any other)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog.split()[-1]}: {message}")
+
+
+def _add_dataset_args(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--dataset", required=required, default=None if required else "csbm", metavar="SPEC",
+                   help="csbm[:opts], kronecker[:opts], planetoid:<name>, npz:<file>, edgelist:<file>, "
+                        "ogb:<name>, or a directory written by 'gnnscale convert' (default: csbm)")
+    p.add_argument("--root", metavar="DIR", help="folder with Planetoid/OGB files; fallback folder for file paths")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights, dropout and random splits (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gnnscale.engines import ENGINES
+    from gnnscale.nn.model import MODELS
+
+    parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,info,convert}")
+
+    t = sub.add_parser("train", help="train a model and report accuracy")
+    _add_dataset_args(t, required=False)
+    t.add_argument("--model", choices=list(MODELS), default="gcn")
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: total over heads)")
+    t.add_argument("--heads", type=int, default=4, help="GAT attention heads")
+    t.add_argument("--dropout", type=float, default=0.5)
+    t.add_argument("--lr", type=float, default=0.01)
+    t.add_argument("--weight-decay", type=float, default=5e-4)
+    t.add_argument("--epochs", type=int, default=100)
+    t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    t.add_argument("--engine", choices=["auto", *ENGINES], default="auto")
+    t.add_argument("--memory-budget", metavar="SIZE", help="device memory the engine may use, e.g. 8GB")
+    t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
+    t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
+    t.set_defaults(func=cmd_train)
+
+    i = sub.add_parser("info", help="print size, degree statistics and memory footprint of a dataset")
+    _add_dataset_args(i, required=True)
+    i.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+    i.set_defaults(func=cmd_info)
+
+    c = sub.add_parser("convert", help="write a dataset in gnnscale's memory-mappable directory format")
+    _add_dataset_args(c, required=True)
+    c.add_argument("--out", required=True, metavar="DIR", help="new directory to create")
+    c.set_defaults(func=cmd_convert)
+    return parser
+
+
+# ------------------------------------------------------------------------------------------------ train
+class _MetricsWriter:
+    """JSON Lines into a hidden temporary sibling of FILE, renamed onto FILE only when training finishes."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise ConfigError(f"--metrics {path} is a directory")
+        if not self.path.parent.is_dir():
+            raise ConfigError(f"--metrics {path}: directory {self.path.parent} does not exist")
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.tmp = Path(tmp)
+        self.fh = os.fdopen(fd, "w")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.fh.write(json.dumps(record) + "\n")
+        self.fh.flush()
+
+    def commit(self) -> None:
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _fmt(v: float | None) -> str:
+    return "  n/a " if v is None else f"{v:.4f}"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from gnnscale.graph.datasets import load_dataset
+    from gnnscale.plan.memory import parse_bytes
+    from gnnscale.train import TrainConfig, check_trainable, resolve_device, train
+
+    config = TrainConfig(
+        model=args.model, layers=args.layers, hidden=args.hidden, heads=args.heads, dropout=args.dropout,
+        lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, seed=args.seed, engine=args.engine,
+        memory_budget=None if args.memory_budget is None else parse_bytes(args.memory_budget),
+    )
+    device = resolve_device(args.device)
+    writer = _MetricsWriter(args.metrics) if args.metrics else None
+    try:
+        graph = load_dataset(args.dataset, args.root, seed=args.seed)
+        check_trainable(graph)
+        print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
+              f"{graph.num_features} features, {graph.num_classes} classes")
+        bar = tqdm(total=config.epochs, unit="epoch", file=sys.stderr, leave=False,
+                   disable=args.quiet or not sys.stderr.isatty())
+
+        def on_epoch(rec: dict[str, Any]) -> None:
+            if writer:
+                writer.write(rec)
+            bar.update(1)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", val=_fmt(rec["val_acc"]))
+            if not args.quiet:
+                tqdm.write(f"epoch {rec['epoch']:>4}/{config.epochs}  loss {rec['loss']:.4f}  "
+                           f"train {_fmt(rec['train_acc'])}  val {_fmt(rec['val_acc'])}  "
+                           f"test {_fmt(rec['test_acc'])}  {rec['epoch_time_s']:.3f}s", file=sys.stdout)
+
+        result = train(graph, config, device, on_epoch=on_epoch)
+        bar.close()
+        s = result.summary
+        for name, reasons in result.rejected.items():
+            print(f"engine {name} rejected: {'; '.join(reasons)}")
+        print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} epochs "
+              f"in {s['total_time_s']:.1f}s")
+        print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
+              f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}")
+        if writer:
+            writer.write(s)
+            writer.commit()
+            writer = None
+    finally:
+        if writer:
+            writer.abort()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- info/convert
+def cmd_info(args: argparse.Namespace) -> int:
+    from gnnscale.graph.datasets import load_dataset
+    from gnnscale.plan.memory import format_bytes
+
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    st = g.stats()
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    print(f"name        {st['name']}")
+    print(f"nodes       {st['nodes']:,}")
+    print(f"edges       {st['edges']:,} (directed, in-neighbour CSR; {st['self_loops']:,} self-loops)")
+    print(f"features    {st['features']}")
+    print(f"classes     {st['classes']}")
+    for d in ("in_degree", "out_degree"):
+        s = st[d]
+        print(f"{d.replace('_', '-'):<11} min {s['min']:.0f}  mean {s['mean']:.2f}  median {s['median']:.0f}  "
+              f"max {s['max']:.0f}")
+    print(f"isolated    {st['isolated_nodes']:,}")
+    print(f"split       train {st['train_mask']:,}  val {st['val_mask']:,}  test {st['test_mask']:,}")
+    b = st["bytes"]
+    print(f"memory      {format_bytes(b['total'])} total: topology {format_bytes(b['topology'])}, "
+          f"features {format_bytes(b['features'])}, labels+masks {format_bytes(b['labels'] + b['masks'])}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from gnnscale.graph import io
+    from gnnscale.graph.datasets import load_dataset
+    from gnnscale.plan.memory import format_bytes
+
+    out = Path(args.out)
+    if out.exists():  # checked before the (possibly slow) load
+        raise ConfigError(f"output directory {out} already exists; choose a new path")
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    io.save(g, out)
+    print(f"wrote {out}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {format_bytes(g.nbytes()['total'])}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gnnscale`` command; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except GnnscaleError as exc:
+        msg = " ".join(str(exc).split())
+        print(f"error: {msg}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The Engine interface: every training strategy (in-memory, offload, task-parallel, ...) implements it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor
+
+from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.nn.model import GNN
+
+if TYPE_CHECKING:
+    from gnnscale.train import TrainConfig
+
+
+class Engine(ABC):
+    """Trains a :class:`~gnnscale.nn.model.GNN` on a :class:`~gnnscale.graph.Graph`, one epoch per call.
+
+    Engines own where data lives and in which order work happens, never what is computed: for the same model,
+    seed and graph, every full-graph engine must produce the in-memory engine's losses and gradients.
+
+    Subclasses set :attr:`name`, implement :meth:`_not_supported_reasons`, :meth:`train_epoch` and
+    :meth:`evaluate`.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+        self.graph, self.model, self.config, self.device = graph, model, config, device
+        self.model.to(device)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+    @classmethod
+    def not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+        """Why this engine cannot run this graph/model/budget on ``device``; empty when it can."""
+        return cls._not_supported_reasons(graph, config, device)
+
+    @classmethod
+    @abstractmethod
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]: ...
+
+    @abstractmethod
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        """One forward/backward pass over the training vertices and one optimiser step.
+
+        Returns ``{"loss": ..., **counters}``; engines add their own counters (bytes moved, chunks, ...).
+        """
+
+    @abstractmethod
+    def evaluate(self) -> dict[str, float | None]:
+        """Accuracy on ``train``/``val``/``test`` masks without dropout: ``{"train_acc", "val_acc", "test_acc"}``."""
+
+    def accuracies(self, logits: Tensor, y: Tensor, masks: dict[str, Tensor]) -> dict[str, float | None]:
+        """Accuracy of ``logits.argmax`` per mask (``None`` for an empty or missing mask)."""
+        pred = logits.argmax(dim=-1)
+        out: dict[str, float | None] = {}
+        for mname in MASK_NAMES:
+            key = mname.replace("_mask", "_acc")
+            m = masks.get(mname)
+            out[key] = None if m is None or not bool(m.any()) else float((pred[m] == y[m]).float().mean())
+        return out

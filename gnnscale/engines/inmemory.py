@@ -1,0 +1,58 @@
+"""The reference engine: the whole graph, every layer's activations and the model on one device."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from gnnscale.engines.base import Engine
+from gnnscale.graph.block import Block
+from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.nn.model import GNN
+from gnnscale.plan.memory import available_device_bytes, estimate_inmemory_bytes, format_bytes
+
+if TYPE_CHECKING:
+    from gnnscale.train import TrainConfig
+
+
+class InMemoryEngine(Engine):
+    """Whole-graph training on one device. Every other engine is tested against this one."""
+
+    name = "inmemory"
+
+    @classmethod
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+        need = estimate_inmemory_bytes(graph, config)["total"]
+        if config.memory_budget is not None:
+            have, what = config.memory_budget, "the memory budget"
+        else:
+            have, what = available_device_bytes(device), f"free memory on {device}"
+        if need > have:
+            return [f"needs about {format_bytes(need)} for the whole graph and its activations, "
+                    f"more than {what} ({format_bytes(have)})"]
+        return []
+
+    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+        super().__init__(graph, model, config, device)
+        self.block = Block.from_graph(graph, model.adjacency).to(device)
+        assert graph.x is not None and graph.y is not None
+        self.x = graph.x.to(device)
+        self.y = graph.y.to(device)
+        self.masks = {m: getattr(graph, m).to(device) for m in MASK_NAMES if getattr(graph, m) is not None}
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self.model(self.block, self.x, (self.config.seed, epoch))  # [N, C]
+        train = self.masks["train_mask"]
+        loss = F.cross_entropy(out[train], self.y[train])
+        loss.backward()
+        self.optimizer.step()
+        return {"loss": float(loss.detach())}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float | None]:
+        self.model.eval()
+        return self.accuracies(self.model(self.block, self.x), self.y, self.masks)

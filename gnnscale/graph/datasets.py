@@ -1,0 +1,130 @@
+"""``load_dataset(spec)``: one string names every dataset gnnscale can read or generate.
+
+Grammar::
+
+    csbm[:key=val,...]            kronecker[:key=val,...]
+    planetoid:<cora|citeseer|pubmed>[:key=val,...]      (files in --root)
+    npz:<file>[:key=val,...]      edgelist:<file>[:key=val,...]      ogb:<name>[:key=val,...]  (in --root)
+    <directory written by `gnnscale convert`>
+
+Randomness (generated graphs, random splits and features) uses the spec's ``seed`` option when given, else the
+``seed`` argument (the CLI passes ``--seed``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gnnscale.errors import DatasetError
+from gnnscale.graph import generators, io
+from gnnscale.graph.graph import Graph
+
+_OPTS = re.compile(r"^\w+=[^,:]*(,\w+=[^,:]*)*$")
+PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
+
+
+def _parse_value(key: str, raw: str, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            if raw.lower() in ("1", "true", "yes"):
+                return True
+            if raw.lower() in ("0", "false", "no"):
+                return False
+            raise ValueError(raw)
+        return type(default)(raw)
+    except ValueError:
+        kind = "boolean" if isinstance(default, bool) else type(default).__name__
+        raise DatasetError(f"dataset option {key}={raw!r} is not a valid {kind}") from None
+
+
+def _options(fn: Callable[..., Any], text: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Parse ``key=val,key=val`` against ``fn``'s keyword defaults (names and types)."""
+    params = {
+        n: p.default
+        for n, p in inspect.signature(fn).parameters.items()
+        if p.default is not inspect.Parameter.empty and n not in skip
+    }
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        key, sep, raw = item.partition("=")
+        if not sep or key not in params:
+            valid = ", ".join(params)
+            raise DatasetError(f"unknown dataset option {key!r} in {text!r}; valid options: {valid}")
+        out[key] = _parse_value(key, raw, params[key])
+    return out
+
+
+def _split_arg(rest: str) -> tuple[str, str]:
+    """``'path:opts'`` -> ``('path', 'opts')``; a trailing ``:key=val,...`` is options, anything else is the path."""
+    head, sep, tail = rest.rpartition(":")
+    if sep and _OPTS.match(tail):
+        return head, tail
+    return rest, ""
+
+
+def _resolve(path: str, root: str | None) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists() and root is not None and (Path(root) / path).exists():
+        p = Path(root) / path
+    if not p.exists():
+        raise DatasetError(f"file not found: {path}")
+    return p
+
+
+def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0) -> Graph:
+    """Load or generate the graph named by ``spec`` (see the module docstring); never downloads.
+
+    Args:
+        spec: the dataset spec, e.g. ``"csbm:nodes=5000"``, ``"planetoid:cora"``, ``"npz:computers.npz"``.
+        root: folder holding Planetoid/OGB files (and a fallback folder for relative file paths).
+        seed: default seed for generated graphs and random splits/features.
+
+    Raises:
+        DatasetError: unknown kind, bad option, missing or corrupt file; the message names the problem.
+    """
+    spec = spec.strip()
+    root_s = None if root is None else str(root)
+    if not spec:
+        raise DatasetError("empty dataset spec")
+    if Path(spec).is_dir():
+        if io.is_graph_dir(spec):
+            return io.open_dir(spec)
+        raise DatasetError(f"{spec} is a directory but not one written by 'gnnscale convert' (no meta.json)")
+    kind, _, rest = spec.partition(":")
+    kind = kind.lower()
+    g: Graph
+    if kind in ("csbm", "kronecker"):
+        fn = getattr(generators, kind)
+        opts = {"seed": seed, **_options(fn, rest)}
+        g = fn(**opts)
+        g.meta["spec"] = f"{kind}:" + ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+        return g
+    if kind in ("planetoid", "npz", "edgelist", "ogb"):
+        arg, opt_text = _split_arg(rest)
+        if not arg:
+            raise DatasetError(f"dataset spec {spec!r} needs an argument: {kind}:<{'name' if kind in ('planetoid', 'ogb') else 'file'}>")
+        if kind == "planetoid":
+            if arg.lower() not in PLANETOID_NAMES:
+                raise DatasetError(f"unknown Planetoid dataset {arg!r}; choose one of {', '.join(PLANETOID_NAMES)}")
+            base = Path(root_s or ".")
+            if not (base / f"ind.{arg.lower()}.x").exists():
+                raise DatasetError(f"Planetoid files ind.{arg.lower()}.* not found in {base} (pass --root DIR)")
+            g = io.read_planetoid(base, arg, **_options(io.read_planetoid, opt_text, ("name",)))
+        elif kind == "npz":
+            g = io.read_npz(_resolve(arg, root_s), **{"seed": seed, **_options(io.read_npz, opt_text)})
+        elif kind == "edgelist":
+            g = io.read_edgelist(_resolve(arg, root_s), **{"seed": seed, **_options(io.read_edgelist, opt_text)})
+        else:
+            g = io.read_ogb(Path(root_s or "."), arg, **_options(io.read_ogb, opt_text, ("name",)))
+        g.meta["spec"] = spec
+        return g
+    raise DatasetError(
+        f"unknown dataset {spec!r}; expected csbm[:opts], kronecker[:opts], planetoid:<name>, npz:<file>, "
+        "edgelist:<file>, ogb:<name>, or a directory written by 'gnnscale convert'"
+    )

@@ -1,0 +1,331 @@
+"""gnnscale's own on-disk format and readers for the common public formats. Nothing here touches the network.
+
+On-disk format (written by ``gnnscale convert``): a directory holding ``meta.json`` and one ``.npy`` per array
+(``indptr``, ``indices``, optional ``edge_weight``, ``x``, ``y``, ``train_mask``, ``val_mask``, ``test_mask``).
+:func:`open_dir` memory-maps every array, so a graph larger than RAM opens instantly and pages in on use.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import re
+import shutil
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from gnnscale.errors import DatasetError, GnnscaleError
+from gnnscale.graph.generators import per_class_split, random_split
+from gnnscale.graph.graph import MASK_NAMES, Graph
+
+FORMAT = "gnnscale-graph"
+FORMAT_VERSION = 1
+_ARRAYS = ("indptr", "indices", "edge_weight", "x", "y", *MASK_NAMES)
+# Errors a reader raises on a truncated or malformed file; they become one DatasetError naming the file.
+_READ_ERRORS = (OSError, ValueError, EOFError, KeyError, IndexError, pickle.UnpicklingError, zipfile.BadZipFile,
+                zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError)
+
+
+@contextmanager
+def reading(path: Path | str) -> Iterator[None]:
+    """Turn any low-level failure while reading ``path`` into a one-line :class:`DatasetError`."""
+    try:
+        yield
+    except GnnscaleError:
+        raise
+    except FileNotFoundError as exc:
+        raise DatasetError(f"file not found: {exc.filename or path}") from exc
+    except _READ_ERRORS as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DatasetError(f"cannot read {path}: corrupt or not in the expected format ({msg})") from exc
+
+
+# ------------------------------------------------------------------------------------------ own format
+def save(graph: Graph, out: Path | str) -> Path:
+    """Write ``graph`` to directory ``out`` atomically (a temporary sibling directory renamed at the end).
+
+    Raises DatasetError if ``out`` already exists; nothing is left behind on failure.
+    """
+    out = Path(out)
+    if out.exists():
+        raise DatasetError(f"output directory {out} already exists; choose a new path")
+    if not out.parent.exists():
+        raise DatasetError(f"parent directory {out.parent} does not exist")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        arrays: dict[str, Any] = {}
+        for name in _ARRAYS:
+            t = getattr(graph, name)
+            if t is None:
+                continue
+            arr = t.numpy()
+            np.save(tmp / f"{name}.npy", arr)
+            arrays[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
+        meta = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "name": graph.name,
+            "num_nodes": graph.num_nodes,
+            "num_edges": graph.num_edges,
+            "num_classes": graph.num_classes,
+            "arrays": arrays,
+            "meta": graph.meta,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def is_graph_dir(path: Path | str) -> bool:
+    return (Path(path) / "meta.json").is_file()
+
+
+def open_dir(path: Path | str) -> Graph:
+    """Open a directory written by :func:`save`, memory-mapping every array (copy-on-write)."""
+    path = Path(path)
+    with reading(path / "meta.json"):
+        meta = json.loads((path / "meta.json").read_text())
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise DatasetError(f"{path} is not a gnnscale graph directory (meta.json has no format '{FORMAT}')")
+        if meta.get("version") != FORMAT_VERSION:
+            raise DatasetError(f"{path} has format version {meta.get('version')}; this gnnscale reads {FORMAT_VERSION}")
+        data: dict[str, Any] = {}
+        for name, info in meta["arrays"].items():
+            if name not in _ARRAYS:
+                raise DatasetError(f"{path}/meta.json lists unknown array {name!r}")
+            f = path / f"{name}.npy"
+            with reading(f):
+                arr = np.load(f, mmap_mode="c", allow_pickle=False)
+            if list(arr.shape) != info["shape"] or str(arr.dtype) != info["dtype"]:
+                raise DatasetError(
+                    f"{f} holds {arr.dtype}{list(arr.shape)} but meta.json says {info['dtype']}{info['shape']}"
+                )
+            data[name] = torch.from_numpy(arr)
+        if "indptr" not in data or "indices" not in data:
+            raise DatasetError(f"{path} lacks indptr.npy or indices.npy")
+        return Graph(name=meta["name"], num_classes=meta["num_classes"], meta=meta.get("meta", {}), **data)
+
+
+# --------------------------------------------------------------------------------------------- readers
+def read_planetoid(root: Path | str, name: str, normalize: bool = True) -> Graph:
+    """Planetoid pickles ``ind.<name>.*`` (the GCN reference format), standard split.
+
+    Features are row-normalised as in the GCN reference code unless ``normalize`` is false.
+    """
+    root = Path(root)
+    name = name.lower()
+
+    def load(ext: str) -> Any:
+        f = root / f"ind.{name}.{ext}"
+        with reading(f), open(f, "rb") as fh:
+            return pickle.load(fh, encoding="latin1")
+
+    x, tx, allx, y, ty, ally, graph = (load(e) for e in ("x", "tx", "allx", "y", "ty", "ally", "graph"))
+    f = root / f"ind.{name}.test.index"
+    with reading(f):
+        test_index = np.array([int(line) for line in f.read_text().split()], dtype=np.int64)
+    with reading(root / f"ind.{name}.*"):
+        allx, tx = (np.asarray(sp.csr_matrix(m).todense(), dtype=np.float32) for m in (allx, tx))
+        ally, ty = np.asarray(ally), np.asarray(ty)
+        sorted_test = np.sort(test_index)
+        if name == "citeseer":  # isolated test vertices are missing from tx/ty: pad with zero rows
+            span = sorted_test.max() - sorted_test.min() + 1
+            tx_ext = np.zeros((span, tx.shape[1]), np.float32)
+            tx_ext[sorted_test - sorted_test.min()] = tx
+            ty_ext = np.zeros((span, ty.shape[1]), ty.dtype)
+            ty_ext[sorted_test - sorted_test.min()] = ty
+            tx, ty = tx_ext, ty_ext
+        feats = np.vstack([allx, tx])
+        labels = np.vstack([ally, ty]).argmax(1).astype(np.int64)
+        feats[test_index] = feats[sorted_test]
+        labels[test_index] = labels[sorted_test]
+        n = feats.shape[0]
+        src = [u for u, nbrs in graph.items() for _ in nbrs]
+        dst = [v for nbrs in graph.values() for v in nbrs]
+        ei = np.array([src, dst], dtype=np.int64)
+        ei = ei[:, (ei[0] < n) & (ei[1] < n)]
+    if normalize:
+        s = feats.sum(1, keepdims=True)
+        feats = feats / np.where(s == 0, 1, s)
+    masks = [np.zeros(n, bool) for _ in range(3)]
+    masks[0][: y.shape[0]] = True
+    masks[1][y.shape[0] : y.shape[0] + 500] = True
+    masks[2][test_index] = True
+    return Graph.from_edge_index(
+        ei,
+        n,
+        x=torch.from_numpy(feats.astype(np.float32)),
+        y=torch.from_numpy(labels),
+        train_mask=torch.from_numpy(masks[0]),
+        val_mask=torch.from_numpy(masks[1]),
+        test_mask=torch.from_numpy(masks[2]),
+        name=name,
+    )
+
+
+def read_npz(path: Path | str, seed: int = 0, train_per_class: int = 20, val_per_class: int = 30) -> Graph:
+    """gnn-benchmark npz (raw files of PyG's Amazon/Coauthor): symmetrised, seeded per-class split."""
+    path = Path(path)
+    with reading(path), np.load(path, allow_pickle=False) as d:
+        n = int(d["adj_shape"][0])
+        adj = sp.csr_matrix((d["adj_data"], d["adj_indices"], d["adj_indptr"]), shape=tuple(d["adj_shape"]))
+        if "attr_data" in d:
+            feats = sp.csr_matrix(
+                (d["attr_data"], d["attr_indices"], d["attr_indptr"]), shape=tuple(d["attr_shape"])
+            ).toarray()
+        else:
+            feats = np.asarray(d["attr_matrix"])
+        labels = np.asarray(d["labels"]).astype(np.int64).reshape(-1)
+    if labels.shape[0] != n or feats.shape[0] != n:
+        raise DatasetError(f"{path}: adjacency has {n} rows but features/labels have {feats.shape[0]}/{labels.shape[0]}")
+    tr, va, te = per_class_split(labels, train_per_class, val_per_class, np.random.default_rng(seed))
+    g = Graph.from_scipy(
+        adj,
+        x=torch.from_numpy(feats.astype(np.float32)),
+        y=torch.from_numpy(labels),
+        train_mask=tr,
+        val_mask=va,
+        test_mask=te,
+        name=path.name.removesuffix(".npz"),
+    )
+    return g.symmetrize()
+
+
+_NODES_HEADER = re.compile(r"nodes:?\s*(\d+)", re.IGNORECASE)
+
+
+def read_edgelist(
+    path: Path | str,
+    features: int = 64,
+    classes: int = 16,
+    seed: int = 0,
+    symmetrize: bool = False,
+) -> Graph:
+    """SNAP-style edge list (plain or .gz): ``#``/``%`` comment lines, then ``src dst`` per line (0-based ids).
+
+    A header comment such as ``# Nodes: 81306`` sets the vertex count (keeping isolated vertices); otherwise it
+    is ``max id + 1``. Features, labels and a 25/50/25 split are random and seeded, as for ``kronecker``.
+    """
+    path = Path(path)
+    declared = 0
+    with reading(path):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as fh:  # type: ignore[operator]
+            body: list[str] = []
+            for line in fh:
+                if line.startswith(("#", "%")):
+                    m = _NODES_HEADER.search(line)
+                    if m:
+                        declared = max(declared, int(m.group(1)))
+                    continue
+                body.append(line)
+        tokens = " ".join(body).split()
+        if len(tokens) % 2:
+            raise DatasetError(f"{path}: odd number of ids; every line must be 'src dst'")
+        try:
+            ids = np.array(tokens, dtype=np.int64).reshape(-1, 2).T
+        except ValueError as exc:
+            raise DatasetError(f"{path}: non-integer vertex id ({str(exc).split(':')[-1].strip()})") from exc
+    if ids.size == 0:
+        raise DatasetError(f"{path}: no edges found")
+    if ids.min() < 0:
+        raise DatasetError(f"{path}: negative vertex id {ids.min()}")
+    n = max(declared, int(ids.max()) + 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, features), dtype=np.float32) if features > 0 else None
+    y = torch.from_numpy(rng.integers(0, classes, n)) if classes > 0 else None
+    masks = random_split(n, (0.25, 0.5, 0.25), rng) if y is not None else (None, None, None)
+    g = Graph.from_edge_index(
+        ids,
+        n,
+        x=None if x is None else torch.from_numpy(x),
+        y=y,
+        train_mask=masks[0],
+        val_mask=masks[1],
+        test_mask=masks[2],
+        num_classes=classes if classes > 0 else None,
+        name=path.name.split(".")[0],
+    )
+    return g.symmetrize() if symmetrize else g
+
+
+def _read_csv(path: Path, dtype: type) -> np.ndarray:
+    with reading(path):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as fh:  # type: ignore[operator]
+            lines = [ln for ln in fh.read().splitlines() if ln.strip()]
+        if not lines:
+            return np.zeros((0, 1), dtype=dtype)
+        cols = len(lines[0].split(","))
+        vals = np.array(",".join(lines).split(","), dtype=np.float64)
+        if vals.size != cols * len(lines):
+            raise DatasetError(f"{path}: rows have different numbers of columns")
+        return vals.reshape(len(lines), cols).astype(dtype)
+
+
+def read_ogb(root: Path | str, name: str, symmetrize: bool = True) -> Graph:
+    """OGB node-property-prediction directory: ``raw/edge.csv.gz``, ``raw/node-feat.csv.gz``,
+    ``raw/node-label.csv.gz``, ``split/<type>/{train,valid,test}.csv.gz``. Symmetrised by default.
+
+    ``root`` may be the dataset directory itself or hold it as ``<name>`` or ``<name with _ for ->``.
+    """
+    root = Path(root)
+    candidates = [root / name, root / name.replace("-", "_"), root]
+    base = next((c for c in candidates if (c / "raw").is_dir()), None)
+    if base is None:
+        raise DatasetError(f"no OGB dataset {name!r} under {root} (looked for raw/ in {', '.join(map(str, candidates))})")
+    raw = base / "raw"
+
+    def find(stem: Path) -> Path:
+        for p in (stem.with_name(stem.name + ".csv.gz"), stem.with_name(stem.name + ".csv")):
+            if p.exists():
+                return p
+        raise DatasetError(f"file not found: {stem}.csv.gz")
+
+    ei = _read_csv(find(raw / "edge"), np.int64).T
+    if ei.shape[0] != 2:
+        raise DatasetError(f"{raw}/edge.csv: expected 2 columns, got {ei.shape[0]}")
+    feats = _read_csv(find(raw / "node-feat"), np.float32)
+    labels = _read_csv(find(raw / "node-label"), np.float64).reshape(-1)
+    if np.isnan(labels).any():
+        raise DatasetError(f"{raw}/node-label: unlabelled (NaN) vertices are not supported")
+    n = feats.shape[0]
+    nn_file = raw / "num-node-list.csv.gz"
+    if nn_file.exists():
+        n = int(_read_csv(nn_file, np.int64).reshape(-1)[0])
+    split_dirs = sorted(p for p in (base / "split").glob("*") if p.is_dir()) if (base / "split").is_dir() else []
+    if not split_dirs:
+        raise DatasetError(f"no split/<type>/ directory in {base}")
+    masks = []
+    for part in ("train", "valid", "test"):
+        idx = _read_csv(find(split_dirs[0] / part), np.int64).reshape(-1)
+        m = torch.zeros(n, dtype=torch.bool)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise DatasetError(f"{split_dirs[0]}/{part}: vertex id out of range for {n} vertices")
+        m[torch.from_numpy(idx)] = True
+        masks.append(m)
+    g = Graph.from_edge_index(
+        ei,
+        n,
+        x=torch.from_numpy(feats),
+        y=torch.from_numpy(labels.astype(np.int64)),
+        train_mask=masks[0],
+        val_mask=masks[1],
+        test_mask=masks[2],
+        name=name,
+    )
+    return g.symmetrize() if symmetrize else g

@@ -1,0 +1,78 @@
+"""Memory model of whole-graph training on one device, and byte-size helpers."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import torch
+
+from gnnscale.errors import ConfigError
+from gnnscale.graph.graph import Graph
+
+if TYPE_CHECKING:
+    from gnnscale.train import TrainConfig
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
+          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"512MB"``, ``"8G"``, ``"1.5GiB"``, ``"1000"`` -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ConfigError(f"cannot read memory size {text!r}; use e.g. 512MB, 8GB, 1.5GiB")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value <= 0:
+        raise ConfigError(f"memory size must be positive, got {text!r}")
+    return int(value)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def estimate_inmemory_bytes(graph: Graph, config: TrainConfig) -> dict[str, int]:
+    """Peak bytes of whole-graph training on one device, by part (an estimate, within tens of percent).
+
+    Counts the graph (features, normalised adjacency and its transpose), every layer's saved activations and
+    gradients (with dropout masks), per-edge attention tensors for GAT, and parameters with Adam state.
+    """
+    n, e, f = graph.num_nodes, graph.num_edges + graph.num_nodes, max(graph.num_features, 1)
+    c = graph.num_classes or 1
+    dims = [f] + [config.hidden] * (config.layers - 1) + [c]
+    adjacency = 2 * (8 * (n + 1) + 12 * e)  # CSR + transpose: int64 indices, float32 values
+    data = 4 * n * f + 9 * n  # features, labels, masks
+    acts = 0
+    for i in range(config.layers):
+        width_in, width_out = dims[i], dims[i + 1]
+        # input after dropout, aggregate, output, their gradients; the int64 dropout hash temporaries
+        acts += 4 * n * (2 * width_in + 2 * width_out) * 2 + 8 * n * width_in
+        if config.model == "gat":
+            heads = 1 if i == config.layers - 1 else config.heads
+            acts += 4 * e * heads * 6 + 4 * e * width_out * 2  # scores, softmax, messages and their grads
+    params = sum(4 * 4 * dims[i] * dims[i + 1] * (2 if config.model in ("sage", "gin") else 1)
+                 for i in range(config.layers))
+    total = adjacency + data + acts + params
+    return {"graph": adjacency + data, "activations": acts, "parameters": params, "total": total}
+
+
+def available_device_bytes(device: torch.device) -> int:
+    """Free memory on ``device``: CUDA free memory, or the host's available RAM for CPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))

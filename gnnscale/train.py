@@ -1,0 +1,195 @@
+"""``gnnscale.train(graph, config)``: the one training loop every engine runs under."""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from gnnscale.errors import ConfigError, GraphError
+from gnnscale.graph.graph import Graph
+from gnnscale.nn.model import GNN, MODELS, build_model
+
+EpochRecord = dict[str, Any]
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """What to train and how; devices are arguments of :func:`train`, not config."""
+
+    model: str = "gcn"
+    """Layer type: one of ``gcn``, ``sage``, ``gat``, ``gin``, ``mlp``."""
+    layers: int = 2
+    """Number of layers (the last one outputs class scores)."""
+    hidden: int = 64
+    """Hidden width (for GAT, the total over heads: each head has ``hidden // heads``)."""
+    heads: int = 4
+    """Attention heads of GAT's hidden layers."""
+    dropout: float = 0.5
+    """Drop probability before every layer (keyed by vertex, so identical in every engine)."""
+    lr: float = 0.01
+    """Adam learning rate."""
+    weight_decay: float = 5e-4
+    """Adam L2 weight decay."""
+    epochs: int = 100
+    """Training epochs (one full-graph step each)."""
+    seed: int = 0
+    """Seeds initial weights and dropout masks."""
+    engine: str = "auto"
+    """Engine name, or ``auto`` for the first engine with no reason against it."""
+    memory_budget: int | None = None
+    """Device memory the engine may use, in bytes; ``None``: what is free on the device."""
+
+    def __post_init__(self) -> None:
+        from gnnscale.engines import ENGINES
+
+        checks = [
+            (self.model in MODELS, f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}"),
+            (self.layers >= 1, f"--layers must be >= 1, got {self.layers}"),
+            (self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}"),
+            (self.heads >= 1, f"--heads must be >= 1, got {self.heads}"),
+            (0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1), got {self.dropout}"),
+            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
+            (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
+            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
+            (self.engine == "auto" or self.engine in ENGINES,
+             f"unknown engine {self.engine!r}; choose auto or one of {', '.join(ENGINES)}"),
+            (self.memory_budget is None or self.memory_budget > 0, "--memory-budget must be positive"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+        if self.model == "gat" and self.layers > 1 and self.hidden % self.heads:
+            raise ConfigError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads}) for GAT")
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the trained model, one record per epoch, and the summary record."""
+
+    model: GNN
+    history: list[EpochRecord]
+    summary: EpochRecord
+    engine: str
+    rejected: dict[str, list[str]] = field(default_factory=dict)
+
+
+def resolve_device(spec: str | torch.device) -> torch.device:
+    """``auto`` -> CUDA when available else CPU; validates ``cuda``/``cuda:N`` against what is present."""
+    if isinstance(spec, torch.device):
+        return spec
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {spec!r}; use auto, cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported device {spec!r}; use auto, cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {spec} requested but no CUDA device is available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return dev
+
+
+def check_trainable(graph: Graph) -> None:
+    """A graph must carry features, labels and a non-empty train mask to be trained on."""
+    if graph.x is None or graph.num_features == 0:
+        raise GraphError(f"graph {graph.name} has no features to train on")
+    if graph.y is None:
+        raise GraphError(f"graph {graph.name} has no labels to train on")
+    if graph.train_mask is None or not bool(graph.train_mask.any()):
+        raise GraphError(f"graph {graph.name} has no training vertices (train_mask is empty)")
+
+
+def peak_device_bytes(device: torch.device) -> int:
+    """Peak allocated bytes on CUDA since the last reset; on CPU, the process's peak resident memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def train(
+    graph: Graph,
+    config: TrainConfig,
+    device: str | torch.device = "auto",
+    *,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+) -> TrainResult:
+    """Train ``config.model`` on ``graph`` with the selected engine; same seed and device -> same metrics.
+
+    Args:
+        graph: features, labels and a train mask are required.
+        config: model, optimiser and engine settings.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        on_epoch: called with each epoch's record (progress bars, metrics files).
+
+    Raises:
+        GnnscaleError: bad config, unusable graph, or no engine fits; the message says which.
+    """
+    from gnnscale.engines import select_engine
+
+    dev = resolve_device(device)
+    check_trainable(graph)
+    engine_cls, rejected = select_engine(graph, config, dev)
+    assert graph.num_classes is not None
+    model = build_model(
+        config.model,
+        graph.num_features,
+        config.hidden,
+        graph.num_classes,
+        layers=config.layers,
+        dropout=config.dropout,
+        heads=config.heads,
+        seed=config.seed,
+    )
+    start = time.perf_counter()
+    engine = engine_cls(graph, model, config, dev)
+    history: list[EpochRecord] = []
+    best: EpochRecord | None = None
+    for epoch in range(1, config.epochs + 1):
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+        stats = engine.train_epoch(epoch)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        epoch_time = time.perf_counter() - t0
+        accs = engine.evaluate()
+        record: EpochRecord = {
+            "epoch": epoch,
+            "loss": stats.pop("loss"),
+            **accs,
+            "epoch_time_s": epoch_time,
+            "peak_device_bytes": peak_device_bytes(dev),
+            **stats,
+        }
+        history.append(record)
+        val = record["val_acc"] if record["val_acc"] is not None else record["train_acc"]
+        if best is None or (val is not None and val > best["_val"]):
+            best = {"_val": val, "epoch": epoch, "test_acc": record["test_acc"]}
+        if on_epoch is not None:
+            on_epoch(record)
+    assert best is not None
+    summary: EpochRecord = {
+        "summary": True,
+        "engine": engine_cls.name,
+        "device": str(dev),
+        "model": config.model,
+        "dataset": graph.name,
+        "epochs": config.epochs,
+        "best_val_acc": best["_val"],
+        "best_epoch": best["epoch"],
+        "test_acc_at_best_val": best["test_acc"],
+        "final_test_acc": history[-1]["test_acc"],
+        "total_time_s": time.perf_counter() - start,
+        "config": asdict(config),
+    }
+    return TrainResult(model=model, history=history, summary=summary, engine=engine_cls.name, rejected=rejected)

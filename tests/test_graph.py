@@ -1,0 +1,100 @@
+"""Graph construction, validation, conversion and blocks on tiny literal graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from gnnscale.errors import GraphError
+from gnnscale.graph import AdjacencySpec, Block, Graph, normalized_csr
+from gnnscale.testing import tiny_graph
+
+
+def test_from_edge_index_builds_in_neighbour_csr() -> None:
+    g = tiny_graph()
+    assert (g.num_nodes, g.num_edges) == (6, 9)
+    assert g.indptr.tolist() == [0, 2, 4, 5, 6, 9, 9]
+    assert g.indices.tolist() == [1, 2, 0, 3, 2, 4, 0, 3, 4]  # sorted by (dst, src)
+    assert g.in_degree().tolist() == [2, 2, 1, 1, 3, 0]
+    assert g.out_degree().tolist() == [2, 1, 2, 2, 2, 0]
+    st = g.stats()
+    assert st["self_loops"] == 2 and st["isolated_nodes"] == 1 and st["train_mask"] == 2
+
+
+def test_duplicates_merge_and_weights_sum() -> None:
+    ei = torch.tensor([[0, 0, 1], [1, 1, 0]])
+    g = Graph.from_edge_index(ei, 2, edge_weight=torch.tensor([1.0, 2.0, 5.0]))
+    assert g.num_edges == 2 and g.edge_weight.tolist() == [5.0, 3.0]
+    assert Graph.from_edge_index(ei, 2, coalesce=False).num_edges == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"edge_index": torch.tensor([[0, 7], [1, 0]])}, "out of range"),
+        ({"edge_index": torch.tensor([[0, -1], [1, 0]])}, "negative vertex id"),
+        ({"edge_index": torch.tensor([0, 1])}, "shape"),
+        ({"x": torch.randn(5, 2)}, "features have shape"),
+        ({"x": torch.tensor([[0.0], [float("nan")], [1.0]])}, "NaN"),
+        ({"x": torch.tensor([[0.0], [float("inf")], [1.0]])}, "NaN or inf"),
+        ({"x": torch.zeros(3, 2, dtype=torch.float64)}, "float32"),
+        ({"y": torch.tensor([0, 1, 3]), "num_classes": 3}, "labels must lie in"),
+        ({"y": torch.tensor([0, -1, 1])}, "labels must lie in"),
+        ({"y": torch.tensor([0, 1])}, "labels have shape"),
+        ({"y": torch.tensor([0, 1, 0]), "train_mask": torch.tensor([True, False])}, "one entry per vertex"),
+        ({"train_mask": torch.tensor([1, 0, 0])}, "bool"),
+        ({"train_mask": torch.tensor([True, False, False])}, "no labels"),
+    ],
+)
+def test_validation_errors_name_the_problem(kwargs: dict, message: str) -> None:
+    ei = kwargs.pop("edge_index", torch.tensor([[0, 1], [1, 2]]))
+    with pytest.raises(GraphError, match=message):
+        Graph.from_edge_index(ei, 3, **kwargs)
+
+
+def test_empty_graph_and_bad_csr_rejected() -> None:
+    with pytest.raises(GraphError, match="empty"):
+        Graph.from_edge_index(torch.zeros(2, 0, dtype=torch.long), 0)
+    with pytest.raises(GraphError, match="non-decreasing"):
+        Graph(indptr=torch.tensor([0, 2, 1, 2]), indices=torch.tensor([0, 1]))
+
+
+def test_scipy_and_pyg_round_trips() -> None:
+    g = tiny_graph()
+    a = sp.coo_matrix((np.ones(2), ([0, 1], [1, 2])), shape=(3, 3))  # edges 0->1, 1->2
+    gs = Graph.from_scipy(a)
+    assert gs.indices.tolist() == [0, 1] and gs.indptr.tolist() == [0, 0, 1, 2]
+    back = Graph.from_pyg(g.to_pyg(), name="tiny")
+    assert back.equals(g)
+    assert torch.equal(Graph.from_scipy(g.to_scipy().T).indices, g.indices)
+
+
+def test_symmetrize() -> None:
+    g = Graph.from_edge_index(torch.tensor([[0, 1, 1], [1, 0, 2]]), 3).symmetrize()
+    assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (1, 0), (1, 2), (2, 1)]
+
+
+def test_gcn_normalisation_matches_pyg() -> None:
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+    g = tiny_graph()
+    indptr, indices, w = normalized_csr(g, AdjacencySpec(self_loops=True, norm="gcn"))
+    ei, ref_w = gcn_norm(g.edge_index(), num_nodes=g.num_nodes, add_self_loops=True)
+    ours = {(int(s), int(d)): float(x) for s, d, x in zip(indices, Block(indptr, indices, 6).dst_index(), w)}
+    ref = {(int(s), int(d)): float(x) for (s, d), x in zip(ei.t(), ref_w)}
+    assert ours.keys() == ref.keys()
+    for k in ref:
+        assert abs(ours[k] - ref[k]) < 1e-6
+    # vertex 4 already has a self-loop: it must not get a second one
+    assert int((indices[indptr[4] : indptr[5]] == 4).sum()) == 1
+
+
+def test_block_adjacency_and_transpose() -> None:
+    g = tiny_graph()
+    b = Block.from_graph(g)
+    dense = b.adj().to_dense()
+    assert dense.shape == (6, 6) and dense[0, 1] == 1 and dense[0, 2] == 1 and dense.sum() == 9
+    assert torch.equal(b.adj_t().to_dense(), dense.t())
+    assert b.dst_index().tolist() == [0, 0, 1, 1, 2, 3, 4, 4, 4]

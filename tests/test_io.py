@@ -1,0 +1,144 @@
+"""Dataset specs, readers (synthetic files and the shared real data), and the on-disk format."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gnnscale.errors import DatasetError, GraphError
+from gnnscale.graph import io
+from gnnscale.graph.datasets import load_dataset
+from gnnscale.graph.generators import csbm, kronecker
+from gnnscale.testing import need_file, tiny_graph
+
+
+def test_csbm_is_seeded_and_homophilous() -> None:
+    a, b = csbm(nodes=2000, seed=3), csbm(nodes=2000, seed=3)
+    assert a.equals(b) and not a.equals(csbm(nodes=2000, seed=4))
+    ei = a.edge_index()
+    same = (a.y[ei[0]] == a.y[ei[1]]).float().mean().item()
+    assert 0.55 < same < 0.65  # default homophily 0.6
+    assert int(a.train_mask.sum()) == 200 and not bool((a.train_mask & a.test_mask).any())
+
+
+def test_kronecker_shape_and_split() -> None:
+    g = kronecker(scale=10, edgefactor=8, seed=1)
+    assert g.num_nodes == 1024
+    assert g.num_edges <= 2 * 8 * 1024
+    assert torch.equal(g.in_degree(), g.out_degree())  # symmetrised
+    assert int(g.train_mask.sum()) == 256 and int(g.val_mask.sum()) == 512 and int(g.test_mask.sum()) == 256
+    deg = g.in_degree().float()
+    assert deg.max() > 10 * deg.mean()  # R-MAT skew
+
+
+def test_spec_options_and_errors() -> None:
+    g = load_dataset("csbm:nodes=500,classes=3,features=8,seed=2")
+    assert (g.num_nodes, g.num_classes, g.num_features) == (500, 3, 8)
+    assert g.meta["spec"] == "csbm:classes=3,features=8,nodes=500,seed=2"
+    for spec, msg in [
+        ("nope", "unknown dataset"),
+        ("csbm:bogus=1", "unknown dataset option 'bogus'"),
+        ("csbm:nodes=abc", "not a valid int"),
+        ("planetoid:nosuch", "unknown Planetoid"),
+        ("npz:/does/not/exist.npz", "file not found"),
+        ("npz:", "needs an argument"),
+    ]:
+        with pytest.raises(DatasetError, match=msg):
+            load_dataset(spec)
+
+
+def test_convert_round_trip_is_identical(tmp_path: Path) -> None:
+    g = load_dataset("csbm:nodes=300,features=5")
+    io.save(g, tmp_path / "g")
+    back = load_dataset(str(tmp_path / "g"))
+    assert back.equals(g)
+    with pytest.raises(DatasetError, match="already exists"):
+        io.save(g, tmp_path / "g")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]  # no temporary left behind
+
+
+def test_converted_directory_is_validated(tmp_path: Path) -> None:
+    io.save(tiny_graph(), tmp_path / "g")
+    idx = np.load(tmp_path / "g" / "indices.npy")
+    idx[0] = 99
+    np.save(tmp_path / "g" / "indices.npy", idx)
+    with pytest.raises(GraphError, match="out of range"):
+        load_dataset(str(tmp_path / "g"))
+    (tmp_path / "g" / "meta.json").write_text("{not json")
+    with pytest.raises(DatasetError, match="cannot read"):
+        load_dataset(str(tmp_path / "g"))
+
+
+def test_edgelist_reader(tmp_path: Path) -> None:
+    f = tmp_path / "e.txt.gz"
+    with gzip.open(f, "wt") as fh:
+        fh.write("# Directed graph: nodes 6 edges 3\n# FromNodeId\tToNodeId\n0\t1\n1\t2\n2\t0\n")
+    g = load_dataset(f"edgelist:{f}:features=4,classes=2")
+    assert (g.num_nodes, g.num_edges, g.num_features) == (6, 3, 4)  # header keeps the 3 isolated vertices
+    assert g.edge_index().t().tolist() == [[2, 0], [0, 1], [1, 2]]
+    assert load_dataset(f"edgelist:{f}:symmetrize=1").num_edges == 6
+    bad = tmp_path / "bad.txt"
+    bad.write_text("0 1\n1 x\n")
+    with pytest.raises(DatasetError, match="non-integer"):
+        load_dataset(f"edgelist:{bad}")
+
+
+def test_ogb_reader(tmp_path: Path) -> None:
+    base = tmp_path / "ogbn_tiny"
+    (base / "raw").mkdir(parents=True)
+    (base / "split" / "random").mkdir(parents=True)
+
+    def write(p: Path, rows: list[str]) -> None:
+        with gzip.open(p, "wt") as fh:
+            fh.write("\n".join(rows) + "\n")
+
+    write(base / "raw" / "edge.csv.gz", ["0,1", "1,2", "3,2"])
+    write(base / "raw" / "node-feat.csv.gz", ["0.5,1", "1,0", "0,0", "2,2"])
+    write(base / "raw" / "node-label.csv.gz", ["0", "1", "1", "0"])
+    write(base / "split" / "random" / "train.csv.gz", ["0", "1"])
+    write(base / "split" / "random" / "valid.csv.gz", ["2"])
+    write(base / "split" / "random" / "test.csv.gz", ["3"])
+    g = load_dataset("ogb:ogbn-tiny", root=tmp_path)
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (4, 6, 2, 2)
+    assert g.x[0].tolist() == [0.5, 1.0] and g.train_mask.tolist() == [True, True, False, False]
+    assert load_dataset("ogb:ogbn-tiny:symmetrize=0", root=tmp_path).num_edges == 3
+
+
+def test_planetoid_cora() -> None:
+    root = need_file("planetoid/ind.cora.x").parent
+    g = load_dataset("planetoid:cora", root=root)
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (2708, 10556, 1433, 7)
+    assert [int(m.sum()) for m in (g.train_mask, g.val_mask, g.test_mask)] == [140, 500, 1000]
+    torch.testing.assert_close(g.x.sum(1)[g.x.sum(1) > 0], torch.ones(int((g.x.sum(1) > 0).sum())))
+
+
+def test_npz_amazon_computers() -> None:
+    f = need_file("gnn-benchmark/amazon_electronics_computers.npz")
+    g = load_dataset(f"npz:{f}", seed=1)
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (13752, 491722, 767, 10)
+    assert torch.equal(g.in_degree(), g.out_degree())
+    assert int(g.train_mask.sum()) == 200 and int(g.val_mask.sum()) == 300
+    assert not load_dataset(f"npz:{f}", seed=2).train_mask.equal(g.train_mask)
+
+
+def test_corrupt_npz(tmp_path: Path) -> None:
+    f = tmp_path / "x.npz"
+    f.write_bytes(b"PK\x03\x04 this is not a zip")
+    with pytest.raises(DatasetError, match="cannot read"):
+        load_dataset(f"npz:{f}")
+
+
+def test_edgelist_web_cnr_and_convert(tmp_path: Path) -> None:
+    f = need_file("snap/web-cnr-2000.txt.gz")
+    g = load_dataset(f"edgelist:{f}")
+    st = g.stats()
+    assert (st["nodes"], st["edges"], st["self_loops"]) == (325557, 3216152, 87442)
+    io.save(g, tmp_path / "cnr")
+    meta = json.loads((tmp_path / "cnr" / "meta.json").read_text())
+    assert meta["num_edges"] == 3216152
+    assert load_dataset(str(tmp_path / "cnr")).equals(g)

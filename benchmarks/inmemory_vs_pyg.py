@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import random
-import resource
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torch_geometric
+import torch_geometric.typing
 from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.transforms import ToSparseTensor
@@ -46,6 +46,7 @@ from gnnscale.train import TrainConfig, resolve_device
 Step = Callable[[int], float]  # one training epoch -> loss
 OURS = "gnnscale-inmemory"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "inmemory_vs_pyg.jsonl"
+SPARSE_ADJ = "torch_sparse.SparseTensor" if torch_geometric.typing.WITH_TORCH_SPARSE else "torch.sparse_csr"
 
 
 class PygNet(nn.Module):
@@ -54,18 +55,16 @@ class PygNet(nn.Module):
     def __init__(self, cfg: TrainConfig, in_features: int, num_classes: int):
         super().__init__()
         dims = [in_features] + [cfg.hidden] * (cfg.layers - 1) + [num_classes]
-        convs: list[nn.Module] = []
-        for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
-            if cfg.model == "gcn":
-                convs.append(GCNConv(d_in, d_out, cached=True))
-            elif cfg.model == "sage":
-                convs.append(SAGEConv(d_in, d_out, aggr="mean"))
-            elif cfg.model == "gat":
-                heads = 1 if i == cfg.layers - 1 else cfg.heads
-                convs.append(GATConv(d_in, d_out // heads, heads=heads))
-            else:
-                raise ValueError(f"no PyG model for {cfg.model!r}")
-        self.convs, self.p = nn.ModuleList(convs), cfg.dropout
+        heads = [cfg.heads] * (cfg.layers - 1) + [1]  # GAT: concatenated hidden heads, one output head
+        make: dict[str, Callable[[int, int, int], nn.Module]] = {
+            "gcn": lambda i, d_in, d_out: GCNConv(d_in, d_out, cached=True),
+            "sage": lambda i, d_in, d_out: SAGEConv(d_in, d_out, aggr="mean"),
+            "gat": lambda i, d_in, d_out: GATConv(d_in, d_out // heads[i], heads=heads[i]),
+        }
+        if cfg.model not in make:
+            raise ValueError(f"no PyG baseline for {cfg.model!r}")
+        self.convs = nn.ModuleList(make[cfg.model](i, dims[i], dims[i + 1]) for i in range(cfg.layers))
+        self.p = cfg.dropout
         self.act: Callable[[Tensor], Tensor] = F.elu if cfg.model == "gat" else F.relu
 
     def forward(self, x: Tensor, adj: Any) -> Tensor:
@@ -85,8 +84,8 @@ def make_ours(g: Graph, cfg: TrainConfig, dev: torch.device) -> Step:
 def make_pyg(g: Graph, cfg: TrainConfig, dev: torch.device, sparse: bool = False) -> Step:
     assert g.num_classes is not None
     data = g.to_pyg()
-    if sparse:  # torch_sparse.SparseTensor when installed, else a torch.sparse_csr adj_t (PyG >= 2.4)
-        data = ToSparseTensor()(data)
+    if sparse:
+        data = ToSparseTensor()(data)  # adj_t: SPARSE_ADJ
     data = data.to(dev)
     adj = data.adj_t if sparse else data.edge_index
     torch.manual_seed(cfg.seed)
@@ -112,12 +111,12 @@ IMPLS: dict[str, Callable[[Graph, TrainConfig, torch.device], Step]] = {
 }
 
 
-def _status_bytes(key: str) -> int | None:
-    """A ``Vm*`` field of /proc/self/status in bytes (Linux only), else None."""
-    with contextlib.suppress(OSError, StopIteration):
-        lines = Path("/proc/self/status").read_text().splitlines()
-        line = next(ln for ln in lines if ln.startswith(key + ":"))
-        return int(line.split()[1]) * 1024
+def _vm_bytes(key: str) -> int | None:
+    """``VmRSS`` / ``VmHWM`` of this process from /proc/self/status (Linux), else None."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
     return None
 
 
@@ -125,36 +124,27 @@ def free_memory(dev: torch.device) -> None:
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    elif sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):  # return freed heap to the OS: a fair RSS baseline for the next impl
+    elif sys.platform.startswith("linux"):  # give freed heap back to the OS: fair RSS baseline for next impl
+        with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def start_peak(dev: torch.device) -> tuple[str, int]:
-    """Reset the peak counter; return (what peak_bytes measures, baseline bytes)."""
+    """Reset the peak counter; return (what peak_bytes means, baseline bytes)."""
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
         return "cuda max_memory_allocated", 0
-    rss = _status_bytes("VmRSS")
     with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")  # Linux: resets VmHWM (peak RSS) to the current RSS
-        if rss is not None:
-            return "cpu peak RSS increase over baseline (VmHWM reset)", rss
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return "cpu ru_maxrss increase (lower bound: process-lifetime peak)", maxrss
+        Path("/proc/self/clear_refs").write_text("5")  # Linux >= 4.0: resets VmHWM (peak RSS) to current RSS
+        return "cpu peak RSS increase over baseline (VmHWM after reset)", _vm_bytes("VmRSS") or 0
+    return "none (cannot reset peak RSS here)", 0
 
 
-def end_peak(dev: torch.device, kind: str, base: int) -> int:
+def end_peak(dev: torch.device, kind: str, base: int) -> int | None:
     if dev.type == "cuda":
         return int(torch.cuda.max_memory_allocated(dev))
-    peak = _status_bytes("VmHWM") if "VmHWM" in kind else None
-    return max(0, (peak or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - base)
-
-
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # seeds CUDA devices too
+    hwm = _vm_bytes("VmHWM") if "VmHWM" in kind else None
+    return None if hwm is None else max(0, hwm - base)
 
 
 def sync(dev: torch.device) -> None:
@@ -165,7 +155,9 @@ def sync(dev: torch.device) -> None:
 def bench(name: str, g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int) -> dict[str, Any]:
     """Median epoch time and peak memory of one implementation, or ``skipped`` when a baseline cannot run."""
     free_memory(dev)
-    seed_all(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # seeds CUDA devices too
     kind, base = start_peak(dev)
     step: Step | None = None
     times: list[float] = []
@@ -210,12 +202,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     dev = resolve_device(args.device)
-    seed_all(args.seed)
     g = csbm(nodes=args.nodes, classes=5, avg_degree=10, features=128, seed=args.seed)  # one graph for all
     common = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "device": str(dev),
               "device_name": device_name(dev), "torch": torch.__version__, "pyg": torch_geometric.__version__}
     print(f"{g!r} on {common['device_name']}; torch {torch.__version__}, PyG {torch_geometric.__version__}")
-    print(f"warmup {args.warmup}, timed {args.epochs}; ratio = impl_time / {OURS}_time (> 1: ours faster)")
+    print(f"warmup {args.warmup}, timed {args.epochs}; ratio = impl_time / {OURS}_time (> 1: ours faster); "
+          f"pyg-sparse adj_t: {SPARSE_ADJ}")
     records: list[dict[str, Any]] = []
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
         cfg = TrainConfig(model=model, hidden=64, layers=2, dropout=0.5, epochs=args.epochs, seed=args.seed)
@@ -233,8 +225,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  {r['impl']:<20}skipped: {r['skipped']}")
                 continue
             r["ratio_vs_ours"] = r["median_epoch_s"] / rows[0]["median_epoch_s"]
-            print(f"  {r['impl']:<20}{r['median_epoch_s']:>18.4f}{r['peak_bytes'] / 2**20:>12.1f}"
-                  f"{r['ratio_vs_ours']:>10.2f}")
+            peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.1f}"
+            print(f"  {r['impl']:<20}{r['median_epoch_s']:>18.4f}{peak:>12}{r['ratio_vs_ours']:>10.2f}")
             records.append({**common, **case, **r})
     if not args.no_save and records:
         args.out.parent.mkdir(parents=True, exist_ok=True)

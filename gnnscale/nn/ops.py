@@ -69,8 +69,14 @@ def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
     hr = _mix31(((r ^ (r >> 31)) & _M31) ^ key)  # [rows]
     cols = torch.arange(num_features, device=dev, dtype=torch.int64)
     hc = _mix31((cols * 0x9E3779B1) & _M31 ^ _mix31(torch.tensor(key ^ 0x5BD1E995, device=dev)))  # [F]
-    u = _mix31(hr.unsqueeze(1) ^ hc.unsqueeze(0))  # [rows, F] uniform in [0, 2^31)
-    return u >= int(p * (1 << 31))
+    # One multiply-xorshift round over the pair suffices (rows and columns are already fully mixed) and keeps
+    # this to a few passes over the [rows, F] int64 temporary; in-place ops avoid extra allocations.
+    u = hr.unsqueeze(1) ^ hc.unsqueeze(0)  # [rows, F]
+    u ^= u >> 16
+    u *= _C
+    u &= _M31
+    u ^= u >> 15
+    return u >= int(p * (1 << 31))  # u uniform in [0, 2^31)
 
 
 def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor) -> Tensor:

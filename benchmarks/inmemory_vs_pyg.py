@@ -22,6 +22,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -179,14 +180,22 @@ def bench(name: str, g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int)
     finally:
         del step
         free_memory(dev)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # > cores: timings are contended
     return {"impl": name, "median_epoch_s": statistics.median(times), "epoch_times_s": times,
-            "peak_bytes": peak, "peak_kind": kind}
+            "peak_bytes": peak, "peak_kind": kind, "loadavg_1m": load}
 
 
-def device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    return f"{platform.processor() or 'cpu'} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+def environment(dev: torch.device) -> dict[str, Any]:
+    """What the numbers depend on: date, device, torch/PyG versions and the gnnscale git revision."""
+    name = (torch.cuda.get_device_name(dev) if dev.type == "cuda" else
+            f"{platform.processor() or 'cpu'} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)")
+    rev = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        cmd = ["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"]
+        rev = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "device": str(dev),
+            "device_name": name, "torch": torch.__version__, "pyg": torch_geometric.__version__,
+            "gnnscale_rev": rev}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -203,9 +212,9 @@ def main(argv: list[str] | None = None) -> None:
 
     dev = resolve_device(args.device)
     g = csbm(nodes=args.nodes, classes=5, avg_degree=10, features=128, seed=args.seed)  # one graph for all
-    common = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "device": str(dev),
-              "device_name": device_name(dev), "torch": torch.__version__, "pyg": torch_geometric.__version__}
-    print(f"{g!r} on {common['device_name']}; torch {torch.__version__}, PyG {torch_geometric.__version__}")
+    common = environment(dev)
+    print(f"{g!r} on {common['device_name']}; torch {torch.__version__}, PyG {torch_geometric.__version__}, "
+          f"gnnscale {common['gnnscale_rev']}")
     print(f"warmup {args.warmup}, timed {args.epochs}; ratio = impl_time / {OURS}_time (> 1: ours faster); "
           f"pyg-sparse adj_t: {SPARSE_ADJ}")
     records: list[dict[str, Any]] = []
@@ -219,14 +228,15 @@ def main(argv: list[str] | None = None) -> None:
         rows = [bench(name, g, cfg, dev, args.warmup) for name in impls]
         print(f"\n{model}: nodes={g.num_nodes} edges={g.num_edges} features={g.num_features} "
               f"hidden={cfg.hidden} layers={cfg.layers}  [peak = {rows[0]['peak_kind']}]")
-        print(f"  {'impl':<20}{'median epoch (s)':>18}{'peak (MiB)':>12}{'pyg/ours':>10}")
+        print(f"  {'impl':<20}{'median epoch (s)':>18}{'peak (MiB)':>12}{'pyg/ours':>10}{'load 1m':>9}")
         for r in rows:
             if "skipped" in r:
                 print(f"  {r['impl']:<20}skipped: {r['skipped']}")
                 continue
             r["ratio_vs_ours"] = r["median_epoch_s"] / rows[0]["median_epoch_s"]
             peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.1f}"
-            print(f"  {r['impl']:<20}{r['median_epoch_s']:>18.4f}{peak:>12}{r['ratio_vs_ours']:>10.2f}")
+            print(f"  {r['impl']:<20}{r['median_epoch_s']:>18.4f}{peak:>12}{r['ratio_vs_ours']:>10.2f}"
+                  f"{r['loadavg_1m'] or float('nan'):>9.1f}")
             records.append({**common, **case, **r})
     if not args.no_save and records:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -109,10 +109,30 @@ def check_trainable(graph: Graph) -> None:
         raise GraphError(f"graph {graph.name} has no training vertices (train_mask is empty)")
 
 
+def reset_peak_device_bytes(device: torch.device) -> None:
+    """Start a new peak-memory window: the CUDA allocator's peak, or on Linux the process's peak RSS."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:  # "5" resets VmHWM (Linux >= 4.0)
+            fh.write("5")
+    except OSError:
+        pass
+
+
 def peak_device_bytes(device: torch.device) -> int:
-    """Peak allocated bytes on CUDA since the last reset; on CPU, the process's peak resident memory."""
+    """Peak bytes since :func:`reset_peak_device_bytes`: CUDA allocated, or the process's peak resident memory
+    on CPU (VmHWM; where it cannot be reset, the lifetime peak)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
@@ -155,8 +175,7 @@ def train(
     history: list[EpochRecord] = []
     best: EpochRecord | None = None
     for epoch in range(1, config.epochs + 1):
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak_device_bytes(dev)
         t0 = time.perf_counter()
         stats = engine.train_epoch(epoch)
         if dev.type == "cuda":

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from gnnscale.cli import main
 from gnnscale.graph import io

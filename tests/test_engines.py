@@ -51,7 +51,7 @@ def test_engine_step_equals_manual_reference_step() -> None:
     ref.backward()
     opt.step()
     assert loss == ref.item()
-    for p, q in zip(m_eng.parameters(), m_ref.parameters()):
+    for p, q in zip(m_eng.parameters(), m_ref.parameters(), strict=True):
         assert torch.equal(p, q)
 
 

@@ -82,8 +82,9 @@ def test_gcn_normalisation_matches_pyg() -> None:
     g = tiny_graph()
     indptr, indices, w = normalized_csr(g, AdjacencySpec(self_loops=True, norm="gcn"))
     ei, ref_w = gcn_norm(g.edge_index(), num_nodes=g.num_nodes, add_self_loops=True)
-    ours = {(int(s), int(d)): float(x) for s, d, x in zip(indices, Block(indptr, indices, 6).dst_index(), w)}
-    ref = {(int(s), int(d)): float(x) for (s, d), x in zip(ei.t(), ref_w)}
+    dst = Block(indptr, indices, 6).dst_index()
+    ours = {(int(s), int(d)): float(x) for s, d, x in zip(indices, dst, w, strict=True)}
+    ref = {(int(s), int(d)): float(x) for (s, d), x in zip(ei.t(), ref_w, strict=True)}
     assert ours.keys() == ref.keys()
     for k in ref:
         assert abs(ours[k] - ref[k]) < 1e-6

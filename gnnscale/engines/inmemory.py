@@ -37,6 +37,7 @@ class InMemoryEngine(Engine):
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         self.block = Block.from_graph(graph, model.adjacency).to(device)
+        self.block.adj(), self.block.adj_t(), self.block.dst_index()  # build caches now, not inside epoch 1
         assert graph.x is not None and graph.y is not None
         self.x = graph.x.to(device)
         self.y = graph.y.to(device)

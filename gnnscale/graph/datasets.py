@@ -108,7 +108,8 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0) -> Gr
     if kind in ("planetoid", "npz", "edgelist", "ogb"):
         arg, opt_text = _split_arg(rest)
         if not arg:
-            raise DatasetError(f"dataset spec {spec!r} needs an argument: {kind}:<{'name' if kind in ('planetoid', 'ogb') else 'file'}>")
+            what = "name" if kind in ("planetoid", "ogb") else "file"
+            raise DatasetError(f"dataset spec {spec!r} needs an argument: {kind}:<{what}>")
         if kind == "planetoid":
             if arg.lower() not in PLANETOID_NAMES:
                 raise DatasetError(f"unknown Planetoid dataset {arg!r}; choose one of {', '.join(PLANETOID_NAMES)}")

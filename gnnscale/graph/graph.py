@@ -91,12 +91,12 @@ class Graph:
         if ip.dtype != torch.int64:
             raise GraphError(f"indptr must be int64, got {ip.dtype}")
         if ind.dim() != 1 or ind.dtype not in (torch.int64, torch.int32):
-            raise GraphError(f"indices must be a 1-D int64 or int32 tensor, got {ind.dtype} of shape {tuple(ind.shape)}")
+            raise GraphError(f"indices must be a 1-D int64 or int32 tensor, got {ind.dtype} {tuple(ind.shape)}")
         n = self.num_nodes
         if n == 0:
             raise GraphError("the graph is empty (0 vertices)")
         if int(ip[0]) != 0 or int(ip[-1]) != ind.numel():
-            raise GraphError(f"indptr must start at 0 and end at num_edges={ind.numel()}, got {int(ip[0])}..{int(ip[-1])}")
+            raise GraphError(f"indptr must run from 0 to num_edges={ind.numel()}, got {int(ip[0])}..{int(ip[-1])}")
         if n > 1 and bool((ip[1:] < ip[:-1]).any()):
             raise GraphError("indptr must be non-decreasing")
         if ind.numel():
@@ -119,7 +119,8 @@ class Graph:
                 raise GraphError(f"features must be float32, got {self.x.dtype}")
             for start in range(0, n, _CHECK_ROWS):
                 if not bool(torch.isfinite(self.x[start : start + _CHECK_ROWS]).all()):
-                    raise GraphError(f"features contain NaN or inf (in rows {start}..{min(n, start + _CHECK_ROWS) - 1})")
+                    last = min(n, start + _CHECK_ROWS) - 1
+                    raise GraphError(f"features contain NaN or inf (in rows {start}..{last})")
         if self.y is not None:
             if self.y.shape != (n,):
                 raise GraphError(f"labels have shape {tuple(self.y.shape)}, expected ({n},)")

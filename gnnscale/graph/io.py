@@ -191,7 +191,9 @@ def read_npz(path: Path | str, seed: int = 0, train_per_class: int = 20, val_per
             feats = np.asarray(d["attr_matrix"])
         labels = np.asarray(d["labels"]).astype(np.int64).reshape(-1)
     if labels.shape[0] != n or feats.shape[0] != n:
-        raise DatasetError(f"{path}: adjacency has {n} rows but features/labels have {feats.shape[0]}/{labels.shape[0]}")
+        raise DatasetError(
+            f"{path}: adjacency has {n} rows but features/labels have {feats.shape[0]}/{labels.shape[0]}"
+        )
     tr, va, te = per_class_split(labels, train_per_class, val_per_class, np.random.default_rng(seed))
     g = Graph.from_scipy(
         adj,
@@ -287,7 +289,8 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True) -> Graph:
     candidates = [root / name, root / name.replace("-", "_"), root]
     base = next((c for c in candidates if (c / "raw").is_dir()), None)
     if base is None:
-        raise DatasetError(f"no OGB dataset {name!r} under {root} (looked for raw/ in {', '.join(map(str, candidates))})")
+        looked = ", ".join(map(str, candidates))
+        raise DatasetError(f"no OGB dataset {name!r} under {root} (looked for raw/ in {looked})")
     raw = base / "raw"
 
     def find(stem: Path) -> Path:

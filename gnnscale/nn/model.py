@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +69,7 @@ class GNN(nn.Module):
     @property
     def adjacency(self) -> AdjacencySpec:
         """The adjacency every layer aggregates over (one per model)."""
-        return type(self.layers[0]).adjacency
+        return cast(BlockLayer, self.layers[0]).adjacency
 
     def dropout_key(self, seed: int, epoch: int, layer: int) -> int:
         """Key of the dropout mask applied to the input of ``layer`` in ``epoch``."""

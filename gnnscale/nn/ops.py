@@ -44,6 +44,7 @@ def spmm_mean(block: Block, x: Tensor) -> Tensor:
 # Dropout masks are a pure function of (key, global vertex id, feature index), so an engine that processes the
 # graph chunk by chunk, or recomputes a layer in backward, draws exactly the mask the in-memory engine draws.
 _M31 = 0x7FFFFFFF
+_FIB32 = -1640531527  # 0x9E3779B9 as a signed int32 (golden-ratio multiplier)
 _C = 0x45D9F3B  # < 2^27: a product with a 31-bit value stays below 2^58, no int64 overflow anywhere
 
 
@@ -69,13 +70,13 @@ def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
     hr = _mix31(((r ^ (r >> 31)) & _M31) ^ key)  # [rows]
     cols = torch.arange(num_features, device=dev, dtype=torch.int64)
     hc = _mix31((cols * 0x9E3779B1) & _M31 ^ _mix31(torch.tensor(key ^ 0x5BD1E995, device=dev)))  # [F]
-    # One multiply-xorshift round over the pair suffices (rows and columns are already fully mixed) and keeps
-    # this to a few passes over the [rows, F] int64 temporary; in-place ops avoid extra allocations.
-    u = hr.unsqueeze(1) ^ hc.unsqueeze(0)  # [rows, F]
-    u ^= u >> 16
-    u *= _C
+    # Per element: XOR of the fully mixed row and column hashes, then multiplicative (Fibonacci) hashing in
+    # int32, keeping the top 31 bits. int32 multiplication wraps modulo 2^32 on CPU and CUDA alike; it is the
+    # only wrapping operation, and four int32 passes keep the mask about as cheap as torch's own dropout.
+    u = hr.to(torch.int32).unsqueeze(1) ^ hc.to(torch.int32).unsqueeze(0)  # [rows, F]
+    u *= _FIB32
+    u >>= 1
     u &= _M31
-    u ^= u >> 15
     return u >= int(p * (1 << 31))  # u uniform in [0, 2^31)
 
 

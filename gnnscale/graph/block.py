@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gnnscale.graph.graph import Graph, _coo_to_csr
+from gnnscale.graph.graph import Graph, _coo_to_csr, csr_rows
 
 Norm = Literal["none", "gcn"]
 
@@ -49,17 +49,12 @@ def normalized_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, T
         indptr, indices, weight = _coo_to_csr(src, dst, n, weight, coalesce=False)
     if spec.norm == "gcn":
         w = torch.ones(indices.numel()) if weight is None else weight
-        deg = torch.zeros(n).index_add_(0, _rows(indptr), w)  # weighted in-degree, self-loop included
+        rows = csr_rows(indptr)
+        deg = torch.zeros(n).index_add_(0, rows, w)  # weighted in-degree, self-loop included
         dinv = deg.pow(-0.5)
         dinv.masked_fill_(torch.isinf(dinv), 0.0)
-        weight = dinv[indices] * w * dinv[_rows(indptr)]
+        weight = dinv[indices] * w * dinv[rows]
     return indptr, indices, weight
-
-
-def _rows(indptr: Tensor) -> Tensor:
-    """``[nnz]`` row of each CSR entry."""
-    counts = indptr[1:] - indptr[:-1]
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=indptr.device), counts)
 
 
 @dataclass(eq=False)
@@ -109,7 +104,7 @@ class Block:
     def dst_index(self) -> Tensor:
         """``[num_edges]`` destination row of each edge (cached)."""
         if "dst" not in self._cache:
-            self._cache["dst"] = _rows(self.indptr)
+            self._cache["dst"] = csr_rows(self.indptr)
         return self._cache["dst"]
 
     def _values(self) -> Tensor:

@@ -76,7 +76,7 @@ class Graph:
 
     def dst_index(self) -> Tensor:
         """``[num_edges]`` destination vertex of each edge, in CSR order."""
-        return torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degree())
+        return csr_rows(self.indptr)
 
     def edge_index(self) -> Tensor:
         """``[2, num_edges]`` COO edges ``(source, destination)`` in CSR order, PyG's convention."""
@@ -300,6 +300,12 @@ class Graph:
             f"Graph(name={self.name!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
             f"features={self.num_features}, classes={self.num_classes})"
         )
+
+
+def csr_rows(indptr: Tensor) -> Tensor:
+    """``[nnz]`` row of each CSR entry."""
+    counts = indptr[1:] - indptr[:-1]
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=indptr.device), counts)
 
 
 def _coo_to_csr(

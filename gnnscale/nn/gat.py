@@ -51,9 +51,12 @@ class GATLayer(BlockLayer):
         a_src = (h * self.att_src).sum(-1)  # [num_src, H]
         a_dst = (h[: block.num_dst] * self.att_dst).sum(-1)  # [num_dst, H]
         src, dst = block.indices.long(), block.dst_index()
-        e = F.leaky_relu(a_src[src] + a_dst[dst], self.negative_slope)  # [E, H]
+        # index_select, not fancy indexing: its backward (index_add_) is deterministic on multi-threaded CPU,
+        # where the backward of tensor[idx] is not.
+        e = F.leaky_relu(a_src.index_select(0, src) + a_dst.index_select(0, dst), self.negative_slope)  # [E, H]
         alpha = softmax(e, ptr=block.indptr, num_nodes=block.num_dst)  # [E, H], over each dst's in-edges
-        out = segment(h[src] * alpha.unsqueeze(-1), block.indptr, reduce="sum")  # [num_dst, H, C]
+        msg = h.index_select(0, src) * alpha.unsqueeze(-1)  # [E, H, C]
+        out = segment(msg, block.indptr, reduce="sum")  # [num_dst, H, C]
         return out.reshape(block.num_dst, H * C) if self.concat else out.mean(dim=1)
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ import torch
 from gnnscale.errors import ConfigError, GraphError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN, MODELS, build_model
+from gnnscale.plan.memory import proc_kib
 
 EpochRecord = dict[str, Any]
 
@@ -126,14 +127,8 @@ def peak_device_bytes(device: torch.device) -> int:
     on CPU (VmHWM; where it cannot be reset, the lifetime peak)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    hwm = proc_kib("/proc/self/status", "VmHWM")
+    return (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def train(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -66,13 +67,19 @@ def available_device_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
+    avail = proc_kib("/proc/meminfo", "MemAvailable")
+    if avail is not None:
+        return avail * 1024
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def proc_kib(path: str, key: str) -> int | None:
+    """The ``key:  N kB`` field of a Linux /proc file (``/proc/meminfo``, ``/proc/self/status``), or None."""
     try:
-        with open("/proc/meminfo") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
     except OSError:
         pass
-    import os
-
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    return None

@@ -37,12 +37,20 @@ def _add_dataset_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for weights, dropout and random splits (default 0)")
 
 
+def _add_plan_dir(p: Any) -> None:
+    p.add_argument("--plan-dir", metavar="DIR",
+                   help="where partition plans are saved and reused (default: $GNNSCALE_CACHE_DIR/plans or "
+                        "~/.cache/gnnscale/plans)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gnnscale.engines import ENGINES
     from gnnscale.nn.model import MODELS
+    from gnnscale.partition import PARTITION_METHODS
+    from gnnscale.store import GATHER_METHODS
 
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,info,convert}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,partition,info,convert}")
 
     t = sub.add_parser("train", help="train a model and report accuracy")
     _add_dataset_args(t, required=False)
@@ -56,10 +64,29 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=int, default=100)
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     t.add_argument("--engine", choices=["auto", *ENGINES], default="auto")
-    t.add_argument("--memory-budget", metavar="SIZE", help="device memory the engine may use, e.g. 8GB")
+    t.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
+                   help="device memory the engine may use: GiB (e.g. 6) or a size (512MB); default: what is free")
+    o = t.add_argument_group("offload engine (HongTu)")
+    o.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
+    o.add_argument("--chunks", type=int, help="chunks per partition n (default: the fewest that fit --gpu-memory)")
+    o.add_argument("--partition-method", choices=PARTITION_METHODS, default="metis",
+                   help="level-1 partitioner (default metis)")
+    o.add_argument("--gather", choices=["auto", *GATHER_METHODS], default="auto",
+                   help="how chunk rows reach the GPU: index_select (CPU gather + async copy) or uva (Triton "
+                        "kernel reading pinned host memory); default auto")
+    _add_plan_dir(o)
     t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     t.set_defaults(func=cmd_train)
+
+    pa = sub.add_parser("partition", help="two-level partition a graph, print its statistics, save the plan")
+    _add_dataset_args(pa, required=True)
+    pa.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
+    pa.add_argument("--chunks", type=int, default=1, help="destination chunks per partition n (default 1)")
+    pa.add_argument("--method", choices=PARTITION_METHODS, default="metis", help="level-1 partitioner")
+    _add_plan_dir(pa)
+    pa.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+    pa.set_defaults(func=cmd_partition)
 
     i = sub.add_parser("info", help="print size, degree statistics and memory footprint of a dataset")
     _add_dataset_args(i, required=True)
@@ -108,13 +135,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from gnnscale.graph.datasets import load_dataset
-    from gnnscale.plan.memory import parse_bytes
+    from gnnscale.plan.memory import parse_budget
     from gnnscale.train import TrainConfig, check_trainable, resolve_device, train
 
     config = TrainConfig(
         model=args.model, layers=args.layers, hidden=args.hidden, heads=args.heads, dropout=args.dropout,
         lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, seed=args.seed, engine=args.engine,
-        memory_budget=None if args.memory_budget is None else parse_bytes(args.memory_budget),
+        memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
+        partitions=args.partitions, chunks=args.chunks, partition_method=args.partition_method, gather=args.gather,
+        plan_dir=args.plan_dir,
     )
     device = resolve_device(args.device)
     writer = _MetricsWriter(args.metrics) if args.metrics else None
@@ -141,6 +170,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         s = result.summary
         for name, reasons in result.rejected.items():
             print(f"engine {name} rejected: {'; '.join(reasons)}")
+        if s.get("engine_detail"):
+            print(s["engine_detail"])
         print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} epochs "
               f"in {s['total_time_s']:.1f}s")
         print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
@@ -152,6 +183,37 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         if writer:
             writer.abort()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- partition
+def cmd_partition(args: argparse.Namespace) -> int:
+    import time
+
+    from gnnscale.graph.datasets import load_dataset
+    from gnnscale.partition import load_or_partition
+
+    for flag, value in (("--partitions", args.partitions), ("--chunks", args.chunks)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    t0 = time.perf_counter()
+    plan, path, reused = load_or_partition(g, args.partitions, args.chunks, args.method, args.seed, args.plan_dir)
+    seconds = time.perf_counter() - t0
+    st = {"dataset": g.name, **plan.stats(g), "seconds": seconds, "reused": reused,
+          "plan": None if path is None else str(path)}
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    print(f"dataset     {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges")
+    print(f"plan        {st['partitions']} partition(s) x {st['chunks']} chunk(s), {st['method']}, "
+          f"{'reused' if reused else 'computed'} in {seconds:.1f}s")
+    print(f"alpha       {st['alpha']:.3f} (chunk in-neighbour sets a vertex appears in, on average)")
+    print(f"edge cut    {100 * st['edge_cut']:.1f}% of edges cross partitions")
+    print(f"partitions  {', '.join(f'{s:,}' for s in st['partition_sizes'])} vertices")
+    print(f"chunks      max {st['chunk_vertices_max']:,} vertices, max {st['chunk_edges_max']:,} in-edges "
+          f"(max/mean {st['chunk_edge_imbalance']:.2f}), max {st['chunk_rows_max']:,} rows with neighbours")
+    print(f"saved       {path}" if path is not None else "saved       (plan directory not writable; not saved)")
     return 0
 
 

@@ -13,6 +13,7 @@ import torch
 from gnnscale.errors import ConfigError, GraphError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN, MODELS, build_model
+from gnnscale.partition import PARTITION_METHODS
 from gnnscale.plan.memory import proc_kib
 
 EpochRecord = dict[str, Any]
@@ -44,9 +45,21 @@ class TrainConfig:
     """Engine name, or ``auto`` for the first engine with no reason against it."""
     memory_budget: int | None = None
     """Device memory the engine may use, in bytes; ``None``: what is free on the device."""
+    partitions: int = 1
+    """Offload: level-1 partitions ``m`` (HongTu schedules one per GPU; on one device they run in turn)."""
+    chunks: int | None = None
+    """Offload: destination chunks per partition ``n``; ``None``: the planner picks the fewest that fit."""
+    partition_method: str = "metis"
+    """Offload: ``metis``, ``random`` or ``range`` level-1 partitioning."""
+    gather: str = "auto"
+    """Offload: how chunk rows reach the device: ``index_select`` (CPU gather + async copy), ``uva`` (Triton
+    kernel reading pinned host memory) or ``auto``."""
+    plan_dir: str | None = None
+    """Where partition plans are saved and reused; ``None``: the user cache (``gnnscale.partition``)."""
 
     def __post_init__(self) -> None:
         from gnnscale.engines import ENGINES
+        from gnnscale.store import GATHER_METHODS
 
         checks = [
             (self.model in MODELS, f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}"),
@@ -60,7 +73,13 @@ class TrainConfig:
             (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
             (self.engine == "auto" or self.engine in ENGINES,
              f"unknown engine {self.engine!r}; choose auto or one of {', '.join(ENGINES)}"),
-            (self.memory_budget is None or self.memory_budget > 0, "--memory-budget must be positive"),
+            (self.memory_budget is None or self.memory_budget > 0, "--gpu-memory must be positive"),
+            (self.partitions >= 1, f"--partitions must be >= 1, got {self.partitions}"),
+            (self.chunks is None or self.chunks >= 1, f"--chunks must be >= 1, got {self.chunks}"),
+            (self.partition_method in PARTITION_METHODS,
+             f"unknown partition method {self.partition_method!r}; choose one of {', '.join(PARTITION_METHODS)}"),
+            (self.gather in ("auto", *GATHER_METHODS),
+             f"unknown gather method {self.gather!r}; choose auto or one of {', '.join(GATHER_METHODS)}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -204,6 +223,7 @@ def train(
         "test_acc_at_best_val": best["test_acc"],
         "final_test_acc": history[-1]["test_acc"],
         "total_time_s": time.perf_counter() - start,
+        "engine_detail": engine.describe(),
         "config": asdict(config),
     }
     return TrainResult(model=model, history=history, summary=summary, engine=engine_cls.name, rejected=rejected)

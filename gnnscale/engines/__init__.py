@@ -8,13 +8,14 @@ import torch
 
 from gnnscale.engines.base import Engine
 from gnnscale.engines.inmemory import InMemoryEngine
+from gnnscale.engines.offload import OffloadEngine
 from gnnscale.errors import EngineError
 from gnnscale.graph.graph import Graph
 
 if TYPE_CHECKING:
     from gnnscale.train import TrainConfig
 
-ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine}
+ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "offload": OffloadEngine}
 """Registry, in the priority order ``--engine auto`` tries them."""
 
 
@@ -37,4 +38,4 @@ def select_engine(
     raise EngineError(f"no engine can train {graph.name} on {device}: {detail}")
 
 
-__all__ = ["ENGINES", "Engine", "InMemoryEngine", "select_engine"]
+__all__ = ["ENGINES", "Engine", "InMemoryEngine", "OffloadEngine", "select_engine"]

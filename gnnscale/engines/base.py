@@ -52,9 +52,15 @@ class Engine(ABC):
     def evaluate(self) -> dict[str, float | None]:
         """Accuracy on ``train``/``val``/``test`` masks without dropout: ``{"train_acc", "val_acc", "test_acc"}``."""
 
-    def accuracies(self, logits: Tensor, y: Tensor, masks: dict[str, Tensor]) -> dict[str, float | None]:
-        """Accuracy of ``logits.argmax`` per mask (``None`` for an empty or missing mask)."""
-        pred = logits.argmax(dim=-1)
+    def describe(self) -> str:
+        """One line about how this engine runs (its plan), for the CLI and the summary record; may be empty."""
+        return ""
+
+    def accuracies(self, pred: Tensor, y: Tensor, masks: dict[str, Tensor]) -> dict[str, float | None]:
+        """Accuracy of predicted classes ``pred`` (``[N]``; or logits ``[N, C]``) per mask (``None`` for an empty
+        or missing mask)."""
+        if pred.dim() == 2:
+            pred = pred.argmax(dim=-1)
         out: dict[str, float | None] = {}
         for mname in MASK_NAMES:
             key = mname.replace("_mask", "_acc")

@@ -115,8 +115,10 @@ class Block:
     def adj(self) -> Tensor:
         """Sparse CSR ``[num_dst, num_src]`` adjacency with the edge weights (cached)."""
         if "adj" not in self._cache:
+            # int32 source rows (chunk blocks) keep int32 pointers too: no int64 copy of the indices
+            indptr = self.indptr.to(self.indices.dtype) if self.indices.dtype == torch.int32 else self.indptr
             self._cache["adj"] = torch.sparse_csr_tensor(
-                self.indptr, self.indices.to(self.indptr.dtype), self._values(), (self.num_dst, self.num_src)
+                indptr, self.indices.to(indptr.dtype), self._values(), (self.num_dst, self.num_src)
             )
         return self._cache["adj"]
 

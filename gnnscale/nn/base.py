@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from gnnscale.graph.block import AdjacencySpec, Block
@@ -21,6 +22,8 @@ class BlockLayer(nn.Module):
     """True when AGGREGATE has trainable per-edge computation (GAT): caching it costs O(|E|), so recompute."""
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec()
     """The normalised adjacency the layer aggregates over; engines build blocks from it."""
+    update_uses_dst: ClassVar[bool] = True
+    """False when UPDATE ignores ``x_dst`` (GCN, GAT, MLP): a caching engine then need not load those rows."""
 
     in_features: int
     out_features: int
@@ -29,6 +32,29 @@ class BlockLayer(nn.Module):
     def aggregate_has_params(self) -> bool:
         """True when AGGREGATE itself uses parameters (projection before aggregation, attention)."""
         return self.edge_compute
+
+    @property
+    def cacheable(self) -> bool:
+        """True when AGGREGATE is a parameter-free linear map of ``x_src``: its output can be cached in forward and
+        only UPDATE recomputed in backward, with :meth:`aggregate_vjp` carrying gradients to the sources."""
+        return not self.aggregate_has_params
+
+    def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
+        """``[num_dst, F_agg] -> [num_src, F_in]``: gradient of a cacheable AGGREGATE with respect to ``x_src``.
+
+        The default differentiates :meth:`aggregate` at zero (exact for a linear map); layers override it with
+        the transposed sparse product, which needs neither the source rows nor a forward pass.
+        """
+        x = torch.zeros(block.num_src, self.in_features, device=grad_agg.device, requires_grad=True)
+        with torch.enable_grad():
+            (grad,) = torch.autograd.grad(self.aggregate(block, x), x, grad_agg)
+        return grad
+
+    def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:
+        """Upper bound of the bytes one forward + backward of this layer on a block holds at its peak, beyond its
+        input rows: outputs, tensors saved for backward and their gradients (the planner sums these per chunk)."""
+        f_in, f_out = self.in_features, self.out_features
+        return 4 * (3 * num_src * max(f_in, f_out) + 4 * num_dst * (f_in + f_out))
 
     def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
         """``[num_src, F_in] -> [num_dst, F_agg]``: combine each destination's in-neighbour rows."""

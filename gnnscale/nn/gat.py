@@ -22,6 +22,7 @@ class GATLayer(BlockLayer):
 
     edge_compute: ClassVar[bool] = True
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True)
+    update_uses_dst: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -58,6 +59,11 @@ class GATLayer(BlockLayer):
         msg = h.index_select(0, src) * alpha.unsqueeze(-1)  # [E, H, C]
         out = segment(msg, block.indptr, reduce="sum")  # [num_dst, H, C]
         return out.reshape(block.num_dst, H * C) if self.concat else out.mean(dim=1)
+
+    def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:
+        H, HC = self.heads, self.heads * self.out_per_head
+        per_edge = 4 * (12 * H + 4 * HC) + 16  # scores, softmax and messages with their gradients; int64 src/dst
+        return num_edges * per_edge + 4 * (4 * num_src * HC + 6 * num_dst * HC)
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         return agg + self.bias

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import AdjacencySpec, Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import spmm
+from gnnscale.nn.ops import spmm, spmm_t
 
 
 class GCNLayer(BlockLayer):
@@ -22,6 +22,7 @@ class GCNLayer(BlockLayer):
     """
 
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True, norm="gcn")
+    update_uses_dst: ClassVar[bool] = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, project_first: bool | None = None):
         super().__init__()
@@ -38,6 +39,9 @@ class GCNLayer(BlockLayer):
     def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
         h = self.lin(x_src) if self.project_first else x_src  # [num_src, F]
         return spmm(block, h)  # [num_dst, F]
+
+    def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
+        return spmm_t(block, grad_agg)  # [num_src, F_in]
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         out = agg if self.project_first else self.lin(agg)

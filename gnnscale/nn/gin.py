@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import spmm
+from gnnscale.nn.ops import spmm, spmm_t
 
 
 class GINLayer(BlockLayer):
@@ -26,6 +26,13 @@ class GINLayer(BlockLayer):
 
     def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
         return spmm(block, x_src)  # [num_dst, in]
+
+    def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
+        return spmm_t(block, grad_agg)  # [num_src, F_in]
+
+    def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:
+        # the MLP keeps its hidden activation, the ReLU output and their gradients per destination
+        return super().workspace_bytes(num_src, num_dst, num_edges) + 4 * 6 * num_dst * self.out_features
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         return self.mlp((1 + self.eps) * x_dst + agg)

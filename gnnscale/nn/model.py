@@ -67,6 +67,11 @@ class GNN(nn.Module):
         self.layers = nn.ModuleList(layers)
 
     @property
+    def block_layers(self) -> list[BlockLayer]:
+        """``layers`` typed as :class:`BlockLayer` (engines call their ``aggregate``/``update`` halves)."""
+        return [cast(BlockLayer, m) for m in self.layers]
+
+    @property
     def adjacency(self) -> AdjacencySpec:
         """The adjacency every layer aggregates over (one per model)."""
         return cast(BlockLayer, self.layers[0]).adjacency

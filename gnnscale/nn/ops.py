@@ -34,6 +34,11 @@ def spmm(block: Block, x: Tensor) -> Tensor:
     return _SpMM.apply(x.contiguous(), block.adj(), block.adj_t())
 
 
+def spmm_t(block: Block, grad: Tensor) -> Tensor:
+    """Transposed product ``A^T @ grad``: each source row sums the gradients of the destinations it feeds."""
+    return block.adj_t() @ grad.contiguous()  # [num_src, F]
+
+
 def spmm_mean(block: Block, x: Tensor) -> Tensor:
     """Mean of in-neighbour rows (zero for a destination without in-edges)."""
     deg = block.in_degree().clamp(min=1).to(x.dtype).unsqueeze(-1)  # [num_dst, 1]

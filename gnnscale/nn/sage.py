@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import spmm_mean
+from gnnscale.nn.ops import spmm_mean, spmm_t
 
 
 class SAGELayer(BlockLayer):
@@ -31,6 +31,10 @@ class SAGELayer(BlockLayer):
         if self.project_first:
             return spmm_mean(block, x_src @ self.lin_l.weight.t())  # [num_dst, out]
         return spmm_mean(block, x_src)  # [num_dst, in]
+
+    def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
+        deg = block.in_degree().clamp(min=1).to(grad_agg.dtype).unsqueeze(-1)  # [num_dst, 1]
+        return spmm_t(block, grad_agg / deg)  # [num_src, F_in]
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         left = agg + self.lin_l.bias if self.project_first else self.lin_l(agg)

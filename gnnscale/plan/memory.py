@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
@@ -27,6 +29,17 @@ def parse_bytes(text: str) -> int:
     if value <= 0:
         raise ConfigError(f"memory size must be positive, got {text!r}")
     return int(value)
+
+
+def parse_budget(text: str) -> int:
+    """A device-memory budget: a plain number is GiB (``--gpu-memory 6``), or a size with a unit (``512MB``)."""
+    try:
+        gib = float(text)
+    except ValueError:
+        return parse_bytes(text)
+    if not gib > 0:
+        raise ConfigError(f"memory size must be positive, got {text!r}")
+    return int(gib * (1 << 30))
 
 
 def format_bytes(n: float) -> str:
@@ -83,3 +96,55 @@ def proc_kib(path: str, key: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+class LiveBytesCounter(TorchDispatchMode):
+    """Counts the bytes of every tensor created while active and still alive, and their peak.
+
+    The CPU stand-in for ``torch.cuda.max_memory_allocated``: with no GPU, an engine runs its device-side work
+    under this mode, so "device" allocations (staged rows, block topology, activations, tensors autograd saves,
+    gradients, optimiser state) are measured rather than estimated. Tensors that existed before (host buffers,
+    parameters) are not seen; add them as ``baseline``. Views share their base's storage and count once.
+    """
+
+    def __init__(self, baseline: int = 0):
+        super().__init__()
+        self.baseline = baseline
+        self.live: dict[int, tuple[Any, int]] = {}  # storage key -> (weak reference, bytes)
+        self.current = 0
+        self.peak = baseline
+
+    def reset_peak(self) -> None:
+        self._sweep()
+        self.peak = self.baseline + self.current
+
+    def _sweep(self) -> None:
+        dead = [k for k, (ref, _) in self.live.items() if ref.expired()]
+        for k in dead:
+            self.current -= self.live.pop(k)[1]
+
+    def _track(self, t: Any) -> None:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        if t.layout != torch.strided:  # sparse: count its component tensors
+            parts = (t.crow_indices(), t.col_indices(), t.values()) if t.layout == torch.sparse_csr else (
+                (t.ccol_indices(), t.row_indices(), t.values()) if t.layout == torch.sparse_csc else ())
+            for p in parts:
+                self._track(p)
+            return
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if storage.nbytes() == 0 or (key in self.live and not self.live[key][0].expired()):
+            return
+        if key in self.live:
+            self.current -= self.live.pop(key)[1]
+        self.live[key] = (StorageWeakRef(storage), storage.nbytes())
+        self.current += storage.nbytes()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self._sweep()
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            self._track(t)
+        self.peak = max(self.peak, self.baseline + self.current)
+        return out

@@ -1,0 +1,23 @@
+"""Two-level edge-cut partitioning (HongTu §4.1): partitions, then destination chunks balanced by in-edges."""
+
+from gnnscale.partition.plan import (
+    PARTITION_METHODS,
+    PartitionPlan,
+    chunk_halo,
+    default_plan_dir,
+    graph_fingerprint,
+    load_or_partition,
+    partition_graph,
+    permute_csr,
+)
+
+__all__ = [
+    "PARTITION_METHODS",
+    "PartitionPlan",
+    "chunk_halo",
+    "default_plan_dir",
+    "graph_fingerprint",
+    "load_or_partition",
+    "partition_graph",
+    "permute_csr",
+]

@@ -1,0 +1,313 @@
+"""Two-level edge-cut partitioning (HongTu §4.1) and the saved partition plan.
+
+Level 1 splits the vertices into ``m`` partitions (METIS on the symmetrised graph, or ``random``/``range`` for graphs
+too big for METIS). Level 2 splits each partition into ``n`` chunks of destination vertices with about equal
+in-edge counts. Vertices are renumbered so that partitions, and chunks inside them, are contiguous id ranges: a
+chunk is ``[lo, hi)`` in the new numbering, its in-edges are the CSR rows ``lo..hi``, and every destination keeps
+its full in-neighbourhood (full-neighbour aggregation, GAT's softmax included, runs on one chunk).
+
+METIS is the expensive step and does not depend on ``n``, so a plan is saved per (graph, method, m, seed) and
+re-split into any number of chunks without repartitioning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gnnscale.errors import ConfigError
+from gnnscale.graph.graph import Graph, _coo_to_csr
+
+PARTITION_METHODS = ("metis", "random", "range")
+PLAN_FORMAT = "gnnscale-partition-plan"
+PLAN_VERSION = 1
+
+
+def default_plan_dir() -> Path:
+    """Where plans are saved: ``$GNNSCALE_CACHE_DIR/plans``, else ``$XDG_CACHE_HOME/gnnscale/plans``, else
+    ``~/.cache/gnnscale/plans``."""
+    if os.environ.get("GNNSCALE_CACHE_DIR"):
+        return Path(os.environ["GNNSCALE_CACHE_DIR"]) / "plans"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gnnscale" / "plans"
+
+
+def graph_fingerprint(graph: Graph) -> str:
+    """Hash of the topology (sizes, indptr, indices): the key under which a partition plan is saved."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{graph.num_nodes},{graph.num_edges}".encode())
+    h.update(np.ascontiguousarray(graph.indptr.numpy()).data)
+    step = 1 << 24
+    for start in range(0, graph.num_edges, step):  # int64 pieces: the same graph with int32 indices hashes equal
+        h.update(np.ascontiguousarray(graph.indices[start : start + step].numpy().astype(np.int64)).data)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ level 1
+def _metis_parts(graph: Graph, m: int, seed: int) -> Tensor:
+    from gnnscale._compat import require
+
+    pymetis = require("pymetis")
+    ei = graph.edge_index()
+    ei = ei[:, ei[0] != ei[1]]  # METIS rejects self-loops
+    both = torch.cat([ei, ei.flip(0)], dim=1)
+    xadj, adjncy, _ = _coo_to_csr(both[0], both[1], graph.num_nodes, None, coalesce=True)
+    opts = pymetis.Options(seed=seed)
+    if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025.2
+        res = pymetis.part_graph(m, pymetis.CSRAdjacency(xadj.numpy(), adjncy.numpy()), options=opts)
+    else:  # pragma: no cover - older pymetis
+        res = pymetis.part_graph(m, xadj=xadj.numpy(), adjncy=adjncy.numpy(), options=opts)
+    parts = torch.from_numpy(np.asarray(res[1] if isinstance(res, tuple) else res.vertex_part, dtype=np.int64))
+    return parts
+
+
+def _balanced_bounds(cost: Tensor, pieces: int) -> Tensor:
+    """``[pieces + 1]`` offsets splitting ``cost`` into ``pieces`` non-empty contiguous runs of about equal sum."""
+    n = cost.numel()
+    if pieces > n:
+        raise ConfigError(f"cannot split {n} vertices into {pieces} non-empty pieces")
+    cs = torch.cumsum(cost.double(), 0)
+    targets = cs[-1] * torch.arange(1, pieces, dtype=torch.float64) / pieces
+    cuts = torch.searchsorted(cs, targets, right=True)
+    bounds = [0]
+    for j, c in enumerate(cuts.tolist(), start=1):  # non-empty runs; leave room for the pieces still to come
+        bounds.append(min(max(c, bounds[-1] + 1), n - (pieces - j)))
+    bounds.append(n)
+    return torch.tensor(bounds, dtype=torch.int64)
+
+
+def _level1_parts(graph: Graph, method: str, m: int, seed: int) -> Tensor:
+    n = graph.num_nodes
+    if m == 1:
+        return torch.zeros(n, dtype=torch.int64)
+    if method == "metis":
+        return _metis_parts(graph, m, seed)
+    if method == "random":
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        parts = torch.empty(n, dtype=torch.int64)
+        parts[order] = torch.arange(n) * m // n
+        return parts
+    bounds = _balanced_bounds(graph.in_degree() + 1, m)  # "range": contiguous id ranges, balanced by in-edges
+    return torch.repeat_interleave(torch.arange(m), bounds[1:] - bounds[:-1])
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+@dataclass(eq=False)
+class PartitionPlan:
+    """A renumbering of the vertices into ``partitions x chunks`` contiguous destination ranges.
+
+    New vertex id ``i`` is old id ``perm[i]``. Chunk ``k`` (partition ``k // chunks``, position ``k % chunks``)
+    owns the new ids ``chunk_ptr[k] .. chunk_ptr[k+1]``.
+    """
+
+    method: str
+    partitions: int
+    chunks: int
+    seed: int
+    graph_key: str
+    perm: Tensor
+    """``[N]`` int64: old id of each new id."""
+    part_ptr: Tensor
+    """``[partitions + 1]`` new-id offsets of the partitions."""
+    chunk_ptr: Tensor
+    """``[partitions * chunks + 1]`` new-id offsets of the chunks."""
+    _inv: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.perm.numel())
+
+    @property
+    def num_chunks(self) -> int:
+        return self.partitions * self.chunks
+
+    def inverse(self) -> Tensor:
+        """``[N]`` int64: new id of each old id."""
+        if self._inv is None:
+            inv = torch.empty_like(self.perm)
+            inv[self.perm] = torch.arange(self.num_nodes)
+            self._inv = inv
+        return self._inv
+
+    def chunk_range(self, k: int) -> tuple[int, int]:
+        return int(self.chunk_ptr[k]), int(self.chunk_ptr[k + 1])
+
+    def with_chunks(self, graph: Graph, chunks: int) -> PartitionPlan:
+        """The same partitions split into ``chunks`` chunks each (cheap: no repartitioning)."""
+        if chunks < 1:
+            raise ConfigError(f"--chunks must be >= 1, got {chunks}")
+        cost = graph.in_degree()[self.perm] + 1  # in-edges incl. a self-loop: what a chunk aggregates
+        sizes = (self.part_ptr[1:] - self.part_ptr[:-1]).tolist()
+        if chunks > min(sizes):
+            raise ConfigError(f"--chunks {chunks} is more than the {min(sizes)} vertices of the smallest partition")
+        ptr = [torch.zeros(1, dtype=torch.int64)]
+        for i in range(self.partitions):
+            lo, hi = int(self.part_ptr[i]), int(self.part_ptr[i + 1])
+            ptr.append(lo + _balanced_bounds(cost[lo:hi], chunks)[1:])
+        return PartitionPlan(self.method, self.partitions, chunks, self.seed, self.graph_key, self.perm,
+                             self.part_ptr, torch.cat(ptr), self._inv)
+
+    # ------------------------------------------------------------------------------------------ statistics
+    def stats(self, graph: Graph) -> dict[str, Any]:
+        """Replication factor α, edge cut and balance of this plan on ``graph``.
+
+        ``alpha`` is HongTu's neighbour replication factor: the number of chunk in-neighbour sets a vertex appears
+        in, averaged over all vertices (``sum_k |N_k| / |V|``), i.e. how many times a layer's rows cross the bus.
+        """
+        indptr, indices = permute_csr(graph.indptr, graph.indices, None, self.perm, self.inverse())[:2]
+        mark = torch.zeros(self.num_nodes, dtype=torch.bool)
+        nbr, rows, edges = [], [], []
+        for k in range(self.num_chunks):
+            lo, hi = self.chunk_range(k)
+            src = indices[int(indptr[lo]) : int(indptr[hi])]
+            mark.zero_()
+            mark[src] = True
+            nbr.append(int(mark.sum()))
+            mark[lo:hi] = True
+            rows.append(int(mark.sum()))  # rows a chunk holds: its destinations and their in-neighbours
+            edges.append(int(indptr[hi] - indptr[lo]))
+        part_of = torch.repeat_interleave(torch.arange(self.partitions), self.part_ptr[1:] - self.part_ptr[:-1])
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes), indptr[1:] - indptr[:-1])
+        cut = int((part_of[indices.long()] != part_of[dst]).sum()) if self.partitions > 1 else 0
+        e = torch.tensor(edges, dtype=torch.float64)
+        return {
+            "method": self.method,
+            "partitions": self.partitions,
+            "chunks": self.chunks,
+            "alpha": sum(nbr) / max(self.num_nodes, 1),
+            "edge_cut": cut / max(graph.num_edges, 1),
+            "partition_sizes": (self.part_ptr[1:] - self.part_ptr[:-1]).tolist(),
+            "chunk_vertices_max": int((self.chunk_ptr[1:] - self.chunk_ptr[:-1]).max()),
+            "chunk_edges_max": int(e.max()),
+            "chunk_edge_imbalance": float(e.max() / e.mean()) if e.mean() > 0 else 1.0,
+            "chunk_rows_max": max(rows),
+        }
+
+    # ------------------------------------------------------------------------------------------ persistence
+    def file_name(self) -> str:
+        return f"{self.graph_key[:24]}-{self.method}-p{self.partitions}-s{self.seed}.npz"
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically (a temporary sibling renamed into place)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "method": self.method,
+                "partitions": self.partitions, "chunks": self.chunks, "seed": self.seed, "graph_key": self.graph_key}
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, perm=self.perm.numpy(), part_ptr=self.part_ptr.numpy(),
+                         chunk_ptr=self.chunk_ptr.numpy(), meta=np.array(json.dumps(meta)))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> PartitionPlan:
+        """Read a plan written by :meth:`save`; a damaged or foreign file raises ConfigError."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(str(z["meta"]))
+                if meta.get("format") != PLAN_FORMAT or meta.get("version") != PLAN_VERSION:
+                    raise ValueError("not a gnnscale partition plan")
+                return cls(meta["method"], int(meta["partitions"]), int(meta["chunks"]), int(meta["seed"]),
+                           meta["graph_key"], torch.from_numpy(z["perm"].astype(np.int64)),
+                           torch.from_numpy(z["part_ptr"].astype(np.int64)),
+                           torch.from_numpy(z["chunk_ptr"].astype(np.int64)))
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"cannot read partition plan {path}: {exc}") from None
+
+
+def partition_graph(graph: Graph, partitions: int = 1, chunks: int = 1, method: str = "metis",
+                    seed: int = 0) -> PartitionPlan:
+    """Two-level partition of ``graph`` (HongTu §4.1).
+
+    Args:
+        partitions: ``m``, level-1 parts (one per GPU in HongTu).
+        chunks: ``n``, destination chunks per part, balanced by in-edge count.
+        method: ``metis`` (pymetis on the symmetrised graph), ``random`` or ``range`` (contiguous id ranges).
+        seed: METIS / random seed.
+    """
+    if method not in PARTITION_METHODS:
+        raise ConfigError(f"unknown partition method {method!r}; choose one of {', '.join(PARTITION_METHODS)}")
+    if partitions < 1:
+        raise ConfigError(f"--partitions must be >= 1, got {partitions}")
+    if partitions > graph.num_nodes:
+        raise ConfigError(f"--partitions {partitions} is more than the graph's {graph.num_nodes} vertices")
+    parts = _level1_parts(graph, method, partitions, seed)
+    sizes = torch.bincount(parts, minlength=partitions)
+    if bool((sizes == 0).any()):  # METIS may leave a part empty on tiny or disconnected graphs
+        raise ConfigError(f"{method} left {int((sizes == 0).sum())} of {partitions} partitions empty; "
+                          "use fewer partitions or --partition-method random")
+    perm = torch.sort(parts, stable=True).indices
+    part_ptr = torch.zeros(partitions + 1, dtype=torch.int64)
+    torch.cumsum(sizes, 0, out=part_ptr[1:])
+    plan = PartitionPlan(method, partitions, 1, seed, graph_fingerprint(graph), perm, part_ptr,
+                         part_ptr.clone())
+    return plan.with_chunks(graph, chunks)
+
+
+def load_or_partition(graph: Graph, partitions: int, chunks: int, method: str = "metis", seed: int = 0,
+                      plan_dir: str | Path | None = None) -> tuple[PartitionPlan, Path | None, bool]:
+    """The saved plan for (graph, method, partitions, seed) re-split into ``chunks``, or a new one (then saved).
+
+    Returns:
+        ``(plan, path, reused)``; ``path`` is None when the plan directory is not writable.
+    """
+    directory = Path(plan_dir) if plan_dir is not None else default_plan_dir()
+    key = graph_fingerprint(graph)
+    probe = PartitionPlan(method, partitions, chunks, seed, key, torch.empty(0), torch.empty(0), torch.empty(0))
+    path = directory / probe.file_name()
+    if path.is_file():
+        try:
+            saved = PartitionPlan.load(path)
+        except ConfigError:
+            saved = None  # damaged: repartition and overwrite
+        if saved is not None and saved.graph_key == key and saved.num_nodes == graph.num_nodes:
+            return (saved if saved.chunks == chunks else saved.with_chunks(graph, chunks)), path, True
+    plan = partition_graph(graph, partitions, chunks, method, seed)
+    try:
+        plan.save(path)
+    except OSError:
+        return plan, None, False
+    return plan, path, False
+
+
+# ------------------------------------------------------------------------------------------------ CSR helpers
+def permute_csr(indptr: Tensor, indices: Tensor, weight: Tensor | None, perm: Tensor,
+                inv: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Renumber an in-neighbour CSR: new row ``r`` is old row ``perm[r]``; sources map through ``inv``.
+
+    Edge order inside each row is kept, so per-row reductions see the same sequence as before.
+    """
+    deg = (indptr[1:] - indptr[:-1])[perm]  # [N] new rows' degrees
+    new_ptr = torch.zeros_like(indptr)
+    torch.cumsum(deg, 0, out=new_ptr[1:])
+    shift = torch.repeat_interleave(indptr[:-1][perm] - new_ptr[:-1], deg)  # [E] old position - new position
+    pos = torch.arange(int(new_ptr[-1]), dtype=torch.int64) + shift
+    new_indices = inv.index_select(0, indices.long().index_select(0, pos))
+    return new_ptr, new_indices, None if weight is None else weight.index_select(0, pos)
+
+
+def chunk_halo(indptr: Tensor, indices: Tensor, lo: int, hi: int, mark: Tensor) -> Tensor:
+    """Sorted ids of the in-neighbours of destinations ``[lo, hi)`` that lie outside ``[lo, hi)``.
+
+    Args:
+        mark: ``[N]`` bool scratch buffer (reused across calls; zeroed here).
+    """
+    src = indices[int(indptr[lo]) : int(indptr[hi])]
+    mark.zero_()
+    mark[src] = True
+    mark[lo:hi] = False
+    return torch.nonzero(mark).view(-1)

@@ -1,0 +1,173 @@
+"""Planner of the offload engine: how many chunks keep one chunk's device footprint under the budget.
+
+The offload engine (HongTu) holds on the device only the current chunk's rows, its block topology, the chunk's
+intermediates and the model; everything per vertex lives in host memory. The footprint of a chunk with ``V``
+destinations, ``R`` source rows (destinations and in-neighbours) and ``E`` in-edges is modelled per layer:
+
+* block topology (CSR, its transpose, row ids) and the gathered ``[R, F_in]`` rows, twice: the next chunk is
+  prefetched while this one computes;
+* the layer's input after activation and dropout, its gradient and the dropout temporaries (``[R, F_in]`` each);
+* the layer's own workspace (:meth:`~gnnscale.nn.base.BlockLayer.workspace_bytes`: per-edge attention tensors
+  for GAT, per-destination activations otherwise);
+* the destination side: the loaded ``[V, F_out]`` gradient, the next layer's input and its gradient, the cached
+  aggregation and its gradient;
+
+plus the parameters with their gradients and Adam moments. The largest chunk over all layers sets the peak, and
+:data:`SAFETY` covers allocator rounding and short-lived temporaries the model does not list.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from gnnscale.errors import ConfigError
+from gnnscale.graph.graph import Graph
+from gnnscale.nn.model import GNN, build_model
+from gnnscale.partition.plan import PartitionPlan, load_or_partition, permute_csr
+from gnnscale.plan.memory import available_device_bytes, format_bytes
+
+if TYPE_CHECKING:
+    from gnnscale.train import TrainConfig
+
+SAFETY = 1.25
+MAX_CHUNKS_PER_PARTITION = 1024
+"""The search stops here: beyond it per-chunk overheads dominate and the budget is unrealistic."""
+
+
+@dataclass
+class OffloadPlan:
+    """The planner's answer: a partition plan and the estimated peak device bytes of its largest chunk."""
+
+    partition: PartitionPlan
+    estimate: int
+    budget: int
+    plan_path: Any
+    reused_plan: bool
+    searched: dict[int, int]
+    """Chunks per partition tried by the search -> estimated peak bytes."""
+
+
+def chunk_sizes(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:
+    """``[K, 3]`` int64 per chunk: destinations ``V``, source rows ``R`` (``V`` + outside in-neighbours), in-edges
+    ``E`` (plus one self-loop per destination, an upper bound for models that add them)."""
+    n = indptr.numel() - 1
+    mark = torch.zeros(n, dtype=torch.bool)
+    out = torch.empty(chunk_ptr.numel() - 1, 3, dtype=torch.int64)
+    for k in range(chunk_ptr.numel() - 1):
+        lo, hi = int(chunk_ptr[k]), int(chunk_ptr[k + 1])
+        src = indices[int(indptr[lo]) : int(indptr[hi])]
+        if src.numel() * 8 < n:  # small chunk: sort its few sources instead of sweeping an [N] mask
+            u = torch.unique(src)
+            outside = int(((u < lo) | (u >= hi)).sum())
+        else:
+            mark.zero_()
+            mark[src] = True
+            mark[lo:hi] = False
+            outside = int(mark.sum())
+        out[k, 0], out[k, 1], out[k, 2] = hi - lo, hi - lo + outside, src.numel() + hi - lo
+    return out
+
+
+def model_resident_bytes(model: GNN) -> int:
+    """Parameters, their gradients and Adam's two moments, plus as much again for the optimiser step."""
+    return 8 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def chunk_peak_bytes(model: GNN, num_dst: int, num_src: int, num_edges: int) -> int:
+    """Modelled peak device bytes while training one chunk, over all layers (see module docstring)."""
+    V, R, E = num_dst, num_src, num_edges
+    peak = 0
+    for layer in model.block_layers:
+        f_in, f_out = layer.in_features, layer.out_features
+        topology = 4 * (V + 1) + 12 * E + 4 * (R + 1) + 12 * E + 16 * R  # block, transpose, ids
+        staged = 2 * (topology + 4 * R * f_in)  # this chunk and the prefetched next one
+        inputs = 4 * R * f_in * 6  # input after activation and dropout, its gradient, dropout temporaries
+        dst_side = 4 * V * f_out * 6 + 4 * V * f_in * 3  # gradient rows, next input + grad; cached aggregation
+        peak = max(peak, staged + inputs + layer.workspace_bytes(R, V, E) + dst_side)
+    return int(SAFETY * peak) + model_resident_bytes(model)
+
+
+def _estimate(model: GNN, sizes: Tensor) -> int:
+    V, R, E = sizes[:, 0], sizes[:, 1], sizes[:, 2]
+    # the footprint grows with each of V, R and E: bound it with their maxima over chunks
+    return chunk_peak_bytes(model, int(V.max()), int(R.max()), int(E.max()))
+
+
+_MEMO: dict[int, tuple[Any, tuple[Any, ...], OffloadPlan]] = {}
+
+
+def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model: GNN | None = None) -> OffloadPlan:
+    """Partition ``graph`` and choose the chunk count for ``config`` (``config.chunks`` overrides the search).
+
+    The METIS step runs once per (graph, method, partitions, seed) and is saved (see
+    :func:`~gnnscale.partition.load_or_partition`); every candidate chunk count re-splits it cheaply.
+
+    Raises:
+        ConfigError: no chunk count fits the budget (the message names the smallest budget that would), or the
+            forced ``--chunks`` does not fit.
+    """
+    budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(device)
+    key = (graph.num_nodes, graph.num_edges, config.model, config.layers, config.hidden, config.heads,
+           config.partitions, config.chunks, config.partition_method, config.seed, budget, str(config.plan_dir))
+    memo = _MEMO.get(id(graph))
+    if memo is not None and memo[0]() is graph and memo[1] == key:
+        return memo[2]
+    if model is None:
+        assert graph.num_classes is not None
+        model = build_model(config.model, graph.num_features, config.hidden, graph.num_classes, layers=config.layers,
+                            dropout=config.dropout, heads=config.heads, seed=config.seed)
+    base, path, reused = load_or_partition(graph, config.partitions, config.chunks or 1, config.partition_method,
+                                           config.seed, config.plan_dir)
+    indptr, indices, _ = permute_csr(graph.indptr, graph.indices, None, base.perm, base.inverse())
+    smallest_part = int((base.part_ptr[1:] - base.part_ptr[:-1]).min())
+    searched: dict[int, int] = {}
+
+    def estimate(n: int) -> int:
+        if n not in searched:
+            searched[n] = _estimate(model, chunk_sizes(indptr, indices, base.with_chunks(graph, n).chunk_ptr))
+        return searched[n]
+
+    if config.chunks is not None:
+        chosen = config.chunks
+        if estimate(chosen) > budget:
+            raise ConfigError(f"--chunks {chosen} needs about {format_bytes(searched[chosen])} of device memory per "
+                              f"chunk, more than the budget ({format_bytes(budget)}); use more chunks or leave "
+                              "--chunks out to let the planner choose")
+    else:
+        limit = min(smallest_part, MAX_CHUNKS_PER_PARTITION)
+        n = 1
+        while estimate(n) > budget and n < limit:
+            n = min(2 * n, limit)
+        if searched[n] > budget:
+            need = min(searched.values())
+            raise ConfigError(
+                f"the offload engine needs at least {format_bytes(need)} of device memory for {graph.name} "
+                f"({config.model}, hidden {config.hidden}, {config.layers} layers; tried up to "
+                f"{max(searched)} chunks per partition), more than the budget ({format_bytes(budget)})")
+        lo = n // 2  # estimate(lo) > budget or lo == 0: binary search for the fewest chunks that fit
+        while n - lo > 1 and n > 1:
+            mid = (lo + n) // 2
+            if estimate(mid) <= budget:
+                n = mid
+            else:
+                lo = mid
+        chosen = n
+    part = base if base.chunks == chosen else base.with_chunks(graph, chosen)
+    plan = OffloadPlan(part, searched[chosen], budget, path, reused, dict(sorted(searched.items())))
+    _MEMO.clear()
+    _MEMO[id(graph)] = (weakref.ref(graph), key, plan)
+    return plan
+
+
+def describe(plan: OffloadPlan) -> str:
+    """One line for the CLI: chunks chosen and the estimate against the budget."""
+    p = plan.partition
+    share = 100 * plan.estimate / plan.budget if plan.budget else math.nan
+    return (f"offload plan: {p.partitions} partition(s) x {p.chunks} chunk(s) ({p.method}), estimated peak "
+            f"{format_bytes(plan.estimate)} of a {format_bytes(plan.budget)} budget ({share:.0f}%)")

@@ -1,0 +1,219 @@
+"""Host-side row I/O for offload engines: copy selected rows of a host tensor to the compute device, and back.
+
+An offload engine (HongTu style) keeps every vertex's rows in host memory and streams each chunk's neighbour rows to
+the GPU. :func:`gather_rows` has two interchangeable paths:
+
+* ``"index_select"``: the CPU gathers the rows into a pinned staging buffer, then one asynchronous bulk copy moves
+  them to the device. Works everywhere; costs CPU memory bandwidth and a staging buffer.
+* ``"uva"``: a Triton kernel on the GPU reads the pinned host rows directly over PCIe / NVLink-C2C (zero-copy,
+  unified virtual addressing) and writes the output. No staging buffer, no CPU work; rows must be sorted for speed.
+
+How the ``"uva"`` path hands host memory to Triton: the pinned CPU tensor itself is passed as a pointer argument.
+Triton's CUDA launcher (``triton/backends/nvidia/driver.py``, ``getPointer``, Triton 3.6) takes ``data_ptr()`` and
+asks ``cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_POINTER)`` for the address the device must use; that call
+succeeds for page-locked host memory (``cudaHostAlloc``, which ``pin_memory()`` uses; mapped into the device's address
+space under UVA, where the device address equals the host address) and fails with "Pointer argument cannot be
+accessed from Triton (cpu tensor?)" for pageable memory. Triton accepts pinned memory this way since
+triton-lang/triton#1197. No wrapper object or ``cudaHostGetDevicePointer`` is needed, and the interpreter
+(``TRITON_INTERPRET=1``) gets plain tensors, which it requires: it reaches arguments through ``untyped_storage()``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gnnscale.errors import ConfigError
+
+GATHER_METHODS = ("index_select", "uva")
+
+# Elements one Triton program moves: BLOCK_R rows x BLOCK_F columns (4096 float32 = 16 KiB of reads in flight per
+# program, to hide PCIe latency). An untuned starting point: time others with benchmarks/gather.py --uva-configs.
+_UVA_TILE = 4096
+_UVA_MAX_BLOCK_F = 256
+_UVA_MAX_BLOCK_R = 512
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether ``triton`` imports. Probed on first call only; gnnscale never imports triton at import time."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # ImportError, or a broken install failing at import
+        return False
+    return True
+
+
+def _interpret() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET``, read by ``triton.jit``)."""
+    if not triton_available():
+        return False
+    from triton import knobs  # parses TRITON_INTERPRET exactly as triton.jit does
+
+    return bool(knobs.runtime.interpret)
+
+
+def default_gather_method(device: torch.device) -> str:
+    """``"uva"`` on CUDA when triton is importable, else ``"index_select"``."""
+    if torch.device(device).type == "cuda" and triton_available():
+        return "uva"
+    return "index_select"
+
+
+@functools.cache
+def _uva_kernel(interpret: bool) -> Any:
+    """Build the Triton gather kernel (cached per interpreter mode: ``triton.jit`` reads it at definition)."""
+    del interpret  # only part of the cache key
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gather_rows_kernel(
+        host_ptr,  # [N, F] host rows (pinned CPU memory on CUDA)
+        rows_ptr,  # [R] int64 row ids, on the compute device
+        out_ptr,  # [>= R, F] on the compute device
+        num_rows,
+        num_features,
+        host_stride,
+        out_stride,
+        BLOCK_R: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+    ):
+        # Row offsets in int64: row_id * host_stride exceeds 2^31 for large host tensors.
+        r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+        c = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)  # [BLOCK_F]
+        r_ok = r < num_rows
+        src = tl.load(rows_ptr + r, mask=r_ok, other=0).to(tl.int64)  # [BLOCK_R]
+        mask = r_ok[:, None] & (c < num_features)[None, :]  # [BLOCK_R, BLOCK_F]; masks the column tail
+        # Feature dim innermost and contiguous: each row is one run of BLOCK_F consecutive elements, so the loads
+        # coalesce into full PCIe read requests (and sorted ids make neighbouring rows adjacent in host memory).
+        vals = tl.load(host_ptr + src[:, None] * host_stride + c[None, :], mask=mask)
+        tl.store(out_ptr + r[:, None] * out_stride + c[None, :], vals, mask=mask)
+
+    return gather_rows_kernel
+
+
+def _uva_blocks(num_features: int) -> tuple[int, int]:
+    """``(BLOCK_R, BLOCK_F)`` for a feature width: whole rows up to 256 columns, about ``_UVA_TILE`` elements."""
+    block_f = min(1 << max(num_features - 1, 0).bit_length(), _UVA_MAX_BLOCK_F)
+    block_r = max(1, min(_UVA_TILE // block_f, _UVA_MAX_BLOCK_R))
+    return block_r, block_f
+
+
+def _gather_uva(host: Tensor, rows: Tensor, out: Tensor, block_r: int | None = None, block_f: int | None = None,
+                num_warps: int = 4) -> None:
+    """Launch the zero-copy kernel: ``out[:len(rows)] = host[rows]`` (``block_*`` override the defaults)."""
+    num_rows, num_features = rows.numel(), host.shape[1]
+    default_r, default_f = _uva_blocks(num_features)
+    block_r, block_f = block_r or default_r, block_f or default_f
+    kernel = _uva_kernel(_interpret())
+    grid = ((num_rows + block_r - 1) // block_r, (num_features + block_f - 1) // block_f)
+    args = (host, rows, out, num_rows, num_features, host.stride(0), out.stride(0))
+    if out.device.type == "cuda":
+        # Triton launches on torch's current device and stream; make that out's device. The launcher translates
+        # host.data_ptr() with cuPointerGetAttribute (see the module docstring), which needs this device's context.
+        # TO VERIFY ON A GPU (only the interpreter path is tested on CPU-only machines): that this launch accepts the
+        # pinned CPU tensor (no "cannot be accessed from Triton" error), that the result equals host[rows], and
+        # that it is asynchronous on the current stream (benchmarks/gather.py checks the first two bit for bit).
+        with torch.cuda.device(out.device):
+            kernel[grid](*args, BLOCK_R=block_r, BLOCK_F=block_f, num_warps=num_warps)
+    else:  # Triton interpreter: every tensor on the CPU
+        kernel[grid](*args, BLOCK_R=block_r, BLOCK_F=block_f)
+
+
+def _check(host: Tensor, rows: Tensor, out: Tensor, method: str) -> None:
+    """Validate shapes, dtypes and devices; raise ValueError (caller bugs) or ConfigError (method choice)."""
+    if method not in GATHER_METHODS:
+        raise ConfigError(f"unknown gather method {method!r}; expected one of {', '.join(GATHER_METHODS)}")
+    if host.dim() != 2 or out.dim() != 2 or rows.dim() != 1:
+        raise ValueError(f"expected host [N, F], rows [R], out [>= R, F]; got {tuple(host.shape)}, "
+                         f"{tuple(rows.shape)}, {tuple(out.shape)}")
+    if host.shape[1] != out.shape[1] or host.dtype != out.dtype:
+        raise ValueError(f"host {tuple(host.shape)} {host.dtype} and out {tuple(out.shape)} {out.dtype} differ in "
+                         "feature width or dtype")
+    if out.shape[0] < rows.numel():
+        raise ValueError(f"out holds {out.shape[0]} rows, {rows.numel()} requested")
+    if rows.dtype != torch.int64:
+        raise ValueError(f"rows must be int64, got {rows.dtype}")
+    if host.device.type != "cpu" or not host.is_contiguous():
+        raise ValueError(f"host must be a contiguous CPU tensor, got device {host.device}")
+    if out.shape[1] > 1 and out.stride(1) != 1:
+        raise ValueError("out's feature dim must be contiguous (stride 1)")
+
+
+def gather_rows(host: Tensor, rows: Tensor, out: Tensor, *, method: str = "index_select",
+                staging: Tensor | None = None) -> Tensor:
+    """Copy ``host[rows]`` into the first ``len(rows)`` rows of ``out``; returns that view of ``out``.
+
+    Args:
+        host: ``[N, F]`` contiguous CPU tensor; pinned when ``out`` is on CUDA (required by ``"uva"``, and what
+            makes the ``"index_select"`` copy asynchronous).
+        rows: ``[R]`` int64 row ids, sorted ascending (sequential host reads make ``"uva"`` about 3x faster;
+            both paths are correct for any order). On the CPU for ``"index_select"``, on ``out.device`` for
+            ``"uva"``.
+        out: ``[>= R, F]`` on the compute device, same dtype as ``host``; its rows are contiguous.
+        method: ``"index_select"``: on the CPU ``torch.index_select`` writes ``out`` directly; on CUDA the CPU
+            gathers into ``staging`` and ``out`` is filled by a non-blocking copy on the current stream.
+            ``"uva"``: a Triton kernel on ``out.device`` reads the pinned host rows directly (zero-copy); on the
+            CPU only under ``TRITON_INTERPRET=1``. On CUDA both methods are asynchronous, enqueued on the current
+            stream of ``out.device``.
+        staging: ``[>= R, F]`` pinned CPU buffer, same dtype; required by ``"index_select"`` on CUDA. The caller
+            must not overwrite it before the copy reading it has finished (record an event after this call).
+
+    Returns:
+        ``out[:R]``.
+
+    Raises:
+        ConfigError: unknown ``method``; ``"uva"`` without triton, or on the CPU outside the Triton interpreter.
+        ValueError: inconsistent shapes, dtypes or devices.
+    """
+    _check(host, rows, out, method)
+    n = rows.numel()
+    dst = out[:n]  # [R, F]
+    if method == "index_select":
+        if rows.device.type != "cpu":
+            raise ValueError(f"'index_select' needs rows on the CPU, got {rows.device}")
+        if out.device.type == "cpu":
+            torch.index_select(host, 0, rows, out=dst)
+            return dst
+        if staging is None:
+            raise ValueError("'index_select' into a CUDA tensor needs a pinned CPU staging buffer")
+        if (staging.device.type != "cpu" or staging.dtype != host.dtype or staging.dim() != 2
+                or staging.shape[0] < n or staging.shape[1] != host.shape[1]):
+            raise ValueError(f"staging must be a CPU {host.dtype} tensor [>= {n}, {host.shape[1]}], got "
+                             f"{tuple(staging.shape)} {staging.dtype} on {staging.device}")
+        buf = staging[:n]  # [R, F]
+        torch.index_select(host, 0, rows, out=buf)
+        dst.copy_(buf, non_blocking=True)
+        return dst
+    # method == "uva"
+    if not triton_available():
+        raise ConfigError("gather method 'uva' needs triton (pip install triton); use 'index_select'")
+    if rows.device != out.device:
+        raise ValueError(f"'uva' needs rows on out's device {out.device}, got {rows.device}")
+    if out.device.type == "cuda":
+        if not host.is_pinned():
+            raise ValueError("'uva' reads host memory from the GPU: host must be pinned (host.pin_memory())")
+    elif not _interpret():
+        raise ConfigError("gather method 'uva' runs on CUDA (or on the CPU under TRITON_INTERPRET=1); "
+                          f"out is on {out.device}")
+    if n > 0 and host.shape[1] > 0:
+        _gather_uva(host, rows.contiguous(), out)
+    return dst
+
+
+def scatter_add_rows(host: Tensor, rows: Tensor, src: Tensor) -> None:
+    """Accumulate ``src`` into host rows in place: ``host[rows] += src``.
+
+    Args:
+        host: ``[N, F]`` CPU tensor, updated in place.
+        rows: ``[R]`` int64 CPU row ids, unique and sorted ascending.
+        src: ``[R, F]`` CPU tensor, same dtype as ``host`` (copy device results to the host first).
+    """
+    if src.shape != (rows.numel(), host.shape[1]):
+        raise ValueError(f"src {tuple(src.shape)} does not match rows [{rows.numel()}] x F={host.shape[1]}")
+    host.index_add_(0, rows, src)

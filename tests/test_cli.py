@@ -64,6 +64,15 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
         "metrics in missing directory": ["train", "--dataset", SMALL, "--metrics", str(tmp / "no" / "m.jsonl")],
         "convert onto existing directory": ["convert", "--dataset", SMALL, "--out", str(exists)],
         "missing required flag": ["convert", "--dataset", SMALL],
+        "offload budget below its minimum": ["train", "--dataset", SMALL, "--engine", "offload", "--gpu-memory",
+                                            "1KB", "--metrics", m],
+        "zero chunks": ["train", "--dataset", SMALL, "--engine", "offload", "--chunks", "0", "--metrics", m],
+        "negative gpu memory": ["train", "--dataset", SMALL, "--gpu-memory", "-1", "--metrics", m],
+        "unknown partition method": ["train", "--dataset", SMALL, "--partition-method", "spectral", "--metrics", m],
+        "uva gather without CUDA": ["train", "--dataset", SMALL, "--engine", "offload", "--gather", "uva",
+                                    "--device", "cpu", "--metrics", m],
+        "zero partitions": ["partition", "--dataset", SMALL, "--partitions", "0"],
+        "more chunks than vertices": ["partition", "--dataset", SMALL, "--chunks", "1000000"],
     }
 
 

@@ -233,7 +233,8 @@ class OffloadEngine(Engine):
         self.h: dict[int, Tensor] = {l: host(torch.empty(n, widths[l])) for l in range(1, L)}
         self.g: dict[int, Tensor] = {l: host(torch.zeros(n, widths[l])) for l in range(1, L)}
         self.cached = {l for l in range(L - 1) if model.block_layers[l].cacheable}
-        self.agg: dict[int, Tensor] = {}  # a[l]: cached aggregation of layer l, [N, F_agg]
+        # a[l]: cached aggregation of layer l; F_agg == F_in for a cacheable (parameter-free) AGGREGATE
+        self.agg: dict[int, Tensor] = {l: host(torch.empty(n, widths[l])) for l in self.cached}
         self.counter = LiveBytesCounter() if device.type == "cpu" else None
         self._resident = sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -309,8 +310,6 @@ class OffloadEngine(Engine):
         """Layer ``l`` over all chunks into ``h[l+1]`` (or ``out``); caches the aggregation when training."""
         layer = self.model.block_layers[l]
         cache = se is not None and l in self.cached
-        if cache and l not in self.agg:
-            self.agg[l] = self._host_like(self.graph.num_nodes, layer.in_features)  # F_agg == F_in when cacheable
         dst = self.h[l + 1] if out is None else out
         for k, (block, x_src) in self.io.prefetched(self._loads(self._input(l)), self.num_chunks):
             c = self.chunks[k]
@@ -386,10 +385,6 @@ class OffloadEngine(Engine):
             self.io.accumulate(self.g[l], c.rows, g_src)
         self.io.barrier()
         next_in.zero_()  # consumed: ready for the next epoch's accumulation
-
-    def _host_like(self, rows: int, width: int) -> Tensor:
-        t = torch.empty(rows, width)
-        return t.pin_memory() if self.device.type == "cuda" else t
 
     # ------------------------------------------------------------------------------------------------ evaluation
     @torch.no_grad()

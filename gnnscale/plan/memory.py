@@ -144,7 +144,21 @@ class LiveBytesCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         self._sweep()
+        # in-place ops and views return (part of) an input: no new memory, even when that input predates the mode
+        inputs = {a.untyped_storage().data_ptr() for a in _tensors(args, kwargs) if a.layout == torch.strided}
         for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.untyped_storage().data_ptr() in inputs:
+                continue
             self._track(t)
         self.peak = max(self.peak, self.baseline + self.current)
         return out
+
+
+def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensors among an op's arguments (one level of lists, as aten ops take them)."""
+    out = []
+    for a in (*args, *(kwargs or {}).values()):
+        for x in a if isinstance(a, (tuple, list)) else (a,):
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+    return out

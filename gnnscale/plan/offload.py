@@ -169,5 +169,8 @@ def describe(plan: OffloadPlan) -> str:
     """One line for the CLI: chunks chosen and the estimate against the budget."""
     p = plan.partition
     share = 100 * plan.estimate / plan.budget if plan.budget else math.nan
+    saved = "not saved" if plan.plan_path is None else (
+        f"{'reused' if plan.reused_plan else 'saved'} {plan.plan_path}")
     return (f"offload plan: {p.partitions} partition(s) x {p.chunks} chunk(s) ({p.method}), estimated peak "
-            f"{format_bytes(plan.estimate)} of a {format_bytes(plan.budget)} budget ({share:.0f}%)")
+            f"{format_bytes(plan.estimate)} of a {format_bytes(plan.budget)} budget ({share:.0f}%); partition "
+            f"plan {saved}")

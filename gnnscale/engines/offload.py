@@ -3,8 +3,10 @@
 Per epoch, on one device, with the graph cut into ``partitions x chunks`` destination chunks
 (:mod:`gnnscale.partition`):
 
-1. **Forward**, layer by layer, chunk by chunk: gather the chunk's source rows ``h^l[N_k]`` from host memory,
-   apply activation and keyed dropout, run the layer, copy ``h^{l+1}[V_k]`` back. A layer whose AGGREGATE is a
+1. **Forward**, layer by layer, chunk by chunk: gather the chunk's source rows ``h^l[N_k]`` (layer ``l``'s input)
+   from host memory, run the layer, apply the next layer's activation and keyed dropout to the destination rows
+   and copy them back as ``h^{l+1}[V_k]`` -- once per vertex, not once per replica (layer 0 applies dropout to
+   the gathered features). A layer whose AGGREGATE is a
    parameter-free linear map (GCN, SAGE, GIN, MLP) also copies its aggregation ``a^l[V_k]`` to host memory: the
    recomputation-caching hybrid (§4.2).
 2. **Last layer, loss and its backward**, fused per chunk: the last layer is computed with autograd, its
@@ -229,7 +231,7 @@ class OffloadEngine(Engine):
         self.chunks = self._build_chunks(graph, host)
         n, L = graph.num_nodes, len(model.layers)
         widths = [layer.in_features for layer in model.block_layers]
-        # h[l]: output of layer l-1 (pre-activation), the input rows of layer l; g[l]: dL/d(input of layer l)
+        # h[l]: input of layer l (output of layer l-1 after activation and dropout); g[l]: dL/dh[l]
         self.h: dict[int, Tensor] = {l: host(torch.empty(n, widths[l])) for l in range(1, L)}
         self.g: dict[int, Tensor] = {l: host(torch.zeros(n, widths[l])) for l in range(1, L)}
         self.cached = {l for l in range(L - 1) if model.block_layers[l].cacheable}
@@ -286,6 +288,11 @@ class OffloadEngine(Engine):
     def _input(self, l: int) -> Tensor:
         return self.x if l == 0 else self.h[l]
 
+    def _prepare(self, l: int, rows: Tensor, ids: Tensor, se: tuple[int, int] | None) -> Tensor:
+        """Layer ``l``'s input from gathered rows: host ``h[l]`` already holds it (activation and dropout were applied
+        once per vertex when it was written), the features still need layer 0's dropout."""
+        return self.model.layer_input(0, rows, ids, se) if l == 0 else rows
+
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -313,14 +320,15 @@ class OffloadEngine(Engine):
         dst = self.h[l + 1] if out is None else out
         for k, (block, x_src) in self.io.prefetched(self._loads(self._input(l)), self.num_chunks):
             c = self.chunks[k]
-            x = self.model.layer_input(l, x_src, block.row_ids(), se)
+            x = self._prepare(l, x_src, block.row_ids(), se)
             if cache:
                 a = layer.aggregate(block, x)
                 self.io.store(self.agg[l], c.lo, a)
                 y = layer.update(a, x[: c.num_dst])
             else:
                 y = layer(block, x)
-            self.io.store(dst, c.lo, y)
+            # store the next layer's input, activation and dropout applied once per vertex (not once per copy)
+            self.io.store(dst, c.lo, self.model.layer_input(l + 1, y, block.row_ids(c.num_dst), se))
         self.io.barrier()
 
     def _last_layer_loss_backward(self, se: tuple[int, int]) -> float:
@@ -329,7 +337,7 @@ class OffloadEngine(Engine):
         total = torch.zeros((), device=self.device)
         for k, (block, x_src) in self.io.prefetched(self._loads(self._input(l)), self.num_chunks):
             c = self.chunks[k]
-            x = self.model.layer_input(l, x_src, block.row_ids(), se).detach().requires_grad_(l > 0)
+            x = self._prepare(l, x_src, block.row_ids(), se).detach().requires_grad_(l > 0)
             logits = layer(block, x)  # [V, C]
             idx = c.train_local.to(self.device, non_blocking=True)
             y = self.y[c.lo : c.hi].to(self.device, non_blocking=True).index_select(0, idx)
@@ -364,11 +372,11 @@ class OffloadEngine(Engine):
                 a = a.detach().requires_grad_(l > 0)
                 xd = None
                 if x_dst is not None:
-                    xd = self.model.layer_input(l, x_dst, ids[: c.num_dst], se).detach().requires_grad_(l > 0)
+                    xd = self._prepare(l, x_dst, ids[: c.num_dst], se).detach().requires_grad_(l > 0)
                 y = layer.update(a, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
             else:
                 assert x_src is not None
-                x = self.model.layer_input(l, x_src, ids, se).detach().requires_grad_(l > 0)
+                x = self._prepare(l, x_src, ids, se).detach().requires_grad_(l > 0)
                 y = layer(block, x)
             x_next = self.model.layer_input(l + 1, y, ids[: c.num_dst], se)
             x_next.backward(grad_next)
@@ -397,7 +405,7 @@ class OffloadEngine(Engine):
         pred = torch.empty(self.graph.num_nodes, dtype=torch.int64)
         for k, (block, x_src) in self.io.prefetched(self._loads(self._input(L - 1)), self.num_chunks):
             c = self.chunks[k]
-            logits = layer(block, self.model.layer_input(L - 1, x_src, block.row_ids(), None))
+            logits = layer(block, self._prepare(L - 1, x_src, block.row_ids(), None))
             pred[c.lo : c.hi] = logits.argmax(dim=-1).cpu()
         return self.accuracies(pred, self.y, self.masks)
 

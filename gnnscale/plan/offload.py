@@ -169,8 +169,9 @@ def describe(plan: OffloadPlan) -> str:
     """One line for the CLI: chunks chosen and the estimate against the budget."""
     p = plan.partition
     share = 100 * plan.estimate / plan.budget if plan.budget else math.nan
+    method = p.method if p.partitions > 1 else "one partition: chunks are id ranges"
     saved = "not saved" if plan.plan_path is None else (
         f"{'reused' if plan.reused_plan else 'saved'} {plan.plan_path}")
-    return (f"offload plan: {p.partitions} partition(s) x {p.chunks} chunk(s) ({p.method}), estimated peak "
+    return (f"offload plan: {p.partitions} partition(s) x {p.chunks} chunk(s) ({method}), estimated peak "
             f"{format_bytes(plan.estimate)} of a {format_bytes(plan.budget)} budget ({share:.0f}%); partition "
             f"plan {saved}")

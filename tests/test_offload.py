@@ -17,24 +17,24 @@ from gnnscale.nn import build_model
 from gnnscale.partition import partition_graph, permute_csr
 from gnnscale.plan.memory import parse_bytes
 from gnnscale.plan.offload import _estimate, chunk_sizes, plan_offload
-from gnnscale.testing import need_file
+from gnnscale.testing import need_file, only_cuda
 
 CPU = torch.device("cpu")
 
 
-def _engines(g: Graph, cfg: TrainConfig) -> tuple[InMemoryEngine, OffloadEngine]:
+def _engines(g: Graph, cfg: TrainConfig, device: torch.device = CPU) -> tuple[InMemoryEngine, OffloadEngine]:
     assert g.num_classes is not None
 
     def model():  # noqa: ANN202
         return build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers,
                            dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
 
-    return InMemoryEngine(g, model(), cfg, CPU), OffloadEngine(g, model(), cfg, CPU)
+    return InMemoryEngine(g, model(), cfg, device), OffloadEngine(g, model(), cfg, device)
 
 
-def _assert_same_training(g: Graph, cfg: TrainConfig, epochs: int = 5) -> None:
+def _assert_same_training(g: Graph, cfg: TrainConfig, epochs: int = 5, device: torch.device = CPU) -> None:
     """Per epoch: |loss difference| <= 1e-5 relative, identical accuracies, parameter gradients within 1e-4."""
-    ref, off = _engines(g, cfg)
+    ref, off = _engines(g, cfg, device)
     for epoch in range(1, epochs + 1):
         a, b = ref.train_epoch(epoch)["loss"], off.train_epoch(epoch)["loss"]
         assert abs(a - b) <= 1e-5 * abs(a), f"epoch {epoch}: loss {a} vs {b}"
@@ -54,6 +54,21 @@ def test_offload_trains_exactly_like_inmemory_on_csbm(model: str, layers: int) -
     cfg = TrainConfig(model=model, layers=layers, hidden=16, heads=2, dropout=0.5, engine="offload",
                       partitions=2, chunks=8, seed=1)
     _assert_same_training(g, cfg)
+
+
+@only_cuda
+@pytest.mark.parametrize("gather", ["index_select", "uva"])
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
+def test_offload_on_cuda_matches_inmemory(model: str, gather: str) -> None:
+    """The CUDA path: pinned host buffers, side-stream prefetch, worker-thread accumulation, both gathers."""
+    from gnnscale.store import triton_available
+
+    if gather == "uva" and not triton_available():
+        pytest.skip("Triton is not installed")
+    g = csbm(nodes=3000, features=12, avg_degree=8, seed=0)
+    cfg = TrainConfig(model=model, layers=3, hidden=16, heads=2, dropout=0.5, engine="offload", partitions=2,
+                      chunks=4, gather=gather, seed=1)
+    _assert_same_training(g, cfg, device=torch.device("cuda"))
 
 
 @pytest.mark.parametrize("model", ["gcn", "gat"])

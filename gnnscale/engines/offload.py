@@ -357,18 +357,19 @@ class OffloadEngine(Engine):
         needs_rows = not cached
         needs_dst = cached and layer.update_uses_dst
 
-        def load(k: int) -> tuple[Block, Tensor | None, Tensor, Tensor | None, Tensor]:
+        def load(k: int) -> tuple[Block, Tensor | None, Tensor | None, Tensor | None, Tensor]:
             c = self.chunks[k]
             block, rows_dev = self.io.block(c)
             x_src = self.io.rows(self._input(l), c, rows_dev) if needs_rows else None
             x_dst = self.io.slice(self._input(l), c.lo, c.hi) if needs_dst else None
-            a = self.io.slice(self.agg[l], c.lo, c.hi) if cached else torch.empty(0)
+            a = self.io.slice(self.agg[l], c.lo, c.hi) if cached else None
             return block, x_src, a, x_dst, self.io.slice(next_in, c.lo, c.hi)
 
         for k, (block, x_src, a, x_dst, grad_next) in self.io.prefetched(load, self.num_chunks):
             c = self.chunks[k]
             ids = block.row_ids()
             if cached:
+                assert a is not None
                 a = a.detach().requires_grad_(l > 0)
                 xd = None
                 if x_dst is not None:
@@ -383,7 +384,7 @@ class OffloadEngine(Engine):
             if l == 0:
                 continue
             if cached:
-                assert a.grad is not None
+                assert a is not None and a.grad is not None
                 g_src = layer.aggregate_vjp(block, a.grad)  # [R, F_in]
                 if xd is not None and xd.grad is not None:
                     g_src[: c.num_dst] += xd.grad

@@ -6,7 +6,8 @@ destinations, ``R`` source rows (destinations and in-neighbours) and ``E`` in-ed
 
 * block topology (CSR, its transpose, row ids) and the gathered ``[R, F_in]`` rows, twice: the next chunk is
   prefetched while this one computes;
-* the layer's input after activation and dropout, its gradient and the dropout temporaries (``[R, F_in]`` each);
+* the input's gradient and, for layer 0, the dropout of the gathered features (``[R, F_in]`` each; later
+  layers gather rows already activated and dropped out);
 * the layer's own workspace (:meth:`~gnnscale.nn.base.BlockLayer.workspace_bytes`: per-edge attention tensors
   for GAT, per-destination activations otherwise);
 * the destination side: the loaded ``[V, F_out]`` gradient, the next layer's input and its gradient, the cached
@@ -83,11 +84,13 @@ def chunk_peak_bytes(model: GNN, num_dst: int, num_src: int, num_edges: int) -> 
     """Modelled peak device bytes while training one chunk, over all layers (see module docstring)."""
     V, R, E = num_dst, num_src, num_edges
     peak = 0
-    for layer in model.block_layers:
+    for l, layer in enumerate(model.block_layers):
         f_in, f_out = layer.in_features, layer.out_features
         topology = 4 * (V + 1) + 12 * E + 4 * (R + 1) + 12 * E + 16 * R  # block, transpose, ids
         staged = 2 * (topology + 4 * R * f_in)  # this chunk and the prefetched next one
-        inputs = 4 * R * f_in * 6  # input after activation and dropout, its gradient, dropout temporaries
+        # the input's gradient; layer 0 also masks its gathered features (dropout temporaries), later layers
+        # gather rows already activated and dropped out
+        inputs = 4 * R * f_in * (6 if l == 0 else 2)
         dst_side = 4 * V * f_out * 6 + 4 * V * f_in * 3  # gradient rows, next input + grad; cached aggregation
         peak = max(peak, staged + inputs + layer.workspace_bytes(R, V, E) + dst_side)
     return int(SAFETY * peak) + model_resident_bytes(model)

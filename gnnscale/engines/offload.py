@@ -313,11 +313,11 @@ class OffloadEngine(Engine):
         return stats
 
     @torch.no_grad()
-    def _forward_layer(self, l: int, se: tuple[int, int] | None, out: Tensor | None = None) -> None:
-        """Layer ``l`` over all chunks into ``h[l+1]`` (or ``out``); caches the aggregation when training."""
+    def _forward_layer(self, l: int, se: tuple[int, int] | None) -> None:
+        """Layer ``l`` over all chunks into ``h[l+1]``; caches the aggregation when training."""
         layer = self.model.block_layers[l]
         cache = se is not None and l in self.cached
-        dst = self.h[l + 1] if out is None else out
+        dst = self.h[l + 1]
         for k, (block, x_src) in self.io.prefetched(self._loads(self._input(l)), self.num_chunks):
             c = self.chunks[k]
             x = self._prepare(l, x_src, block.row_ids(), se)

@@ -164,17 +164,9 @@ class PartitionPlan:
         in, averaged over all vertices (``sum_k |N_k| / |V|``), i.e. how many times a layer's rows cross the bus.
         """
         indptr, indices = permute_csr(graph.indptr, graph.indices, None, self.perm, self.inverse())[:2]
-        mark = torch.zeros(self.num_nodes, dtype=torch.bool)
-        nbr, rows, edges = [], [], []
-        for k in range(self.num_chunks):
-            lo, hi = self.chunk_range(k)
-            src = indices[int(indptr[lo]) : int(indptr[hi])]
-            mark.zero_()
-            mark[src] = True
-            nbr.append(int(mark.sum()))
-            mark[lo:hi] = True
-            rows.append(int(mark.sum()))  # rows a chunk holds: its destinations and their in-neighbours
-            edges.append(int(indptr[hi] - indptr[lo]))
+        counts = chunk_neighbour_counts(indptr, indices, self.chunk_ptr)  # [K, 3]: |N_k|, outside, in-edges
+        nbr, edges = counts[:, 0].tolist(), counts[:, 2].tolist()
+        rows = (self.chunk_ptr[1:] - self.chunk_ptr[:-1] + counts[:, 1]).tolist()  # destinations + outside nbrs
         part_of = torch.repeat_interleave(torch.arange(self.partitions), self.part_ptr[1:] - self.part_ptr[:-1])
         dst = torch.repeat_interleave(torch.arange(self.num_nodes), indptr[1:] - indptr[:-1])
         cut = int((part_of[indices.long()] != part_of[dst]).sum()) if self.partitions > 1 else 0
@@ -311,3 +303,24 @@ def chunk_halo(indptr: Tensor, indices: Tensor, lo: int, hi: int, mark: Tensor) 
     mark[src] = True
     mark[lo:hi] = False
     return torch.nonzero(mark).view(-1)
+
+
+def chunk_neighbour_counts(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:
+    """``[K, 3]`` int64 per chunk ``[lo, hi)``: distinct in-neighbours ``|N_k|``, those outside ``[lo, hi)``, and
+    in-edges."""
+    n = indptr.numel() - 1
+    mark = torch.zeros(n, dtype=torch.bool)
+    out = torch.empty(chunk_ptr.numel() - 1, 3, dtype=torch.int64)
+    for k in range(chunk_ptr.numel() - 1):
+        lo, hi = int(chunk_ptr[k]), int(chunk_ptr[k + 1])
+        src = indices[int(indptr[lo]) : int(indptr[hi])]
+        if src.numel() * 8 < n:  # small chunk: sort its few sources instead of sweeping an [N] mask
+            u = torch.unique(src)
+            total, outside = u.numel(), int(((u < lo) | (u >= hi)).sum())
+        else:
+            mark.zero_()
+            mark[src] = True
+            total = int(mark.sum())
+            outside = total - int(mark[lo:hi].sum())
+        out[k, 0], out[k, 1], out[k, 2] = total, outside, src.numel()
+    return out

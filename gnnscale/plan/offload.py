@@ -30,7 +30,7 @@ from torch import Tensor
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN, build_model
-from gnnscale.partition.plan import PartitionPlan, load_or_partition, permute_csr
+from gnnscale.partition.plan import PartitionPlan, chunk_neighbour_counts, load_or_partition, permute_csr
 from gnnscale.plan.memory import available_device_bytes, format_bytes
 
 if TYPE_CHECKING:
@@ -57,22 +57,9 @@ class OffloadPlan:
 def chunk_sizes(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:
     """``[K, 3]`` int64 per chunk: destinations ``V``, source rows ``R`` (``V`` + outside in-neighbours), in-edges
     ``E`` (plus one self-loop per destination, an upper bound for models that add them)."""
-    n = indptr.numel() - 1
-    mark = torch.zeros(n, dtype=torch.bool)
-    out = torch.empty(chunk_ptr.numel() - 1, 3, dtype=torch.int64)
-    for k in range(chunk_ptr.numel() - 1):
-        lo, hi = int(chunk_ptr[k]), int(chunk_ptr[k + 1])
-        src = indices[int(indptr[lo]) : int(indptr[hi])]
-        if src.numel() * 8 < n:  # small chunk: sort its few sources instead of sweeping an [N] mask
-            u = torch.unique(src)
-            outside = int(((u < lo) | (u >= hi)).sum())
-        else:
-            mark.zero_()
-            mark[src] = True
-            mark[lo:hi] = False
-            outside = int(mark.sum())
-        out[k, 0], out[k, 1], out[k, 2] = hi - lo, hi - lo + outside, src.numel() + hi - lo
-    return out
+    counts = chunk_neighbour_counts(indptr, indices, chunk_ptr)
+    V = chunk_ptr[1:] - chunk_ptr[:-1]
+    return torch.stack([V, V + counts[:, 1], counts[:, 2] + V], dim=1)
 
 
 def model_resident_bytes(model: GNN) -> int:

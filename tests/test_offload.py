@@ -92,6 +92,8 @@ def test_offload_engine_layout() -> None:
         assert bool((halo[1:] > halo[:-1]).all())  # outside neighbours sorted: sequential gathers
     # layer 0 (8 -> 16) and layer 1 (16 -> 16) aggregate first: cached; the last layer is fused with the loss
     assert off.cached == {0, 1}
+    # the last layer (16 -> classes) projects first: each vertex is projected once and the narrow rows move
+    assert off.projected == {2} and off.p[2].shape[1] == g.num_classes
     assert 0 not in off.g  # layer 0 computes no gradient for the input features
     _, gat = _engines(g, TrainConfig(model="gat", layers=3, hidden=16, heads=2, partitions=2, chunks=3))
     assert gat.cached == set()

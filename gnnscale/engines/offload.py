@@ -8,7 +8,10 @@ Per epoch, on one device, with the graph cut into ``partitions x chunks`` destin
    and copy them back as ``h^{l+1}[V_k]`` -- once per vertex, not once per replica (layer 0 applies dropout to
    the gathered features). A layer whose AGGREGATE is a
    parameter-free linear map (GCN, SAGE, GIN, MLP) also copies its aggregation ``a^l[V_k]`` to host memory: the
-   recomputation-caching hybrid (§4.2).
+   recomputation-caching hybrid (§4.2). A layer that projects before a parameter-free propagation (GCN/SAGE
+   wider in than out) first projects every vertex once into host ``p^l``, then moves the narrower projected
+   rows and caches the propagation the same way; its backward ends with one per-vertex pass through the
+   projection.
 2. **Last layer, loss and its backward**, fused per chunk: the last layer is computed with autograd, its
    cross-entropy share taken (the sum over the chunk's training vertices divided by the global count) and
    backpropagated at once, so its output never needs a host round trip.
@@ -234,9 +237,18 @@ class OffloadEngine(Engine):
         # h[l]: input of layer l (output of layer l-1 after activation and dropout); g[l]: dL/dh[l]
         self.h: dict[int, Tensor] = {l: host(torch.empty(n, widths[l])) for l in range(1, L)}
         self.g: dict[int, Tensor] = {l: host(torch.zeros(n, widths[l])) for l in range(1, L)}
-        self.cached = {l for l in range(L - 1) if model.block_layers[l].cacheable}
-        # a[l]: cached aggregation of layer l; F_agg == F_in for a cacheable (parameter-free) AGGREGATE
-        self.agg: dict[int, Tensor] = {l: host(torch.empty(n, widths[l])) for l in self.cached}
+        layers = model.block_layers
+        # Projecting layers (GCN/SAGE wider in than out) project every vertex once into p[l] and move those
+        # narrower rows; their propagation is then cached like a cacheable layer's aggregation.
+        self.projected = {l for l in range(L) if layers[l].projects_first}
+        self.cached = {l for l in range(L - 1) if layers[l].cacheable or l in self.projected}
+        with torch.no_grad():
+            agg_width = {l: layers[l].project(torch.zeros(1, widths[l])).shape[1] if l in self.projected
+                         else widths[l] for l in range(L)}
+        self.p: dict[int, Tensor] = {l: host(torch.empty(n, agg_width[l])) for l in self.projected}
+        self.gp: dict[int, Tensor] = {l: host(torch.zeros(n, agg_width[l])) for l in self.projected}
+        # a[l]: cached aggregation of layer l
+        self.agg: dict[int, Tensor] = {l: host(torch.empty(n, agg_width[l])) for l in self.cached}
         self.counter = LiveBytesCounter() if device.type == "cpu" else None
         self._resident = sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -275,13 +287,29 @@ class OffloadEngine(Engine):
         self.counter.reset_peak()
         return self.counter
 
-    def _loads(self, src: Tensor) -> Callable[[int], tuple[Block, Tensor]]:
-        """Per-chunk load: the block and the chunk's source rows of ``src``."""
+    def _loads(
+        self, src: Tensor, dst_src: Tensor | None = None
+    ) -> Callable[[int], tuple[Block, Tensor, Tensor | None]]:
+        """Per-chunk load: the block, the chunk's source rows of ``src`` and, if given, its destination rows of
+        ``dst_src``."""
 
-        def load(k: int) -> tuple[Block, Tensor]:
+        def load(k: int) -> tuple[Block, Tensor, Tensor | None]:
             chunk = self.chunks[k]
             block, rows_dev = self.io.block(chunk)
-            return block, self.io.rows(src, chunk, rows_dev)
+            x_dst = None if dst_src is None else self.io.slice(dst_src, chunk.lo, chunk.hi)
+            return block, self.io.rows(src, chunk, rows_dev), x_dst
+
+        return load
+
+    def _dst_loads(self, *srcs: Tensor) -> Callable[[int], tuple[Tensor, ...]]:
+        """Per-chunk load of the destination rows of each of ``srcs`` and the destinations' original ids."""
+
+        def load(k: int) -> tuple[Tensor, ...]:
+            c = self.chunks[k]
+            assert c.block.src_ids is not None
+            ids = c.block.src_ids[: c.num_dst]
+            ids = ids.to(self.device, non_blocking=True) if self.io.cuda else ids
+            return (ids, *(self.io.slice(t, c.lo, c.hi) for t in srcs))
 
         return load
 
@@ -292,6 +320,13 @@ class OffloadEngine(Engine):
         """Layer ``l``'s input from gathered rows: host ``h[l]`` already holds it (activation and dropout were applied
         once per vertex when it was written), the features still need layer 0's dropout."""
         return self.model.layer_input(0, rows, ids, se) if l == 0 else rows
+
+    def _source(self, l: int) -> tuple[Tensor, Tensor | None]:
+        """What layer ``l`` gathers per chunk (its input, or its projected rows) and the destination rows its
+        UPDATE reads besides (projecting layers only)."""
+        if l not in self.projected:
+            return self._input(l), None
+        return self.p[l], (self._input(l) if self.model.block_layers[l].update_uses_dst else None)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
@@ -313,87 +348,136 @@ class OffloadEngine(Engine):
         return stats
 
     @torch.no_grad()
+    def _project(self, l: int, se: tuple[int, int] | None) -> None:
+        """``p[l] = project(input of layer l)``, once per vertex, chunk by chunk (destination rows only)."""
+        layer = self.model.block_layers[l]
+        for k, (ids, x_dst) in self.io.prefetched(self._dst_loads(self._input(l)), self.num_chunks):
+            self.io.store(self.p[l], self.chunks[k].lo, layer.project(self._prepare(l, x_dst, ids, se)))
+        self.io.barrier()
+
+    def _project_backward(self, l: int, se: tuple[int, int]) -> None:
+        """Backpropagate the accumulated ``dL/dp[l]`` through the projection, chunk by chunk."""
+        layer = self.model.block_layers[l]
+        for k, (ids, x_dst, grad_p) in self.io.prefetched(self._dst_loads(self._input(l), self.gp[l]),
+                                                           self.num_chunks):
+            c = self.chunks[k]
+            x = self._prepare(l, x_dst, ids, se).detach().requires_grad_(l > 0)
+            layer.project(x).backward(grad_p)
+            if l > 0:
+                assert x.grad is not None
+                self.io.accumulate(self.g[l], c.rows[: c.num_dst], x.grad)
+        self.io.barrier()
+        self.gp[l].zero_()
+
+    def _apply(self, l: int, c: Chunk, block: Block, x_src: Tensor, x_dst: Tensor | None,
+               se: tuple[int, int] | None, cache: bool) -> Tensor:
+        """Layer ``l`` on chunk ``c`` from its gathered rows (projected rows for a projecting layer); with ``cache``
+        the aggregation is copied to host memory for backward."""
+        layer = self.model.block_layers[l]
+        ids = block.row_ids()
+        if l in self.projected:
+            a = layer.propagate(block, x_src)
+            xd = None if x_dst is None else self._prepare(l, x_dst, ids[: c.num_dst], se)
+        else:
+            x = self._prepare(l, x_src, ids, se)
+            if not cache:
+                return layer(block, x)
+            a, xd = layer.aggregate(block, x), x[: c.num_dst]
+        if cache:
+            self.io.store(self.agg[l], c.lo, a)
+        return layer.update(a, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
+
+    @torch.no_grad()
     def _forward_layer(self, l: int, se: tuple[int, int] | None) -> None:
         """Layer ``l`` over all chunks into ``h[l+1]``; caches the aggregation when training."""
-        layer = self.model.block_layers[l]
+        if l in self.projected:
+            self._project(l, se)
         cache = se is not None and l in self.cached
-        dst = self.h[l + 1]
-        for k, (block, x_src) in self.io.prefetched(self._loads(self._input(l)), self.num_chunks):
+        for k, (block, x_src, x_dst) in self.io.prefetched(self._loads(*self._source(l)), self.num_chunks):
             c = self.chunks[k]
-            x = self._prepare(l, x_src, block.row_ids(), se)
-            if cache:
-                a = layer.aggregate(block, x)
-                self.io.store(self.agg[l], c.lo, a)
-                y = layer.update(a, x[: c.num_dst])
-            else:
-                y = layer(block, x)
+            y = self._apply(l, c, block, x_src, x_dst, se, cache)
             # store the next layer's input, activation and dropout applied once per vertex (not once per copy)
-            self.io.store(dst, c.lo, self.model.layer_input(l + 1, y, block.row_ids(c.num_dst), se))
+            self.io.store(self.h[l + 1], c.lo, self.model.layer_input(l + 1, y, block.row_ids(c.num_dst), se))
         self.io.barrier()
 
     def _last_layer_loss_backward(self, se: tuple[int, int]) -> float:
         L = len(self.model.layers)
         l, layer = L - 1, self.model.block_layers[L - 1]
+        projected = l in self.projected
+        if projected:
+            self._project(l, se)
         total = torch.zeros((), device=self.device)
-        for k, (block, x_src) in self.io.prefetched(self._loads(self._input(l)), self.num_chunks):
+        for k, (block, x_src, x_dst) in self.io.prefetched(self._loads(*self._source(l)), self.num_chunks):
             c = self.chunks[k]
-            x = self._prepare(l, x_src, block.row_ids(), se).detach().requires_grad_(l > 0)
-            logits = layer(block, x)  # [V, C]
+            ids = block.row_ids()
+            xd = None
+            if projected:  # gradients flow into the projected rows (then the projection) and the dst rows
+                x = x_src.detach().requires_grad_(True)
+                if x_dst is not None:
+                    xd = self._prepare(l, x_dst, ids[: c.num_dst], se).detach().requires_grad_(l > 0)
+                logits = layer.update(layer.propagate(block, x), xd)  # type: ignore[arg-type]
+            else:
+                x = self._prepare(l, x_src, ids, se).detach().requires_grad_(l > 0)
+                logits = layer(block, x)  # [V, C]
             idx = c.train_local.to(self.device, non_blocking=True)
             y = self.y[c.lo : c.hi].to(self.device, non_blocking=True).index_select(0, idx)
             loss = F.cross_entropy(logits.index_select(0, idx), y, reduction="sum") / self.num_train
             loss.backward()
             total += loss.detach()
-            if l > 0:
+            if projected:
+                assert x.grad is not None
+                self.io.accumulate(self.gp[l], c.rows, x.grad)
+            elif l > 0:
                 assert x.grad is not None
                 self.io.accumulate(self.g[l], c.rows, x.grad)
+            if xd is not None and xd.grad is not None:
+                self.io.accumulate(self.g[l], c.rows[: c.num_dst], xd.grad)
         self.io.barrier()
+        if projected:
+            self._project_backward(l, se)
         return float(total)
 
     def _backward_layer(self, l: int, se: tuple[int, int]) -> None:
         """Recompute layer ``l`` per chunk and backpropagate ``dL/dx^{l+1}`` into ``g[l]`` and the parameters."""
         layer, next_in = self.model.block_layers[l], self.g[l + 1]
-        cached = l in self.cached
-        needs_rows = not cached
-        needs_dst = cached and layer.update_uses_dst
+        cached, projected = l in self.cached, l in self.projected
+        dst_src = self._input(l) if cached and layer.update_uses_dst else None
 
         def load(k: int) -> tuple[Block, Tensor | None, Tensor | None, Tensor | None, Tensor]:
             c = self.chunks[k]
             block, rows_dev = self.io.block(c)
-            x_src = self.io.rows(self._input(l), c, rows_dev) if needs_rows else None
-            x_dst = self.io.slice(self._input(l), c.lo, c.hi) if needs_dst else None
+            x_src = None if cached else self.io.rows(self._input(l), c, rows_dev)
+            x_dst = None if dst_src is None else self.io.slice(dst_src, c.lo, c.hi)
             a = self.io.slice(self.agg[l], c.lo, c.hi) if cached else None
             return block, x_src, a, x_dst, self.io.slice(next_in, c.lo, c.hi)
 
         for k, (block, x_src, a, x_dst, grad_next) in self.io.prefetched(load, self.num_chunks):
             c = self.chunks[k]
             ids = block.row_ids()
-            if cached:
+            xd = None
+            if cached:  # recompute only UPDATE from the cached aggregation
                 assert a is not None
-                a = a.detach().requires_grad_(l > 0)
-                xd = None
+                a = a.detach().requires_grad_(l > 0 or projected)
                 if x_dst is not None:
                     xd = self._prepare(l, x_dst, ids[: c.num_dst], se).detach().requires_grad_(l > 0)
                 y = layer.update(a, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
-            else:
+            else:  # recompute the whole layer (GAT)
                 assert x_src is not None
                 x = self._prepare(l, x_src, ids, se).detach().requires_grad_(l > 0)
                 y = layer(block, x)
-            x_next = self.model.layer_input(l + 1, y, ids[: c.num_dst], se)
-            x_next.backward(grad_next)
-            if l == 0:
-                continue
-            if cached:
-                assert a is not None and a.grad is not None
-                g_src = layer.aggregate_vjp(block, a.grad)  # [R, F_in]
-                if xd is not None and xd.grad is not None:
-                    g_src[: c.num_dst] += xd.grad
-            else:
+            self.model.layer_input(l + 1, y, ids[: c.num_dst], se).backward(grad_next)
+            if cached and a is not None and a.grad is not None:
+                # through the propagation to the source rows: of the projection, or of the layer input
+                self.io.accumulate(self.gp[l] if projected else self.g[l], c.rows, layer.aggregate_vjp(block, a.grad))
+            elif not cached and l > 0:
                 assert x.grad is not None
-                g_src = x.grad
-            self.io.accumulate(self.g[l], c.rows, g_src)
+                self.io.accumulate(self.g[l], c.rows, x.grad)
+            if xd is not None and xd.grad is not None:
+                self.io.accumulate(self.g[l], c.rows[: c.num_dst], xd.grad)
         self.io.barrier()
         next_in.zero_()  # consumed: ready for the next epoch's accumulation
+        if projected:
+            self._project_backward(l, se)
 
     # ------------------------------------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -402,12 +486,12 @@ class OffloadEngine(Engine):
         L = len(self.model.layers)
         for l in range(L - 1):
             self._forward_layer(l, None)
-        layer = self.model.block_layers[L - 1]
+        if L - 1 in self.projected:
+            self._project(L - 1, None)
         pred = torch.empty(self.graph.num_nodes, dtype=torch.int64)
-        for k, (block, x_src) in self.io.prefetched(self._loads(self._input(L - 1)), self.num_chunks):
+        for k, (block, x_src, x_dst) in self.io.prefetched(self._loads(*self._source(L - 1)), self.num_chunks):
             c = self.chunks[k]
-            logits = layer(block, self._prepare(L - 1, x_src, block.row_ids(), None))
-            pred[c.lo : c.hi] = logits.argmax(dim=-1).cpu()
+            pred[c.lo : c.hi] = self._apply(L - 1, c, block, x_src, x_dst, None, False).argmax(dim=-1).cpu()
         return self.accuracies(pred, self.y, self.masks)
 
     def describe(self) -> str:

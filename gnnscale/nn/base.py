@@ -39,6 +39,22 @@ class BlockLayer(nn.Module):
         only UPDATE recomputed in backward, with :meth:`aggregate_vjp` carrying gradients to the sources."""
         return not self.aggregate_has_params
 
+    @property
+    def projects_first(self) -> bool:
+        """True when AGGREGATE is ``propagate(block, project(x_src))``: a per-vertex projection, then a
+        parameter-free linear map. An engine can then project each vertex once, move the (narrower) projected rows
+        and cache the propagation like a :attr:`cacheable` layer's."""
+        return False
+
+    def project(self, x: Tensor) -> Tensor:
+        """``[rows, F_in] -> [rows, F_agg]``: the per-vertex part of a :attr:`projects_first` AGGREGATE."""
+        raise NotImplementedError
+
+    def propagate(self, block: Block, h: Tensor) -> Tensor:
+        """``[num_src, F] -> [num_dst, F]``: the parameter-free sparse part of AGGREGATE (``aggregate_vjp`` is its
+        transpose)."""
+        raise NotImplementedError
+
     def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
         """``[num_dst, F_agg] -> [num_src, F_in]``: gradient of a cacheable AGGREGATE with respect to ``x_src``.
 

@@ -36,9 +36,18 @@ class GCNLayer(BlockLayer):
     def aggregate_has_params(self) -> bool:
         return self.project_first
 
-    def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
-        h = self.lin(x_src) if self.project_first else x_src  # [num_src, F]
+    @property
+    def projects_first(self) -> bool:
+        return self.project_first
+
+    def project(self, x: Tensor) -> Tensor:
+        return self.lin(x)
+
+    def propagate(self, block: Block, h: Tensor) -> Tensor:
         return spmm(block, h)  # [num_dst, F]
+
+    def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
+        return self.propagate(block, self.project(x_src) if self.project_first else x_src)
 
     def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
         return spmm_t(block, grad_agg)  # [num_src, F_in]

@@ -27,10 +27,18 @@ class SAGELayer(BlockLayer):
     def aggregate_has_params(self) -> bool:
         return self.project_first
 
+    @property
+    def projects_first(self) -> bool:
+        return self.project_first
+
+    def project(self, x: Tensor) -> Tensor:
+        return x @ self.lin_l.weight.t()  # [rows, out]
+
+    def propagate(self, block: Block, h: Tensor) -> Tensor:
+        return spmm_mean(block, h)  # [num_dst, F]
+
     def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
-        if self.project_first:
-            return spmm_mean(block, x_src @ self.lin_l.weight.t())  # [num_dst, out]
-        return spmm_mean(block, x_src)  # [num_dst, in]
+        return self.propagate(block, self.project(x_src) if self.project_first else x_src)
 
     def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
         deg = block.in_degree().clamp(min=1).to(grad_agg.dtype).unsqueeze(-1)  # [num_dst, 1]

@@ -222,7 +222,7 @@ class PartitionPlan:
 
 
 def partition_graph(graph: Graph, partitions: int = 1, chunks: int = 1, method: str = "metis",
-                    seed: int = 0) -> PartitionPlan:
+                    seed: int = 0, graph_key: str | None = None) -> PartitionPlan:
     """Two-level partition of ``graph`` (HongTu §4.1).
 
     Args:
@@ -230,6 +230,7 @@ def partition_graph(graph: Graph, partitions: int = 1, chunks: int = 1, method: 
         chunks: ``n``, destination chunks per part, balanced by in-edge count.
         method: ``metis`` (pymetis on the symmetrised graph), ``random`` or ``range`` (contiguous id ranges).
         seed: METIS / random seed.
+        graph_key: :func:`graph_fingerprint` of ``graph`` when the caller already has it (hashing is O(E)).
     """
     if method not in PARTITION_METHODS:
         raise ConfigError(f"unknown partition method {method!r}; choose one of {', '.join(PARTITION_METHODS)}")
@@ -245,7 +246,7 @@ def partition_graph(graph: Graph, partitions: int = 1, chunks: int = 1, method: 
     perm = torch.sort(parts, stable=True).indices
     part_ptr = torch.zeros(partitions + 1, dtype=torch.int64)
     torch.cumsum(sizes, 0, out=part_ptr[1:])
-    plan = PartitionPlan(method, partitions, 1, seed, graph_fingerprint(graph), perm, part_ptr,
+    plan = PartitionPlan(method, partitions, 1, seed, graph_key or graph_fingerprint(graph), perm, part_ptr,
                          part_ptr.clone())
     return plan.with_chunks(graph, chunks)
 
@@ -268,7 +269,7 @@ def load_or_partition(graph: Graph, partitions: int, chunks: int, method: str = 
             saved = None  # damaged: repartition and overwrite
         if saved is not None and saved.graph_key == key and saved.num_nodes == graph.num_nodes:
             return (saved if saved.chunks == chunks else saved.with_chunks(graph, chunks)), path, True
-    plan = partition_graph(graph, partitions, chunks, method, seed)
+    plan = partition_graph(graph, partitions, chunks, method, seed, graph_key=key)
     try:
         plan.save(path)
     except OSError:

@@ -46,7 +46,8 @@ def _add_plan_dir(p: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from gnnscale.engines import ENGINES
     from gnnscale.nn.model import MODELS
-    from gnnscale.partition import PARTITION_METHODS
+    from gnnscale.partition import CHUNKERS, PARTITION_METHODS
+    from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
     from gnnscale.store import GATHER_METHODS
 
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
@@ -74,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--gather", choices=["auto", *GATHER_METHODS], default="auto",
                    help="how chunk rows reach the GPU: index_select (CPU gather + async copy) or uva (Triton "
                         "kernel reading pinned host memory); default auto")
+    o.add_argument("--devices", metavar="LIST",
+                   help="comma-separated devices the partitions run on, partition i on device i mod count "
+                        "(e.g. cuda:0,cuda:1); default: --device")
+    o.add_argument("--dedup", choices=DEDUP_MODES, default="full",
+                   help="host->device deduplication: none, reuse (keep rows shared with the previous chunk), "
+                        "full (HongTu: load each batch's rows once, share them, reuse them); default full")
+    o.add_argument("--chunker", choices=["auto", *CHUNKERS], default="auto",
+                   help="how partitions split into chunks: range (edge-balanced), metis (fewer shared rows) or "
+                        "auto (lower modelled cost); default auto")
+    o.add_argument("--reorganize", choices=REORGANIZE_MODES, default="auto",
+                   help="reorder chunks into batches (HongTu Algorithm 4): on, off, or auto (when the modelled "
+                        "cost drops); default auto")
     _add_plan_dir(o)
     t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
@@ -131,21 +144,31 @@ def _fmt(v: float | None) -> str:
     return "  n/a " if v is None else f"{v:.4f}"
 
 
+def _device_list(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    items = tuple(d.strip() for d in text.split(","))
+    if not all(items):
+        raise ConfigError(f"--devices {text!r}: give a comma-separated list such as cuda:0,cuda:1")
+    return items
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from gnnscale.graph.datasets import load_dataset
     from gnnscale.plan.memory import parse_budget
-    from gnnscale.train import TrainConfig, check_trainable, resolve_device, train
+    from gnnscale.train import TrainConfig, check_trainable, resolve_devices, train
 
     config = TrainConfig(
         model=args.model, layers=args.layers, hidden=args.hidden, heads=args.heads, dropout=args.dropout,
         lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, seed=args.seed, engine=args.engine,
         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
         partitions=args.partitions, chunks=args.chunks, partition_method=args.partition_method, gather=args.gather,
-        plan_dir=args.plan_dir,
+        plan_dir=args.plan_dir, devices=_device_list(args.devices), dedup=args.dedup, chunker=args.chunker,
+        reorganize=args.reorganize,
     )
-    device = resolve_device(args.device)
+    device = resolve_devices(config, args.device)
     writer = _MetricsWriter(args.metrics) if args.metrics else None
     try:
         graph = load_dataset(args.dataset, args.root, seed=args.seed)

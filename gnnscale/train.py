@@ -56,9 +56,22 @@ class TrainConfig:
     kernel reading pinned host memory) or ``auto``."""
     plan_dir: str | None = None
     """Where partition plans are saved and reused; ``None``: the user cache (``gnnscale.partition``)."""
+    devices: tuple[str, ...] | None = None
+    """Offload: devices the partitions run on (partition ``i`` on ``devices[i % len(devices)]``), one thread each;
+    ``None``: the training device. The first is the training device."""
+    dedup: str = "full"
+    """Offload: ``none`` (every chunk loads its rows), ``reuse`` (rows shared with the partition's previous chunk
+    stay on the device) or ``full`` (HongTu: each batch's rows loaded once, shared between partitions, reused)."""
+    chunker: str = "auto"
+    """Offload: ``range`` (edge-balanced id ranges), ``metis`` (METIS sub-partitions) or ``auto`` (lower Eq. 4
+    cost)."""
+    reorganize: str = "auto"
+    """Offload: reorder chunks into batches by Algorithm 4: ``on``, ``off`` or ``auto`` (when it lowers Eq. 4)."""
 
     def __post_init__(self) -> None:
         from gnnscale.engines import ENGINES
+        from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
+        from gnnscale.partition.plan import CHUNKERS
         from gnnscale.store import GATHER_METHODS
 
         checks = [
@@ -80,6 +93,12 @@ class TrainConfig:
              f"unknown partition method {self.partition_method!r}; choose one of {', '.join(PARTITION_METHODS)}"),
             (self.gather in ("auto", *GATHER_METHODS),
              f"unknown gather method {self.gather!r}; choose auto or one of {', '.join(GATHER_METHODS)}"),
+            (self.dedup in DEDUP_MODES, f"unknown --dedup {self.dedup!r}; choose one of {', '.join(DEDUP_MODES)}"),
+            (self.chunker in ("auto", *CHUNKERS),
+             f"unknown --chunker {self.chunker!r}; choose auto or one of {', '.join(CHUNKERS)}"),
+            (self.reorganize in REORGANIZE_MODES,
+             f"unknown --reorganize {self.reorganize!r}; choose one of {', '.join(REORGANIZE_MODES)}"),
+            (self.devices is None or len(self.devices) >= 1, "--devices needs at least one device"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -117,6 +136,20 @@ def resolve_device(spec: str | torch.device) -> torch.device:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ConfigError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) present")
     return dev
+
+
+def resolve_devices(config: TrainConfig, device: str | torch.device) -> torch.device:
+    """The training device; with ``config.devices`` (validated here, all CPU or all CUDA), their first."""
+    if not config.devices:
+        return resolve_device(device)
+    devs = [resolve_device(d) for d in config.devices]
+    if any(d.type == "cuda" and d.index is None for d in devs):
+        raise ConfigError("--devices takes explicit devices: cpu, or cuda:0,cuda:1,...")
+    if len({d.type for d in devs}) > 1:
+        raise ConfigError(f"--devices mixes CPU and CUDA devices ({', '.join(config.devices)}); use one kind")
+    if not (isinstance(device, str) and device == "auto") and resolve_device(device) != devs[0]:
+        raise ConfigError(f"--device {device} disagrees with --devices {','.join(config.devices)}; give one of them")
+    return devs[0]
 
 
 def check_trainable(graph: Graph) -> None:
@@ -170,7 +203,7 @@ def train(
     """
     from gnnscale.engines import select_engine
 
-    dev = resolve_device(device)
+    dev = resolve_devices(config, device)
     check_trainable(graph)
     engine_cls, rejected = select_engine(graph, config, dev)
     assert graph.num_classes is not None

@@ -24,6 +24,8 @@ class InMemoryEngine(Engine):
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+        if config.devices and len(config.devices) > 1:
+            return [f"runs on one device, not {len(config.devices)} (--devices)"]
         need = estimate_inmemory_bytes(graph, config)["total"]
         if config.memory_budget is not None:
             have, what = config.memory_budget, "the memory budget"

@@ -33,9 +33,11 @@ runs synchronously and ``peak_device_bytes`` is measured by :class:`~gnnscale.pl
 from __future__ import annotations
 
 import contextlib
+import copy
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -47,7 +49,8 @@ from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
-from gnnscale.partition import chunk_halo, permute_csr
+from gnnscale.partition import permute_csr
+from gnnscale.partition.dedup import ExchangePlan
 from gnnscale.plan.memory import LiveBytesCounter
 from gnnscale.plan.offload import OffloadPlan, describe, plan_offload
 from gnnscale.store import default_gather_method, gather_rows, scatter_add_rows, triton_available
@@ -80,8 +83,8 @@ class Chunk:
 class _Mover:
     """Host <-> device traffic of the engine, with byte counters; asynchronous on CUDA, synchronous on CPU."""
 
-    def __init__(self, device: torch.device, gather: str):
-        self.device, self.gather = device, gather
+    def __init__(self, device: torch.device, gather: str, host_lock: threading.Lock | None = None):
+        self.device, self.gather, self.host_lock = device, gather, host_lock
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnnscale-accumulate") if self.cuda else None
@@ -89,18 +92,26 @@ class _Mover:
         self.h2d = self.d2h = 0
 
     # -------------------------------------------------------------------------------------------- host -> device
-    def rows(self, host: Tensor, chunk: Chunk, rows_dev: Tensor | None) -> Tensor:
-        """``host[chunk.rows]`` on the device: ``[R, F]``."""
-        R, F_ = chunk.rows.numel(), host.shape[1]
+    def rows(self, host: Tensor, rows: Tensor, rows_dev: Tensor | None) -> Tensor:
+        """``host[rows]`` on the device: ``[R, F]`` (``rows_dev``: the same ids on the device, for the UVA gather)."""
+        R, F_ = rows.numel(), host.shape[1]
         self.h2d += R * F_ * host.element_size()
         if not self.cuda:
-            return host.index_select(0, chunk.rows)  # a new tensor, like the device copy it stands for
+            return host.index_select(0, rows)  # a new tensor, like the device copy it stands for
         out = torch.empty(R, F_, dtype=host.dtype, device=self.device)
         if self.gather == "uva":
             assert rows_dev is not None
             return gather_rows(host, rows_dev, out, method="uva")
         staging = torch.empty(R, F_, dtype=host.dtype, pin_memory=True)  # caching host allocator: event-guarded
-        return gather_rows(host, chunk.rows, out, method="index_select", staging=staging)
+        return gather_rows(host, rows, out, method="index_select", staging=staging)
+
+    def index(self, t: Tensor, device: torch.device | None = None) -> Tensor:
+        """An index tensor on ``device`` (default: this mover's), counted as host->device bytes when it moves."""
+        device = device or self.device
+        if device.type == "cpu":
+            return t
+        self.h2d += t.numel() * t.element_size()
+        return t.to(device, non_blocking=True)
 
     def slice(self, host: Tensor, lo: int, hi: int) -> Tensor:
         """``host[lo:hi]`` on the device (a contiguous bulk copy)."""
@@ -116,10 +127,7 @@ class _Mover:
             return Block(b.indptr.clone(), b.indices.clone(), b.num_src,
                          None if b.edge_weight is None else b.edge_weight.clone(),
                          None if b.src_ids is None else b.src_ids.clone()), None
-        rows_dev = None
-        if self.gather == "uva":
-            rows_dev = chunk.rows.to(self.device, non_blocking=True)
-            self.h2d += chunk.rows.numel() * 8
+        rows_dev = self.index(chunk.rows) if self.gather == "uva" else None
         return b.to(self.device, non_blocking=True), rows_dev
 
     def prefetched(self, load: Callable[[int], T], count: int) -> Iterator[tuple[int, T]]:
@@ -162,7 +170,7 @@ class _Mover:
         submission order (chunks' source rows overlap)."""
         self.d2h += value.numel() * value.element_size()
         if not self.cuda:
-            scatter_add_rows(host, rows, value)
+            self._add(host, rows, value)
             return
         assert self.pool is not None
         staging = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
@@ -172,9 +180,16 @@ class _Mover:
 
         def add() -> None:
             event.synchronize()
-            scatter_add_rows(host, rows, staging)
+            self._add(host, rows, staging)
 
         self.pending.append(self.pool.submit(add))
+
+    def _add(self, host: Tensor, rows: Tensor, value: Tensor) -> None:
+        if self.host_lock is None:
+            scatter_add_rows(host, rows, value)
+            return
+        with self.host_lock:  # several workers' rows may overlap
+            scatter_add_rows(host, rows, value)
 
     def barrier(self) -> None:
         """Wait until every copy and accumulation into host memory has landed (between layers)."""
@@ -197,15 +212,132 @@ def _record_stream(item: Any, stream: Any) -> None:
             _record_stream(x, stream)
 
 
+@dataclass(eq=False)
+class _Worker:
+    """One device's share of an epoch: its partitions, a model replica and its own mover (streams, counters)."""
+
+    index: int
+    device: torch.device
+    model: GNN
+    io: _Mover
+    partitions: list[int]
+    rows: dict[str, int] = field(default_factory=dict)
+    """Row counters of this epoch (``rows_h2d``, ``rows_reused``, ``rows_d2d`` and their ``_bytes``)."""
+
+    def count(self, name: str, rows: int, width: int) -> None:
+        self.rows[name] = self.rows.get(name, 0) + rows
+        self.rows[name + "_bytes"] = self.rows.get(name + "_bytes", 0) + rows * width * 4
+
+
+_Assembly = list[tuple[int, Tensor | None, Tensor]]
+"""Per source worker: positions in the chunk's rows (``None``: all, in order) and slots in its buffer, on device."""
+
+
+class _Exchange:
+    """The transition buffers of one pass over every worker (HongTu Algorithms 2-3 and §6).
+
+    ``buf[w]`` holds worker ``w``'s share of the current batch's rows (forward), ``gbuf[w]`` their accumulated
+    gradients (backward). With several workers, batches start and end at a barrier: a worker's newcomers are
+    written, and its leaving gradients flushed, only when no other worker reads or adds to its buffer.
+    """
+
+    def __init__(self, plan: ExchangePlan, workers: list[_Worker]):
+        self.plan, self.workers = plan, workers
+        self.barrier = threading.Barrier(len(workers)) if len(workers) > 1 else None
+        self.locks = [threading.Lock() for _ in workers]
+        self.buf: list[Tensor | None] = [None] * len(workers)
+        self.gbuf: list[Tensor | None] = [None] * len(workers)
+        self.src: Tensor | None = None
+        self.grad: Tensor | None = None
+
+    def begin_pass(self, src: Tensor | None, grad: Tensor | None) -> None:
+        """Allocate buffers for gathering rows of host ``src`` and/or accumulating gradients into host ``grad``."""
+        self.src, self.grad = src, grad
+        for w in self.workers:
+            cap = self.plan.capacity[w.index]
+            self.buf[w.index] = None if src is None else torch.empty(cap, src.shape[1], device=w.device)
+            self.gbuf[w.index] = None if grad is None else torch.zeros(cap, grad.shape[1], device=w.device)
+
+    def end_pass(self) -> None:
+        self.buf = [None] * len(self.workers)
+        self.gbuf = [None] * len(self.workers)
+        self.src = self.grad = None
+
+    def stage(self, w: _Worker, j: int) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """Batch ``j``'s newcomer rows of worker ``w`` loaded to its device (prefetched), their slots, and the slots
+        whose gradients leave after the batch."""
+        mv = self.plan.moves[w.index][j]
+        staged = slots = leave = None
+        if self.src is not None:
+            rows_dev = w.io.index(mv.new_rows) if w.io.cuda and w.io.gather == "uva" else None
+            staged, slots = w.io.rows(self.src, mv.new_rows, rows_dev), w.io.index(mv.new_slots)
+        if self.grad is not None:
+            leave = w.io.index(mv.leave_slots)
+        return staged, slots, leave
+
+    def assembly(self, w: _Worker, k: int) -> _Assembly:
+        """Chunk ``k``'s assembly map, positions on ``w``'s device and slots on each source worker's."""
+        return [(d, None if pos is None else w.io.index(pos), w.io.index(slots, self.workers[d].device))
+                for d, pos, slots in self.plan.assembly[k].parts]
+
+    def begin_batch(self, w: _Worker, j: int, staged: tuple[Tensor | None, Tensor | None, Tensor | None]) -> None:
+        """Write the newcomers into their slots; rows kept from the previous batch stay where they are."""
+        rows, slots, _ = staged
+        buf = self.buf[w.index]
+        if buf is not None and rows is not None and slots is not None:
+            buf.index_copy_(0, slots, rows)
+            mv = self.plan.moves[w.index][j]
+            w.count("rows_h2d", mv.new_rows.numel(), buf.shape[1])
+            w.count("rows_reused", mv.kept, buf.shape[1])
+        if self.barrier is not None:
+            self.barrier.wait()
+
+    def assemble(self, w: _Worker, k: int, asm: _Assembly, num_rows: int) -> Tensor:
+        """Chunk ``k``'s rows gathered from the buffers (pulled from other workers' devices, Algorithm 2)."""
+        remote = self.plan.assembly[k].remote_rows
+        parts = [(d, pos, self.buf[d].index_select(0, slots)) for d, pos, slots in asm]  # type: ignore[union-attr]
+        width = parts[0][2].shape[1]
+        w.count("rows_d2d", remote, width)
+        if len(parts) == 1 and parts[0][1] is None:
+            return parts[0][2].to(w.device, non_blocking=True)
+        out = torch.empty(num_rows, width, device=w.device)
+        for _, pos, rows in parts:
+            assert pos is not None
+            out.index_copy_(0, pos, rows.to(w.device, non_blocking=True))
+        return out
+
+    def push(self, w: _Worker, asm: _Assembly, grad: Tensor) -> None:
+        """Add a chunk's source-row gradients into the owners' gradient buffers (Algorithm 3, lines 1-3)."""
+        for d, pos, slots in asm:
+            g = grad if pos is None else grad.index_select(0, pos)
+            gbuf = self.gbuf[d]
+            assert gbuf is not None
+            with self.locks[d]:
+                gbuf.index_add_(0, slots, g.to(gbuf.device, non_blocking=True))
+
+    def end_batch(self, w: _Worker, j: int, staged: tuple[Tensor | None, Tensor | None, Tensor | None]) -> None:
+        """Flush the gradients of rows whose slots the next batch replaces to host memory (Algorithm 3, lines
+        5-7), compacted on the device; the kept rows' gradients stay."""
+        if self.barrier is not None:
+            self.barrier.wait()
+        gbuf, leave = self.gbuf[w.index], staged[2]
+        if gbuf is None or leave is None or leave.numel() == 0:
+            return
+        assert self.grad is not None
+        w.io.accumulate(self.grad, self.plan.moves[w.index][j].leave_rows, gbuf.index_select(0, leave))
+        gbuf.index_fill_(0, leave, 0.0)
+
+
 class OffloadEngine(Engine):
-    """Full-graph training with vertex data in host memory, chunk by chunk (HongTu Algorithm 1, one device)."""
+    """Full-graph training with vertex data in host memory, batch by batch (HongTu Algorithms 1-4)."""
 
     name = "offload"
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         reasons = []
-        if config.gather == "uva" and not (device.type == "cuda" and triton_available()):
+        devices = worker_devices(config, device)
+        if config.gather == "uva" and not (devices[0].type == "cuda" and triton_available()):
             reasons.append("--gather uva needs a CUDA device and Triton")
         try:
             plan_offload(graph, config, device)
@@ -218,9 +350,20 @@ class OffloadEngine(Engine):
         self.plan: OffloadPlan = plan_offload(graph, config, device, model)
         part = self.plan.partition
         self.partitions, self.num_chunks = part.partitions, part.num_chunks
-        gather = default_gather_method(device) if config.gather == "auto" else config.gather
-        self.io = _Mover(device, gather)
-        pin = device.type == "cuda"
+        devices = worker_devices(config, device)
+        gather = default_gather_method(devices[0]) if config.gather == "auto" else config.gather
+        host_lock = threading.Lock() if len(devices) > 1 else None
+        self.workers = [
+            _Worker(w, dev, model if w == 0 else copy.deepcopy(model).to(dev), _Mover(dev, gather, host_lock),
+                    [i for i in range(self.partitions) if i % len(devices) == w])
+            for w, dev in enumerate(devices)]
+        self.pool = ThreadPoolExecutor(len(devices), thread_name_prefix="gnnscale-worker") if len(devices) > 1 else None
+        sched = self.plan.schedule.tolist()
+        n = part.chunks
+        # each worker's chunk order: batch by batch, its partitions in turn
+        self.sequence = {w.index: [(j, sched[i][j]) for j in range(n) for i in w.partitions] for w in self.workers}
+        self.exchange = None if self.plan.exchange is None else _Exchange(self.plan.exchange, self.workers)
+        pin = devices[0].type == "cuda"
         perm = part.perm
 
         def host(t: Tensor) -> Tensor:
@@ -232,11 +375,11 @@ class OffloadEngine(Engine):
         self.masks = {m: getattr(graph, m).index_select(0, perm) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.num_train = int(self.masks["train_mask"].sum())
         self.chunks = self._build_chunks(graph, host)
-        n, L = graph.num_nodes, len(model.layers)
+        N, L = graph.num_nodes, len(model.layers)
         widths = [layer.in_features for layer in model.block_layers]
         # h[l]: input of layer l (output of layer l-1 after activation and dropout); g[l]: dL/dh[l]
-        self.h: dict[int, Tensor] = {l: host(torch.empty(n, widths[l])) for l in range(1, L)}
-        self.g: dict[int, Tensor] = {l: host(torch.zeros(n, widths[l])) for l in range(1, L)}
+        self.h: dict[int, Tensor] = {l: host(torch.empty(N, widths[l])) for l in range(1, L)}
+        self.g: dict[int, Tensor] = {l: host(torch.zeros(N, widths[l])) for l in range(1, L)}
         layers = model.block_layers
         # Projecting layers (GCN/SAGE wider in than out) project every vertex once into p[l] and move those
         # narrower rows; their propagation is then cached like a cacheable layer's aggregation.
@@ -245,39 +388,129 @@ class OffloadEngine(Engine):
         with torch.no_grad():
             agg_width = {l: layers[l].project(torch.zeros(1, widths[l])).shape[1] if l in self.projected
                          else widths[l] for l in range(L)}
-        self.p: dict[int, Tensor] = {l: host(torch.empty(n, agg_width[l])) for l in self.projected}
-        self.gp: dict[int, Tensor] = {l: host(torch.zeros(n, agg_width[l])) for l in self.projected}
+        self.p: dict[int, Tensor] = {l: host(torch.empty(N, agg_width[l])) for l in self.projected}
+        self.gp: dict[int, Tensor] = {l: host(torch.zeros(N, agg_width[l])) for l in self.projected}
         # a[l]: cached aggregation of layer l
-        self.agg: dict[int, Tensor] = {l: host(torch.empty(n, agg_width[l])) for l in self.cached}
-        self.counter = LiveBytesCounter() if device.type == "cpu" else None
+        self.agg: dict[int, Tensor] = {l: host(torch.empty(N, agg_width[l])) for l in self.cached}
+        self.counter = LiveBytesCounter() if devices[0].type == "cpu" and len(devices) == 1 else None
         self._resident = sum(p.numel() * p.element_size() for p in model.parameters())
+        self._passes: list[int] = []  # widths of this epoch's layer passes
 
     def _build_chunks(self, graph: Graph, host: Callable[[Tensor], Tensor]) -> list[Chunk]:
         part = self.plan.partition
         indptr, indices, weight = normalized_csr(graph, self.model.adjacency)
         indptr, indices, weight = permute_csr(indptr, indices, weight, part.perm, part.inverse())
-        n = graph.num_nodes
-        mark = torch.zeros(n, dtype=torch.bool)
-        pos = torch.empty(n, dtype=torch.int64)
+        rows = self.plan.rows
+        pos = torch.empty(graph.num_nodes, dtype=torch.int64)
         train = self.masks["train_mask"]
         chunks = []
         for k in range(part.num_chunks):
             lo, hi = part.chunk_range(k)
-            halo = chunk_halo(indptr, indices, lo, hi, mark)
-            V = hi - lo
-            pos[lo:hi] = torch.arange(V)
-            pos[halo] = torch.arange(V, V + halo.numel())
+            r = rows[k]
+            pos[r] = torch.arange(r.numel())
             e0, e1 = int(indptr[lo]), int(indptr[hi])
-            rows = torch.cat([torch.arange(lo, hi), halo])
             block = Block(
                 indptr=host(indptr[lo : hi + 1] - e0),
                 indices=host(pos.index_select(0, indices[e0:e1]).to(torch.int32)),
-                num_src=rows.numel(),
+                num_src=r.numel(),
                 edge_weight=None if weight is None else host(weight[e0:e1].contiguous()),
-                src_ids=host(part.perm.index_select(0, rows)),  # original ids: the dropout keys
+                src_ids=host(part.perm.index_select(0, r)),  # original ids: the dropout keys
             )
-            chunks.append(Chunk(lo, hi, rows, block, torch.nonzero(train[lo:hi]).view(-1)))
+            chunks.append(Chunk(lo, hi, r, block, torch.nonzero(train[lo:hi]).view(-1)))
         return chunks
+
+    # ------------------------------------------------------------------------------------------------ workers
+    def _run(self, fn: Callable[[_Worker], T]) -> list[T]:
+        """``fn`` on every worker: inline for one, one thread each otherwise (a failure stops the others)."""
+        if self.pool is None:
+            return [fn(self.workers[0])]
+        barrier = None if self.exchange is None else self.exchange.barrier
+
+        def guarded(w: _Worker) -> T:
+            try:
+                return fn(w)
+            except BaseException:
+                if barrier is not None:
+                    barrier.abort()
+                raise
+
+        futures = [self.pool.submit(guarded, w) for w in self.workers]
+        errors = [f.exception() for f in futures]
+        if barrier is not None and barrier.broken:
+            barrier.reset()
+        real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+        if real or any(errors):
+            raise (real or [e for e in errors if e is not None])[0]
+        return [f.result() for f in futures]
+
+    def _sync_replicas(self) -> None:
+        """Replicas take the master's parameters (after each optimiser step)."""
+        master = list(self.model.parameters())
+        for w in self.workers[1:]:
+            with torch.no_grad():
+                for p, q in zip(master, w.model.parameters(), strict=True):
+                    q.copy_(p)
+            w.model.zero_grad(set_to_none=True)
+            w.model.train(self.model.training)
+
+    def _reduce_gradients(self) -> None:
+        """Sum the replicas' parameter gradients into the master's (HongTu's all-reduce before the update)."""
+        for w in self.workers[1:]:
+            for p, q in zip(self.model.parameters(), w.model.parameters(), strict=True):
+                if q.grad is None:
+                    continue
+                g = q.grad.to(p.device)
+                p.grad = g if p.grad is None else p.grad.add_(g)
+
+    def _sweep(self, w: _Worker, load: Callable[[Chunk], T], body: Callable[[_Worker, Chunk, _Rows, T], None],
+               *, src: Tensor | None = None, grad: Tensor | None = None, blocks: bool = True) -> None:
+        """Worker ``w``'s chunks in schedule order, batch by batch: ``load`` is prefetched, ``body`` computes.
+
+        ``src`` is the host tensor whose rows the chunks read (a layer pass), ``grad`` the host gradient their
+        source rows add into; the body reaches both through its :class:`_Rows`, deduplicated by the exchange
+        when there is one. ``blocks=False``: the body reads destination rows only and needs no topology.
+        """
+        ex = self.exchange if src is not None or grad is not None else None
+        seq = self.sequence[w.index]
+
+        def item(t: int) -> tuple[Any, Any, Block | None, Tensor | None, T]:
+            j, k = seq[t]
+            c = self.chunks[k]
+            staged = ex.stage(w, j) if ex is not None and (t == 0 or seq[t - 1][0] != j) else None
+            asm = ex.assembly(w, k) if ex is not None else None
+            block = x_src = None
+            if blocks:
+                block, rows_dev = w.io.block(c)
+                if src is not None and ex is None:
+                    x_src = w.io.rows(src, c.rows, rows_dev)
+                    w.count("rows_h2d", c.rows.numel(), src.shape[1])
+            return staged, asm, block, x_src, load(c)
+
+        current = None
+        for t, (staged, asm, block, x_src, loaded) in w.io.prefetched(item, len(seq)):
+            j, k = seq[t]
+            c = self.chunks[k]
+            if ex is not None and staged is not None:
+                current = staged
+                ex.begin_batch(w, j, staged)
+            body(w, c, _Rows(self, w, k, c, block, x_src, asm, grad), loaded)
+            if ex is not None and (t + 1 == len(seq) or seq[t + 1][0] != j):
+                assert current is not None
+                ex.end_batch(w, j, current)
+        w.io.barrier()
+
+    def _pass(self, fn: Callable[[_Worker], Any], *, src: Tensor | None = None,
+              grad: Tensor | None = None) -> list[Any]:
+        """One sweep on every worker, with the exchange's buffers for ``src``/``grad`` set up around it."""
+        if src is not None:
+            self._passes.append(src.shape[1])
+        if self.exchange is not None and (src is not None or grad is not None):
+            self.exchange.begin_pass(src, grad)
+            try:
+                return self._run(fn)
+            finally:
+                self.exchange.end_pass()
+        return self._run(fn)
 
     # ------------------------------------------------------------------------------------------------ training
     def _counting(self) -> contextlib.AbstractContextManager[Any]:
@@ -287,39 +520,13 @@ class OffloadEngine(Engine):
         self.counter.reset_peak()
         return self.counter
 
-    def _loads(
-        self, src: Tensor, dst_src: Tensor | None = None
-    ) -> Callable[[int], tuple[Block, Tensor, Tensor | None]]:
-        """Per-chunk load: the block, the chunk's source rows of ``src`` and, if given, its destination rows of
-        ``dst_src``."""
-
-        def load(k: int) -> tuple[Block, Tensor, Tensor | None]:
-            chunk = self.chunks[k]
-            block, rows_dev = self.io.block(chunk)
-            x_dst = None if dst_src is None else self.io.slice(dst_src, chunk.lo, chunk.hi)
-            return block, self.io.rows(src, chunk, rows_dev), x_dst
-
-        return load
-
-    def _dst_loads(self, *srcs: Tensor) -> Callable[[int], tuple[Tensor, ...]]:
-        """Per-chunk load of the destination rows of each of ``srcs`` and the destinations' original ids."""
-
-        def load(k: int) -> tuple[Tensor, ...]:
-            c = self.chunks[k]
-            assert c.block.src_ids is not None
-            ids = c.block.src_ids[: c.num_dst]
-            ids = ids.to(self.device, non_blocking=True) if self.io.cuda else ids
-            return (ids, *(self.io.slice(t, c.lo, c.hi) for t in srcs))
-
-        return load
-
     def _input(self, l: int) -> Tensor:
         return self.x if l == 0 else self.h[l]
 
-    def _prepare(self, l: int, rows: Tensor, ids: Tensor, se: tuple[int, int] | None) -> Tensor:
+    def _prepare(self, w: _Worker, l: int, rows: Tensor, ids: Tensor, se: tuple[int, int] | None) -> Tensor:
         """Layer ``l``'s input from gathered rows: host ``h[l]`` already holds it (activation and dropout were applied
         once per vertex when it was written), the features still need layer 0's dropout."""
-        return self.model.layer_input(0, rows, ids, se) if l == 0 else rows
+        return w.model.layer_input(0, rows, ids, se) if l == 0 else rows
 
     def _source(self, l: int) -> tuple[Tensor, Tensor | None]:
         """What layer ``l`` gathers per chunk (its input, or its projected rows) and the destination rows its
@@ -328,10 +535,22 @@ class OffloadEngine(Engine):
             return self._input(l), None
         return self.p[l], (self._input(l) if self.model.block_layers[l].update_uses_dst else None)
 
+    def _dst(self, w: _Worker, c: Chunk, t: Tensor | None) -> Tensor | None:
+        return None if t is None else w.io.slice(t, c.lo, c.hi)
+
+    def _ids(self, w: _Worker, c: Chunk) -> Tensor:
+        assert c.block.src_ids is not None
+        ids = c.block.src_ids[: c.num_dst]
+        return ids.to(w.device, non_blocking=True) if w.io.cuda else ids
+
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        self.io.h2d = self.io.d2h = 0
+        self._sync_replicas()
+        for w in self.workers:
+            w.io.h2d = w.io.d2h = 0
+            w.rows.clear()
+        self._passes.clear()
         se = (self.config.seed, epoch)
         L = len(self.model.layers)
         with self._counting():
@@ -340,51 +559,70 @@ class OffloadEngine(Engine):
             loss = self._last_layer_loss_backward(se)
             for l in range(L - 2, -1, -1):
                 self._backward_layer(l, se)
+            self._reduce_gradients()
             self.optimizer.step()
-        stats: dict[str, float] = {"loss": loss, "h2d_bytes": self.io.h2d, "d2h_bytes": self.io.d2h,
-                                   "chunks": self.num_chunks, "partitions": self.partitions}
+        stats: dict[str, float] = {"loss": loss, "h2d_bytes": sum(w.io.h2d for w in self.workers),
+                                   "d2h_bytes": sum(w.io.d2h for w in self.workers),
+                                   "chunks": self.num_chunks, "partitions": self.partitions,
+                                   "devices": len(self.workers), **self._row_counters()}
         if self.counter is not None:
             stats["peak_device_bytes"] = self.counter.peak
         return stats
 
+    def _row_counters(self) -> dict[str, int]:
+        """The epoch's row counters, summed over its layer passes (see :mod:`gnnscale.partition.dedup`)."""
+        vol, widths = self.plan.volume, self._passes
+        out = {"layer_passes": len(widths),
+               "rows_ori": vol.ori * len(widths), "rows_ori_bytes": vol.ori * 4 * sum(widths),
+               "rows_p2p": vol.p2p * len(widths), "rows_p2p_bytes": vol.p2p * 4 * sum(widths)}
+        for name in ("rows_h2d", "rows_reused", "rows_d2d"):
+            for key in (name, name + "_bytes"):
+                out[key] = sum(w.rows.get(key, 0) for w in self.workers)
+        return out
+
     @torch.no_grad()
     def _project(self, l: int, se: tuple[int, int] | None) -> None:
         """``p[l] = project(input of layer l)``, once per vertex, chunk by chunk (destination rows only)."""
-        layer = self.model.block_layers[l]
-        for k, (ids, x_dst) in self.io.prefetched(self._dst_loads(self._input(l)), self.num_chunks):
-            self.io.store(self.p[l], self.chunks[k].lo, layer.project(self._prepare(l, x_dst, ids, se)))
-        self.io.barrier()
+
+        def body(w: _Worker, c: Chunk, rows: _Rows, x_dst: Tensor | None) -> None:
+            assert x_dst is not None
+            layer = w.model.block_layers[l]
+            w.io.store(self.p[l], c.lo, layer.project(self._prepare(w, l, x_dst, self._ids(w, c), se)))
+
+        self._pass(lambda w: self._sweep(w, lambda c: self._dst(w, c, self._input(l)), body, blocks=False))
 
     def _project_backward(self, l: int, se: tuple[int, int]) -> None:
         """Backpropagate the accumulated ``dL/dp[l]`` through the projection, chunk by chunk."""
-        layer = self.model.block_layers[l]
-        for k, (ids, x_dst, grad_p) in self.io.prefetched(self._dst_loads(self._input(l), self.gp[l]),
-                                                           self.num_chunks):
-            c = self.chunks[k]
-            x = self._prepare(l, x_dst, ids, se).detach().requires_grad_(l > 0)
-            layer.project(x).backward(grad_p)
+
+        def body(w: _Worker, c: Chunk, rows: _Rows, loaded: tuple[Tensor | None, Tensor | None]) -> None:
+            x_dst, grad_p = loaded
+            assert x_dst is not None and grad_p is not None
+            x = self._prepare(w, l, x_dst, self._ids(w, c), se).detach().requires_grad_(l > 0)
+            w.model.block_layers[l].project(x).backward(grad_p)
             if l > 0:
                 assert x.grad is not None
-                self.io.accumulate(self.g[l], c.rows[: c.num_dst], x.grad)
-        self.io.barrier()
+                w.io.accumulate(self.g[l], c.rows[: c.num_dst], x.grad)
+
+        self._pass(lambda w: self._sweep(
+            w, lambda c: (self._dst(w, c, self._input(l)), self._dst(w, c, self.gp[l])), body, blocks=False))
         self.gp[l].zero_()
 
-    def _apply(self, l: int, c: Chunk, block: Block, x_src: Tensor, x_dst: Tensor | None,
+    def _apply(self, w: _Worker, l: int, c: Chunk, block: Block, x_src: Tensor, x_dst: Tensor | None,
                se: tuple[int, int] | None, cache: bool) -> Tensor:
         """Layer ``l`` on chunk ``c`` from its gathered rows (projected rows for a projecting layer); with ``cache``
         the aggregation is copied to host memory for backward."""
-        layer = self.model.block_layers[l]
+        layer = w.model.block_layers[l]
         ids = block.row_ids()
         if l in self.projected:
             a = layer.propagate(block, x_src)
-            xd = None if x_dst is None else self._prepare(l, x_dst, ids[: c.num_dst], se)
+            xd = None if x_dst is None else self._prepare(w, l, x_dst, ids[: c.num_dst], se)
         else:
-            x = self._prepare(l, x_src, ids, se)
+            x = self._prepare(w, l, x_src, ids, se)
             if not cache:
                 return layer(block, x)
             a, xd = layer.aggregate(block, x), x[: c.num_dst]
         if cache:
-            self.io.store(self.agg[l], c.lo, a)
+            w.io.store(self.agg[l], c.lo, a)
         return layer.update(a, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
 
     @torch.no_grad()
@@ -393,88 +631,98 @@ class OffloadEngine(Engine):
         if l in self.projected:
             self._project(l, se)
         cache = se is not None and l in self.cached
-        for k, (block, x_src, x_dst) in self.io.prefetched(self._loads(*self._source(l)), self.num_chunks):
-            c = self.chunks[k]
-            y = self._apply(l, c, block, x_src, x_dst, se, cache)
+        src, dst_src = self._source(l)
+
+        def body(w: _Worker, c: Chunk, rows: _Rows, x_dst: Tensor | None) -> None:
+            block = rows.block
+            y = self._apply(w, l, c, block, rows.gather(), x_dst, se, cache)
             # store the next layer's input, activation and dropout applied once per vertex (not once per copy)
-            self.io.store(self.h[l + 1], c.lo, self.model.layer_input(l + 1, y, block.row_ids(c.num_dst), se))
-        self.io.barrier()
+            w.io.store(self.h[l + 1], c.lo, w.model.layer_input(l + 1, y, block.row_ids(c.num_dst), se))
+
+        self._pass(lambda w: self._sweep(w, lambda c: self._dst(w, c, dst_src), body, src=src), src=src)
 
     def _last_layer_loss_backward(self, se: tuple[int, int]) -> float:
         L = len(self.model.layers)
-        l, layer = L - 1, self.model.block_layers[L - 1]
+        l = L - 1
         projected = l in self.projected
         if projected:
             self._project(l, se)
-        total = torch.zeros((), device=self.device)
-        for k, (block, x_src, x_dst) in self.io.prefetched(self._loads(*self._source(l)), self.num_chunks):
-            c = self.chunks[k]
+        src, dst_src = self._source(l)
+        grad = self.gp[l] if projected else (self.g[l] if l > 0 else None)
+
+        def body(w: _Worker, c: Chunk, rows: _Rows, loaded: tuple[Tensor | None, Tensor]) -> None:
+            x_dst, total = loaded
+            layer, block = w.model.block_layers[l], rows.block
             ids = block.row_ids()
             xd = None
             if projected:  # gradients flow into the projected rows (then the projection) and the dst rows
-                x = x_src.detach().requires_grad_(True)
+                x = rows.gather().detach().requires_grad_(True)
                 if x_dst is not None:
-                    xd = self._prepare(l, x_dst, ids[: c.num_dst], se).detach().requires_grad_(l > 0)
+                    xd = self._prepare(w, l, x_dst, ids[: c.num_dst], se).detach().requires_grad_(l > 0)
                 logits = layer.update(layer.propagate(block, x), xd)  # type: ignore[arg-type]
             else:
-                x = self._prepare(l, x_src, ids, se).detach().requires_grad_(l > 0)
+                x = self._prepare(w, l, rows.gather(), ids, se).detach().requires_grad_(l > 0)
                 logits = layer(block, x)  # [V, C]
-            idx = c.train_local.to(self.device, non_blocking=True)
-            y = self.y[c.lo : c.hi].to(self.device, non_blocking=True).index_select(0, idx)
+            idx = c.train_local.to(w.device, non_blocking=True)
+            y = self.y[c.lo : c.hi].to(w.device, non_blocking=True).index_select(0, idx)
             loss = F.cross_entropy(logits.index_select(0, idx), y, reduction="sum") / self.num_train
             loss.backward()
             total += loss.detach()
-            if projected:
+            if grad is not None:
                 assert x.grad is not None
-                self.io.accumulate(self.gp[l], c.rows, x.grad)
-            elif l > 0:
-                assert x.grad is not None
-                self.io.accumulate(self.g[l], c.rows, x.grad)
+                rows.push(x.grad)
             if xd is not None and xd.grad is not None:
-                self.io.accumulate(self.g[l], c.rows[: c.num_dst], xd.grad)
-        self.io.barrier()
+                w.io.accumulate(self.g[l], c.rows[: c.num_dst], xd.grad)
+
+        def run(w: _Worker) -> Tensor:
+            total = torch.zeros((), device=w.device)
+            self._sweep(w, lambda c: (self._dst(w, c, dst_src), total), body, src=src, grad=grad)
+            return total
+
+        loss = sum(float(t) for t in self._pass(run, src=src, grad=grad))
         if projected:
             self._project_backward(l, se)
-        return float(total)
+        return loss
 
     def _backward_layer(self, l: int, se: tuple[int, int]) -> None:
         """Recompute layer ``l`` per chunk and backpropagate ``dL/dx^{l+1}`` into ``g[l]`` and the parameters."""
-        layer, next_in = self.model.block_layers[l], self.g[l + 1]
+        layer0, next_in = self.model.block_layers[l], self.g[l + 1]
         cached, projected = l in self.cached, l in self.projected
-        dst_src = self._input(l) if cached and layer.update_uses_dst else None
+        dst_src = self._input(l) if cached and layer0.update_uses_dst else None
+        src = None if cached else self._input(l)
+        grad = self.gp[l] if projected else (self.g[l] if l > 0 else None)
 
-        def load(k: int) -> tuple[Block, Tensor | None, Tensor | None, Tensor | None, Tensor]:
-            c = self.chunks[k]
-            block, rows_dev = self.io.block(c)
-            x_src = None if cached else self.io.rows(self._input(l), c, rows_dev)
-            x_dst = None if dst_src is None else self.io.slice(dst_src, c.lo, c.hi)
-            a = self.io.slice(self.agg[l], c.lo, c.hi) if cached else None
-            return block, x_src, a, x_dst, self.io.slice(next_in, c.lo, c.hi)
+        def load(w: _Worker, c: Chunk) -> tuple[Tensor | None, Tensor | None, Tensor]:
+            a = w.io.slice(self.agg[l], c.lo, c.hi) if cached else None
+            return a, self._dst(w, c, dst_src), w.io.slice(next_in, c.lo, c.hi)
 
-        for k, (block, x_src, a, x_dst, grad_next) in self.io.prefetched(load, self.num_chunks):
-            c = self.chunks[k]
+        def body(w: _Worker, c: Chunk, rows: _Rows, loaded: tuple[Tensor | None, Tensor | None, Tensor]) -> None:
+            a, x_dst, grad_next = loaded
+            layer, block = w.model.block_layers[l], rows.block
             ids = block.row_ids()
-            xd = None
+            xd = x = None
             if cached:  # recompute only UPDATE from the cached aggregation
                 assert a is not None
                 a = a.detach().requires_grad_(l > 0 or projected)
                 if x_dst is not None:
-                    xd = self._prepare(l, x_dst, ids[: c.num_dst], se).detach().requires_grad_(l > 0)
+                    xd = self._prepare(w, l, x_dst, ids[: c.num_dst], se).detach().requires_grad_(l > 0)
                 y = layer.update(a, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
             else:  # recompute the whole layer (GAT)
-                assert x_src is not None
-                x = self._prepare(l, x_src, ids, se).detach().requires_grad_(l > 0)
+                x = self._prepare(w, l, rows.gather(), ids, se).detach().requires_grad_(l > 0)
                 y = layer(block, x)
-            self.model.layer_input(l + 1, y, ids[: c.num_dst], se).backward(grad_next)
-            if cached and a is not None and a.grad is not None:
-                # through the propagation to the source rows: of the projection, or of the layer input
-                self.io.accumulate(self.gp[l] if projected else self.g[l], c.rows, layer.aggregate_vjp(block, a.grad))
+            w.model.layer_input(l + 1, y, ids[: c.num_dst], se).backward(grad_next)
+            if cached and a is not None and a.grad is not None:  # through the propagation to the source rows
+                rows.push(layer.aggregate_vjp(block, a.grad))
             elif not cached and l > 0:
-                assert x.grad is not None
-                self.io.accumulate(self.g[l], c.rows, x.grad)
+                assert x is not None and x.grad is not None
+                rows.push(x.grad)
             if xd is not None and xd.grad is not None:
-                self.io.accumulate(self.g[l], c.rows[: c.num_dst], xd.grad)
-        self.io.barrier()
+                w.io.accumulate(self.g[l], c.rows[: c.num_dst], xd.grad)
+
+        def run(w: _Worker) -> None:
+            self._sweep(w, lambda c: load(w, c), body, src=src, grad=grad)
+
+        self._pass(run, src=src, grad=grad)
         next_in.zero_()  # consumed: ready for the next epoch's accumulation
         if projected:
             self._project_backward(l, se)
@@ -483,16 +731,64 @@ class OffloadEngine(Engine):
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
         self.model.eval()
+        self._sync_replicas()
         L = len(self.model.layers)
         for l in range(L - 1):
             self._forward_layer(l, None)
         if L - 1 in self.projected:
             self._project(L - 1, None)
         pred = torch.empty(self.graph.num_nodes, dtype=torch.int64)
-        for k, (block, x_src, x_dst) in self.io.prefetched(self._loads(*self._source(L - 1)), self.num_chunks):
-            c = self.chunks[k]
-            pred[c.lo : c.hi] = self._apply(L - 1, c, block, x_src, x_dst, None, False).argmax(dim=-1).cpu()
+        src, dst_src = self._source(L - 1)
+
+        def body(w: _Worker, c: Chunk, rows: _Rows, x_dst: Tensor | None) -> None:
+            out = self._apply(w, L - 1, c, rows.block, rows.gather(), x_dst, None, False)
+            pred[c.lo : c.hi] = out.argmax(dim=-1).cpu()
+
+        self._pass(lambda w: self._sweep(w, lambda c: self._dst(w, c, dst_src), body, src=src), src=src)
         return self.accuracies(pred, self.y, self.masks)
 
     def describe(self) -> str:
         return describe(self.plan)
+
+
+@dataclass(eq=False)
+class _Rows:
+    """A chunk's source rows inside a sweep: gathered from host memory, or assembled from transition buffers."""
+
+    engine: OffloadEngine
+    worker: _Worker
+    k: int
+    chunk: Chunk
+    block_: Block | None
+    x_src: Tensor | None
+    asm: _Assembly | None
+    grad: Tensor | None
+
+    @property
+    def block(self) -> Block:
+        assert self.block_ is not None
+        return self.block_
+
+    def gather(self) -> Tensor:
+        """``[R, F]`` rows of the pass's source tensor, in the chunk's row order."""
+        if self.x_src is not None:
+            return self.x_src
+        ex = self.engine.exchange
+        assert ex is not None and self.asm is not None
+        return ex.assemble(self.worker, self.k, self.asm, self.chunk.rows.numel())
+
+    def push(self, grad: Tensor) -> None:
+        """Add ``grad`` (``[R, F]``, the source rows' gradients) into the pass's host gradient, through the exchange
+        when there is one."""
+        ex = self.engine.exchange
+        if ex is None:
+            assert self.grad is not None
+            self.worker.io.accumulate(self.grad, self.chunk.rows, grad)
+            return
+        assert self.asm is not None
+        ex.push(self.worker, self.asm, grad)
+
+
+def worker_devices(config: TrainConfig, device: torch.device) -> list[torch.device]:
+    """The devices partitions run on: ``config.devices``, else the training device."""
+    return [torch.device(d) for d in config.devices] if config.devices else [device]

@@ -12,6 +12,7 @@ re-split into any number of chunks without repartitioning.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +29,10 @@ from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph, _coo_to_csr
 
 PARTITION_METHODS = ("metis", "random", "range")
+CHUNKERS = ("range", "metis")
+"""Level-2 splitters: ``range`` (contiguous runs of the partition balanced by in-edges, HongTu's) or ``metis``
+(METIS sub-partitioning of each partition minimising communication volume, i.e. the chunks' summed in-neighbour
+sets)."""
 PLAN_FORMAT = "gnnscale-partition-plan"
 PLAN_VERSION = 1
 
@@ -54,18 +59,27 @@ def graph_fingerprint(graph: Graph) -> str:
 
 # ------------------------------------------------------------------------------------------------ level 1
 def _metis_parts(graph: Graph, m: int, seed: int) -> Tensor:
+    return _metis(graph.edge_index(), graph.num_nodes, m, seed)
+
+
+def _metis(ei: Tensor, n: int, m: int, seed: int, volume: bool = False) -> Tensor:
+    """``[n]`` part of each vertex of the graph ``ei`` (``[2, E]``, symmetrised here), METIS into ``m`` parts
+    balanced by vertex count; ``volume`` minimises communication volume instead of the edge cut."""
     from gnnscale._compat import require
 
     pymetis = require("pymetis")
-    ei = graph.edge_index()
     ei = ei[:, ei[0] != ei[1]]  # METIS rejects self-loops
     both = torch.cat([ei, ei.flip(0)], dim=1)
-    xadj, adjncy, _ = _coo_to_csr(both[0], both[1], graph.num_nodes, None, coalesce=True)
+    xadj, adjncy, _ = _coo_to_csr(both[0], both[1], n, None, coalesce=True)
     opts = pymetis.Options(seed=seed)
+    kw: dict[str, Any] = {}
+    if volume:
+        opts.objtype = 1  # METIS_OBJTYPE_VOL: only the k-way scheme supports it
+        kw["recursive"] = False
     if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025.2
-        res = pymetis.part_graph(m, pymetis.CSRAdjacency(xadj.numpy(), adjncy.numpy()), options=opts)
+        res = pymetis.part_graph(m, pymetis.CSRAdjacency(xadj.numpy(), adjncy.numpy()), options=opts, **kw)
     else:  # pragma: no cover - older pymetis
-        res = pymetis.part_graph(m, xadj=xadj.numpy(), adjncy=adjncy.numpy(), options=opts)
+        res = pymetis.part_graph(m, xadj=xadj.numpy(), adjncy=adjncy.numpy(), options=opts, **kw)
     parts = torch.from_numpy(np.asarray(res[1] if isinstance(res, tuple) else res.vertex_part, dtype=np.int64))
     return parts
 
@@ -120,6 +134,8 @@ class PartitionPlan:
     """``[partitions + 1]`` new-id offsets of the partitions."""
     chunk_ptr: Tensor
     """``[partitions * chunks + 1]`` new-id offsets of the chunks."""
+    chunker: str = "range"
+    """How partitions were split into chunks (:data:`CHUNKERS`)."""
     _inv: Tensor | None = field(default=None, repr=False)
 
     @property
@@ -141,20 +157,51 @@ class PartitionPlan:
     def chunk_range(self, k: int) -> tuple[int, int]:
         return int(self.chunk_ptr[k]), int(self.chunk_ptr[k + 1])
 
-    def with_chunks(self, graph: Graph, chunks: int) -> PartitionPlan:
-        """The same partitions split into ``chunks`` chunks each (cheap: no repartitioning)."""
+    def with_chunks(self, graph: Graph, chunks: int, chunker: str = "range") -> PartitionPlan:
+        """The same partitions split into ``chunks`` chunks each.
+
+        ``range`` is cheap (no repartitioning): contiguous runs of each partition with about equal in-edges.
+        ``metis`` runs METIS on each partition's induced subgraph, minimising the communication volume (the summed
+        chunk in-neighbour sets) with vertex-balanced chunks, and renumbers vertices inside the partition so that
+        chunks stay contiguous ranges; its plans are worth saving (:func:`load_or_chunk`).
+        """
+        if chunker not in CHUNKERS:
+            raise ConfigError(f"unknown chunker {chunker!r}; choose one of {', '.join(CHUNKERS)}")
         if chunks < 1:
             raise ConfigError(f"--chunks must be >= 1, got {chunks}")
-        cost = graph.in_degree()[self.perm] + 1  # in-edges incl. a self-loop: what a chunk aggregates
         sizes = (self.part_ptr[1:] - self.part_ptr[:-1]).tolist()
         if chunks > min(sizes):
             raise ConfigError(f"--chunks {chunks} is more than the {min(sizes)} vertices of the smallest partition")
+        if chunker == "metis" and chunks > 1:
+            return self._metis_chunks(graph, chunks)
+        cost = graph.in_degree()[self.perm] + 1  # in-edges incl. a self-loop: what a chunk aggregates
         ptr = [torch.zeros(1, dtype=torch.int64)]
         for i in range(self.partitions):
             lo, hi = int(self.part_ptr[i]), int(self.part_ptr[i + 1])
             ptr.append(lo + _balanced_bounds(cost[lo:hi], chunks)[1:])
         return PartitionPlan(self.method, self.partitions, chunks, self.seed, self.graph_key, self.perm,
-                             self.part_ptr, torch.cat(ptr), self._inv)
+                             self.part_ptr, torch.cat(ptr), chunker, self._inv)
+
+    def _metis_chunks(self, graph: Graph, chunks: int) -> PartitionPlan:
+        indptr, indices = permute_csr(graph.indptr, graph.indices, None, self.perm, self.inverse())[:2]
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes), indptr[1:] - indptr[:-1])
+        src = indices.long()
+        perm = self.perm.clone()
+        ptr = [torch.zeros(1, dtype=torch.int64)]
+        for i in range(self.partitions):
+            lo, hi = int(self.part_ptr[i]), int(self.part_ptr[i + 1])
+            e0, e1 = int(indptr[lo]), int(indptr[hi])
+            s, d = src[e0:e1], dst[e0:e1]
+            inside = (s >= lo) & (s < hi)
+            parts = _metis(torch.stack([s[inside] - lo, d[inside] - lo]), hi - lo, chunks, self.seed, volume=True)
+            counts = torch.bincount(parts, minlength=chunks)
+            if bool((counts == 0).any()):
+                raise ConfigError(f"the metis chunker left {int((counts == 0).sum())} of {chunks} chunks of "
+                                  f"partition {i} empty; use fewer chunks or --chunker range")
+            perm[lo:hi] = self.perm[lo:hi][torch.sort(parts, stable=True).indices]
+            ptr.append(lo + torch.cumsum(counts, 0))
+        return PartitionPlan(self.method, self.partitions, chunks, self.seed, self.graph_key, perm,
+                             self.part_ptr, torch.cat(ptr), "metis")
 
     # ------------------------------------------------------------------------------------------ statistics
     def stats(self, graph: Graph) -> dict[str, Any]:
@@ -175,6 +222,7 @@ class PartitionPlan:
             "method": self.method,
             "partitions": self.partitions,
             "chunks": self.chunks,
+            "chunker": self.chunker,
             "alpha": sum(nbr) / max(self.num_nodes, 1),
             "edge_cut": cut / max(graph.num_edges, 1),
             "partition_sizes": (self.part_ptr[1:] - self.part_ptr[:-1]).tolist(),
@@ -186,14 +234,18 @@ class PartitionPlan:
 
     # ------------------------------------------------------------------------------------------ persistence
     def file_name(self) -> str:
-        return f"{self.graph_key[:24]}-{self.method}-p{self.partitions}-s{self.seed}.npz"
+        """``<graph>-<method>-p<m>-s<seed>.npz``; a metis-chunked plan adds ``-metis<n>`` (its order depends on
+        ``n``)."""
+        chunked = f"-metis{self.chunks}" if self.chunker == "metis" else ""
+        return f"{self.graph_key[:24]}-{self.method}-p{self.partitions}-s{self.seed}{chunked}.npz"
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (a temporary sibling renamed into place)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "method": self.method,
-                "partitions": self.partitions, "chunks": self.chunks, "seed": self.seed, "graph_key": self.graph_key}
+                "partitions": self.partitions, "chunks": self.chunks, "seed": self.seed, "graph_key": self.graph_key,
+                "chunker": self.chunker}
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -216,7 +268,7 @@ class PartitionPlan:
                 return cls(meta["method"], int(meta["partitions"]), int(meta["chunks"]), int(meta["seed"]),
                            meta["graph_key"], torch.from_numpy(z["perm"].astype(np.int64)),
                            torch.from_numpy(z["part_ptr"].astype(np.int64)),
-                           torch.from_numpy(z["chunk_ptr"].astype(np.int64)))
+                           torch.from_numpy(z["chunk_ptr"].astype(np.int64)), meta.get("chunker", "range"))
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigError(f"cannot read partition plan {path}: {exc}") from None
 
@@ -275,6 +327,29 @@ def load_or_partition(graph: Graph, partitions: int, chunks: int, method: str = 
     except OSError:
         return plan, None, False
     return plan, path, False
+
+
+def load_or_chunk(base: PartitionPlan, graph: Graph, chunks: int, chunker: str = "range",
+                  plan_dir: str | Path | None = None) -> PartitionPlan:
+    """``base`` split into ``chunks`` per partition by ``chunker``; metis-chunked plans are saved beside the base
+    plan and reused (METIS runs once per partition and chunk count)."""
+    if chunker != "metis" or chunks == 1:
+        return base if base.chunks == chunks and base.chunker == chunker else base.with_chunks(graph, chunks)
+    directory = Path(plan_dir) if plan_dir is not None else default_plan_dir()
+    probe = PartitionPlan(base.method, base.partitions, chunks, base.seed, base.graph_key, torch.empty(0),
+                          torch.empty(0), torch.empty(0), "metis")
+    path = directory / probe.file_name()
+    if path.is_file():
+        try:
+            saved = PartitionPlan.load(path)
+            if saved.graph_key == base.graph_key and saved.num_nodes == base.num_nodes and saved.chunks == chunks:
+                return saved
+        except ConfigError:
+            pass  # damaged: recompute and overwrite
+    plan = base.with_chunks(graph, chunks, "metis")
+    with contextlib.suppress(OSError):
+        plan.save(path)
+    return plan
 
 
 # ------------------------------------------------------------------------------------------------ CSR helpers

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,7 +30,24 @@ from torch import Tensor
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN, build_model
-from gnnscale.partition.plan import PartitionPlan, chunk_neighbour_counts, load_or_partition, permute_csr
+from gnnscale.partition.dedup import (
+    CommVolume,
+    ExchangePlan,
+    Throughput,
+    chunk_rows,
+    comm_cost,
+    comm_volume,
+    default_schedule,
+    plan_exchange,
+    reorganize,
+)
+from gnnscale.partition.plan import (
+    PartitionPlan,
+    chunk_neighbour_counts,
+    load_or_chunk,
+    load_or_partition,
+    permute_csr,
+)
 from gnnscale.plan.memory import available_device_bytes, format_bytes
 
 if TYPE_CHECKING:
@@ -43,7 +60,7 @@ MAX_CHUNKS_PER_PARTITION = 1024
 
 @dataclass
 class OffloadPlan:
-    """The planner's answer: a partition plan and the estimated peak device bytes of its largest chunk."""
+    """The planner's answer: how the graph is cut and scheduled, and the estimated peak device bytes."""
 
     partition: PartitionPlan
     estimate: int
@@ -51,7 +68,19 @@ class OffloadPlan:
     plan_path: Any
     reused_plan: bool
     searched: dict[int, int]
-    """Chunks per partition tried by the search -> estimated peak bytes."""
+    """Chunks per partition tried by the search -> estimated peak bytes (range chunks)."""
+    rows: list[Tensor]
+    """Per chunk: its destinations, then its sorted outside in-neighbours (the chunk's source rows)."""
+    schedule: Tensor
+    """``[m, n]`` chunk ids per partition and batch (Algorithm 4's output when reorganised)."""
+    reorganized: bool
+    dedup: str
+    volume: CommVolume
+    exchange: ExchangePlan | None
+    """Transition buffers (``reuse``/``full``), ``None`` for ``--dedup none``."""
+    devices: int = 1
+    costs: dict[str, float] = field(default_factory=dict)
+    """Eq. 4 modelled seconds per layer pass of the candidates weighed by ``auto`` choices."""
 
 
 def chunk_sizes(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:
@@ -83,6 +112,22 @@ def chunk_peak_bytes(model: GNN, num_dst: int, num_src: int, num_edges: int) -> 
     return int(SAFETY * peak) + model_resident_bytes(model)
 
 
+def sizes_from_rows(rows: list[Tensor], indptr: Tensor, chunk_ptr: Tensor) -> Tensor:
+    """:func:`chunk_sizes` from known chunk rows (no second pass over the edges)."""
+    V = chunk_ptr[1:] - chunk_ptr[:-1]
+    R = torch.tensor([r.numel() for r in rows], dtype=torch.int64)
+    E = indptr[chunk_ptr[1:]] - indptr[chunk_ptr[:-1]]
+    return torch.stack([V, R, E + V], dim=1)
+
+
+def transition_bytes(model: GNN, exchange: ExchangePlan | None) -> int:
+    """Device bytes of the transition buffers: rows and their gradients at the widest row a layer moves."""
+    if exchange is None:
+        return 0
+    width = max(max(layer.in_features, layer.out_features) for layer in model.block_layers)
+    return 2 * 4 * width * max(exchange.capacity)
+
+
 def _estimate(model: GNN, sizes: Tensor) -> int:
     V, R, E = sizes[:, 0], sizes[:, 1], sizes[:, 2]
     # the footprint grows with each of V, R and E: bound it with their maxima over chunks
@@ -93,29 +138,39 @@ _MEMO: dict[int, tuple[Any, tuple[Any, ...], OffloadPlan]] = {}
 
 
 def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model: GNN | None = None) -> OffloadPlan:
-    """Partition ``graph`` and choose the chunk count for ``config`` (``config.chunks`` overrides the search).
+    """Partition ``graph``, choose the chunk count, the chunker and the schedule for ``config``.
 
     The METIS step runs once per (graph, method, partitions, seed) and is saved (see
-    :func:`~gnnscale.partition.load_or_partition`); every candidate chunk count re-splits it cheaply.
+    :func:`~gnnscale.partition.load_or_partition`); the chunk-count search re-splits it into range chunks cheaply
+    (doubling, then bisection, on the modelled peak of the largest chunk). The chosen split is then checked with
+    the transition buffers of ``config.dedup`` added, taking more chunks while it does not fit. ``auto`` choices
+    (``config.chunker``, ``config.reorganize``) take the candidate with the lower Eq. 4 cost.
 
     Raises:
         ConfigError: no chunk count fits the budget (the message names the smallest budget that would), or the
             forced ``--chunks`` does not fit.
     """
     budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(device)
+    devices = list(config.devices) if config.devices else [str(device)]
     key = (graph.num_nodes, graph.num_edges, config.model, config.layers, config.hidden, config.heads,
-           config.partitions, config.chunks, config.partition_method, config.seed, budget, str(config.plan_dir))
+           config.partitions, config.chunks, config.partition_method, config.seed, budget, str(config.plan_dir),
+           config.dedup, config.chunker, config.reorganize, tuple(devices))
     memo = _MEMO.get(id(graph))
     if memo is not None and memo[0]() is graph and memo[1] == key:
         return memo[2]
+    m = config.partitions
+    if len(devices) > m:
+        raise ConfigError(f"--devices lists {len(devices)} devices but --partitions is {m}; use at least one "
+                          "partition per device")
     if model is None:
         assert graph.num_classes is not None
         model = build_model(config.model, graph.num_features, config.hidden, graph.num_classes, layers=config.layers,
                             dropout=config.dropout, heads=config.heads, seed=config.seed)
-    base, path, reused = load_or_partition(graph, config.partitions, config.chunks or 1, config.partition_method,
+    base, path, reused = load_or_partition(graph, m, config.chunks or 1, config.partition_method,
                                            config.seed, config.plan_dir)
     indptr, indices, _ = permute_csr(graph.indptr, graph.indices, None, base.perm, base.inverse())
     smallest_part = int((base.part_ptr[1:] - base.part_ptr[:-1]).min())
+    limit = min(smallest_part, MAX_CHUNKS_PER_PARTITION)
     searched: dict[int, int] = {}
 
     def estimate(n: int) -> int:
@@ -124,32 +179,98 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
         return searched[n]
 
     if config.chunks is not None:
-        chosen = config.chunks
-        if estimate(chosen) > budget:
-            raise ConfigError(f"--chunks {chosen} needs about {format_bytes(searched[chosen])} of device memory per "
+        n = config.chunks
+        if estimate(n) > budget:
+            raise ConfigError(f"--chunks {n} needs about {format_bytes(searched[n])} of device memory per "
                               f"chunk, more than the budget ({format_bytes(budget)}); use more chunks or leave "
                               "--chunks out to let the planner choose")
     else:
-        limit = min(smallest_part, MAX_CHUNKS_PER_PARTITION)
         n = 1
         while estimate(n) > budget and n < limit:
             n = min(2 * n, limit)
-        if searched[n] > budget:
-            need = min(searched.values())
-            raise ConfigError(
-                f"the offload engine needs at least {format_bytes(need)} of device memory for {graph.name} "
-                f"({config.model}, hidden {config.hidden}, {config.layers} layers; tried up to "
-                f"{max(searched)} chunks per partition), more than the budget ({format_bytes(budget)})")
         lo = n // 2  # estimate(lo) > budget or lo == 0: binary search for the fewest chunks that fit
-        while n - lo > 1 and n > 1:
+        while searched[n] <= budget and n - lo > 1 and n > 1:
             mid = (lo + n) // 2
             if estimate(mid) <= budget:
                 n = mid
             else:
                 lo = mid
-        chosen = n
-    part = base if base.chunks == chosen else base.with_chunks(graph, chosen)
-    plan = OffloadPlan(part, searched[chosen], budget, path, reused, dict(sorted(searched.items())))
+    device_of = [i % len(devices) for i in range(m)]
+    tps: list[Throughput] = []
+
+    def tp() -> Throughput:
+        if not tps:
+            from gnnscale.plan.throughput import throughput
+
+            tps.append(throughput([torch.device(d) for d in devices]))
+        return tps[0]
+
+    costs: dict[str, float] = {}
+
+    def candidate(chunker: str, n: int) -> OffloadPlan:
+        """The split of every partition into ``n`` chunks by ``chunker``, scheduled, with its total estimate."""
+        part = load_or_chunk(base, graph, n, chunker, config.plan_dir)
+        ip, ix = permute_csr(graph.indptr, graph.indices, None, part.perm, part.inverse())[:2]
+        rows = chunk_rows(ip, ix, part.chunk_ptr)
+        est = _estimate(model, sizes_from_rows(rows, ip, part.chunk_ptr))
+        options = [False] if config.reorganize == "off" or config.dedup == "none" else \
+            [True] if config.reorganize == "on" else [False, True]
+        best = None
+        for reorg in options:
+            sched = reorganize(rows, m, n, graph.num_nodes) if reorg else default_schedule(m, n)
+            vol = comm_volume(rows, sched)
+            cost = comm_cost(vol, config.dedup, tp()) if len(options) > 1 or config.chunker == "auto" else 0.0
+            costs[f"{chunker}{n}{'-reorganized' if reorg else ''}"] = cost
+            if best is None or cost < best[0]:
+                best = (cost, reorg, sched, vol)
+        assert best is not None
+        _, reorg, sched, vol = best
+        exchange = None if config.dedup == "none" else plan_exchange(rows, part.part_ptr, sched, config.dedup,
+                                                                     device_of, vol)
+        total = est + transition_bytes(model, exchange)
+        return OffloadPlan(part, total, budget, path, reused, {}, rows, sched, reorg, config.dedup, vol, exchange,
+                           len(devices))
+
+    def fit(chunker: str, n: int) -> OffloadPlan | None:
+        """The split by ``chunker`` with the fewest chunks from ``n`` up (to the limit) that fits the budget."""
+        while True:
+            cand = candidate(chunker, n)
+            if cand.estimate <= budget:
+                return cand
+            if config.chunks is not None:
+                raise ConfigError(f"--chunks {n} with --dedup {config.dedup} needs about "
+                                  f"{format_bytes(cand.estimate)} of device memory (chunk and transition buffers), "
+                                  f"more than the budget ({format_bytes(budget)}); use more chunks or --dedup none")
+            if n >= limit:
+                return None
+            n = min(limit, max(n + 1, n * 5 // 4))
+
+    def too_big() -> ConfigError:
+        # the range split at the chunk limit: the search always reaches it, so this budget is enough
+        need = candidate("range", limit).estimate if config.chunks is None else min(searched.values())
+        return ConfigError(
+            f"the offload engine needs at least {format_bytes(need)} of device memory for {graph.name} "
+            f"({config.model}, hidden {config.hidden}, {config.layers} layers, --dedup {config.dedup}; tried up "
+            f"to {limit} chunks per partition), more than the budget ({format_bytes(budget)})")
+
+    if config.chunks is None and searched[n] > budget:
+        raise too_big()
+    chunkers = ["range", "metis"] if config.chunker == "auto" else [config.chunker]
+    found = []
+    for chunker in chunkers:
+        try:
+            cand = fit(chunker, n)
+        except ConfigError:
+            if len(chunkers) == 1:
+                raise
+            continue  # e.g. METIS left a chunk empty: the other chunker still applies
+        if cand is not None:
+            found.append(cand)
+    if not found:
+        raise too_big()
+    plan = min(found, key=lambda c: comm_cost(c.volume, config.dedup, tp()) if len(found) > 1 else 0.0)
+    plan.searched = dict(sorted(searched.items()))
+    plan.costs = costs
     _MEMO.clear()
     _MEMO[id(graph)] = (weakref.ref(graph), key, plan)
     return plan
@@ -162,6 +283,10 @@ def describe(plan: OffloadPlan) -> str:
     method = p.method if p.partitions > 1 else "one partition: chunks are id ranges"
     saved = "not saved" if plan.plan_path is None else (
         f"{'reused' if plan.reused_plan else 'saved'} {plan.plan_path}")
-    return (f"offload plan: {p.partitions} partition(s) x {p.chunks} chunk(s) ({method}), estimated peak "
-            f"{format_bytes(plan.estimate)} of a {format_bytes(plan.budget)} budget ({share:.0f}%); partition "
-            f"plan {saved}")
+    v = plan.volume
+    n = max(p.num_nodes, 1)
+    return (f"offload plan: {p.partitions} partition(s) x {p.chunks} chunk(s) ({method}, {p.chunker} chunks"
+            f"{', reorganized' if plan.reorganized else ''}) on {plan.devices} device(s), estimated peak "
+            f"{format_bytes(plan.estimate)} of a {format_bytes(plan.budget)} budget ({share:.0f}%); --dedup "
+            f"{plan.dedup}: {v.h2d(plan.dedup) / n:.2f}|V| rows host->device per layer pass of {v.ori / n:.2f}|V| "
+            f"read; partition plan {saved}")

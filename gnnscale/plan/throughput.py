@@ -1,0 +1,101 @@
+"""The throughputs of HongTu's Eq. 4, measured once per machine and cached.
+
+``T_hd`` is a gather of scattered host rows onto the device (what a chunk load does), ``T_dd`` a copy between two
+devices (the first two given; one device copies within itself, as partitions sharing a device do) and ``T_ru``
+a gather inside device memory (assembling a chunk from its transition buffer). Results are saved in
+``$GNNSCALE_CACHE_DIR/throughput.json`` (else ``~/.cache/gnnscale``), keyed by the devices' names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from gnnscale.partition.dedup import Throughput
+
+ROWS, WIDTH, REPEATS = 1 << 16, 64, 3
+
+
+def cache_file() -> Path:
+    if os.environ.get("GNNSCALE_CACHE_DIR"):
+        return Path(os.environ["GNNSCALE_CACHE_DIR"]) / "throughput.json"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gnnscale" / "throughput.json"
+
+
+def _name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}#{device.index or 0}"
+    return f"cpu:{platform.processor() or platform.machine()}x{os.cpu_count()}"
+
+
+def _rate(fn: Callable[[], object], nbytes: int, device: torch.device) -> float:
+    """Bytes per second of ``fn`` (best of a few runs, after one warm-up)."""
+    best = float("inf")
+    for _ in range(REPEATS + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / max(best, 1e-9)
+
+
+def measure(devices: list[torch.device]) -> Throughput:
+    """Measure ``T_hd``, ``T_dd``, ``T_ru`` on ``devices`` (a fraction of a second)."""
+    d0 = devices[0]
+    d1 = devices[1] if len(devices) > 1 else d0
+    nbytes = ROWS * WIDTH * 4
+    gen = torch.Generator().manual_seed(0)
+    host = torch.randn(2 * ROWS, WIDTH, generator=gen)
+    idx = torch.randperm(2 * ROWS, generator=gen)[:ROWS]
+    if d0.type == "cuda":
+        host = host.pin_memory()
+        staging = torch.empty(ROWS, WIDTH, pin_memory=True)
+
+        def h2d() -> object:
+            torch.index_select(host, 0, idx, out=staging)
+            return staging.to(d0, non_blocking=True)
+    else:
+        def h2d() -> object:
+            return host.index_select(0, idx)
+    on_dev = host.to(d0)
+    idx_dev = idx.to(d0)
+    src = on_dev[:ROWS].contiguous()
+    return Throughput(hd=_rate(h2d, nbytes, d0), dd=_rate(lambda: src.to(d1, copy=True), nbytes, d0),
+                      ru=_rate(lambda: on_dev.index_select(0, idx_dev), nbytes, d0))
+
+
+def throughput(devices: list[torch.device]) -> Throughput:
+    """The cached measurement for ``devices``, measuring (and saving) it the first time."""
+    key = ",".join(_name(d) for d in devices[:2])
+    path = cache_file()
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    entry = saved.get(key) if isinstance(saved, dict) else None
+    fields = ("hd", "dd", "ru")
+    if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) and entry[k] > 0 for k in fields):
+        return Throughput(float(entry["hd"]), float(entry["dd"]), float(entry["ru"]))
+    tp = measure(devices)
+    saved = saved if isinstance(saved, dict) else {}
+    saved[key] = {"hd": tp.hd, "dd": tp.dd, "ru": tp.ru}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".throughput.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(saved, fh, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs a re-measurement next time
+    return tp

@@ -1,6 +1,10 @@
-"""The offload engine (HongTu) against the in-memory engine and PyG: epoch time vs chunk count and memory budget.
+"""The offload engine (HongTu) against the in-memory engine and PyG: epoch time vs chunk count, memory budget,
+deduplication mode and chunker.
 
     .venv/bin/python benchmarks/offload.py --device cpu
+    .venv/bin/python benchmarks/offload.py --device cpu --threads 1 --dataset kronecker:scale=16,edgefactor=16 \\
+        --models gcn --layers 2 --hidden 64 --partitions 4 --chunks 8 --dedup none,reuse,full \\
+        --chunker range,metis --epochs 3 --warmup 1
     .venv/bin/python benchmarks/offload.py --dataset csbm:nodes=100000,avg_degree=10,features=100 \\
         --models gcn,gat --hidden 64 --chunks 1,4,16,64 --gpu-memory 64MB,256MB --epochs 4 --warmup 1
     PYTHONPATH=. python3 benchmarks/offload.py --device cuda \\
@@ -12,7 +16,10 @@ device in one run:
 
 * ``offload`` once per ``--chunks`` value (chunks per partition forced; the budget is the device's free memory),
   then once per ``--gpu-memory`` budget (GiB when a plain number, else a size such as ``64MB``; the planner picks
-  the fewest chunks whose estimated footprint fits);
+  the fewest chunks whose estimated footprint fits); each of these once per ``--dedup`` mode (comma list of
+  ``none``, ``reuse``, ``full``; default ``full``) and per ``--chunker`` (comma list of ``range``, ``metis``,
+  ``auto``; default ``auto``), with one ``--reorganize`` setting (``auto``, ``on`` or ``off``) for all
+  (``TrainConfig.dedup``/``chunker``/``reorganize``, HongTu §5-6);
 * ``inmemory``, the reference engine, unless ``--skip-inmemory``;
 * ``pyg`` / ``pyg-sparse`` (``--pyg edge_index,sparse``): the plain PyG model of ``inmemory_vs_pyg.py``
   (``GCNConv(cached=True)``, ``SAGEConv(aggr="mean")`` or ``GATConv``) on ``edge_index`` / on the ``adj_t`` of
@@ -23,6 +30,13 @@ over the whole graph, no evaluation); the table gives the median epoch time, the
 ``h2d_bytes / median epoch time`` (GB/s, 10^9; the engine's own byte count of one epoch), peak memory and the
 ratios ``offload / inmemory`` and ``offload / pyg`` (< 1: offload is faster). A configuration that cannot run
 (CUDA out of memory, the planner or engine selector refusing it) is recorded with its reason instead of aborting.
+
+Communication volume (offload rows): ``dedup`` and ``chunker`` are those the plan used (``auto`` resolved),
+``reorganized`` whether Algorithm 4 reordered the chunks; ``h2d/|V|`` is the rows actually loaded host -> device per
+layer pass over the vertex count (``rows_h2d / layer_passes / |V|``, the engine's own count), ``ori/|V|`` the same
+for HongTu's ``V_ori`` (every chunk loading all its rows, what ``--dedup none`` moves) and ``h2d/ori`` their ratio
+(< 1: rows saved by reuse / inter-partition sharing). Every line also keeps the epoch's other row counters
+(``rows_p2p``, ``rows_reused``, ``rows_d2d`` and the ``_bytes`` variants) and the plan's ``volume``.
 
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` for every implementation. On CPU the offload engine's
 own count of bytes live in its "device-side" buffers (``LiveBytesCounter``), while in-memory and PyG report the
@@ -105,8 +119,11 @@ def make_engine(g: Graph, cfg: TrainConfig, dev: torch.device, count_epochs: int
                      "budget_bytes": plan.budget, "plan_estimate_bytes": plan.estimate,
                      "planner_searched": {str(k): v for k, v in plan.searched.items()},
                      "alpha": st["alpha"], "chunk_rows_max": st["chunk_rows_max"],
-                     "chunk_edges_max": st["chunk_edges_max"], "gather_method": engine.io.gather,
-                     "counter_in_timed_epochs": counter is not None and count_epochs is None})
+                     "chunk_edges_max": st["chunk_edges_max"],
+                     "gather_method": engine.workers[0].io.gather, "workers": len(engine.workers),
+                     "counter_in_timed_epochs": counter is not None and count_epochs is None,
+                     "dedup": plan.dedup, "chunker": plan.partition.chunker, "reorganized": plan.reorganized,
+                     "volume": asdict(plan.volume), "plan_costs": dict(plan.costs)})
     else:
         assert isinstance(engine, InMemoryEngine)
 
@@ -176,11 +193,22 @@ def bench(impl: str, make: Callable[[], tuple[Step, dict[str, Any]]], dev: torch
         peak, kind = rss_peak, rss_kind
     h2d = last.get("h2d_bytes")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # > cores: timings are contended
+    rows = {k: int(v) for k, v in last.items() if k.startswith("rows_") or k == "layer_passes"}
     return {"impl": impl, "status": "ok", "median_epoch_s": median, "epoch_times_s": timed,
             "warmup_times_s": times[:warmup], "h2d_bytes": h2d, "d2h_bytes": last.get("d2h_bytes"),
             "h2d_GBps": None if h2d is None else h2d / median / GB, "peak_bytes": peak, "peak_kind": kind,
             "host_peak_rss_bytes": rss_peak, "final_loss": float(last["loss"]),
-            "losses": [float(s["loss"]) for s in stats], "loadavg_1m": load, **info}
+            "losses": [float(s["loss"]) for s in stats], "loadavg_1m": load, **rows, **info}
+
+
+def row_volumes(r: dict[str, Any], num_nodes: int) -> dict[str, float | None]:
+    """Rows per layer pass over ``|V|``: loaded host -> device (``rows_h2d``), ``V_ori``, and their ratio."""
+    passes = r.get("layer_passes")
+    if not passes or "rows_h2d" not in r or "rows_ori" not in r:
+        return {"rows_h2d_per_pass_V": None, "rows_ori_per_pass_V": None, "h2d_over_ori": None}
+    n = max(num_nodes, 1)
+    return {"rows_h2d_per_pass_V": r["rows_h2d"] / passes / n, "rows_ori_per_pass_V": r["rows_ori"] / passes / n,
+            "h2d_over_ori": r["rows_h2d"] / r["rows_ori"] if r["rows_ori"] else None}
 
 
 # ------------------------------------------------------------------------------------------------ environment
@@ -214,29 +242,43 @@ def _mib(b: int | None) -> float | None:
     return None if b is None else b / 2**20
 
 
+def _label(r: dict[str, Any]) -> str:
+    """An offload configuration: budget or forced chunks, dedup mode and chunker as requested."""
+    what = r.get("budget_spec") or f"chunks {r.get('chunks_requested')}"
+    return f"{what}, dedup {r.get('dedup_requested')}, chunker {r.get('chunker_requested')}"
+
+
 def print_table(rows: list[dict[str, Any]], pyg_ref: str | None) -> None:
-    print(f"  {'impl':<11}{'chunks':>7}{'budget':>11}{'median (s)':>12}{'H2D GB/ep':>11}{'H2D GB/s':>10}"
-          f"{'peak MiB':>10}{'RSS MiB':>9}{'/inmem':>8}{'/pyg':>7}{'loss':>8}")
+    print(f"  {'impl':<11}{'chunks':>7}{'budget':>9}{'dedup':>7}{'chunker':>8}{'reorg':>6}{'median (s)':>11}"
+          f"{'h2d/|V|':>8}{'ori/|V|':>8}{'h2d/ori':>8}{'H2D GB/ep':>10}{'H2D GB/s':>9}{'peak MiB':>9}"
+          f"{'RSS MiB':>8}{'/inmem':>7}{'/pyg':>6}{'loss':>8}")
     for r in rows:
         budget = "-" if r.get("budget_spec") is None else r["budget_spec"]
         chunks = r.get("chunks", r.get("chunks_requested"))
-        head = f"  {r['impl']:<11}{_fmt(chunks, 'd') if chunks is not None else '-':>7}{budget:>11}"
+        offload = r["impl"] == "offload"
+        dedup = r.get("dedup", r.get("dedup_requested")) if offload else "-"
+        chunker = r.get("chunker", r.get("chunker_requested")) if offload else "-"
+        reorg = ("yes" if r["reorganized"] else "no") if "reorganized" in r else "-"
+        head = (f"  {r['impl']:<11}{_fmt(chunks, 'd') if chunks is not None else '-':>7}{budget:>9}{dedup:>7}"
+                f"{chunker:>8}{reorg:>6}")
         if r["status"] != "ok":
             print(f"{head}  {r['status']}: {r['reason'][:110]}")
             continue
         h2d = None if r["h2d_bytes"] is None else r["h2d_bytes"] / GB
-        print(f"{head}{r['median_epoch_s']:>12.3f}{_fmt(h2d, '.2f'):>11}{_fmt(r['h2d_GBps'], '.2f'):>10}"
-              f"{_fmt(_mib(r['peak_bytes']), '.0f'):>10}{_fmt(_mib(r['host_peak_rss_bytes']), '.0f'):>9}"
-              f"{_fmt(r.get('ratio_vs_inmemory'), '.2f'):>8}{_fmt(r.get('ratio_vs_pyg'), '.2f'):>7}"
+        print(f"{head}{r['median_epoch_s']:>11.3f}{_fmt(r.get('rows_h2d_per_pass_V'), '.3f'):>8}"
+              f"{_fmt(r.get('rows_ori_per_pass_V'), '.3f'):>8}{_fmt(r.get('h2d_over_ori'), '.3f'):>8}"
+              f"{_fmt(h2d, '.3f'):>10}{_fmt(r['h2d_GBps'], '.2f'):>9}"
+              f"{_fmt(_mib(r['peak_bytes']), '.0f'):>9}{_fmt(_mib(r['host_peak_rss_bytes']), '.0f'):>8}"
+              f"{_fmt(r.get('ratio_vs_inmemory'), '.2f'):>7}{_fmt(r.get('ratio_vs_pyg'), '.2f'):>6}"
               f"{r['final_loss']:>8.4f}")
     kinds = sorted({r["peak_kind"] for r in rows if r["status"] == "ok"})
     print(f"  peak: {'; '.join(kinds)}. RSS: increase of the host's peak RSS. /inmem, /pyg: epoch time over "
-          f"inmemory's and {pyg_ref or 'PyG'}'s (< 1: faster)")
+          f"inmemory's and {pyg_ref or 'PyG'}'s (< 1: faster). h2d/|V|, ori/|V|: rows loaded host -> device, and "
+          f"HongTu's V_ori, per layer pass over |V|")
     details = [r for r in rows if r["impl"] == "offload" and r.get("engine_detail")]
     for r in details:  # the planner's line, without the plan file's path; alpha: rows gathered per vertex
-        label = r.get("budget_spec") or f"chunks {r.get('chunks_requested')}"
         alpha = f"; replication alpha {r['alpha']:.2f}" if "alpha" in r else ""
-        print(f"    {label}: {r['engine_detail'].split('; partition plan')[0]}{alpha}")
+        print(f"    {_label(r)}: {r['engine_detail'].split('; partition plan')[0]}{alpha}")
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -254,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", default="1,4,16,64", help="chunk counts per partition to sweep ('' for none)")
     ap.add_argument("--gpu-memory", default="", metavar="BUDGETS",
                     help="memory budgets to sweep with planner-chosen chunks: GiB (6) or sizes (64MB); '' for none")
+    ap.add_argument("--dedup", default="full", metavar="MODES",
+                    help="offload communication dedup modes to sweep: comma list of none, reuse, full (default full)")
+    ap.add_argument("--chunker", default="auto", metavar="CHUNKERS",
+                    help="offload chunkers to sweep: comma list of range, metis, auto (default auto)")
+    ap.add_argument("--reorganize", default="auto", help="offload chunk reorganisation (Algorithm 4): auto, on, off")
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--partition-method", default="metis", help="metis, random or range (level-1 partitions)")
     ap.add_argument("--gather", default="auto", help="auto, index_select or uva (offload row gathers)")
@@ -279,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         chunk_list = [int(c) for c in _list(args.chunks)]
         budgets = [(b, parse_budget(b)) for b in _list(args.gpu_memory)]
         models = _list(args.models)
+        dedups, chunkers = _list(args.dedup), _list(args.chunker)
+        if not dedups or not chunkers:
+            raise ValueError("--dedup and --chunker need at least one value each")
+        for d, c in ((d, c) for d in dedups for c in chunkers):  # reject bad values before building the graph
+            TrainConfig(dedup=d, chunker=c, reorganize=args.reorganize)
         if args.warmup < 0 or args.epochs < 1:
             raise ValueError("--warmup must be >= 0 and --epochs >= 1")
         pyg_variants = [] if args.skip_pyg else _list(args.pyg)
@@ -309,23 +361,26 @@ def main(argv: list[str] | None = None) -> int:
         try:
             base = TrainConfig(model=model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                                dropout=args.dropout, epochs=args.epochs, seed=args.seed, partitions=args.partitions,
-                               partition_method=args.partition_method, gather=args.gather)
+                               partition_method=args.partition_method, gather=args.gather,
+                               reorganize=args.reorganize)
         except GnnscaleError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         case = {**ds, "model": model, "layers": base.layers, "hidden": base.hidden, "heads": base.heads,
                 "dropout": base.dropout, "partitions": base.partitions, "partition_method": base.partition_method,
-                "warmup": args.warmup, "epochs": args.epochs, "seed": args.seed}
+                "reorganize": base.reorganize, "warmup": args.warmup, "epochs": args.epochs, "seed": args.seed}
         plans: list[tuple[str, dict[str, Any], Callable[[], tuple[Step, dict[str, Any]]]]] = []
 
-        for c in chunk_list:
-            cfg_c = TrainConfig(**{**asdict(base), "engine": "offload", "chunks": c})
-            plans.append(("offload", {"chunks_requested": c, "budget_spec": None},
-                          lambda cfg=cfg_c: make_engine(g, cfg, dev, count_epochs)))
-        for spec, nbytes in budgets:
-            cfg_b = TrainConfig(**{**asdict(base), "engine": "offload", "chunks": None, "memory_budget": nbytes})
-            plans.append(("offload", {"chunks_requested": None, "budget_spec": spec},
-                          lambda cfg=cfg_b: make_engine(g, cfg, dev, count_epochs)))
+        configs: list[tuple[dict[str, Any], dict[str, Any]]] = [  # (TrainConfig fields, record fields)
+            *(({"chunks": c}, {"chunks_requested": c, "budget_spec": None}) for c in chunk_list),
+            *(({"chunks": None, "memory_budget": nbytes}, {"chunks_requested": None, "budget_spec": spec})
+              for spec, nbytes in budgets)]
+        for fields, extra in configs:
+            for d in dedups:
+                for ch in chunkers:
+                    cfg_o = TrainConfig(**{**asdict(base), "engine": "offload", **fields, "dedup": d, "chunker": ch})
+                    plans.append(("offload", {**extra, "dedup_requested": d, "chunker_requested": ch},
+                                  lambda cfg=cfg_o: make_engine(g, cfg, dev, count_epochs)))
         if not args.skip_inmemory:
             cfg_i = TrainConfig(**{**asdict(base), "engine": "inmemory"})
             plans.append(("inmemory", {}, lambda cfg=cfg_i: make_engine(g, cfg, dev)))
@@ -337,9 +392,12 @@ def main(argv: list[str] | None = None) -> int:
               + (f", heads {base.heads}" if model == "gat" else ""))
         rows = []
         for impl, extra, make in plans:
-            label = f"{impl} {extra.get('budget_spec') or extra.get('chunks_requested') or ''}".strip()
+            label = f"{impl} ({_label(extra)})" if impl == "offload" else impl
             print(f"  running {label} ...", file=sys.stderr, flush=True)
-            rows.append({**extra, **bench(impl, make, dev, args.warmup, args.epochs)})
+            r = {**extra, **bench(impl, make, dev, args.warmup, args.epochs)}
+            if r["status"] == "ok" and impl == "offload":
+                r.update(row_volumes(r, g.num_nodes))
+            rows.append(r)
         ok = [r for r in rows if r["status"] == "ok"]
         ref = {"inmemory": next((r for r in ok if r["impl"] == "inmemory"), None),
                "pyg": min((r for r in ok if r["impl"].startswith("pyg")), key=lambda r: r["median_epoch_s"],

@@ -163,12 +163,18 @@ class Throughput:
 
 
 def comm_cost(volume: CommVolume, mode: str, tp: Throughput, row_bytes: int = 4) -> float:
-    """Eq. 4: modelled seconds of one layer pass's row traffic under ``mode``."""
+    """Eq. 4: modelled seconds of one layer pass's row traffic under ``mode``.
+
+    A row reused in place is never dearer than loading it again (a load is a gather *and* a write into the
+    buffer), so ``T_ru`` is taken as at least ``T_hd``; on a CPU, where both measure a gather in host memory,
+    they would otherwise differ by noise alone.
+    """
+    ru_rate = max(tp.ru, tp.hd)
     if mode == "none":
         return volume.ori * row_bytes / tp.hd
     if mode == "reuse":
-        return (volume.reuse / tp.hd + (volume.ori - volume.reuse) / tp.ru) * row_bytes
-    return (volume.ru / tp.hd + (volume.ori - volume.p2p) / tp.dd + (volume.p2p - volume.ru) / tp.ru) * row_bytes
+        return (volume.reuse / tp.hd + (volume.ori - volume.reuse) / ru_rate) * row_bytes
+    return (volume.ru / tp.hd + (volume.ori - volume.p2p) / tp.dd + (volume.p2p - volume.ru) / ru_rate) * row_bytes
 
 
 # ------------------------------------------------------------------------------------------------ the exchange plan

@@ -221,8 +221,9 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
             vol = comm_volume(rows, sched)
             cost = comm_cost(vol, config.dedup, tp()) if len(options) > 1 or config.chunker == "auto" else 0.0
             costs[f"{chunker}{n}{'-reorganized' if reorg else ''}"] = cost
-            if best is None or cost < best[0]:
-                best = (cost, reorg, sched, vol)
+            key = (cost, vol.h2d(config.dedup))  # equal cost: fewer rows over the bus
+            if best is None or key < best[0]:
+                best = (key, reorg, sched, vol)
         assert best is not None
         _, reorg, sched, vol = best
         exchange = None if config.dedup == "none" else plan_exchange(rows, part.part_ptr, sched, config.dedup,
@@ -268,7 +269,8 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
             found.append(cand)
     if not found:
         raise too_big()
-    plan = min(found, key=lambda c: comm_cost(c.volume, config.dedup, tp()) if len(found) > 1 else 0.0)
+    plan = min(found, key=lambda c: (comm_cost(c.volume, config.dedup, tp()) if len(found) > 1 else 0.0,
+                                     c.volume.h2d(config.dedup)))
     plan.searched = dict(sorted(searched.items()))
     plan.costs = costs
     _MEMO.clear()

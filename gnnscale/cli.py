@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
     pa.add_argument("--chunks", type=int, default=1, help="destination chunks per partition n (default 1)")
     pa.add_argument("--method", choices=PARTITION_METHODS, default="metis", help="level-1 partitioner")
+    pa.add_argument("--chunker", choices=CHUNKERS, default="range",
+                    help="level-2 splitter: range (edge-balanced) or metis (fewer shared rows); default range")
     _add_plan_dir(pa)
     pa.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     pa.set_defaults(func=cmd_partition)
@@ -214,7 +216,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     import time
 
     from gnnscale.graph.datasets import load_dataset
-    from gnnscale.partition import load_or_partition
+    from gnnscale.partition import load_or_chunk, load_or_partition, permute_csr
+    from gnnscale.partition.dedup import chunk_rows, comm_volume, default_schedule, reorganize
 
     for flag, value in (("--partitions", args.partitions), ("--chunks", args.chunks)):
         if value < 1:
@@ -222,20 +225,34 @@ def cmd_partition(args: argparse.Namespace) -> int:
     g = load_dataset(args.dataset, args.root, seed=args.seed)
     t0 = time.perf_counter()
     plan, path, reused = load_or_partition(g, args.partitions, args.chunks, args.method, args.seed, args.plan_dir)
+    plan = load_or_chunk(plan, g, args.chunks, args.chunker, args.plan_dir)
     seconds = time.perf_counter() - t0
     st = {"dataset": g.name, **plan.stats(g), "seconds": seconds, "reused": reused,
           "plan": None if path is None else str(path)}
+    # rows per layer pass under each --dedup mode, as scheduled and reorganised (Algorithm 4), in units of |V|
+    ip, ix = permute_csr(g.indptr, g.indices, None, plan.perm, plan.inverse())[:2]
+    rows = chunk_rows(ip, ix, plan.chunk_ptr)
+    n = max(g.num_nodes, 1)
+    for name, sched in (("", default_schedule(plan.partitions, plan.chunks)),
+                        ("reorganized_", reorganize(rows, plan.partitions, plan.chunks, g.num_nodes))):
+        vol = comm_volume(rows, sched)
+        st[f"{name}rows_per_pass"] = {mode: vol.h2d(mode) / n for mode in ("none", "reuse", "full")}
     if args.json:
         print(json.dumps(st))
         return 0
     print(f"dataset     {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges")
-    print(f"plan        {st['partitions']} partition(s) x {st['chunks']} chunk(s), {st['method']}, "
+    print(f"plan        {st['partitions']} partition(s) x {st['chunks']} chunk(s), {st['method']}, {args.chunker} "
+          f"chunks, "
           f"{'reused' if reused else 'computed'} in {seconds:.1f}s")
     print(f"alpha       {st['alpha']:.3f} (chunk in-neighbour sets a vertex appears in, on average)")
     print(f"edge cut    {100 * st['edge_cut']:.1f}% of edges cross partitions")
     print(f"partitions  {', '.join(f'{s:,}' for s in st['partition_sizes'])} vertices")
     print(f"chunks      max {st['chunk_vertices_max']:,} vertices, max {st['chunk_edges_max']:,} in-edges "
           f"(max/mean {st['chunk_edge_imbalance']:.2f}), max {st['chunk_rows_max']:,} rows with neighbours")
+    for name, label in (("", "as split"), ("reorganized_", "reorganized")):
+        per = st[f"{name}rows_per_pass"]
+        print(f"host->dev   {label}: " + ", ".join(f"--dedup {m} {v:.2f}|V|" for m, v in per.items())
+              + " rows per layer pass")
     print(f"saved       {path}" if path is not None else "saved       (plan directory not writable; not saved)")
     return 0
 

@@ -73,6 +73,15 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
                                     "--device", "cpu", "--metrics", m],
         "zero partitions": ["partition", "--dataset", SMALL, "--partitions", "0"],
         "more chunks than vertices": ["partition", "--dataset", SMALL, "--chunks", "1000000"],
+        "unknown dedup mode": ["train", "--dataset", SMALL, "--engine", "offload", "--dedup", "some", "--metrics", m],
+        "unknown chunker": ["train", "--dataset", SMALL, "--chunker", "spectral", "--metrics", m],
+        "unknown reorganize mode": ["train", "--dataset", SMALL, "--reorganize", "maybe", "--metrics", m],
+        "empty device in --devices": ["train", "--dataset", SMALL, "--devices", "cpu,,cpu", "--metrics", m],
+        "more devices than partitions": ["train", "--dataset", SMALL, "--engine", "offload", "--devices", "cpu,cpu",
+                                         "--metrics", m],
+        "mixed device kinds": ["train", "--dataset", SMALL, "--devices", "cpu,cuda:0", "--metrics", m],
+        "--device against --devices": ["train", "--dataset", SMALL, "--device", "cuda:0", "--devices", "cpu",
+                                       "--metrics", m],
     }
 
 

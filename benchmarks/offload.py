@@ -18,7 +18,7 @@ device in one run:
   then once per ``--gpu-memory`` budget (GiB when a plain number, else a size such as ``64MB``; the planner picks
   the fewest chunks whose estimated footprint fits); each of these once per ``--dedup`` mode (comma list of
   ``none``, ``reuse``, ``full``; default ``full``) and per ``--chunker`` (comma list of ``range``, ``metis``,
-  ``auto``; default ``auto``), with one ``--reorganize`` setting (``auto``, ``on`` or ``off``) for all
+  ``auto``; default ``range``), with one ``--reorganize`` setting (``auto``, ``on`` or ``off``) for all
   (``TrainConfig.dedup``/``chunker``/``reorganize``, HongTu §5-6);
 * ``inmemory``, the reference engine, unless ``--skip-inmemory``;
 * ``pyg`` / ``pyg-sparse`` (``--pyg edge_index,sparse``): the plain PyG model of ``inmemory_vs_pyg.py``
@@ -298,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="memory budgets to sweep with planner-chosen chunks: GiB (6) or sizes (64MB); '' for none")
     ap.add_argument("--dedup", default="full", metavar="MODES",
                     help="offload communication dedup modes to sweep: comma list of none, reuse, full (default full)")
-    ap.add_argument("--chunker", default="auto", metavar="CHUNKERS",
-                    help="offload chunkers to sweep: comma list of range, metis, auto (default auto)")
+    ap.add_argument("--chunker", default="range", metavar="CHUNKERS",
+                    help="offload chunkers to sweep: comma list of range, metis, auto (default range)")
     ap.add_argument("--reorganize", default="auto", help="offload chunk reorganisation (Algorithm 4): auto, on, off")
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--partition-method", default="metis", help="metis, random or range (level-1 partitions)")

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from test_offload import _assert_same_training
 
 from gnnscale import TrainConfig, load_dataset
 from gnnscale.cli import main
@@ -17,7 +18,6 @@ from gnnscale.nn import build_model
 from gnnscale.partition import partition_graph, permute_csr
 from gnnscale.partition.dedup import chunk_rows, comm_volume, default_schedule, plan_exchange, reorganize
 from gnnscale.plan import throughput as tp_mod
-from test_offload import _assert_same_training
 
 CPU = torch.device("cpu")
 

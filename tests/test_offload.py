@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -14,9 +15,8 @@ from gnnscale.errors import EngineError
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
-from gnnscale.partition import partition_graph, permute_csr
 from gnnscale.plan.memory import parse_bytes
-from gnnscale.plan.offload import _estimate, chunk_sizes, plan_offload
+from gnnscale.plan.offload import plan_offload
 from gnnscale.testing import need_file, only_cuda
 
 CPU = torch.device("cpu")
@@ -100,13 +100,10 @@ def test_offload_engine_layout() -> None:
 
 
 def _budget_for(g: Graph, cfg: TrainConfig, chunks: int) -> int:
-    """The planner's estimate with ``chunks`` chunks per partition: a budget that forces about that many."""
-    assert g.num_classes is not None
-    model = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers, dropout=0.5,
-                        heads=cfg.heads, seed=0)
-    plan = partition_graph(g, cfg.partitions, chunks, cfg.partition_method)
-    ip, ix, _ = permute_csr(g.indptr, g.indices, None, plan.perm, plan.inverse())
-    return _estimate(model, chunk_sizes(ip, ix, plan.chunk_ptr))
+    """The planner's estimate with ``chunks`` chunks per partition (chunk and transition buffers): a budget that
+    forces about that many."""
+    forced = TrainConfig(**{**asdict(cfg), "chunks": chunks, "memory_budget": 1 << 40})
+    return plan_offload(g, forced, CPU).estimate
 
 
 @pytest.mark.parametrize("model", ["gcn", "gat"])

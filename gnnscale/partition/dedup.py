@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale.partition.plan import chunk_halo
+
 DEDUP_MODES = ("none", "reuse", "full")
 REORGANIZE_MODES = ("auto", "on", "off")
 
@@ -39,22 +41,10 @@ def chunk_rows(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> list[Tenso
 
     This is the row order of a chunk's block (destinations first, as layers expect) and the set ``N_ij``.
     """
-    n = indptr.numel() - 1
-    mark = torch.zeros(n, dtype=torch.bool)
-    out = []
-    for k in range(chunk_ptr.numel() - 1):
-        lo, hi = int(chunk_ptr[k]), int(chunk_ptr[k + 1])
-        src = indices[int(indptr[lo]) : int(indptr[hi])]
-        if src.numel() * 8 < n:  # small chunk: sort its few sources instead of sweeping an [N] mask
-            u = torch.unique(src.long())
-            halo = u[(u < lo) | (u >= hi)]
-        else:
-            mark.zero_()
-            mark[src] = True
-            mark[lo:hi] = False
-            halo = torch.nonzero(mark).view(-1)
-        out.append(torch.cat([torch.arange(lo, hi), halo]))
-    return out
+    mark = torch.zeros(indptr.numel() - 1, dtype=torch.bool)
+    bounds = chunk_ptr.tolist()
+    return [torch.cat([torch.arange(lo, hi), chunk_halo(indptr, indices, lo, hi, mark)])
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _isin_sorted(a: Tensor, b_sorted: Tensor) -> Tensor:

@@ -372,13 +372,17 @@ def chunk_halo(indptr: Tensor, indices: Tensor, lo: int, hi: int, mark: Tensor) 
     """Sorted ids of the in-neighbours of destinations ``[lo, hi)`` that lie outside ``[lo, hi)``.
 
     Args:
-        mark: ``[N]`` bool scratch buffer (reused across calls; zeroed here).
+        mark: ``[N]`` bool scratch buffer (reused across calls; left zeroed).
     """
     src = indices[int(indptr[lo]) : int(indptr[hi])]
-    mark.zero_()
+    if src.numel() * 8 < mark.numel():  # small chunk: sort its few sources instead of sweeping the [N] mask
+        u = torch.unique(src.long())
+        return u[(u < lo) | (u >= hi)]
     mark[src] = True
     mark[lo:hi] = False
-    return torch.nonzero(mark).view(-1)
+    halo = torch.nonzero(mark).view(-1)
+    mark[halo] = False
+    return halo
 
 
 def chunk_neighbour_counts(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:

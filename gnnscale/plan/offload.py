@@ -233,18 +233,29 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
                            len(devices))
 
     def fit(chunker: str, n: int) -> OffloadPlan | None:
-        """The split by ``chunker`` with the fewest chunks from ``n`` up (to the limit) that fits the budget."""
-        while True:
-            cand = candidate(chunker, n)
-            if cand.estimate <= budget:
-                return cand
-            if config.chunks is not None:
-                raise ConfigError(f"--chunks {n} with --dedup {config.dedup} needs about "
-                                  f"{format_bytes(cand.estimate)} of device memory (chunk and transition buffers), "
-                                  f"more than the budget ({format_bytes(budget)}); use more chunks or --dedup none")
-            if n >= limit:
+        """The split by ``chunker`` with the fewest chunks from ``n`` up (to the limit) that fits the budget, its
+        buffers included: doubling, then bisection, as for the chunks alone."""
+        cand = candidate(chunker, n)
+        if cand.estimate <= budget:
+            return cand
+        if config.chunks is not None:
+            raise ConfigError(f"--chunks {n} with --dedup {config.dedup} needs about "
+                              f"{format_bytes(cand.estimate)} of device memory (chunk and transition buffers), "
+                              f"more than the budget ({format_bytes(budget)}); use more chunks or --dedup none")
+        lo = hi = n
+        while cand.estimate > budget:
+            if hi >= limit:
                 return None
-            n = min(limit, max(n + 1, n * 5 // 4))
+            lo, hi = hi, min(limit, 2 * hi)
+            cand = candidate(chunker, hi)
+        while hi - lo > 1:  # lo fails, hi fits
+            mid = (lo + hi) // 2
+            c = candidate(chunker, mid)
+            if c.estimate <= budget:
+                hi, cand = mid, c
+            else:
+                lo = mid
+        return cand
 
     def too_big() -> ConfigError:
         # the range split at the chunk limit: the search always reaches it, so this budget is enough
@@ -282,7 +293,7 @@ def describe(plan: OffloadPlan) -> str:
     """One line for the CLI: chunks chosen and the estimate against the budget."""
     p = plan.partition
     share = 100 * plan.estimate / plan.budget if plan.budget else math.nan
-    method = p.method if p.partitions > 1 else "one partition: chunks are id ranges"
+    method = p.method if p.partitions > 1 else "one partition"
     saved = "not saved" if plan.plan_path is None else (
         f"{'reused' if plan.reused_plan else 'saved'} {plan.plan_path}")
     v = plan.volume

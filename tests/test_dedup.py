@@ -206,3 +206,41 @@ def test_cli_reports_dedup_counters(tmp_path, capsys) -> None:  # noqa: ANN001
     for key in ("rows_ori", "rows_p2p", "rows_h2d", "rows_reused", "rows_d2d", "rows_h2d_bytes", "layer_passes"):
         assert key in rec, key
     assert rec["rows_d2d"] == 0 and 0 < rec["rows_h2d"] < rec["rows_ori"]
+
+
+def test_auto_chunker_and_reorganisation_take_the_lower_modelled_cost(kron: Graph) -> None:
+    from gnnscale.plan.offload import plan_offload
+
+    cfg = TrainConfig(model="gcn", layers=2, hidden=16, engine="offload", partitions=1, chunks=16, dedup="full",
+                      chunker="auto", reorganize="auto", seed=0, memory_budget=1 << 40)
+    plan = plan_offload(kron, cfg, CPU)
+    # METIS chunks share far fewer rows on this graph; Algorithm 4 then orders them for reuse
+    assert plan.partition.chunker == "metis" and plan.reorganized
+    assert plan.costs["metis16-reorganized"] < plan.costs["range16"]
+    assert plan.volume.ru <= 1.9 * kron.num_nodes
+
+
+def test_a_failing_worker_stops_the_epoch_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = csbm(nodes=300, features=8, avg_degree=5, seed=1)
+    cfg = TrainConfig(model="gcn", layers=2, hidden=16, engine="offload", partitions=2, chunks=3, dedup="full",
+                      chunker="range", devices=("cpu", "cpu"), seed=0)
+    eng = _offload(g, cfg)
+    layer = eng.workers[1].model.block_layers[1]
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("worker 1 failed")
+
+    monkeypatch.setattr(layer, "forward", broken)
+    monkeypatch.setattr(layer, "propagate", broken)
+    with pytest.raises(RuntimeError, match="worker 1 failed"):
+        eng.train_epoch(1)  # worker 0 waits at a batch barrier: the failure must break it, not leave it waiting
+
+
+def test_cli_partition_prints_rows_per_dedup_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["partition", "--dataset", "kronecker:scale=10", "--partitions", "2", "--chunks", "4",
+                 "--chunker", "metis", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["chunker"] == "metis"
+    for key in ("rows_per_pass", "reorganized_rows_per_pass"):
+        per = st[key]
+        assert per["full"] <= per["reuse"] <= per["none"] == pytest.approx(st["alpha"] + 1, abs=1.0)

@@ -1,7 +1,9 @@
-"""HongTu's offload engine: full-graph training with every vertex's data in host memory (HongTu §4, Algorithm 1).
+"""HongTu's offload engine: full-graph training with every vertex's data in host memory (HongTu Algorithms 1-4).
 
-Per epoch, on one device, with the graph cut into ``partitions x chunks`` destination chunks
-(:mod:`gnnscale.partition`):
+The graph is cut into ``partitions x chunks`` destination chunks (:mod:`gnnscale.partition`); partition ``i`` runs
+on worker ``i mod len(devices)`` (one thread, stream set and model replica per device), and a *batch* -- the chunks
+at one position of every partition, in the planner's (possibly reorganised, Algorithm 4) schedule -- runs
+concurrently. Per epoch:
 
 1. **Forward**, layer by layer, chunk by chunk: gather the chunk's source rows ``h^l[N_k]`` (layer ``l``'s input)
    from host memory, run the layer, apply the next layer's activation and keyed dropout to the destination rows
@@ -20,7 +22,13 @@ Per epoch, on one device, with the graph cut into ``partitions x chunks`` destin
    layer from ``h^l[N_k]``) together with the next layer's activation and dropout, backpropagate, and add the
    source rows' gradients into the host buffer ``dL/dx^l`` (the sum over chunks is the full gradient, because
    sources only *sum* gradients along out-edges). Layer 0 computes no gradient for the input features.
-4. One optimiser step.
+4. Parameter gradients summed over the replicas, one optimiser step.
+
+Source rows reach a chunk in one of three ways (``--dedup``, :mod:`gnnscale.partition.dedup`): gathered from host
+memory per chunk (``none``), or assembled from per-device *transition buffers* (:class:`_Exchange`) into which each
+batch's rows are loaded once, by the partition that owns them (``full``, Algorithm 2) or per partition
+(``reuse``), rows kept from the previous batch staying in their slots. Source-row gradients go the opposite way
+into the same slots and reach host memory once each time a row leaves the device (Algorithm 3).
 
 Dropout masks are keyed by (seed, epoch, layer, *original* vertex id), so forward, recomputation and the in-memory
 engine draw the same masks. The result is the in-memory engine's, up to floating-point summation order.

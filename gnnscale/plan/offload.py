@@ -207,30 +207,39 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
 
     costs: dict[str, float] = {}
 
+    reorg_options = [False] if config.reorganize == "off" or config.dedup == "none" else \
+        [True] if config.reorganize == "on" else [False, True]
+
+    def build(part: PartitionPlan, rows: list[Tensor], est: int, reorg: bool) -> OffloadPlan:
+        m_, n_ = part.partitions, part.chunks
+        sched = reorganize(rows, m_, n_, graph.num_nodes) if reorg else default_schedule(m_, n_)
+        vol = comm_volume(rows, sched)
+        exchange = None if config.dedup == "none" else plan_exchange(rows, part.part_ptr, sched, config.dedup,
+                                                                     device_of, vol)
+        return OffloadPlan(part, est + transition_bytes(model, exchange), budget, path, reused, {}, rows, sched,
+                           reorg, config.dedup, vol, exchange, len(devices))
+
     def candidate(chunker: str, n: int) -> OffloadPlan:
-        """The split of every partition into ``n`` chunks by ``chunker``, scheduled, with its total estimate."""
+        """The split of every partition into ``n`` chunks by ``chunker`` with its total estimate (``auto``
+        reorganisation is decided by :func:`scheduled` once the chunk count is known)."""
         part = load_or_chunk(base, graph, n, chunker, config.plan_dir)
         ip, ix = permute_csr(graph.indptr, graph.indices, None, part.perm, part.inverse())[:2]
         rows = chunk_rows(ip, ix, part.chunk_ptr)
-        est = _estimate(model, sizes_from_rows(rows, ip, part.chunk_ptr))
-        options = [False] if config.reorganize == "off" or config.dedup == "none" else \
-            [True] if config.reorganize == "on" else [False, True]
-        best = None
-        for reorg in options:
-            sched = reorganize(rows, m, n, graph.num_nodes) if reorg else default_schedule(m, n)
-            vol = comm_volume(rows, sched)
-            cost = comm_cost(vol, config.dedup, tp()) if len(options) > 1 or config.chunker == "auto" else 0.0
-            costs[f"{chunker}{n}{'-reorganized' if reorg else ''}"] = cost
-            key = (cost, vol.h2d(config.dedup))  # equal cost: fewer rows over the bus
-            if best is None or key < best[0]:
-                best = (key, reorg, sched, vol)
-        assert best is not None
-        _, reorg, sched, vol = best
-        exchange = None if config.dedup == "none" else plan_exchange(rows, part.part_ptr, sched, config.dedup,
-                                                                     device_of, vol)
-        total = est + transition_bytes(model, exchange)
-        return OffloadPlan(part, total, budget, path, reused, {}, rows, sched, reorg, config.dedup, vol, exchange,
-                           len(devices))
+        return build(part, rows, _estimate(model, sizes_from_rows(rows, ip, part.chunk_ptr)), reorg_options[0])
+
+    def cost(plan: OffloadPlan) -> tuple[float, int]:
+        """Eq. 4, then (equal cost) fewer rows over the bus."""
+        value = comm_cost(plan.volume, config.dedup, tp())
+        costs[f"{plan.partition.chunker}{plan.partition.chunks}{'-reorganized' if plan.reorganized else ''}"] = value
+        return value, plan.volume.h2d(config.dedup)
+
+    def scheduled(plan: OffloadPlan) -> OffloadPlan:
+        """With ``--reorganize auto``: Algorithm 4's schedule when it lowers the modelled cost and still fits."""
+        if len(reorg_options) == 1:
+            return plan
+        chunk_est = plan.estimate - transition_bytes(model, plan.exchange)
+        other = build(plan.partition, plan.rows, chunk_est, True)
+        return other if other.estimate <= budget and cost(other) < cost(plan) else plan
 
     def fit(chunker: str, n: int) -> OffloadPlan | None:
         """The split by ``chunker`` with the fewest chunks from ``n`` up (to the limit) that fits the budget, its
@@ -277,11 +286,10 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
                 raise
             continue  # e.g. METIS left a chunk empty: the other chunker still applies
         if cand is not None:
-            found.append(cand)
+            found.append(scheduled(cand))
     if not found:
         raise too_big()
-    plan = min(found, key=lambda c: (comm_cost(c.volume, config.dedup, tp()) if len(found) > 1 else 0.0,
-                                     c.volume.h2d(config.dedup)))
+    plan = found[0] if len(found) == 1 else min(found, key=cost)
     plan.searched = dict(sorted(searched.items()))
     plan.costs = costs
     _MEMO.clear()

@@ -15,7 +15,7 @@ from gnnscale.errors import EngineError
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
-from gnnscale.plan.memory import parse_bytes
+from gnnscale.plan.memory import estimate_inmemory_bytes, parse_bytes
 from gnnscale.plan.offload import plan_offload
 from gnnscale.testing import need_file, only_cuda
 
@@ -139,7 +139,7 @@ def test_budget_below_minimum_names_the_minimum_and_the_minimum_works() -> None:
 
 def test_auto_picks_offload_when_inmemory_does_not_fit() -> None:
     g = csbm(nodes=3000, features=16, seed=0)
-    budget = _budget_for(g, TrainConfig(model="gcn", hidden=16), 4)
+    budget = estimate_inmemory_bytes(g, TrainConfig(model="gcn", hidden=16))["total"] // 2
     res = train(g, TrainConfig(model="gcn", hidden=16, epochs=2, memory_budget=budget), "cpu")
     assert res.engine == "offload" and "inmemory" in res.rejected
     assert res.history[-1]["peak_device_bytes"] <= budget

@@ -1,4 +1,5 @@
-"""Host-memory vertex store I/O for offload engines: row gathers to the compute device and accumulations back."""
+"""Vertex data stores: host-memory row I/O for offload engines (gathers to the device, accumulations back) and
+XGNN's global GPU+host memory store for mini-batch training."""
 
 from gnnscale.store.gather import (
     GATHER_METHODS,
@@ -7,9 +8,13 @@ from gnnscale.store.gather import (
     scatter_add_rows,
     triton_available,
 )
+from gnnscale.store.global_store import GlobalMemoryStore, StoreStats, csr_slices
 
 __all__ = [
     "GATHER_METHODS",
+    "GlobalMemoryStore",
+    "StoreStats",
+    "csr_slices",
     "default_gather_method",
     "gather_rows",
     "scatter_add_rows",

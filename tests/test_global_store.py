@@ -48,7 +48,7 @@ def test_hottest_vertices_are_on_the_devices_and_hits_are_counted() -> None:
     assert stats.hit_rates() == {"graph_hit_rate": 0.25, "feature_hit_rate": 0.5}
     assert store.stats.feature_requests == 0  # reset
     # partitions split by rank modulo the device count: equal shares
-    sizes = [x.shape[0] for x in store.dev_x]
+    sizes = [x[g].shape[0] for g, x in enumerate(store.dev_x)]
     assert sizes == [100, 100]
 
 
@@ -69,3 +69,27 @@ def test_store_rejects_bad_ratios_and_budgets() -> None:
     with pytest.raises(ConfigError, match="more than the budget"):
         GlobalMemoryStore(g, [CPU], gpu_feature_ratio=1.0, memory_budget=1024)
     assert sum(GlobalMemoryStore(g, [CPU], gpu_feature_ratio=0.5).device_bytes()) == 100 * 16 * 4 + 8
+
+
+RING = [[0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0]]  # 4 GPUs in a ring: opposite GPUs are not linked
+PCIE = [[0.0] * 4 for _ in range(4)]
+
+
+@pytest.mark.parametrize("links", [RING, PCIE], ids=["ring", "pcie-only"])
+def test_every_reader_gets_the_graph_under_the_placement(links: list[list[float]]) -> None:
+    g = csbm(nodes=400, features=5, avg_degree=6, seed=6)
+    store = GlobalMemoryStore(g, [CPU] * 4, adjacency=GCN, gpu_graph_ratio=0.5, gpu_feature_ratio=0.5, links=links)
+    indptr, indices, weight = normalized_csr(g, GCN)
+    ids = torch.arange(g.num_nodes)
+    assert g.x is not None
+    for reader in range(4):
+        assert torch.equal(store.features(ids, reader), g.x)
+        got_ptr, got_idx, _ = store.neighbors(ids, reader)
+        assert torch.equal(got_ptr, indptr) and torch.equal(got_idx, indices)
+    stats = store.reset_stats()
+    if links is RING:  # each GPU stores its opposite's partition too: every hot row comes from a device
+        assert [len(s) for s in store.placement.stored] == [2, 2, 2, 2]
+        assert stats.feature_hits == 4 * 200 and stats.graph_hits == 4 * 200
+    else:  # no links: own partition on the device, the other three from host memory
+        assert [len(s) for s in store.placement.stored] == [1, 1, 1, 1]
+        assert stats.feature_hits == 4 * 50 and stats.graph_hits == 4 * 50

@@ -5,7 +5,9 @@ out-edge; or access counts from a pre-sampling pass). The hottest ``gpu_graph_ra
 in-neighbour lists, and the hottest ``gpu_feature_ratio`` their feature rows, on the GPUs, split by rank modulo
 the number of GPUs (§4.3: logical partition ``p`` holds ranks ``r`` with ``r % G == p``, at local row ``r // G``);
 everything else stays in (pinned) host memory, which GPUs read directly (the UVA gather of
-:mod:`gnnscale.store.gather`) or through a CPU gather and an asynchronous copy.
+:mod:`gnnscale.store.gather`) or through a CPU gather and an asynchronous copy. Which device stores which logical
+partition, and where each device reads each partition from (itself, a linked device, or host memory), is the
+placement solver's plan (:func:`gnnscale.store.placement.solve_placement`, §4.2) for the devices' link matrix.
 
 The API is what a sampler and a feature extractor call (:class:`gnnscale.sample.Topology` for the first):
 ``num_neighbors(ids)``, ``neighbors(ids)`` (the concatenated in-neighbour CSR slices, with edge weights) and
@@ -27,6 +29,17 @@ from gnnscale.graph.block import AdjacencySpec, normalized_csr
 from gnnscale.graph.graph import Graph
 from gnnscale.plan.memory import format_bytes
 from gnnscale.store.gather import default_gather_method, gather_rows
+from gnnscale.store.placement import HOST, Placement, solve_placement
+
+
+def default_links(devices: list[torch.device]) -> list[list[float]]:
+    """Link matrix of ``devices``: CUDA peer access (1 where a device reads another's memory directly); CPU test
+    devices share one memory, so they count as fully linked."""
+    G = len(devices)
+    if devices[0].type != "cuda":
+        return [[0.0 if i == j else 1.0 for j in range(G)] for i in range(G)]
+    return [[0.0 if i == j or devices[i] == devices[j] or not torch.cuda.can_device_access_peer(devices[i], devices[j])
+             else 1.0 for j in range(G)] for i in range(G)]
 
 
 @dataclass
@@ -68,11 +81,13 @@ class GlobalMemoryStore:
         hotness: ``[N]`` scores (higher = hotter), or ``None`` for out-degree.
         memory_budget: bytes each device may hold for its share; ``None``: no check.
         gather: host-row path on CUDA: ``uva``, ``index_select`` or ``auto``.
+        links: ``[G, G]`` link bandwidths between the devices for the placement solver (0 = no link); ``None``:
+            :func:`default_links`.
     """
 
     def __init__(self, graph: Graph, devices: list[torch.device], *, adjacency: AdjacencySpec | None = None,
                  gpu_graph_ratio: float = 0.0, gpu_feature_ratio: float = 0.0, hotness: Tensor | None = None,
-                 memory_budget: int | None = None, gather: str = "auto"):
+                 memory_budget: int | None = None, gather: str = "auto", links: object | None = None):
         for name, ratio in (("--gpu-graph-ratio", gpu_graph_ratio), ("--gpu-feature-ratio", gpu_feature_ratio)):
             if not 0.0 <= ratio <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1], got {ratio}")
@@ -101,21 +116,24 @@ class GlobalMemoryStore:
         def hot_rows(limit: int, p: int) -> Tensor:
             return order[p:limit:G]  # vertices of logical partition p (ranks p, p + G, ...), local row = rank // G
 
-        # the devices' shares
-        self.dev_x: list[Tensor] = []
-        self.dev_csr: list[tuple[Tensor, Tensor, Tensor | None]] = []
-        for p, dev in enumerate(self.devices):
-            vf, vg = hot_rows(self.hot_features, p), hot_rows(self.hot_graph, p)
-            ptr, pos = csr_slices(indptr, vg)
-            edge_bytes = 8 + (4 if weight is not None else 0)
-            need = vf.numel() * self.feature_width * 4 + ptr.numel() * 8 + pos.numel() * edge_bytes
+        # the devices' shares: logical partition p on every device the placement stores it on
+        self.placement: Placement = solve_placement(default_links(self.devices) if links is None else links)
+        self.dev_x: list[dict[int, Tensor]] = []
+        self.dev_csr: list[dict[int, tuple[Tensor, Tensor, Tensor | None]]] = []
+        parts = [(hot_rows(self.hot_features, p), csr_slices(indptr, hot_rows(self.hot_graph, p))) for p in range(G)]
+        edge_bytes = 8 + (4 if weight is not None else 0)
+        for g, dev in enumerate(self.devices):
+            stored = self.placement.stored[g]
+            need = sum(parts[p][0].numel() * self.feature_width * 4 + parts[p][1][0].numel() * 8
+                       + parts[p][1][1].numel() * edge_bytes for p in stored)
             if memory_budget is not None and need > memory_budget:
-                raise ConfigError(f"the memory store puts {format_bytes(need)} on each device at --gpu-graph-ratio "
+                raise ConfigError(f"the memory store puts {format_bytes(need)} on device {g} at --gpu-graph-ratio "
                                   f"{gpu_graph_ratio} and --gpu-feature-ratio {gpu_feature_ratio}, more than the "
                                   f"budget ({format_bytes(memory_budget)}); lower the ratios")
-            self.dev_x.append(x.index_select(0, vf).to(dev))
-            self.dev_csr.append((ptr.to(dev), indices.index_select(0, pos).to(dev),
-                                 None if weight is None else weight.index_select(0, pos).to(dev)))
+            self.dev_x.append({p: x.index_select(0, parts[p][0]).to(dev) for p in stored})
+            self.dev_csr.append({p: (parts[p][1][0].to(dev), indices.index_select(0, parts[p][1][1]).to(dev),
+                                     None if weight is None else weight.index_select(0, parts[p][1][1]).to(dev))
+                                 for p in stored})
         # host memory keeps everything (cold rows are read from it; hot ones never are)
         pin = cuda
         self.host_x = x.pin_memory() if pin else x.contiguous()
@@ -124,11 +142,21 @@ class GlobalMemoryStore:
         self.stats = StoreStats()
 
     # ------------------------------------------------------------------------------------------------ placement
-    def _route(self, ids: Tensor, hot: int) -> tuple[Tensor, Tensor, Tensor]:
-        """``(on_device [n] bool, partition [n], local row [n])`` of original ids (CPU tensors)."""
+    def _route(self, ids: Tensor, hot: int, reader: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``(from_a_device [n] bool, partition [n], local row [n])`` of original ids (CPU tensors) for device
+        ``reader``: hot rows of partitions it reads from host memory count as host reads."""
         r = self.rank[ids.cpu()]
         G = len(self.devices)
-        return r < hot, r % G, r // G
+        part = r % G
+        on = r < hot
+        for p, src in enumerate(self.placement.source[reader]):
+            if src == HOST:
+                on &= part != p
+        return on, part, r // G
+
+    def _holder(self, reader: int, p: int) -> int:
+        """The device ``reader`` reads partition ``p`` from."""
+        return self.placement.source[reader][p]
 
     def reset_stats(self) -> StoreStats:
         """Return the counters so far and start new ones."""
@@ -142,11 +170,11 @@ class GlobalMemoryStore:
         c = ids.cpu()
         return (indptr[c + 1] - indptr[c]).to(ids.device)
 
-    def neighbors(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    def neighbors(self, ids: Tensor, reader: int = 0) -> tuple[Tensor, Tensor, Tensor | None]:
         """The in-neighbour lists of ``ids``, concatenated: ``(indptr [n+1], indices, weights or None)`` on ``ids``'
-        device; device-resident lists are read there, the rest from host memory."""
+        device; device-resident lists are read where device ``reader`` finds them, the rest from host memory."""
         dev = ids.device
-        on, part, local = self._route(ids, self.hot_graph)
+        on, part, local = self._route(ids, self.hot_graph, reader)
         out_ptr = torch.zeros(ids.numel() + 1, dtype=torch.int64)
         torch.cumsum(self.num_neighbors(ids).cpu(), 0, out=out_ptr[1:])
         total = int(out_ptr[-1])
@@ -170,7 +198,8 @@ class GlobalMemoryStore:
         hits = 0
         for p in range(len(self.devices)):
             sel = torch.nonzero(on & (part == p)).view(-1)
-            hits += place(sel, *self.dev_csr[p], local[sel])
+            if sel.numel():
+                hits += place(sel, *self.dev_csr[self._holder(reader, p)][p], local[sel])
         cold = torch.nonzero(~on).view(-1)
         read = place(cold, *self.host_csr, ids.cpu()[cold])
         self.stats.graph_requests += ids.numel()
@@ -179,17 +208,17 @@ class GlobalMemoryStore:
         return out_ptr.to(dev), indices, weights
 
     # ------------------------------------------------------------------------------------------------ features
-    def features(self, ids: Tensor) -> Tensor:
-        """``[n, F]`` feature rows of ``ids`` on ``ids``' device: device-resident rows from their partition, the rest
-        read from host memory (UVA or CPU gather + copy on CUDA)."""
+    def features(self, ids: Tensor, reader: int = 0) -> Tensor:
+        """``[n, F]`` feature rows of ``ids`` on ``ids``' device: device-resident rows from where device ``reader``
+        finds their partition, the rest read from host memory (UVA or CPU gather + copy on CUDA)."""
         dev = ids.device
-        on, part, local = self._route(ids, self.hot_features)
+        on, part, local = self._route(ids, self.hot_features, reader)
         out = torch.empty(ids.numel(), self.feature_width, device=dev)
         for p in range(len(self.devices)):
             sel = torch.nonzero(on & (part == p)).view(-1)
             if sel.numel():
-                rows = self.dev_x[p].index_select(0, local[sel].to(self.dev_x[p].device))
-                out[sel.to(dev)] = rows.to(dev)
+                held = self.dev_x[self._holder(reader, p)][p]
+                out[sel.to(dev)] = held.index_select(0, local[sel].to(held.device)).to(dev)
         cold = torch.nonzero(~on).view(-1)
         if cold.numel():
             rows = ids.cpu()[cold]
@@ -211,6 +240,7 @@ class GlobalMemoryStore:
     def device_bytes(self) -> list[int]:
         """Bytes each device holds for the store."""
         out = []
-        for x, (ptr, idx, w) in zip(self.dev_x, self.dev_csr, strict=True):
-            out.append(sum(t.numel() * t.element_size() for t in (x, ptr, idx, w) if t is not None))
+        for xs, csrs in zip(self.dev_x, self.dev_csr, strict=True):
+            ts = [*xs.values(), *(t for csr in csrs.values() for t in csr if t is not None)]
+            out.append(sum(t.numel() * t.element_size() for t in ts))
         return out

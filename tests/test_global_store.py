@@ -8,7 +8,8 @@ import torch
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, normalized_csr
 from gnnscale.graph.generators import csbm
-from gnnscale.store.global_store import GlobalMemoryStore, csr_slices
+from gnnscale.graph.graph import csr_slices
+from gnnscale.store.global_store import GlobalMemoryStore
 
 CPU = torch.device("cpu")
 GCN = AdjacencySpec(self_loops=True, norm="gcn")

@@ -302,6 +302,18 @@ class Graph:
         )
 
 
+def csr_slices(indptr: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """``(out_ptr, positions)``: the local row pointers of the concatenated CSR rows ``rows`` and the edge positions
+    (into ``indices``) that make them up, vectorised (no loop per row)."""
+    start, end = indptr[rows], indptr[rows + 1]
+    deg = end - start
+    out_ptr = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(deg, 0, out=out_ptr[1:])
+    total = int(out_ptr[-1])
+    offset = torch.arange(total, device=rows.device) - torch.repeat_interleave(out_ptr[:-1], deg, output_size=total)
+    return out_ptr, torch.repeat_interleave(start, deg, output_size=total) + offset
+
+
 def csr_rows(indptr: Tensor) -> Tensor:
     """``[nnz]`` row of each CSR entry."""
     counts = indptr[1:] - indptr[:-1]

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from gnnscale.graph.block import AdjacencySpec, Block, normalized_csr
-from gnnscale.graph.graph import Graph, csr_rows
+from gnnscale.graph.graph import Graph, csr_rows, csr_slices
 
 
 @runtime_checkable
@@ -74,15 +74,7 @@ class CSRTopology:
 
     def neighbors(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         out_dev = ids.device
-        i = ids.to(self.device).long()
-        start = self.indptr[i]  # [n]
-        deg = self.indptr[i + 1] - start  # [n]
-        indptr = torch.cat([deg.new_zeros(1), torch.cumsum(deg, 0)])  # [n + 1]
-        total = int(indptr[-1])
-        # position in the global CSR of every requested edge: its row's start plus its offset within the row
-        pos = torch.arange(total, device=self.device) + torch.repeat_interleave(
-            start - indptr[:-1], deg, output_size=total
-        )  # [total]
+        indptr, pos = csr_slices(self.indptr, ids.to(self.device).long())
         w = None if self.weight is None else self.weight[pos].to(out_dev)
         return indptr.to(out_dev), self.indices[pos].to(out_dev), w
 

@@ -8,13 +8,12 @@ from gnnscale.store.gather import (
     scatter_add_rows,
     triton_available,
 )
-from gnnscale.store.global_store import GlobalMemoryStore, StoreStats, csr_slices
+from gnnscale.store.global_store import GlobalMemoryStore, StoreStats
 
 __all__ = [
     "GATHER_METHODS",
     "GlobalMemoryStore",
     "StoreStats",
-    "csr_slices",
     "default_gather_method",
     "gather_rows",
     "scatter_add_rows",

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, normalized_csr
-from gnnscale.graph.graph import Graph
+from gnnscale.graph.graph import Graph, csr_slices
 from gnnscale.plan.memory import format_bytes
 from gnnscale.store.gather import default_gather_method, gather_rows
 from gnnscale.store.placement import HOST, Placement, solve_placement
@@ -55,18 +55,6 @@ class StoreStats:
     def hit_rates(self) -> dict[str, float]:
         return {"graph_hit_rate": self.graph_hits / max(self.graph_requests, 1),
                 "feature_hit_rate": self.feature_hits / max(self.feature_requests, 1)}
-
-
-def csr_slices(indptr: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
-    """``(out_ptr, positions)``: the local row pointers of the concatenated CSR rows ``rows`` and the edge positions
-    (into ``indices``) that make them up, vectorised (no loop per row)."""
-    start, end = indptr[rows], indptr[rows + 1]
-    deg = end - start
-    out_ptr = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(deg, 0, out=out_ptr[1:])
-    total = int(out_ptr[-1])
-    offset = torch.arange(total, device=rows.device) - torch.repeat_interleave(out_ptr[:-1], deg, output_size=total)
-    return out_ptr, torch.repeat_interleave(start, deg, output_size=total) + offset
 
 
 class GlobalMemoryStore:

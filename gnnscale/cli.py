@@ -88,6 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reorder chunks into batches (HongTu Algorithm 4): on, off, or auto (when the modelled "
                         "cost drops); default auto")
     _add_plan_dir(o)
+    mb = t.add_argument_group("minibatch engine (XGNN)")
+    mb.add_argument("--batch-size", type=int, default=1024, help="seed vertices per mini-batch (default 1024)")
+    mb.add_argument("--fanouts", metavar="LIST",
+                    help="neighbours sampled per hop, the seeds' hop first, -1 for all (default 15,10 for 2 layers)")
+    mb.add_argument("--eval-fanouts", metavar="LIST",
+                    help="sampled evaluation with these fanouts (default: exact layer-wise full-neighbour inference)")
+    mb.add_argument("--gpu-graph-ratio", type=float, metavar="R",
+                    help="fraction of vertices, hottest first, whose neighbour lists live on the devices "
+                         "(default: what half of --gpu-memory holds)")
+    mb.add_argument("--gpu-feature-ratio", type=float, metavar="R",
+                    help="fraction of vertices, hottest first, whose features live on the devices (default: as above)")
     t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     t.set_defaults(func=cmd_train)
@@ -155,6 +166,15 @@ def _device_list(text: str | None) -> tuple[str, ...] | None:
     return items
 
 
+def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: give comma-separated integers such as 15,10") from None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -168,7 +188,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
         partitions=args.partitions, chunks=args.chunks, partition_method=args.partition_method, gather=args.gather,
         plan_dir=args.plan_dir, devices=_device_list(args.devices), dedup=args.dedup, chunker=args.chunker,
-        reorganize=args.reorganize,
+        reorganize=args.reorganize, batch_size=args.batch_size, fanouts=_int_list("--fanouts", args.fanouts),
+        eval_fanouts=_int_list("--eval-fanouts", args.eval_fanouts), gpu_graph_ratio=args.gpu_graph_ratio,
+        gpu_feature_ratio=args.gpu_feature_ratio,
     )
     device = resolve_devices(config, args.device)
     writer = _MetricsWriter(args.metrics) if args.metrics else None

@@ -67,6 +67,18 @@ class TrainConfig:
     less balanced) or ``auto`` (both, the lower Eq. 4 cost; METIS runs once per chunk count and is saved)."""
     reorganize: str = "auto"
     """Offload: reorder chunks into batches by Algorithm 4: ``on``, ``off`` or ``auto`` (when it lowers Eq. 4)."""
+    batch_size: int = 1024
+    """Mini-batch: seed vertices per batch."""
+    fanouts: tuple[int, ...] | None = None
+    """Mini-batch: neighbours sampled per hop, the first for the seeds' hop (-1: all); ``None``: 15,10 for two
+    layers, else 10 per layer."""
+    eval_fanouts: tuple[int, ...] | None = None
+    """Mini-batch: sampled evaluation with these fanouts; ``None``: layer-wise full-neighbour inference."""
+    gpu_graph_ratio: float | None = None
+    """Mini-batch: fraction of vertices (hottest first) whose neighbour lists live on the devices; ``None``: as
+    much as half the budget holds, with the features."""
+    gpu_feature_ratio: float | None = None
+    """Mini-batch: fraction of vertices (hottest first) whose features live on the devices; ``None``: see above."""
 
     def __post_init__(self) -> None:
         from gnnscale.engines import ENGINES
@@ -99,6 +111,15 @@ class TrainConfig:
             (self.reorganize in REORGANIZE_MODES,
              f"unknown --reorganize {self.reorganize!r}; choose one of {', '.join(REORGANIZE_MODES)}"),
             (self.devices is None or len(self.devices) >= 1, "--devices needs at least one device"),
+            (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.fanouts is None or all(f >= 1 or f == -1 for f in self.fanouts),
+             f"--fanouts must be positive (or -1 for all neighbours), got {self.fanouts}"),
+            (self.eval_fanouts is None or all(f >= 1 or f == -1 for f in self.eval_fanouts),
+             f"--eval-fanouts must be positive (or -1 for all neighbours), got {self.eval_fanouts}"),
+            (self.gpu_graph_ratio is None or 0.0 <= self.gpu_graph_ratio <= 1.0,
+             f"--gpu-graph-ratio must be in [0, 1], got {self.gpu_graph_ratio}"),
+            (self.gpu_feature_ratio is None or 0.0 <= self.gpu_feature_ratio <= 1.0,
+             f"--gpu-feature-ratio must be in [0, 1], got {self.gpu_feature_ratio}"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -8,6 +8,7 @@ import torch
 
 from gnnscale.engines.base import Engine
 from gnnscale.engines.inmemory import InMemoryEngine
+from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.engines.offload import OffloadEngine
 from gnnscale.errors import EngineError
 from gnnscale.graph.graph import Graph
@@ -15,7 +16,7 @@ from gnnscale.graph.graph import Graph
 if TYPE_CHECKING:
     from gnnscale.train import TrainConfig
 
-ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "offload": OffloadEngine}
+ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "offload": OffloadEngine, "minibatch": MiniBatchEngine}
 """Registry, in the priority order ``--engine auto`` tries them."""
 
 
@@ -38,4 +39,4 @@ def select_engine(
     raise EngineError(f"no engine can train {graph.name} on {device}: {detail}")
 
 
-__all__ = ["ENGINES", "Engine", "InMemoryEngine", "OffloadEngine", "select_engine"]
+__all__ = ["ENGINES", "Engine", "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "select_engine"]

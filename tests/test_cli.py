@@ -80,6 +80,13 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
         "more devices than partitions": ["train", "--dataset", SMALL, "--engine", "offload", "--devices", "cpu,cpu",
                                          "--metrics", m],
         "mixed device kinds": ["train", "--dataset", SMALL, "--devices", "cpu,cuda:0", "--metrics", m],
+        "non-integer fanouts": ["train", "--dataset", SMALL, "--engine", "minibatch", "--fanouts", "a,b",
+                                "--metrics", m],
+        "fanouts not matching layers": ["train", "--dataset", SMALL, "--engine", "minibatch", "--fanouts", "10",
+                                        "--metrics", m],
+        "zero batch size": ["train", "--dataset", SMALL, "--engine", "minibatch", "--batch-size", "0", "--metrics", m],
+        "feature ratio above 1": ["train", "--dataset", SMALL, "--engine", "minibatch", "--gpu-feature-ratio", "2",
+                                  "--metrics", m],
         "--device against --devices": ["train", "--dataset", SMALL, "--device", "cuda:0", "--devices", "cpu",
                                        "--metrics", m],
     }

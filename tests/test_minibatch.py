@@ -106,3 +106,15 @@ def test_cli_minibatch_writes_its_counters(tmp_path: Path) -> None:
     for key in ("sample_s", "extract_s", "train_s", "sampled_edges", "feature_hit_rate", "graph_hit_rate",
                 "h2d_bytes"):
         assert key in rec, key
+
+
+def test_sampled_evaluation_with_full_fanouts_equals_layerwise_inference() -> None:
+    g = csbm(nodes=600, features=8, avg_degree=6, seed=5)
+    exact = TrainConfig(model="sage", layers=2, hidden=16, engine="minibatch", batch_size=100, fanouts=(5, 5))
+    sampled = TrainConfig(**{**exact.__dict__, "eval_fanouts": (-1, -1)})
+    a, b = MiniBatchEngine(g, _model(g, exact), exact, CPU), MiniBatchEngine(g, _model(g, sampled), sampled, CPU)
+    a.train_epoch(1), b.train_epoch(1)
+    assert a.evaluate() == b.evaluate()
+    few = MiniBatchEngine(g, _model(g, exact), TrainConfig(**{**exact.__dict__, "eval_fanouts": (1, 1)}), CPU)
+    few.train_epoch(1)
+    assert few.evaluate() != a.evaluate()  # one neighbour per hop: a different (sampled) answer

@@ -43,6 +43,8 @@ QUEUE_DEPTH = 2
 """Batches sampled and extracted ahead of training."""
 STORE_SHARE = 0.5
 """Share of the device budget the store may fill when the ratios are left to the engine."""
+EVAL_BATCH = 16384
+"""Destinations per step of layer-wise inference (at least ``--batch-size``): few large steps, no sampling."""
 
 
 @dataclass(eq=False)
@@ -193,7 +195,7 @@ class MiniBatchEngine(Engine):
         if self.config.eval_fanouts is not None:
             return self._sampled_eval(tuple(self.config.eval_fanouts))
         n = self.graph.num_nodes
-        size = max(self.config.batch_size, 1)
+        size = max(self.config.batch_size, EVAL_BATCH)
         h: Tensor | None = None
         for i, layer in enumerate(self.model.block_layers):  # layer-wise, every vertex, full neighbourhoods
             out = None

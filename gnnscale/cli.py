@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: what half of --gpu-memory holds)")
     mb.add_argument("--gpu-feature-ratio", type=float, metavar="R",
                     help="fraction of vertices, hottest first, whose features live on the devices (default: as above)")
+    mb.add_argument("--hotness", choices=["degree", "presample"], default="degree",
+                    help="rank vertices for device memory by out-degree or by access counts of a few sampled "
+                         "batches (default degree)")
     t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     t.set_defaults(func=cmd_train)
@@ -190,7 +193,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         plan_dir=args.plan_dir, devices=_device_list(args.devices), dedup=args.dedup, chunker=args.chunker,
         reorganize=args.reorganize, batch_size=args.batch_size, fanouts=_int_list("--fanouts", args.fanouts),
         eval_fanouts=_int_list("--eval-fanouts", args.eval_fanouts), gpu_graph_ratio=args.gpu_graph_ratio,
-        gpu_feature_ratio=args.gpu_feature_ratio,
+        gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness,
     )
     device = resolve_devices(config, args.device)
     writer = _MetricsWriter(args.metrics) if args.metrics else None

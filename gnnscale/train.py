@@ -79,6 +79,9 @@ class TrainConfig:
     much as half the budget holds, with the features."""
     gpu_feature_ratio: float | None = None
     """Mini-batch: fraction of vertices (hottest first) whose features live on the devices; ``None``: see above."""
+    hotness: str = "degree"
+    """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
+    of a few sampled batches)."""
 
     def __post_init__(self) -> None:
         from gnnscale.engines import ENGINES
@@ -118,6 +121,8 @@ class TrainConfig:
              f"--eval-fanouts must be positive (or -1 for all neighbours), got {self.eval_fanouts}"),
             (self.gpu_graph_ratio is None or 0.0 <= self.gpu_graph_ratio <= 1.0,
              f"--gpu-graph-ratio must be in [0, 1], got {self.gpu_graph_ratio}"),
+            (self.hotness in ("degree", "presample"),
+             f"unknown --hotness {self.hotness!r}; choose degree or presample"),
             (self.gpu_feature_ratio is None or 0.0 <= self.gpu_feature_ratio <= 1.0,
              f"--gpu-feature-ratio must be in [0, 1], got {self.gpu_feature_ratio}"),
         ]

@@ -33,7 +33,7 @@ from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.sample import sample_blocks
+from gnnscale.sample import CSRTopology, sample_blocks
 from gnnscale.store.global_store import GlobalMemoryStore
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ QUEUE_DEPTH = 2
 """Batches sampled and extracted ahead of training."""
 STORE_SHARE = 0.5
 """Share of the device budget the store may fill when the ratios are left to the engine."""
+PRESAMPLE_BATCHES = 8
+"""Mini-batches sampled by ``--hotness presample`` to count how often each vertex is read."""
 EVAL_BATCH = 16384
 """Destinations per step of layer-wise inference (at least ``--batch-size``): few large steps, no sampling."""
 
@@ -93,15 +95,31 @@ class MiniBatchEngine(Engine):
         graph_ratio = auto if config.gpu_graph_ratio is None else config.gpu_graph_ratio
         feature_ratio = auto if config.gpu_feature_ratio is None else config.gpu_feature_ratio
         devices = [torch.device(d) for d in config.devices] if config.devices else [device]
-        self.store = GlobalMemoryStore(graph, devices, adjacency=model.adjacency, gpu_graph_ratio=graph_ratio,
-                                       gpu_feature_ratio=feature_ratio, memory_budget=budget,
-                                       gather=config.gather)
-        assert graph.y is not None
-        self.y = graph.y.to(device)
         self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.train_ids = torch.nonzero(self.masks["train_mask"]).view(-1)
         if self.train_ids.numel() == 0:
             raise ConfigError(f"graph {graph.name} has no training vertices")
+        hotness = self.presampled_hotness() if config.hotness == "presample" else None
+        self.store = GlobalMemoryStore(graph, devices, adjacency=model.adjacency, gpu_graph_ratio=graph_ratio,
+                                       gpu_feature_ratio=feature_ratio, memory_budget=budget,
+                                       gather=config.gather, hotness=hotness)
+        assert graph.y is not None
+        self.y = graph.y.to(device)
+
+    def presampled_hotness(self) -> Tensor:
+        """Access counts from a short pre-sampling pass (XGNN's alternative to degree): how often each vertex is
+        a sampled source in :data:`PRESAMPLE_BATCHES` training batches, plus its out-degree as a tie-breaker."""
+        topo = CSRTopology.from_graph(self.graph, self.model.adjacency)
+        gen = torch.Generator().manual_seed(self.config.seed)
+        order = self.train_ids[torch.randperm(self.train_ids.numel(), generator=gen)]
+        counts = torch.zeros(self.graph.num_nodes, dtype=torch.float64)
+        size = self.config.batch_size
+        for lo in range(0, min(order.numel(), PRESAMPLE_BATCHES * size), size):
+            for block in sample_blocks(topo, order[lo : lo + size], self.fanouts, gen):
+                assert block.src_ids is not None
+                counts.index_add_(0, block.src_ids, torch.ones(block.num_src, dtype=torch.float64))
+        deg = self.graph.out_degree().double()
+        return counts + deg / (deg.max() + 1)
 
     def describe(self) -> str:
         s = self.store

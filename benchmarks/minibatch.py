@@ -59,18 +59,17 @@ import torch
 
 try:  # run as a script (its folder is on sys.path) or imported as benchmarks.minibatch
     from inmemory_vs_pyg import end_peak, free_memory, start_peak, sync
-    from offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, environment
+    from offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, environment, prepare
 except ImportError:  # pragma: no cover
     from benchmarks.inmemory_vs_pyg import end_peak, free_memory, start_peak, sync
-    from benchmarks.offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, environment
+    from benchmarks.offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, environment, prepare
 
 from gnnscale.engines import MiniBatchEngine, select_engine
 from gnnscale.errors import GnnscaleError
-from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
 from gnnscale.plan.memory import parse_budget
-from gnnscale.train import TrainConfig, check_trainable, resolve_device
+from gnnscale.train import TrainConfig, resolve_device
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "minibatch.jsonl"
 DEFAULT_DATASET = "csbm:nodes=100000,avg_degree=10,features=100"
@@ -205,18 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         budget = None if args.gpu_memory is None else parse_budget(args.gpu_memory)
         if args.warmup < 0 or args.epochs < 1:
             raise ValueError("--warmup must be >= 0 and --epochs >= 1")
-        if args.threads is not None:
-            if args.threads < 1:
-                raise ValueError("--threads must be >= 1")
-            torch.set_num_threads(args.threads)
         base = TrainConfig(model=args.model, layers=args.layers or len(fanouts), hidden=args.hidden,
                            heads=args.heads, dropout=args.dropout, lr=args.lr, epochs=args.epochs, seed=args.seed,
                            engine="minibatch", batch_size=args.batch_size, fanouts=fanouts,
                            gpu_graph_ratio=graph_ratio, memory_budget=budget, gather=args.gather)
-        t0 = time.perf_counter()
-        g = load_dataset(args.dataset, args.root, seed=args.seed)
-        check_trainable(g)
-        load_s = time.perf_counter() - t0
+        g, load_s = prepare(args)
     except (GnnscaleError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

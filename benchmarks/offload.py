@@ -282,6 +282,18 @@ def print_table(rows: list[dict[str, Any]], pyg_ref: str | None) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ main
+def prepare(args: argparse.Namespace) -> tuple[Graph, float]:
+    """Apply ``--threads``, then build and check ``--dataset``: the graph and the seconds it took."""
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    check_trainable(g)
+    return g, time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
@@ -336,14 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         pyg_variants = [] if args.skip_pyg else _list(args.pyg)
         if any(v not in PYG_VARIANTS for v in pyg_variants):
             raise ValueError(f"--pyg: choose from {', '.join(PYG_VARIANTS)}, got {args.pyg!r}")
-        if args.threads is not None:
-            if args.threads < 1:
-                raise ValueError("--threads must be >= 1")
-            torch.set_num_threads(args.threads)
-        t0 = time.perf_counter()
-        g = load_dataset(args.dataset, args.root, seed=args.seed)
-        check_trainable(g)
-        load_s = time.perf_counter() - t0
+        g, load_s = prepare(args)
     except (GnnscaleError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

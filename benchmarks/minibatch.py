@@ -45,7 +45,6 @@ environment (date, device, torch/PyG versions, git revision, command, ``OMP_*``/
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -59,10 +58,10 @@ import torch
 
 try:  # run as a script (its folder is on sys.path) or imported as benchmarks.minibatch
     from inmemory_vs_pyg import end_peak, free_memory, start_peak, sync
-    from offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, environment, prepare
+    from offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, append_records, environment, prepare
 except ImportError:  # pragma: no cover
     from benchmarks.inmemory_vs_pyg import end_peak, free_memory, start_peak, sync
-    from benchmarks.offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, environment, prepare
+    from benchmarks.offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, append_records, environment, prepare
 
 from gnnscale.engines import MiniBatchEngine, select_engine
 from gnnscale.errors import GnnscaleError
@@ -235,11 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(rows)
     records = [{**common, **case, **r} for r in rows]
-    if not args.no_save and records:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
-        print(f"\nappended {len(records)} records to {args.out}")
+    if not args.no_save:
+        append_records(args.out, records)
     return 0
 
 

@@ -282,6 +282,16 @@ def print_table(rows: list[dict[str, Any]], pyg_ref: str | None) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ main
+def append_records(out: Path, records: list[dict[str, Any]]) -> None:
+    """Append ``records`` to the JSON Lines file ``out`` (its folder created if needed)."""
+    if not records:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    print(f"\nappended {len(records)} records to {out}")
+
+
 def prepare(args: argparse.Namespace) -> tuple[Graph, float]:
     """Apply ``--threads``, then build and check ``--dataset``: the graph and the seconds it took."""
     if args.threads is not None:
@@ -415,11 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             records.append({**common, **case, **r, "engine": r["impl"], "pyg_baseline": pyg_ref})
         print_table(rows, pyg_ref)
-    if not args.no_save and records:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
-        print(f"\nappended {len(records)} records to {args.out}")
+    if not args.no_save:
+        append_records(args.out, records)
     return 0
 
 

@@ -45,7 +45,6 @@ environment (date, device, torch/PyG versions, git revision, command, ``OMP_*``/
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -53,15 +52,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 try:  # run as a script (its folder is on sys.path) or imported as benchmarks.minibatch
-    from inmemory_vs_pyg import end_peak, free_memory, start_peak, sync
-    from offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, append_records, environment, prepare
+    from offload import PRODUCTS_LIKE, _fmt, _list, append_records, environment, prepare
+    from offload import bench as time_epochs
 except ImportError:  # pragma: no cover
-    from benchmarks.inmemory_vs_pyg import end_peak, free_memory, start_peak, sync
-    from benchmarks.offload import PRODUCTS_LIKE, _fmt, _is_oom, _list, append_records, environment, prepare
+    from benchmarks.offload import PRODUCTS_LIKE, _fmt, _list, append_records, environment, prepare
+    from benchmarks.offload import bench as time_epochs
 
 from gnnscale.engines import MiniBatchEngine, select_engine
 from gnnscale.errors import GnnscaleError
@@ -85,59 +83,31 @@ def make_engine(g: Graph, cfg: TrainConfig, dev: torch.device) -> MiniBatchEngin
 
 
 def bench(g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int, epochs: int) -> dict[str, Any]:
-    """Time ``warmup + epochs`` training epochs of one configuration; ``status`` is ok, oom or refused."""
-    free_memory(dev)
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    rss_kind, rss_base = start_peak(torch.device("cpu"))
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    engine: MiniBatchEngine | None = None
-    times: list[float] = []
-    stats: list[dict[str, Any]] = []
-    info: dict[str, Any] = {}
-    try:
+    """Time ``warmup + epochs`` training epochs of one configuration (the offload script's timing loop), adding the
+    mini-batch columns; ``status`` is ok, oom or refused."""
+
+    def make() -> tuple[Any, dict[str, Any]]:
         t0 = time.perf_counter()
         engine = make_engine(g, cfg, dev)
         info = {"engine_detail": engine.describe(), "setup_s": time.perf_counter() - t0,
                 "store_device_bytes": engine.store.device_bytes(), "hot_graph": engine.store.hot_graph,
                 "hot_features": engine.store.hot_features, "gather_method": engine.store.gather,
                 "fanouts": list(engine.fanouts), "train_vertices": int(engine.train_ids.numel())}
-        for e in range(1, warmup + epochs + 1):
-            sync(dev)
-            t0 = time.perf_counter()
-            s = engine.train_epoch(e)
-            sync(dev)
-            times.append(time.perf_counter() - t0)
-            stats.append(s)
-        cuda_peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
-        rss_peak = end_peak(torch.device("cpu"), rss_kind, rss_base)
-    except GnnscaleError as exc:
-        print(f"  note: refused: {exc}", file=sys.stderr)
-        return {"status": "refused", "reason": f"{type(exc).__name__}: {exc}", **info}
-    except Exception as exc:
-        if not _is_oom(exc):
-            raise
-        print(f"  note: out of memory: {exc}", file=sys.stderr)
-        return {"status": "oom", "reason": f"{type(exc).__name__}: {str(exc)[:500]}", **info}
-    finally:
-        del engine
-        free_memory(dev)
-    timed, timed_stats, last = times[warmup:], stats[warmup:], stats[-1]
-    median = statistics.median(timed)
+        return engine.train_epoch, info
+
+    r = time_epochs("minibatch", make, dev, warmup, epochs, keep_stats=True)
+    if r["status"] != "ok":
+        return r
+    timed_stats = r.pop("epoch_stats")[warmup:]
+    last, median = timed_stats[-1], r["median_epoch_s"]
     edges = statistics.median(int(s["sampled_edges"]) for s in timed_stats)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # > cores: timings are contended
-    return {"status": "ok", "median_epoch_s": median, "epoch_times_s": timed, "warmup_times_s": times[:warmup],
+    return {**r,
             **{f"median_{k}": statistics.median(float(s[k]) for s in timed_stats) for k in STAGES},
             **{f"{k}_per_epoch": [float(s[k]) for s in timed_stats] for k in STAGES},
             "sampled_edges": edges, "sampled_edges_per_epoch": [int(s["sampled_edges"]) for s in timed_stats],
             "mteps": edges / median / 1e6, "batches": int(last["batches"]),
             "feature_hit_rate": float(last["feature_hit_rate"]), "graph_hit_rate": float(last["graph_hit_rate"]),
-            "h2d_bytes": int(last["h2d_bytes"]), "h2d_GBps": int(last["h2d_bytes"]) / median / 1e9,
-            "peak_bytes": cuda_peak if dev.type == "cuda" else rss_peak,
-            "peak_kind": "cuda max_memory_allocated" if dev.type == "cuda" else rss_kind,
-            "host_peak_rss_bytes": rss_peak, "final_loss": float(last["loss"]),
-            "losses": [float(s["loss"]) for s in stats], "loadavg_1m": load, **info}
+            "h2d_bytes": int(last["h2d_bytes"])}
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:

@@ -148,8 +148,11 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def bench(impl: str, make: Callable[[], tuple[Step, dict[str, Any]]], dev: torch.device, warmup: int,
-          epochs: int) -> dict[str, Any]:
-    """Time ``warmup + epochs`` epochs of one implementation; ``status`` is ok, oom or refused (with ``reason``)."""
+          epochs: int, keep_stats: bool = False) -> dict[str, Any]:
+    """Time ``warmup + epochs`` epochs of one implementation; ``status`` is ok, oom or refused (with ``reason``).
+
+    ``keep_stats``: also return every epoch's record as ``epoch_stats`` (for callers adding their own columns).
+    """
     free_memory(dev)
     torch.manual_seed(0)
     np.random.seed(0)
@@ -198,7 +201,8 @@ def bench(impl: str, make: Callable[[], tuple[Step, dict[str, Any]]], dev: torch
             "warmup_times_s": times[:warmup], "h2d_bytes": h2d, "d2h_bytes": last.get("d2h_bytes"),
             "h2d_GBps": None if h2d is None else h2d / median / GB, "peak_bytes": peak, "peak_kind": kind,
             "host_peak_rss_bytes": rss_peak, "final_loss": float(last["loss"]),
-            "losses": [float(s["loss"]) for s in stats], "loadavg_1m": load, **rows, **info}
+            "losses": [float(s["loss"]) for s in stats], "loadavg_1m": load, **rows, **info,
+            **({"epoch_stats": stats} if keep_stats else {})}
 
 
 def row_volumes(r: dict[str, Any], num_nodes: int) -> dict[str, float | None]:

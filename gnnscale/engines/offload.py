@@ -68,20 +68,27 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+H2D_KINDS = ("row", "topology", "index")
+
 
 @dataclass(eq=False)
 class Chunk:
     """One destination chunk: new ids ``[lo, hi)``, its source rows and its block (host side)."""
 
+    k: int
+    """Chunk id (position in the partition plan)."""
     lo: int
     hi: int
     rows: Tensor
     """``[R]`` int64 new ids of the source rows: ``lo..hi-1`` first, then the sorted outside in-neighbours."""
     block: Block
-    """Local CSR (int64 row pointers, int32 source rows), globally normalised weights; ``src_ids`` are the
-    *original* vertex ids (the dropout keys)."""
+    """Local CSR (int32 row pointers and source rows while the chunk has fewer than 2^31 edges), globally
+    normalised weights, and its transpose when a layer's backward needs one; ``src_ids`` are the *original*
+    vertex ids (the dropout keys, int32 below 2^31 vertices). Built once, pinned on CUDA, reused every pass."""
     train_local: Tensor
     """``[t]`` int64 positions in ``[0, V)`` of the chunk's training vertices."""
+    y_train: Tensor
+    """``[t]`` their labels."""
 
     @property
     def num_dst(self) -> int:
@@ -97,13 +104,22 @@ class _Mover:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnnscale-accumulate") if self.cuda else None
         self.pending: list[Future[None]] = []
-        self.h2d = self.d2h = 0
+        self.h2d: dict[str, int] = dict.fromkeys(H2D_KINDS, 0)
+        """Host->device bytes by kind: vertex rows (features, activations, gradients, labels), chunk topology,
+        and index tensors (row ids, buffer slots, positions)."""
+        self.d2h = 0
+        self.resident: dict[int, Block] | None = None
+        """Chunk blocks kept on the device after their first use (``None``: topology is resent every pass)."""
+
+    def reset_counters(self) -> None:
+        self.h2d = dict.fromkeys(H2D_KINDS, 0)
+        self.d2h = 0
 
     # -------------------------------------------------------------------------------------------- host -> device
     def rows(self, host: Tensor, rows: Tensor, rows_dev: Tensor | None) -> Tensor:
         """``host[rows]`` on the device: ``[R, F]`` (``rows_dev``: the same ids on the device, for the UVA gather)."""
         R, F_ = rows.numel(), host.shape[1]
-        self.h2d += R * F_ * host.element_size()
+        self.h2d["row"] += R * F_ * host.element_size()
         if not self.cuda:
             return host.index_select(0, rows)  # a new tensor, like the device copy it stands for
         out = torch.empty(R, F_, dtype=host.dtype, device=self.device)
@@ -113,30 +129,37 @@ class _Mover:
         staging = torch.empty(R, F_, dtype=host.dtype, pin_memory=True)  # caching host allocator: event-guarded
         return gather_rows(host, rows, out, method="index_select", staging=staging)
 
-    def index(self, t: Tensor, device: torch.device | None = None) -> Tensor:
-        """An index tensor on ``device`` (default: this mover's), counted as host->device bytes when it moves."""
+    def index(self, t: Tensor, device: torch.device | None = None, kind: str = "index") -> Tensor:
+        """A small host tensor (pinned on CUDA) on ``device`` (default: this mover's), counted as host->device
+        bytes of ``kind``. On CPU it is used in place (counted all the same, so tests see the traffic)."""
         device = device or self.device
+        self.h2d[kind] += t.numel() * t.element_size()
         if device.type == "cpu":
             return t
-        self.h2d += t.numel() * t.element_size()
         return t.to(device, non_blocking=True)
 
     def slice(self, host: Tensor, lo: int, hi: int) -> Tensor:
         """``host[lo:hi]`` on the device (a contiguous bulk copy)."""
         part = host[lo:hi]
-        self.h2d += part.numel() * part.element_size()
+        self.h2d["row"] += part.numel() * part.element_size()
         return part.to(self.device, non_blocking=True) if self.cuda else part.clone()
 
-    def block(self, chunk: Chunk) -> tuple[Block, Tensor | None]:
-        """The chunk's block on the device, and its row ids there when the UVA gather needs them."""
-        b = chunk.block
-        self.h2d += b.nbytes()
-        if not self.cuda:  # copies, as on a GPU: measured as device bytes, and caches die with the chunk
-            return Block(b.indptr.clone(), b.indices.clone(), b.num_src,
-                         None if b.edge_weight is None else b.edge_weight.clone(),
-                         None if b.src_ids is None else b.src_ids.clone()), None
-        rows_dev = self.index(chunk.rows) if self.gather == "uva" else None
-        return b.to(self.device, non_blocking=True), rows_dev
+    def block(self, chunk: Chunk, transpose: bool) -> tuple[Block, Tensor | None]:
+        """The chunk's block on the device (its transpose too when ``transpose``), and its row ids there when the
+        UVA gather needs them. Resident blocks are moved once, whole, and reused."""
+        rows_dev = self.index(chunk.rows) if self.cuda and self.gather == "uva" else None
+        if self.resident is not None:
+            b = self.resident.get(chunk.k)
+            if b is None:
+                b = self.resident[chunk.k] = self._move_block(chunk.block, True)
+            return b, rows_dev
+        return self._move_block(chunk.block, transpose), rows_dev
+
+    def _move_block(self, b: Block, transpose: bool) -> Block:
+        self.h2d["topology"] += b.nbytes(transpose)
+        if not self.cuda:  # copies, as on a GPU: measured as device bytes, and they die with the chunk
+            return b.map(torch.clone, transpose)
+        return b.to(self.device, non_blocking=True, transpose=transpose)
 
     def prefetched(self, load: Callable[[int], T], count: int) -> Iterator[tuple[int, T]]:
         """Yield ``(k, load(k))`` for ``k < count``, issuing ``load(k + 1)`` before chunk ``k`` is computed.
@@ -207,12 +230,20 @@ class _Mover:
                 f.result()
             self.pending.clear()
 
+    def drain(self) -> None:
+        """After a failed pass: let every queued accumulation finish (or fail) so none lands later."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        for f in self.pending:
+            f.exception()
+        self.pending.clear()
+
 
 def _record_stream(item: Any, stream: Any) -> None:
     if isinstance(item, Tensor):
         item.record_stream(stream)
     elif isinstance(item, Block):
-        for t in (item.indptr, item.indices, item.edge_weight, item.src_ids):
+        for t in item._fields():
             if t is not None:
                 t.record_stream(stream)
     elif isinstance(item, tuple | list):
@@ -383,6 +414,12 @@ class OffloadEngine(Engine):
         self.masks = {m: getattr(graph, m).index_select(0, perm) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.num_train = int(self.masks["train_mask"].sum())
         self.chunks = self._build_chunks(graph, host)
+        if pin and self.plan.exchange is not None:
+            _pin_exchange(self.plan.exchange)
+        if self.plan.resident_topology:
+            for w in self.workers:
+                w.io.resident = {}
+        self._pred = host(torch.empty(graph.num_nodes, dtype=torch.int64))
         N, L = graph.num_nodes, len(model.layers)
         widths = [layer.in_features for layer in model.block_layers]
         # h[l]: input of layer l (output of layer l-1 after activation and dropout); g[l]: dL/dh[l]
@@ -405,26 +442,36 @@ class OffloadEngine(Engine):
         self._passes: list[int] = []  # widths of this epoch's layer passes
 
     def _build_chunks(self, graph: Graph, host: Callable[[Tensor], Tensor]) -> list[Chunk]:
+        """Every chunk's block, cut once from the normalised adjacency in the new order: int32 where it fits, the
+        transpose built here when a layer's backward needs it, pinned on CUDA."""
         part = self.plan.partition
         indptr, indices, weight = normalized_csr(graph, self.model.adjacency)
         indptr, indices, weight = permute_csr(indptr, indices, weight, part.perm, part.inverse())
+        transpose = any(layer.sparse_backward for layer in self.model.block_layers)
+        ids_dtype = torch.int32 if graph.num_nodes < 2**31 else torch.int64
         rows = self.plan.rows
-        pos = torch.empty(graph.num_nodes, dtype=torch.int64)
+        pos = torch.empty(graph.num_nodes, dtype=torch.int32 if graph.num_nodes < 2**31 else torch.int64)
         train = self.masks["train_mask"]
+        bounds = indptr[part.chunk_ptr].tolist()
         chunks = []
         for k in range(part.num_chunks):
             lo, hi = part.chunk_range(k)
             r = rows[k]
-            pos[r] = torch.arange(r.numel())
-            e0, e1 = int(indptr[lo]), int(indptr[hi])
+            pos[r] = torch.arange(r.numel(), dtype=pos.dtype)
+            e0, e1 = bounds[k], bounds[k + 1]
+            small = e1 - e0 < 2**31
             block = Block(
-                indptr=host(indptr[lo : hi + 1] - e0),
-                indices=host(pos.index_select(0, indices[e0:e1]).to(torch.int32)),
+                indptr=(indptr[lo : hi + 1] - e0).to(torch.int32 if small else torch.int64),
+                indices=pos.index_select(0, indices[e0:e1]).to(torch.int32 if small else torch.int64),
                 num_src=r.numel(),
-                edge_weight=None if weight is None else host(weight[e0:e1].contiguous()),
-                src_ids=host(part.perm.index_select(0, r)),  # original ids: the dropout keys
+                edge_weight=None if weight is None else weight[e0:e1].contiguous(),
+                src_ids=part.perm.index_select(0, r).to(ids_dtype),  # original ids: the dropout keys
             )
-            chunks.append(Chunk(lo, hi, r, block, torch.nonzero(train[lo:hi]).view(-1)))
+            if transpose:
+                block.with_transpose()
+            train_local = torch.nonzero(train[lo:hi]).view(-1)
+            chunks.append(Chunk(k, lo, hi, host(r), block.map(host), host(train_local),
+                                host(self.y[lo:hi].index_select(0, train_local))))
         return chunks
 
     # ------------------------------------------------------------------------------------------------ workers
@@ -471,12 +518,14 @@ class OffloadEngine(Engine):
                 p.grad = g if p.grad is None else p.grad.add_(g)
 
     def _sweep(self, w: _Worker, load: Callable[[Chunk], T], body: Callable[[_Worker, Chunk, _Rows, T], None],
-               *, src: Tensor | None = None, grad: Tensor | None = None, blocks: bool = True) -> None:
+               *, src: Tensor | None = None, grad: Tensor | None = None, blocks: bool = True,
+               transpose: bool = False) -> None:
         """Worker ``w``'s chunks in schedule order, batch by batch: ``load`` is prefetched, ``body`` computes.
 
         ``src`` is the host tensor whose rows the chunks read (a layer pass), ``grad`` the host gradient their
         source rows add into; the body reaches both through its :class:`_Rows`, deduplicated by the exchange
-        when there is one. ``blocks=False``: the body reads destination rows only and needs no topology.
+        when there is one. ``blocks=False``: the body reads destination rows only and needs no topology;
+        ``transpose``: it backpropagates through the adjacency and needs the block's transpose.
         """
         ex = self.exchange if src is not None or grad is not None else None
         seq = self.sequence[w.index]
@@ -488,7 +537,7 @@ class OffloadEngine(Engine):
             asm = ex.assembly(w, k) if ex is not None else None
             block = x_src = None
             if blocks:
-                block, rows_dev = w.io.block(c)
+                block, rows_dev = w.io.block(c, transpose)
                 if src is not None and ex is None:
                     x_src = w.io.rows(src, c.rows, rows_dev)
                     w.count("rows_h2d", c.rows.numel(), src.shape[1])
@@ -547,35 +596,50 @@ class OffloadEngine(Engine):
         return None if t is None else w.io.slice(t, c.lo, c.hi)
 
     def _ids(self, w: _Worker, c: Chunk) -> Tensor:
+        """The chunk's destinations' original ids (dropout keys) on ``w``'s device, for passes without a block."""
         assert c.block.src_ids is not None
-        ids = c.block.src_ids[: c.num_dst]
-        return ids.to(w.device, non_blocking=True) if w.io.cuda else ids
+        return w.io.index(c.block.src_ids[: c.num_dst])
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         self._sync_replicas()
         for w in self.workers:
-            w.io.h2d = w.io.d2h = 0
+            w.io.reset_counters()
             w.rows.clear()
         self._passes.clear()
         se = (self.config.seed, epoch)
         L = len(self.model.layers)
-        with self._counting():
-            for l in range(L - 1):
-                self._forward_layer(l, se)
-            loss = self._last_layer_loss_backward(se)
-            for l in range(L - 2, -1, -1):
-                self._backward_layer(l, se)
-            self._reduce_gradients()
-            self.optimizer.step()
-        stats: dict[str, float] = {"loss": loss, "h2d_bytes": sum(w.io.h2d for w in self.workers),
+        try:
+            with self._counting():
+                for l in range(L - 1):
+                    self._forward_layer(l, se)
+                loss = self._last_layer_loss_backward(se)
+                for l in range(L - 2, -1, -1):
+                    self._backward_layer(l, se)
+                self._reduce_gradients()
+                self.optimizer.step()
+        except BaseException:
+            self._clear_gradients()
+            raise
+        h2d = {kind: sum(w.io.h2d[kind] for w in self.workers) for kind in H2D_KINDS}
+        stats: dict[str, float] = {"loss": loss, "h2d_bytes": sum(h2d.values()),
+                                   **{f"h2d_{kind}_bytes": v for kind, v in h2d.items()},
                                    "d2h_bytes": sum(w.io.d2h for w in self.workers),
                                    "chunks": self.num_chunks, "partitions": self.partitions,
                                    "devices": len(self.workers), **self._row_counters()}
         if self.counter is not None:
             stats["peak_device_bytes"] = self.counter.peak
         return stats
+
+    def _clear_gradients(self) -> None:
+        """After a failed epoch: host gradient buffers hold part of a pass; zero them (once every queued
+        accumulation has landed) so the next epoch starts clean, as it would after a completed one."""
+        for w in self.workers:
+            w.io.drain()
+        for t in (*self.g.values(), *self.gp.values()):
+            t.zero_()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _row_counters(self) -> dict[str, int]:
         """The epoch's row counters, summed over its layer passes (see :mod:`gnnscale.partition.dedup`)."""
@@ -671,8 +735,7 @@ class OffloadEngine(Engine):
             else:
                 x = self._prepare(w, l, rows.gather(), ids, se).detach().requires_grad_(l > 0)
                 logits = layer(block, x)  # [V, C]
-            idx = c.train_local.to(w.device, non_blocking=True)
-            y = self.y[c.lo : c.hi].to(w.device, non_blocking=True).index_select(0, idx)
+            idx, y = w.io.index(c.train_local), w.io.index(c.y_train, kind="row")
             loss = F.cross_entropy(logits.index_select(0, idx), y, reduction="sum") / self.num_train
             loss.backward()
             total += loss.detach()
@@ -682,9 +745,13 @@ class OffloadEngine(Engine):
             if xd is not None and xd.grad is not None:
                 w.io.accumulate(self.g[l], c.rows[: c.num_dst], xd.grad)
 
+        # backward through the propagation needs the blocks' transposes (rows that require a gradient)
+        transpose = self.model.block_layers[l].sparse_backward and (projected or l > 0)
+
         def run(w: _Worker) -> Tensor:
             total = torch.zeros((), device=w.device)
-            self._sweep(w, lambda c: (self._dst(w, c, dst_src), total), body, src=src, grad=grad)
+            self._sweep(w, lambda c: (self._dst(w, c, dst_src), total), body, src=src, grad=grad,
+                        transpose=transpose)
             return total
 
         loss = sum(float(t) for t in self._pass(run, src=src, grad=grad))
@@ -704,23 +771,28 @@ class OffloadEngine(Engine):
             a = w.io.slice(self.agg[l], c.lo, c.hi) if cached else None
             return a, self._dst(w, c, dst_src), w.io.slice(next_in, c.lo, c.hi)
 
+        vjp = cached and (l > 0 or projected)  # gradients flow through the cached propagation to source rows
+        blocks = not cached or vjp  # a cached layer 0 needs no topology: only its destinations' ids
+        transpose = layer0.sparse_backward and (vjp or (not cached and l > 0))
+
         def body(w: _Worker, c: Chunk, rows: _Rows, loaded: tuple[Tensor | None, Tensor | None, Tensor]) -> None:
             a, x_dst, grad_next = loaded
-            layer, block = w.model.block_layers[l], rows.block
-            ids = block.row_ids()
+            layer = w.model.block_layers[l]
+            dst_ids = rows.dst_ids()
             xd = x = None
             if cached:  # recompute only UPDATE from the cached aggregation
                 assert a is not None
-                a = a.detach().requires_grad_(l > 0 or projected)
+                a = a.detach().requires_grad_(vjp)
                 if x_dst is not None:
-                    xd = self._prepare(w, l, x_dst, ids[: c.num_dst], se).detach().requires_grad_(l > 0)
+                    xd = self._prepare(w, l, x_dst, dst_ids, se).detach().requires_grad_(l > 0)
                 y = layer.update(a, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
             else:  # recompute the whole layer (GAT)
-                x = self._prepare(w, l, rows.gather(), ids, se).detach().requires_grad_(l > 0)
+                block = rows.block
+                x = self._prepare(w, l, rows.gather(), block.row_ids(), se).detach().requires_grad_(l > 0)
                 y = layer(block, x)
-            w.model.layer_input(l + 1, y, ids[: c.num_dst], se).backward(grad_next)
-            if cached and a is not None and a.grad is not None:  # through the propagation to the source rows
-                rows.push(layer.aggregate_vjp(block, a.grad))
+            w.model.layer_input(l + 1, y, dst_ids, se).backward(grad_next)
+            if vjp and a is not None and a.grad is not None:  # through the propagation to the source rows
+                rows.push(layer.aggregate_vjp(rows.block, a.grad))
             elif not cached and l > 0:
                 assert x is not None and x.grad is not None
                 rows.push(x.grad)
@@ -728,7 +800,7 @@ class OffloadEngine(Engine):
                 w.io.accumulate(self.g[l], c.rows[: c.num_dst], xd.grad)
 
         def run(w: _Worker) -> None:
-            self._sweep(w, lambda c: load(w, c), body, src=src, grad=grad)
+            self._sweep(w, lambda c: load(w, c), body, src=src, grad=grad, blocks=blocks, transpose=transpose)
 
         self._pass(run, src=src, grad=grad)
         next_in.zero_()  # consumed: ready for the next epoch's accumulation
@@ -745,12 +817,12 @@ class OffloadEngine(Engine):
             self._forward_layer(l, None)
         if L - 1 in self.projected:
             self._project(L - 1, None)
-        pred = torch.empty(self.graph.num_nodes, dtype=torch.int64)
+        pred = self._pred  # pinned on CUDA: predictions stream back without a sync per chunk
         src, dst_src = self._source(L - 1)
 
         def body(w: _Worker, c: Chunk, rows: _Rows, x_dst: Tensor | None) -> None:
             out = self._apply(w, L - 1, c, rows.block, rows.gather(), x_dst, None, False)
-            pred[c.lo : c.hi] = out.argmax(dim=-1).cpu()
+            w.io.store(pred, c.lo, out.argmax(dim=-1))
 
         self._pass(lambda w: self._sweep(w, lambda c: self._dst(w, c, dst_src), body, src=src), src=src)
         return self.accuracies(pred, self.y, self.masks)
@@ -777,6 +849,12 @@ class _Rows:
         assert self.block_ is not None
         return self.block_
 
+    def dst_ids(self) -> Tensor:
+        """Original ids of the chunk's destinations on the device: from the block when the pass has one."""
+        if self.block_ is not None:
+            return self.block_.row_ids(self.chunk.num_dst)
+        return self.engine._ids(self.worker, self.chunk)
+
     def gather(self) -> Tensor:
         """``[R, F]`` rows of the pass's source tensor, in the chunk's row order."""
         if self.x_src is not None:
@@ -800,3 +878,13 @@ class _Rows:
 def worker_devices(config: TrainConfig, device: torch.device) -> list[torch.device]:
     """The devices partitions run on: ``config.devices``, else the training device."""
     return [torch.device(d) for d in config.devices] if config.devices else [device]
+
+
+def _pin_exchange(plan: ExchangePlan) -> None:
+    """Pin the exchange plan's index tensors in place, so their per-batch copies to the device are asynchronous."""
+    for moves in plan.moves:
+        for mv in moves:
+            mv.new_rows, mv.new_slots = mv.new_rows.pin_memory(), mv.new_slots.pin_memory()
+            mv.leave_rows, mv.leave_slots = mv.leave_rows.pin_memory(), mv.leave_slots.pin_memory()
+    for asm in plan.assembly.values():
+        asm.parts = [(d, None if pos is None else pos.pin_memory(), slots.pin_memory()) for d, pos, slots in asm.parts]

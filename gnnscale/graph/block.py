@@ -8,6 +8,7 @@ blocks out of the same normalised adjacency, so a chunk sees exactly the edge we
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -59,10 +60,14 @@ def normalized_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, T
 
 @dataclass(eq=False)
 class Block:
-    """In-edges of ``num_dst`` destination rows from ``num_src`` source rows (destinations are the first rows)."""
+    """In-edges of ``num_dst`` destination rows from ``num_src`` source rows (destinations are the first rows).
+
+    A block may carry its transpose (``t_*``, built once by :meth:`with_transpose`): chunked engines build it on
+    the host when the chunk is cut and move it with the block, so backward never re-sorts the edges on the device.
+    """
 
     indptr: Tensor
-    """``[num_dst + 1]`` row pointers."""
+    """``[num_dst + 1]`` row pointers (int32 when ``indices`` is int32: the sparse tensor shares them)."""
     indices: Tensor
     """``[num_edges]`` local source row (``0 <= i < num_src``) of each edge."""
     num_src: int
@@ -70,6 +75,12 @@ class Block:
     """``[num_edges]`` weight per edge; ``None`` means ones."""
     src_ids: Tensor | None = None
     """``[num_src]`` global vertex id of each source row; ``None`` means ``arange(num_src)``."""
+    t_indptr: Tensor | None = None
+    """``[num_src + 1]`` row pointers of the transpose (sources' out-edges), when built."""
+    t_indices: Tensor | None = None
+    """``[num_edges]`` destination row of each out-edge of the transpose."""
+    t_weight: Tensor | None = None
+    """``[num_edges]`` the transpose's weights (``None`` when ``edge_weight`` is)."""
     _cache: dict[str, Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -90,6 +101,10 @@ class Block:
     def device(self) -> torch.device:
         return self.indptr.device
 
+    @property
+    def has_transpose(self) -> bool:
+        return self.t_indptr is not None
+
     def row_ids(self, rows: int | None = None) -> Tensor:
         """Global ids of the first ``rows`` source rows (all when ``None``): the keys of keyed dropout."""
         rows = self.num_src if rows is None else rows
@@ -102,9 +117,9 @@ class Block:
         return self.indptr[1:] - self.indptr[:-1]
 
     def dst_index(self) -> Tensor:
-        """``[num_edges]`` destination row of each edge (cached)."""
+        """``[num_edges]`` destination row of each edge (cached; no device sync: the size is known)."""
         if "dst" not in self._cache:
-            self._cache["dst"] = csr_rows(self.indptr)
+            self._cache["dst"] = csr_rows(self.indptr, self.num_edges)
         return self._cache["dst"]
 
     def _values(self) -> Tensor:
@@ -123,27 +138,49 @@ class Block:
         return self._cache["adj"]
 
     def adj_t(self) -> Tensor:
-        """Sparse CSR ``[num_src, num_dst]`` transpose, for backward (cached): sources sum their gradients."""
+        """Sparse CSR ``[num_src, num_dst]`` transpose, for backward (cached): sources sum their gradients. Uses the
+        transpose carried by the block when there is one, else sorts the edges here."""
         if "adj_t" not in self._cache:
-            csc = self.adj().to_sparse_csc()
-            self._cache["adj_t"] = torch.sparse_csr_tensor(
-                csc.ccol_indices(), csc.row_indices(), csc.values(), (self.num_src, self.num_dst)
-            )
+            if self.t_indptr is not None:
+                assert self.t_indices is not None
+                values = self.t_weight if self.t_weight is not None else torch.ones(self.num_edges, device=self.device)
+                self._cache["adj_t"] = torch.sparse_csr_tensor(self.t_indptr, self.t_indices, values,
+                                                               (self.num_src, self.num_dst))
+            else:
+                csc = self.adj().to_sparse_csc()
+                self._cache["adj_t"] = torch.sparse_csr_tensor(
+                    csc.ccol_indices(), csc.row_indices(), csc.values(), (self.num_src, self.num_dst)
+                )
         return self._cache["adj_t"]
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Block:
-        """Copy to ``device`` (caches are rebuilt there on first use)."""
-        def mv(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.to(device, non_blocking=non_blocking)
+    def with_transpose(self) -> Block:
+        """This block with its transpose built (in place; returns ``self``), in the dtype of ``indices``."""
+        if self.t_indptr is None:
+            csc = self.adj().to_sparse_csc()
+            dtype = self.indices.dtype
+            self.t_indptr = csc.ccol_indices().to(dtype)
+            self.t_indices = csc.row_indices().to(dtype)
+            self.t_weight = None if self.edge_weight is None else csc.values()
+        return self
 
-        return Block(
-            indptr=self.indptr.to(device, non_blocking=non_blocking),
-            indices=self.indices.to(device, non_blocking=non_blocking),
-            num_src=self.num_src,
-            edge_weight=mv(self.edge_weight),
-            src_ids=mv(self.src_ids),
-        )
+    def _fields(self, transpose: bool = True) -> list[Tensor | None]:
+        fields = [self.indptr, self.indices, self.edge_weight, self.src_ids]
+        return fields + ([self.t_indptr, self.t_indices, self.t_weight] if transpose else [])
 
-    def nbytes(self) -> int:
-        ts = [self.indptr, self.indices, self.edge_weight, self.src_ids]
-        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+    def map(self, fn: Callable[[Tensor], Tensor], transpose: bool = True) -> Block:
+        """A new block whose tensors are ``fn`` of these (the transpose left out unless ``transpose``)."""
+        t = [None if x is None else fn(x) for x in self._fields(transpose)] + [None] * (0 if transpose else 3)
+        return Block(indptr=t[0], indices=t[1], num_src=self.num_src, edge_weight=t[2],  # type: ignore[arg-type]
+                     src_ids=t[3], t_indptr=t[4], t_indices=t[5], t_weight=t[6])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False, transpose: bool = True) -> Block:
+        """Copy to ``device``, with the transpose when the block carries one and ``transpose`` (sparse views are
+        rebuilt there on first use, without copying)."""
+        return self.map(lambda t: t.to(device, non_blocking=non_blocking), transpose)
+
+    def pin_memory(self) -> Block:
+        return self.map(lambda t: t.pin_memory())
+
+    def nbytes(self, transpose: bool = True) -> int:
+        """Bytes of the block's tensors (with the transpose it carries, unless ``transpose`` is false)."""
+        return sum(t.numel() * t.element_size() for t in self._fields(transpose) if t is not None)

@@ -314,10 +314,12 @@ def csr_slices(indptr: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
     return out_ptr, torch.repeat_interleave(start, deg, output_size=total) + offset
 
 
-def csr_rows(indptr: Tensor) -> Tensor:
-    """``[nnz]`` row of each CSR entry."""
+def csr_rows(indptr: Tensor, nnz: int | None = None) -> Tensor:
+    """``[nnz]`` row of each CSR entry (int64). Pass ``nnz`` when known: reading it from ``indptr`` on a device
+    waits for the device."""
     counts = indptr[1:] - indptr[:-1]
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=indptr.device), counts)
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=indptr.device), counts,
+                                   output_size=int(indptr[-1]) if nnz is None else nnz)
 
 
 def _coo_to_csr(

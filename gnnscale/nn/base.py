@@ -24,6 +24,9 @@ class BlockLayer(nn.Module):
     """The normalised adjacency the layer aggregates over; engines build blocks from it."""
     update_uses_dst: ClassVar[bool] = True
     """False when UPDATE ignores ``x_dst`` (GCN, GAT, MLP): a caching engine then need not load those rows."""
+    sparse_backward: ClassVar[bool] = False
+    """True when backpropagating AGGREGATE multiplies by the transposed adjacency (:meth:`Block.adj_t`): chunked
+    engines then build each block's transpose once on the host and move it with the block."""
 
     in_features: int
     out_features: int

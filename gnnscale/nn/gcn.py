@@ -21,6 +21,8 @@ class GCNLayer(BlockLayer):
             and its output can be cached (HongTu's recomputation-caching hybrid).
     """
 
+    sparse_backward: ClassVar[bool] = True
+
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True, norm="gcn")
     update_uses_dst: ClassVar[bool] = False
 

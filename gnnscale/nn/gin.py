@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor, nn
 
@@ -12,6 +14,8 @@ from gnnscale.nn.ops import spmm, spmm_t
 
 class GINLayer(BlockLayer):
     """GIN layer with a two-layer MLP ``Linear -> ReLU -> Linear``; same function as PyG's ``GINConv(mlp)``."""
+
+    sparse_backward: ClassVar[bool] = True
 
     def __init__(self, in_features: int, out_features: int, eps: float = 0.0, train_eps: bool = False):
         super().__init__()

@@ -60,12 +60,19 @@ def _mix31(h: Tensor) -> Tensor:
     return (h >> 16) ^ h
 
 
+def _mix31_int(h: int) -> int:
+    """:func:`_mix31` on a Python int in ``[0, 2^31)``: the same hash with no tensor (no device round trip)."""
+    h = (((h >> 16) ^ h) * _C) & _M31
+    h = (((h >> 16) ^ h) * _C) & _M31
+    return (h >> 16) ^ h
+
+
 def mix_key(*parts: int) -> int:
-    """Fold integers (seed, epoch, layer, ...) into one 31-bit dropout key."""
-    h = torch.tensor(0x2545F491, dtype=torch.int64)
+    """Fold integers (seed, epoch, layer, ...) into one 31-bit dropout key (plain Python: no tensor, no sync)."""
+    h = 0x2545F491
     for p in parts:
-        h = _mix31(h ^ (int(p) & _M31))
-    return int(h)
+        h = _mix31_int(h ^ (int(p) & _M31))
+    return h
 
 
 def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
@@ -74,7 +81,7 @@ def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
     r = row_ids.long()
     hr = _mix31(((r ^ (r >> 31)) & _M31) ^ key)  # [rows]
     cols = torch.arange(num_features, device=dev, dtype=torch.int64)
-    hc = _mix31((cols * 0x9E3779B1) & _M31 ^ _mix31(torch.tensor(key ^ 0x5BD1E995, device=dev)))  # [F]
+    hc = _mix31((cols * 0x9E3779B1) & _M31 ^ _mix31_int(key ^ 0x5BD1E995))  # [F]; the key mixed on the host
     # Per element: XOR of the fully mixed row and column hashes, then multiplicative (Fibonacci) hashing in
     # int32, keeping the top 31 bits. int32 multiplication wraps modulo 2^32 on CPU and CUDA alike; it is the
     # only wrapping operation, and four int32 passes keep the mask about as cheap as torch's own dropout.

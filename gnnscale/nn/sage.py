@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import Tensor, nn
 
 from gnnscale.graph.block import Block
@@ -15,6 +17,8 @@ class SAGELayer(BlockLayer):
     Args:
         project_first: apply ``W_l`` before the mean (cheaper when ``in > out``; same function). ``None``: auto.
     """
+
+    sparse_backward: ClassVar[bool] = True
 
     def __init__(self, in_features: int, out_features: int, project_first: bool | None = None):
         super().__init__()

@@ -81,6 +81,9 @@ class OffloadPlan:
     devices: int = 1
     costs: dict[str, float] = field(default_factory=dict)
     """Eq. 4 modelled seconds per layer pass of the candidates weighed by ``auto`` choices."""
+    resident_topology: bool = False
+    """Every chunk's block (and transpose) stays on its device after its first use instead of being resent each
+    pass: the budget holds them beside the chunk's peak."""
 
 
 def chunk_sizes(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:

@@ -51,3 +51,78 @@ def tiny_graph(with_data: bool = True) -> Graph:
         test_mask=torch.tensor([False, False, False, False, True, True]),
         name="tiny",
     )
+
+
+class SyncCounter:
+    """Counts the operations that make the host wait for a CUDA device, as they are issued (CPU runs too).
+
+    A :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees ``aten._local_scalar_dense`` (``int(t)``,
+    ``bool(t)``, ``.item()``), ``aten.nonzero`` and the ops whose output size depends on data
+    (``masked_select``, ``unique``, boolean indexing, ``repeat_interleave`` without ``output_size``), tensors made
+    from Python data (``torch.tensor``: a blocking pageable copy when built on a device) and copies into CPU
+    memory from another device. A :class:`~torch.overrides.TorchFunctionMode` sees the Python calls that pull a
+    tensor to the host (``.cpu()``, ``.tolist()``, ``.numpy()``): on a CPU run they dispatch nothing, yet on a GPU
+    each is a device-to-host copy and a sync. So a CPU test can assert what a GPU run syncs. (``.to(device)`` is
+    not counted: device-agnostic code moves tensors to the worker's device, which is the CPU in such a run.)
+
+    ``counts`` maps each kind to its number; ``total`` is their sum. Counting is per thread (modes are thread
+    local): run single-device engines inline.
+    """
+
+    HOST_PULLS = ("cpu", "tolist", "numpy")
+
+    def __init__(self) -> None:
+        from collections import Counter
+
+        self.counts: Counter[str] = Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __enter__(self) -> SyncCounter:
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counts = self.counts
+        aten = torch.ops.aten
+        always = {aten._local_scalar_dense.default: "item", aten.nonzero.default: "nonzero",
+                  aten.masked_select.default: "masked_select", aten._unique2.default: "unique",
+                  aten.unique_consecutive.default: "unique", aten.unique_dim.default: "unique",
+                  aten.lift_fresh.default: "tensor_from_python"}
+
+        class _Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                kwargs = kwargs or {}
+                kind = always.get(func)
+                if kind is None and func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+                    kind = "repeat_interleave"
+                elif kind is None and func is aten.index.Tensor and any(
+                        isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+                    kind = "bool_index"
+                elif kind is None and func in (aten._to_copy.default, aten.copy_.default):
+                    src = args[0] if func is aten._to_copy.default else args[1]
+                    dst_dev = kwargs.get("device") if func is aten._to_copy.default else args[0].device
+                    if dst_dev is not None and torch.device(dst_dev).type == "cpu" and src.device.type != "cpu":
+                        kind = "copy_to_host"
+                if kind is not None:
+                    counts[kind] += 1
+                return func(*args, **kwargs)
+
+        pulls = {getattr(torch.Tensor, n) for n in self.HOST_PULLS}
+
+        class _Function(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                if func in pulls:
+                    counts[f"{func.__name__}()"] += 1
+                return func(*args, **(kwargs or {}))
+
+        self._modes = [_Function(), _Dispatch()]
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+

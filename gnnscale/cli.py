@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gnnscale import progress
 from gnnscale.errors import ConfigError, GnnscaleError
 
 USAGE_ERROR = 2
@@ -81,9 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--dedup", choices=DEDUP_MODES, default="full",
                    help="host->device deduplication: none, reuse (keep rows shared with the previous chunk), "
                         "full (HongTu: load each batch's rows once, share them, reuse them); default full")
-    o.add_argument("--chunker", choices=["auto", *CHUNKERS], default="auto",
-                   help="how partitions split into chunks: range (edge-balanced), metis (fewer shared rows) or "
-                        "auto (lower modelled cost); default auto")
+    o.add_argument("--chunker", choices=["auto", *CHUNKERS], default="range",
+                   help="how partitions split into chunks: range (edge-balanced), metis (fewer shared rows; METIS "
+                        "runs once at the chosen chunk count) or auto (both, the lower modelled cost); default range")
     o.add_argument("--reorganize", choices=REORGANIZE_MODES, default="auto",
                    help="reorder chunks into batches (HongTu Algorithm 4): on, off, or auto (when the modelled "
                         "cost drops); default auto")
@@ -197,8 +198,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     device = resolve_devices(config, args.device)
     writer = _MetricsWriter(args.metrics) if args.metrics else None
+    progress.enable(not args.quiet and sys.stderr.isatty())
+    timings: dict[str, float] = {}
     try:
-        graph = load_dataset(args.dataset, args.root, seed=args.seed)
+        with progress.stage("load", timings):
+            graph = load_dataset(args.dataset, args.root, seed=args.seed)
         check_trainable(graph)
         print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
               f"{graph.num_features} features, {graph.num_classes} classes")
@@ -215,13 +219,18 @@ def cmd_train(args: argparse.Namespace) -> int:
                            f"train {_fmt(rec['train_acc'])}  val {_fmt(rec['val_acc'])}  "
                            f"test {_fmt(rec['test_acc'])}  {rec['epoch_time_s']:.3f}s", file=sys.stdout)
 
-        result = train(graph, config, device, on_epoch=on_epoch)
+        def on_start(engine: Any, rejected: dict[str, list[str]], ready: dict[str, float]) -> None:
+            for name, reasons in rejected.items():
+                print(f"engine {name} rejected: {'; '.join(reasons)}")
+            detail = engine.describe()
+            if detail:
+                print(detail)
+            steps = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in ready.items() if k != "ready_s")
+            print(f"ready to train in {ready['ready_s']:.1f}s ({steps})", flush=True)
+
+        result = train(graph, config, device, on_epoch=on_epoch, on_start=on_start, timings=timings)
         bar.close()
         s = result.summary
-        for name, reasons in result.rejected.items():
-            print(f"engine {name} rejected: {'; '.join(reasons)}")
-        if s.get("engine_detail"):
-            print(s["engine_detail"])
         print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} epochs "
               f"in {s['total_time_s']:.1f}s")
         print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "

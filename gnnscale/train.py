@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from gnnscale.engines.base import Engine
 from gnnscale.errors import ConfigError, GraphError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN, MODELS, build_model
@@ -215,6 +216,8 @@ def train(
     device: str | torch.device = "auto",
     *,
     on_epoch: Callable[[EpochRecord], None] | None = None,
+    on_start: Callable[[Engine, dict[str, list[str]], dict[str, float]], None] | None = None,
+    timings: dict[str, float] | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on ``graph`` with the selected engine; same seed and device -> same metrics.
 
@@ -223,12 +226,17 @@ def train(
         config: model, optimiser and engine settings.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         on_epoch: called with each epoch's record (progress bars, metrics files).
+        on_start: called before the first epoch with the engine, the engines ``auto`` rejected (and why) and the
+            seconds each preparation step took (``ready_s`` their total): the CLI prints the plan there.
+        timings: seconds of steps the caller ran before (``load_s``), reported with the engine's own.
 
     Raises:
         GnnscaleError: bad config, unusable graph, or no engine fits; the message says which.
     """
     from gnnscale.engines import select_engine
+    from gnnscale.progress import stage
 
+    start = time.perf_counter()
     dev = resolve_devices(config, device)
     check_trainable(graph)
     engine_cls, rejected = select_engine(graph, config, dev)
@@ -243,8 +251,13 @@ def train(
         heads=config.heads,
         seed=config.seed,
     )
-    start = time.perf_counter()
-    engine = engine_cls(graph, model, config, dev)
+    steps = dict(timings or {})
+    with stage("setup", steps):
+        engine = engine_cls(graph, model, config, dev)
+    ready = {**{k: v for k, v in steps.items() if k != "setup_s"}, **engine.timings, "setup_s": steps["setup_s"]}
+    ready["ready_s"] = (timings or {}).get("load_s", 0.0) + time.perf_counter() - start
+    if on_start is not None:
+        on_start(engine, rejected, ready)
     history: list[EpochRecord] = []
     best: EpochRecord | None = None
     for epoch in range(1, config.epochs + 1):
@@ -282,6 +295,7 @@ def train(
         "test_acc_at_best_val": best["test_acc"],
         "final_test_acc": history[-1]["test_acc"],
         "total_time_s": time.perf_counter() - start,
+        "timings": {**ready, "epoch_s": sum(r["epoch_time_s"] for r in history) / len(history)},
         "engine_detail": engine.describe(),
         "config": asdict(config),
     }

@@ -128,11 +128,12 @@ def test_metrics_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert s["summary"] is True
     for k in ("best_val_acc", "test_acc_at_best_val", "final_test_acc", "total_time_s"):
         assert k in s
+    assert set(s["timings"]) >= {"load_s", "setup_s", "ready_s", "epoch_s"} and s["timings"]["ready_s"] > 0
     assert s["final_test_acc"] == recs[-2]["test_acc"]
     # same seed -> identical metrics except the measurements
     m2 = tmp_path / "m2.jsonl"
     assert main(["train", "--dataset", SMALL, "--epochs", "3", "--hidden", "8", "--quiet", "--metrics", str(m2)]) == 0
-    drop = ("epoch_time_s", "peak_device_bytes", "total_time_s")
+    drop = ("epoch_time_s", "peak_device_bytes", "total_time_s", "timings")
     strip = [{k: v for k, v in json.loads(x).items() if k not in drop} for x in m2.read_text().splitlines()]
     assert strip == [{k: v for k, v in r.items() if k not in drop} for r in recs]
     quiet_out = capsys.readouterr().out.splitlines()

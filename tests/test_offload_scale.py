@@ -97,6 +97,10 @@ def test_sync_counter_counts_host_pulls_and_data_dependent_shapes() -> None:
 # ------------------------------------------------------------------------------------------------ topology
 def test_topology_is_built_once_and_counted_apart_from_rows(graph: Graph, monkeypatch: pytest.MonkeyPatch) -> None:
     eng = _offload(graph, model="gcn", chunks=8, dedup="none")
+    assert eng.plan.resident_topology  # the default budget (free host memory) holds every block: turn it off
+    eng.plan.resident_topology = False
+    for w in eng.workers:
+        w.io.resident = None
     blocks = [c.block for c in eng.chunks]
     assert all(b.has_transpose and b.indptr.dtype == torch.int32 and b.indices.dtype == torch.int32 for b in blocks)
     sorts = []
@@ -111,14 +115,18 @@ def test_topology_is_built_once_and_counted_apart_from_rows(graph: Graph, monkey
     assert rec["h2d_row_bytes"] >= rows * 4 * (graph.num_features + 16)  # layer 0 and the last layer's rows
 
 
-def test_resident_topology_moves_once(graph: Graph) -> None:
+def test_resident_topology_moves_once_when_the_budget_holds_it(graph: Graph) -> None:
     eng = _offload(graph, model="gcn", chunks=8, dedup="full")
-    eng.plan.resident_topology = True
-    for w in eng.workers:
-        w.io.resident = {}
+    assert eng.plan.resident_topology
     first, second = eng.train_epoch(1), eng.train_epoch(2)
     assert first["h2d_topology_bytes"] == sum(c.block.nbytes() for c in eng.chunks)
     assert second["h2d_topology_bytes"] == 0 and second["h2d_row_bytes"] == first["h2d_row_bytes"]
+    # the planner counts the resident blocks in its estimate; a budget without room for them resends them
+    blocks = sum(c.block.nbytes() for c in eng.chunks)
+    assert eng.plan.estimate - blocks >= blocks > 0
+    tight = _offload(graph, model="gcn", chunks=8, dedup="full", memory_budget=eng.plan.estimate - blocks)
+    assert not tight.plan.resident_topology and tight.plan.estimate == eng.plan.estimate - blocks
+    assert tight.train_epoch(1)["h2d_topology_bytes"] > 0 and tight.train_epoch(2)["h2d_topology_bytes"] > 0
 
 
 # ------------------------------------------------------------------------------------------------ failures

@@ -29,6 +29,8 @@ class Engine(ABC):
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         self.graph, self.model, self.config, self.device = graph, model, config, device
+        self.timings: dict[str, float] = {}
+        """Seconds of the engine's preparation steps (partitioning, planning, ...), for the run's summary."""
         self.model.to(device)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 

@@ -387,6 +387,7 @@ class OffloadEngine(Engine):
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         self.plan: OffloadPlan = plan_offload(graph, config, device, model)
+        self.timings = dict(self.plan.timings)
         part = self.plan.partition
         self.partitions, self.num_chunks = part.partitions, part.num_chunks
         devices = worker_devices(config, device)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from gnnscale.errors import ConfigError
-from gnnscale.graph.graph import Graph
+from gnnscale.graph.graph import Graph, csr_rows
 from gnnscale.nn.model import GNN, build_model
 from gnnscale.partition.dedup import (
     CommVolume,
@@ -81,6 +81,8 @@ class OffloadPlan:
     devices: int = 1
     costs: dict[str, float] = field(default_factory=dict)
     """Eq. 4 modelled seconds per layer pass of the candidates weighed by ``auto`` choices."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent partitioning (``partition_s``), splitting into chunks (``chunk_s``) and planning (``plan_s``)."""
     resident_topology: bool = False
     """Every chunk's block (and transpose) stays on its device after its first use instead of being resent each
     pass: the budget holds them beside the chunk's peak."""
@@ -92,6 +94,20 @@ def chunk_sizes(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:
     counts = chunk_neighbour_counts(indptr, indices, chunk_ptr)
     V = chunk_ptr[1:] - chunk_ptr[:-1]
     return torch.stack([V, V + counts[:, 1], counts[:, 2] + V], dim=1)
+
+
+def chunk_owner_counts(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor, part_ptr: Tensor) -> Tensor:
+    """``[K, m]`` rows of chunk ``k`` (its destinations and distinct in-neighbours) that partition ``b`` owns."""
+    n, K, m = indptr.numel() - 1, chunk_ptr.numel() - 1, part_ptr.numel() - 1
+    V = chunk_ptr[1:] - chunk_ptr[:-1]
+    chunk_of = torch.repeat_interleave(torch.arange(K), V, output_size=n)
+    part_of = torch.repeat_interleave(torch.arange(m), part_ptr[1:] - part_ptr[:-1], output_size=n)
+    pairs = torch.unique(chunk_of[csr_rows(indptr, indices.numel())] * n + indices.long())  # distinct (chunk, src)
+    ck, src = pairs // n, pairs % n
+    outside = chunk_of[src] != ck
+    counts = torch.bincount(ck[outside] * m + part_of[src[outside]], minlength=K * m).view(K, m)
+    counts[torch.arange(K), part_of[chunk_ptr[:-1]]] += V  # each chunk's own destinations
+    return counts
 
 
 def model_resident_bytes(model: GNN) -> int:
@@ -137,30 +153,82 @@ def _estimate(model: GNN, sizes: Tensor) -> int:
     return chunk_peak_bytes(model, int(V.max()), int(R.max()), int(E.max()))
 
 
+def transition_width(model: GNN) -> int:
+    """The widest row a layer pass moves through the transition buffers."""
+    return max(max(layer.in_features, layer.out_features) for layer in model.block_layers)
+
+
+def capacity_bound(sizes: Tensor, owners: Tensor | None, part_sizes: list[int], chunks: int, mode: str,
+                   device_of: list[int]) -> list[int]:
+    """Rows of each device's transition buffer under any schedule, from chunk statistics alone (no exchange plan).
+
+    ``reuse`` is exact (a partition's buffer holds its largest chunk). ``full`` with one partition is exact too
+    (the batch's set is its one chunk's rows); with several, partition ``b``'s set in a batch is at most the sum
+    over partitions of their largest chunk's rows owned by ``b``, and at most ``|V_b|``.
+
+    Args:
+        sizes: ``[K, 3]`` per chunk ``V, R, E`` (:func:`chunk_sizes`).
+        owners: ``[K, m]`` rows of chunk ``k`` owned by partition ``b`` (needed for ``full`` with ``m > 1``).
+    """
+    m, n = len(part_sizes), chunks
+    devices = max(device_of) + 1
+    cap = [0] * m
+    if mode != "none":
+        R = sizes[:, 1].view(m, n)
+        if mode == "reuse" or m == 1:
+            cap = R.max(dim=1).values.tolist()
+        else:
+            assert owners is not None
+            per = owners.view(m, n, m).max(dim=1).values.sum(dim=0)  # [b]: sum over i of max_j |N_ij ∩ V_b|
+            cap = [min(int(c), size) for c, size in zip(per.tolist(), part_sizes, strict=True)]
+    out = [0] * devices
+    for b in range(m):
+        out[device_of[b]] += cap[b]
+    return out
+
+
+def topology_bytes(model: GNN, sizes: Tensor, num_nodes: int) -> Tensor:
+    """``[K]`` bytes of each chunk's block on the device as the engine builds it: CSR (int32 while it fits),
+    weights when the adjacency is normalised, source ids, and the transpose when a layer's backward uses it."""
+    V, R, E = sizes[:, 0], sizes[:, 1], sizes[:, 2]
+    idx = 4 if num_nodes < 2**31 else 8
+    weights = 4 * E if model.adjacency.norm == "gcn" else 0
+    total = idx * (V + 1) + idx * E + weights + idx * R
+    if any(layer.sparse_backward for layer in model.block_layers):
+        total = total + idx * (R + 1) + idx * E + weights
+    return total
+
+
 _MEMO: dict[int, tuple[Any, tuple[Any, ...], OffloadPlan]] = {}
 
 
 def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model: GNN | None = None) -> OffloadPlan:
     """Partition ``graph``, choose the chunk count, the chunker and the schedule for ``config``.
 
-    The METIS step runs once per (graph, method, partitions, seed) and is saved (see
-    :func:`~gnnscale.partition.load_or_partition`); the chunk-count search re-splits it into range chunks cheaply
-    (doubling, then bisection, on the modelled peak of the largest chunk). The chosen split is then checked with
-    the transition buffers of ``config.dedup`` added, taking more chunks while it does not fit. ``auto`` choices
-    (``config.chunker``, ``config.reorganize``) take the candidate with the lower Eq. 4 cost.
+    Preprocessing runs each expensive step once: METIS once per (graph, method, partitions, seed), saved (see
+    :func:`~gnnscale.partition.load_or_partition`); the chunk count is searched (doubling, then bisection) on
+    range splits priced from chunk statistics alone -- the largest chunk's modelled peak plus a bound on the
+    transition buffers (:func:`capacity_bound`) -- without building any exchange plan or running METIS; the
+    chosen split is then built once. A ``metis`` chunker runs METIS at the chosen count (and, only when those less
+    balanced chunks do not fit, at a larger one); ``auto`` choices (``config.chunker``, ``config.reorganize``)
+    take the candidate with the lower Eq. 4 cost. When the budget also holds every chunk's topology, blocks stay
+    resident on the device. The plan is memoised per graph and config, so an engine's checks and its set-up share
+    it.
 
     Raises:
         ConfigError: no chunk count fits the budget (the message names the smallest budget that would), or the
             forced ``--chunks`` does not fit.
     """
-    budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(device)
+    from gnnscale.progress import stage
+
     devices = list(config.devices) if config.devices else [str(device)]
     key = (graph.num_nodes, graph.num_edges, config.model, config.layers, config.hidden, config.heads,
-           config.partitions, config.chunks, config.partition_method, config.seed, budget, str(config.plan_dir),
-           config.dedup, config.chunker, config.reorganize, tuple(devices))
+           config.partitions, config.chunks, config.partition_method, config.seed, config.memory_budget,
+           str(config.plan_dir), config.dedup, config.chunker, config.reorganize, tuple(devices), str(device))
     memo = _MEMO.get(id(graph))
     if memo is not None and memo[0]() is graph and memo[1] == key:
         return memo[2]
+    budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(device)
     m = config.partitions
     if len(devices) > m:
         raise ConfigError(f"--devices lists {len(devices)} devices but --partitions is {m}; use at least one "
@@ -169,36 +237,49 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
         assert graph.num_classes is not None
         model = build_model(config.model, graph.num_features, config.hidden, graph.num_classes, layers=config.layers,
                             dropout=config.dropout, heads=config.heads, seed=config.seed)
-    base, path, reused = load_or_partition(graph, m, config.chunks or 1, config.partition_method,
-                                           config.seed, config.plan_dir)
-    indptr, indices, _ = permute_csr(graph.indptr, graph.indices, None, base.perm, base.inverse())
-    smallest_part = int((base.part_ptr[1:] - base.part_ptr[:-1]).min())
-    limit = min(smallest_part, MAX_CHUNKS_PER_PARTITION)
-    searched: dict[int, int] = {}
-
-    def estimate(n: int) -> int:
-        if n not in searched:
-            searched[n] = _estimate(model, chunk_sizes(indptr, indices, base.with_chunks(graph, n).chunk_ptr))
-        return searched[n]
-
-    if config.chunks is not None:
-        n = config.chunks
-        if estimate(n) > budget:
-            raise ConfigError(f"--chunks {n} needs about {format_bytes(searched[n])} of device memory per "
-                              f"chunk, more than the budget ({format_bytes(budget)}); use more chunks or leave "
-                              "--chunks out to let the planner choose")
-    else:
-        n = 1
-        while estimate(n) > budget and n < limit:
-            n = min(2 * n, limit)
-        lo = n // 2  # estimate(lo) > budget or lo == 0: binary search for the fewest chunks that fit
-        while searched[n] <= budget and n - lo > 1 and n > 1:
-            mid = (lo + n) // 2
-            if estimate(mid) <= budget:
-                n = mid
-            else:
-                lo = mid
+    timings: dict[str, float] = {}
+    with stage("partition", timings):
+        base, path, reused = load_or_partition(graph, m, config.chunks or 1, config.partition_method,
+                                               config.seed, config.plan_dir)
     device_of = [i % len(devices) for i in range(m)]
+    part_sizes = (base.part_ptr[1:] - base.part_ptr[:-1]).tolist()
+    limit = min(min(part_sizes), MAX_CHUNKS_PER_PARTITION)
+    width = transition_width(model)
+    searched: dict[int, int] = {}
+    with stage("chunk", timings):
+        indptr, indices, _ = permute_csr(graph.indptr, graph.indices, None, base.perm, base.inverse())
+        need_owners = config.dedup == "full" and m > 1
+
+        def estimate(n: int) -> int:
+            """Modelled peak of the range split into ``n`` chunks per partition, transition buffers bounded."""
+            if n not in searched:
+                chunk_ptr = base.with_chunks(graph, n).chunk_ptr
+                sizes = chunk_sizes(indptr, indices, chunk_ptr)
+                owners = chunk_owner_counts(indptr, indices, chunk_ptr, base.part_ptr) if need_owners else None
+                cap = capacity_bound(sizes, owners, part_sizes, n, config.dedup, device_of)
+                searched[n] = _estimate(model, sizes) + 2 * 4 * width * max(cap)
+            return searched[n]
+
+        if config.chunks is not None:
+            n = config.chunks
+        else:
+            n = 1
+            while estimate(n) > budget and n < limit:
+                n = min(2 * n, limit)
+            lo = n // 2  # estimate(lo) > budget or lo == 0: binary search for the fewest chunks that fit
+            while searched[n] <= budget and n - lo > 1 and n > 1:
+                mid = (lo + n) // 2
+                if estimate(mid) <= budget:
+                    n = mid
+                else:
+                    lo = mid
+            if searched[n] > budget:
+                raise ConfigError(
+                    f"the offload engine needs at least {format_bytes(searched[n])} of device memory for "
+                    f"{graph.name} ({config.model}, hidden {config.hidden}, {config.layers} layers, --dedup "
+                    f"{config.dedup}; tried up to {limit} chunks per partition), more than the budget "
+                    f"({format_bytes(budget)})")
+
     tps: list[Throughput] = []
 
     def tp() -> Throughput:
@@ -209,7 +290,6 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
         return tps[0]
 
     costs: dict[str, float] = {}
-
     reorg_options = [False] if config.reorganize == "off" or config.dedup == "none" else \
         [True] if config.reorganize == "on" else [False, True]
 
@@ -222,11 +302,9 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
         return OffloadPlan(part, est + transition_bytes(model, exchange), budget, path, reused, {}, rows, sched,
                            reorg, config.dedup, vol, exchange, len(devices))
 
-    def candidate(chunker: str, n: int) -> OffloadPlan:
-        """The split of every partition into ``n`` chunks by ``chunker`` with its total estimate (``auto``
-        reorganisation is decided by :func:`scheduled` once the chunk count is known)."""
-        part = load_or_chunk(base, graph, n, chunker, config.plan_dir)
-        ip, ix = permute_csr(graph.indptr, graph.indices, None, part.perm, part.inverse())[:2]
+    def candidate(part: PartitionPlan) -> OffloadPlan:
+        """The split ``part`` with its exact estimate (``auto`` reorganisation is decided by :func:`scheduled`)."""
+        ip, ix = _permuted(graph, part, base, indptr, indices)
         rows = chunk_rows(ip, ix, part.chunk_ptr)
         return build(part, rows, _estimate(model, sizes_from_rows(rows, ip, part.chunk_ptr)), reorg_options[0])
 
@@ -244,60 +322,69 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
         other = build(plan.partition, plan.rows, chunk_est, True)
         return other if other.estimate <= budget and cost(other) < cost(plan) else plan
 
-    def fit(chunker: str, n: int) -> OffloadPlan | None:
-        """The split by ``chunker`` with the fewest chunks from ``n`` up (to the limit) that fits the budget, its
-        buffers included: doubling, then bisection, as for the chunks alone."""
-        cand = candidate(chunker, n)
-        if cand.estimate <= budget:
-            return cand
-        if config.chunks is not None:
-            raise ConfigError(f"--chunks {n} with --dedup {config.dedup} needs about "
-                              f"{format_bytes(cand.estimate)} of device memory (chunk and transition buffers), "
-                              f"more than the budget ({format_bytes(budget)}); use more chunks or --dedup none")
-        lo = hi = n
-        while cand.estimate > budget:
-            if hi >= limit:
-                return None
-            lo, hi = hi, min(limit, 2 * hi)
-            cand = candidate(chunker, hi)
-        while hi - lo > 1:  # lo fails, hi fits
-            mid = (lo + hi) // 2
-            c = candidate(chunker, mid)
-            if c.estimate <= budget:
-                hi, cand = mid, c
-            else:
-                lo = mid
-        return cand
+    def forced_too_big(plan: OffloadPlan) -> ConfigError:
+        return ConfigError(f"--chunks {plan.partition.chunks} with --dedup {config.dedup} needs about "
+                           f"{format_bytes(plan.estimate)} of device memory (chunk and transition buffers), more "
+                           f"than the budget ({format_bytes(budget)}); use more chunks, --dedup none, or leave "
+                           "--chunks out to let the planner choose")
 
-    def too_big() -> ConfigError:
-        # the range split at the chunk limit: the search always reaches it, so this budget is enough
-        need = candidate("range", limit).estimate if config.chunks is None else min(searched.values())
-        return ConfigError(
-            f"the offload engine needs at least {format_bytes(need)} of device memory for {graph.name} "
-            f"({config.model}, hidden {config.hidden}, {config.layers} layers, --dedup {config.dedup}; tried up "
-            f"to {limit} chunks per partition), more than the budget ({format_bytes(budget)})")
+    def metis_split(n: int) -> OffloadPlan | None:
+        """METIS chunks at ``n`` per partition; when those (vertex-balanced, so less even in edges) do not fit, once
+        more at the count their overshoot suggests. ``None`` when they still do not fit."""
+        for _ in range(2):
+            cand = candidate(load_or_chunk(base, graph, n, "metis", config.plan_dir))
+            if cand.estimate <= budget or config.chunks is not None or n >= limit:
+                return cand if cand.estimate <= budget or config.chunks is not None else None
+            n = min(limit, max(n + 1, math.ceil(n * cand.estimate / budget)))
+        return None
 
-    if config.chunks is None and searched[n] > budget:
-        raise too_big()
-    chunkers = ["range", "metis"] if config.chunker == "auto" else [config.chunker]
-    found = []
-    for chunker in chunkers:
-        try:
-            cand = fit(chunker, n)
-        except ConfigError:
-            if len(chunkers) == 1:
-                raise
-            continue  # e.g. METIS left a chunk empty: the other chunker still applies
-        if cand is not None:
-            found.append(scheduled(cand))
-    if not found:
-        raise too_big()
-    plan = found[0] if len(found) == 1 else min(found, key=cost)
-    plan.searched = dict(sorted(searched.items()))
-    plan.costs = costs
+    with stage("plan", timings):
+        found: list[OffloadPlan] = []
+        errors: list[ConfigError] = []
+        if config.chunker in ("range", "auto"):
+            cand = candidate(base.with_chunks(graph, n))
+            if cand.estimate > budget and config.chunks is not None:
+                raise forced_too_big(cand)
+            found.append(scheduled(cand))  # the bound in estimate(n) holds: the exact estimate fits
+        if config.chunker in ("metis", "auto"):
+            try:
+                metis = metis_split(n)
+            except ConfigError as exc:  # e.g. METIS left a chunk empty: the range split still applies
+                if config.chunker == "metis":
+                    raise
+                errors.append(exc)
+                metis = None
+            if metis is not None:
+                if metis.estimate > budget:
+                    raise forced_too_big(metis)
+                found.append(scheduled(metis))
+            elif config.chunker == "metis":
+                raise ConfigError(f"the metis chunker's chunks do not fit the budget ({format_bytes(budget)}) at "
+                                  f"{n} chunks per partition or the next count tried; use --chunker range")
+        plan = found[0] if len(found) == 1 else min(found, key=cost)
+        plan.searched = dict(sorted(searched.items()))
+        plan.costs = costs
+        ip = _permuted(graph, plan.partition, base, indptr, indices)[0]
+        topo = topology_bytes(model, sizes_from_rows(plan.rows, ip, plan.partition.chunk_ptr), graph.num_nodes)
+        per_device = [0] * len(devices)
+        for i in range(m):
+            k0 = i * plan.partition.chunks
+            per_device[device_of[i]] += int(topo[k0 : k0 + plan.partition.chunks].sum())
+        if plan.estimate + max(per_device) <= budget:
+            plan.resident_topology = True
+            plan.estimate += max(per_device)
+    plan.timings = timings
     _MEMO.clear()
     _MEMO[id(graph)] = (weakref.ref(graph), key, plan)
     return plan
+
+
+def _permuted(graph: Graph, part: PartitionPlan, base: PartitionPlan, indptr: Tensor,
+              indices: Tensor) -> tuple[Tensor, Tensor]:
+    """``part``'s renumbered CSR pointers (the base's when the chunker kept its order)."""
+    if part.perm is base.perm:
+        return indptr, indices
+    return permute_csr(graph.indptr, graph.indices, None, part.perm, part.inverse())[:2]
 
 
 def describe(plan: OffloadPlan) -> str:
@@ -310,7 +397,8 @@ def describe(plan: OffloadPlan) -> str:
     v = plan.volume
     n = max(p.num_nodes, 1)
     return (f"offload plan: {p.partitions} partition(s) x {p.chunks} chunk(s) ({method}, {p.chunker} chunks"
-            f"{', reorganized' if plan.reorganized else ''}) on {plan.devices} device(s), estimated peak "
+            f"{', reorganized' if plan.reorganized else ''}) on {plan.devices} device(s)"
+            f"{', topology resident' if plan.resident_topology else ''}, estimated peak "
             f"{format_bytes(plan.estimate)} of a {format_bytes(plan.budget)} budget ({share:.0f}%); --dedup "
             f"{plan.dedup}: {v.h2d(plan.dedup) / n:.2f}|V| rows host->device per layer pass of {v.ori / n:.2f}|V| "
             f"read; partition plan {saved}")

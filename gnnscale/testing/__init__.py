@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -117,7 +118,7 @@ class SyncCounter:
                     counts[f"{func.__name__}()"] += 1
                 return func(*args, **(kwargs or {}))
 
-        self._modes = [_Function(), _Dispatch()]
+        self._modes: list[Any] = [_Function(), _Dispatch()]
         for m in self._modes:
             m.__enter__()
         return self

@@ -99,3 +99,32 @@ def test_block_adjacency_and_transpose() -> None:
     assert dense.shape == (6, 6) and dense[0, 1] == 1 and dense[0, 2] == 1 and dense.sum() == 9
     assert torch.equal(b.adj_t().to_dense(), dense.t())
     assert b.dst_index().tolist() == [0, 0, 1, 1, 2, 3, 4, 4, 4]
+
+
+def test_self_loops_inserted_in_linear_time_equal_the_sorted_insertion() -> None:
+    """normalized_csr adds missing self-loops in place (rows sorted by source) or by sorting (rows unsorted); both
+    give what sorting every edge, loops included, by (destination, source) gives."""
+    from gnnscale.graph.block import _add_self_loops
+    from gnnscale.graph.generators import csbm, kronecker
+    from gnnscale.graph.graph import _coo_to_csr, csr_rows
+    from gnnscale.testing import tiny_graph
+
+    def by_sorting(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None, n: int):  # noqa: ANN202
+        dst = csr_rows(indptr, indices.numel())
+        has = torch.zeros(n, dtype=torch.bool)
+        has[dst[indices == dst]] = True
+        missing = torch.nonzero(~has).view(-1)
+        w = None if weight is None else torch.cat([weight, torch.ones(missing.numel())])
+        return _coo_to_csr(torch.cat([indices, missing]), torch.cat([dst, missing]), n, w, coalesce=False)
+
+    unsorted = csbm(nodes=300, seed=2)
+    shuffled = unsorted.indices.long().clone()
+    shuffled[:50] = shuffled[:50].flip(0)
+    cases = [(g.indptr, g.indices.long(), g.num_nodes) for g in (tiny_graph(), csbm(nodes=500, seed=1),
+                                                                   kronecker(scale=10))]
+    cases.append((unsorted.indptr, shuffled, unsorted.num_nodes))
+    for indptr, indices, n in cases:
+        for weight in (None, torch.rand(indices.numel(), generator=torch.Generator().manual_seed(0))):
+            want, got = by_sorting(indptr, indices, weight, n), _add_self_loops(indptr, indices, weight, n)
+            assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+            assert weight is None or torch.equal(want[2], got[2])

@@ -39,15 +39,7 @@ def normalized_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, T
     weight = graph.edge_weight if spec.norm == "gcn" else None
     n = graph.num_nodes
     if spec.self_loops:
-        dst = graph.dst_index()
-        has_loop = torch.zeros(n, dtype=torch.bool)
-        has_loop[dst[indices == dst]] = True
-        missing = torch.nonzero(~has_loop).view(-1)
-        src = torch.cat([indices, missing])
-        dst = torch.cat([dst, missing])
-        if weight is not None:
-            weight = torch.cat([weight, torch.ones(missing.numel(), dtype=weight.dtype)])
-        indptr, indices, weight = _coo_to_csr(src, dst, n, weight, coalesce=False)
+        indptr, indices, weight = _add_self_loops(indptr, indices, weight, n)
     if spec.norm == "gcn":
         w = torch.ones(indices.numel()) if weight is None else weight
         rows = csr_rows(indptr)
@@ -56,6 +48,46 @@ def normalized_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, T
         dinv.masked_fill_(torch.isinf(dinv), 0.0)
         weight = dinv[indices] * w * dinv[rows]
     return indptr, indices, weight
+
+
+def _add_self_loops(indptr: Tensor, indices: Tensor, weight: Tensor | None,
+                    n: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The CSR with a self-loop (weight 1) added to every row that has none, at its place in (destination,
+    source) order -- what sorting the edges with the loops added gives. Rows already sorted by source (as
+    :class:`Graph` builds them) take an O(E) insertion; otherwise the edges are sorted."""
+    dst = csr_rows(indptr, indices.numel())
+    on_loop = indices == dst
+    has_loop = torch.zeros(n, dtype=torch.bool)
+    has_loop[dst[on_loop]] = True
+    add = (~has_loop).to(torch.int64)  # [n] rows that get a loop
+    missing = torch.nonzero(add).view(-1)
+    in_row = torch.ones(indices.numel(), dtype=torch.bool)
+    if indices.numel():
+        in_row[indptr[1:-1][indptr[1:-1] < indices.numel()]] = False  # first edge of a row: no predecessor
+    sorted_rows = bool(((indices[1:] >= indices[:-1]) | ~in_row[1:]).all()) if indices.numel() > 1 else True
+    if not sorted_rows:
+        src = torch.cat([indices, missing])
+        both = torch.cat([dst, missing])
+        if weight is not None:
+            weight = torch.cat([weight, torch.ones(missing.numel(), dtype=weight.dtype)])
+        return _coo_to_csr(src, both, n, weight, coalesce=False)
+    shift = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(add, 0, out=shift[1:])  # loops added in the rows before each row
+    new_ptr = indptr + shift
+    after = (indices > dst) & add.bool()[dst]  # edges placed after their row's new loop
+    pos = torch.arange(indices.numel()) + shift[dst] + after
+    below = torch.zeros(n, dtype=torch.int64).index_add_(0, dst, (indices < dst).to(torch.int64))
+    loop_pos = new_ptr[missing] + below[missing]
+    total = indices.numel() + missing.numel()
+    out = torch.empty(total, dtype=indices.dtype)
+    out[pos] = indices
+    out[loop_pos] = missing.to(indices.dtype)
+    if weight is not None:
+        w = torch.empty(total, dtype=weight.dtype)
+        w[pos] = weight
+        w[loop_pos] = 1.0
+        weight = w
+    return new_ptr, out, weight
 
 
 @dataclass(eq=False)

@@ -143,14 +143,15 @@ class LiveBytesCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        self._sweep()
         # in-place ops and views return (part of) an input: no new memory, even when that input predates the mode
         inputs = {a.untyped_storage().data_ptr() for a in _tensors(args, kwargs) if a.layout == torch.strided}
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.untyped_storage().data_ptr() in inputs:
-                continue
-            self._track(t)
-        self.peak = max(self.peak, self.baseline + self.current)
+        new = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor) and not (
+            t.layout == torch.strided and t.untyped_storage().data_ptr() in inputs)]
+        if new:  # the peak can only rise when memory is allocated: sweep the dead then, not on every op
+            self._sweep()
+            for t in new:
+                self._track(t)
+            self.peak = max(self.peak, self.baseline + self.current)
         return out
 
 

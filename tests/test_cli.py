@@ -161,3 +161,24 @@ def test_info_web_cnr(capsys: pytest.CaptureFixture[str]) -> None:
     assert (st["nodes"], st["edges"]) == (325557, 3216152)
     assert st["in_degree"]["max"] > st["in_degree"]["mean"] > 1
     assert st["bytes"]["topology"] == 8 * (325557 + 1) + 8 * 3216152
+
+
+def test_sigterm_ends_training_with_one_line_and_no_metrics_file(tmp_path: Path) -> None:
+    import signal
+
+    metrics = tmp_path / "m.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "gnnscale.cli", "train", "--dataset", "csbm:nodes=2000", "--epochs", "100000",
+         "--metrics", str(metrics)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:  # wait until training runs (no sleep: the first epoch line says so)
+        if line.startswith("epoch "):
+            break
+    proc.send_signal(signal.SIGTERM)
+    proc.stdout.read()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert err == "error: terminated\n", err
+    assert not metrics.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -196,7 +196,8 @@ def bench(impl: str, make: Callable[[], tuple[Step, dict[str, Any]]], dev: torch
         peak, kind = rss_peak, rss_kind
     h2d = last.get("h2d_bytes")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # > cores: timings are contended
-    rows = {k: int(v) for k, v in last.items() if k.startswith("rows_") or k == "layer_passes"}
+    rows = {k: int(v) for k, v in last.items() if k.startswith("rows_") or k == "layer_passes"
+            or (k.startswith("h2d_") and k.endswith("_bytes") and k != "h2d_bytes")}  # h2d_row_bytes etc.
     return {"impl": impl, "status": "ok", "median_epoch_s": median, "epoch_times_s": timed,
             "warmup_times_s": times[:warmup], "h2d_bytes": h2d, "d2h_bytes": last.get("d2h_bytes"),
             "h2d_GBps": None if h2d is None else h2d / median / GB, "peak_bytes": peak, "peak_kind": kind,

@@ -418,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             if r["status"] == "ok" and impl == "offload":
                 r.update(row_volumes(r, g.num_nodes))
             rows.append(r)
+            done = f"median {r['median_epoch_s']:.3f} s" if r["status"] == "ok" else r["status"]
+            print(f"  done {label}: {done}", file=sys.stderr, flush=True)  # kept in a log if the run is cut off
         ok = [r for r in rows if r["status"] == "ok"]
         ref = {"inmemory": next((r for r in ok if r["impl"] == "inmemory"), None),
                "pyg": min((r for r in ok if r["impl"].startswith("pyg")), key=lambda r: r["median_epoch_s"],

@@ -125,7 +125,12 @@ def install_wheels(python: str, wheels: Path, site: Path, env: dict[str, str]) -
     cmd = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
            "--upgrade", "--target", str(site), *files]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    return f"$ {shlex.join(cmd)}\nrc {proc.returncode}\n{proc.stdout}{proc.stderr}"
+    log = f"$ {shlex.join(cmd)}\nrc {proc.returncode}\n{proc.stdout}{proc.stderr}"
+    if proc.returncode != 0:  # one wheel for another platform fails them all: then one at a time
+        for wheel in files:
+            one = subprocess.run([*cmd[: -len(files)], wheel], env=env, capture_output=True, text=True, timeout=120)
+            log += f"{Path(wheel).name}: rc {one.returncode} {one.stderr.strip()[-300:]}\n"
+    return log
 
 
 # ------------------------------------------------------------------------------------------------ env probe

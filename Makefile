@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.gnnscale-installed
 # CPU build of torch available on the project's machines; a bare `torch` requirement would pull a CUDA build.
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,11 @@ lint: setup
 
 bench: setup
 	$(VPY) benchmarks/inmemory_vs_pyg.py
+
+# On a lent GPU machine (no .venv there: system python3), about 9 minutes: make gpu-check OUT=/path [DRY=1]
+OUT ?= /tmp/gnnscale-gpu-check
+gpu-check:
+	bash benchmarks/gpu_check.sh $(OUT) $(if $(DRY),--dry-run)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -196,7 +196,8 @@ def bench(impl: str, make: Callable[[], tuple[Step, dict[str, Any]]], dev: torch
         peak, kind = rss_peak, rss_kind
     h2d = last.get("h2d_bytes")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # > cores: timings are contended
-    rows = {k: int(v) for k, v in last.items() if k.startswith("rows_") or k == "layer_passes"}
+    rows = {k: int(v) for k, v in last.items() if k.startswith("rows_") or k == "layer_passes"
+            or (k.startswith("h2d_") and k.endswith("_bytes") and k != "h2d_bytes")}  # h2d_row_bytes etc.
     return {"impl": impl, "status": "ok", "median_epoch_s": median, "epoch_times_s": timed,
             "warmup_times_s": times[:warmup], "h2d_bytes": h2d, "d2h_bytes": last.get("d2h_bytes"),
             "h2d_GBps": None if h2d is None else h2d / median / GB, "peak_bytes": peak, "peak_kind": kind,
@@ -417,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             if r["status"] == "ok" and impl == "offload":
                 r.update(row_volumes(r, g.num_nodes))
             rows.append(r)
+            done = f"median {r['median_epoch_s']:.3f} s" if r["status"] == "ok" else r["status"]
+            print(f"  done {label}: {done}", file=sys.stderr, flush=True)  # kept in a log if the run is cut off
         ok = [r for r in rows if r["status"] == "ok"]
         ref = {"inmemory": next((r for r in ok if r["impl"] == "inmemory"), None),
                "pyg": min((r for r in ok if r["impl"].startswith("pyg")), key=lambda r: r["median_epoch_s"],

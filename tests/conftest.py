@@ -9,3 +9,27 @@ import gnnscale._compat  # noqa: F401  (warning filters)
 def _plan_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Partition plans go to a per-run folder, never to the user's ~/.cache (subprocesses inherit it)."""
     os.environ["GNNSCALE_CACHE_DIR"] = str(tmp_path_factory.mktemp("gnnscale-cache"))
+
+
+# ``--cuda-only``: keep the tests that exercise a CUDA device (what `make gpu-check` runs on a lent GPU): those
+# parametrised with a cuda ``device`` (``gnnscale.testing.with_device``), those skipped without CUDA
+# (``gnnscale.testing.only_cuda`` or any skipif whose reason names CUDA) and those whose id names cuda.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cuda-only", action="store_true", help="run only the tests that use a CUDA device")
+
+
+def is_cuda_test(item: pytest.Item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if str(params.get("device", "")).startswith("cuda"):
+        return True
+    if "cuda" in item.name.lower():
+        return True
+    return any("cuda" in str(m.kwargs.get("reason", "")).lower() for m in item.iter_markers("skipif"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--cuda-only"):
+        return
+    keep = [i for i in items if is_cuda_test(i)]
+    config.hook.pytest_deselected(items=[i for i in items if not is_cuda_test(i)])
+    items[:] = keep

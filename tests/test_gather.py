@@ -13,6 +13,7 @@ import torch
 
 from gnnscale.errors import ConfigError
 from gnnscale.store import GATHER_METHODS, default_gather_method, gather_rows, scatter_add_rows, triton_available
+from gnnscale.testing import only_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,3 +142,25 @@ def test_uva_triton_interpreter():
     assert proc.returncode == 0, f"interpreter run failed:\n{proc.stdout}\n{proc.stderr}"
     expected = 20 if "SKIP-BIG" in proc.stdout else 21  # 4 widths x 5 row counts (+ the > 2^31 offset case)
     assert f"CASES {expected}" in proc.stdout, proc.stdout
+
+
+@only_cuda
+@pytest.mark.parametrize("method", GATHER_METHODS)
+def test_gather_on_cuda_is_exact(method: str) -> None:
+    """The real GPU paths: pinned host rows -> device, sorted and unsorted ids, wide and narrow rows, empty."""
+    if method == "uva" and not triton_available():
+        pytest.skip("triton is not installed")
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(7)
+    for f in (1, 37, 256):
+        host = torch.randn(5000, f, generator=g).pin_memory()  # [N, F]
+        unsorted = torch.randperm(5000, generator=g)[:999]
+        for rows in (_sorted_rows(5000, 1200, seed=f), unsorted, _sorted_rows(5000, 0, seed=1)):
+            n = rows.numel()
+            out = torch.full((n + 3, f), float("nan"), device=dev)  # the tail must stay untouched
+            staging = torch.empty(n, f, pin_memory=True) if method == "index_select" else None
+            got = gather_rows(host, rows if method == "index_select" else rows.to(dev), out, method=method,
+                              staging=staging)
+            torch.cuda.synchronize()
+            assert got.shape == (n, f) and torch.equal(got.cpu(), host[rows]), (f, n)
+            assert out[n:].isnan().all(), (f, n)

@@ -17,7 +17,8 @@ from gnnscale.graph.block import Block
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
-from gnnscale.testing import need_file
+from gnnscale.store import triton_available
+from gnnscale.testing import need_file, only_cuda
 
 CPU = torch.device("cpu")
 
@@ -64,6 +65,28 @@ def test_epoch_metrics_and_the_sampling_pipeline() -> None:
     # another epoch shuffles differently but deterministically
     again = MiniBatchEngine(g, _model(g, cfg), cfg, CPU)
     assert again.train_epoch(1)["loss"] == stats["loss"]
+
+
+def _full_fanout_epoch(device: torch.device, gather: str) -> dict[str, float]:
+    g = csbm(nodes=2000, features=16, avg_degree=8, seed=2)
+    cfg = TrainConfig(model="sage", layers=2, hidden=16, dropout=0.0, engine="minibatch", batch_size=128,
+                      fanouts=(-1, -1), gpu_graph_ratio=0.3, gpu_feature_ratio=0.3, gather=gather, seed=1)
+    return MiniBatchEngine(g, _model(g, cfg), cfg, device).train_epoch(1)
+
+
+@only_cuda
+@pytest.mark.parametrize("gather", ["index_select", "uva"])
+def test_minibatch_on_cuda_trains_like_cpu_with_full_fanouts(gather: str) -> None:
+    """The CUDA path (device sampler, host feature rows over PCIe by either gather): with full fanouts the sample
+    is not random, so the epoch equals the CPU one up to float rounding."""
+    if gather == "uva" and not triton_available():
+        pytest.skip("triton is not installed")
+    cpu, gpu = _full_fanout_epoch(CPU, "index_select"), _full_fanout_epoch(torch.device("cuda"), gather)
+    assert gpu["batches"] == cpu["batches"] and gpu["sampled_edges"] == cpu["sampled_edges"]
+    assert gpu["feature_hit_rate"] == pytest.approx(cpu["feature_hit_rate"])
+    assert gpu["graph_hit_rate"] == pytest.approx(cpu["graph_hit_rate"])
+    assert gpu["h2d_bytes"] > 0  # the cold feature rows came from host memory
+    assert gpu["loss"] == pytest.approx(cpu["loss"], rel=1e-3)  # two batches, two optimiser steps
 
 
 def test_a_sampler_failure_reaches_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:

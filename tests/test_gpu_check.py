@@ -1,0 +1,103 @@
+"""`make gpu-check`'s driver (benchmarks/gpu_check.py): its dry run goes through every step on CPU, so the GPU run
+that a lent machine gets once cannot have rotted."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+STEPS = ["env", "tests", "gather", "offload", "minibatch"]
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("gpu-check")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), str(out), "--dry-run"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"dry run failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    return out, proc.stdout
+
+
+def test_dry_run_reports_every_step_ok(dry_run: tuple[Path, str]) -> None:
+    out, stdout = dry_run
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == STEPS
+    for s in steps:
+        assert s["status"] == "ok" and s["rc"] == 0 and s["dry_run"], s
+        assert s["seconds"] <= s["timeout_s"] and s["command"]
+    by = {s["step"]: s for s in steps}
+    assert by["env"]["env"]["torch"] and "csbm_options" in by["env"]["env"]
+    assert by["tests"]["counts"]["collected"] >= 1  # the CUDA tests, collected (run on a GPU)
+    assert "--cuda-only" in by["tests"]["command"]
+    for name in ("offload", "minibatch"):
+        assert by[name]["records"] >= 2 and by[name]["records_not_ok"] == 0, by[name]
+    assert "packages (needed by):" in stdout and "pymetis" in stdout
+
+
+def test_dry_run_records_and_summary(dry_run: tuple[Path, str]) -> None:
+    out, _ = dry_run
+    offload = [json.loads(line) for line in (out / "offload.jsonl").read_text().splitlines()]
+    assert {r["impl"] for r in offload} == {"offload", "inmemory", "pyg-sparse"}
+    assert sorted(r["budget_spec"] for r in offload if r["impl"] == "offload") == ["1MB", "24"]
+    for r in offload:
+        assert r["status"] == "ok" and r["median_epoch_s"] > 0 and r["model"] == "gcn" and r["nodes"] == 2000
+        if r["impl"] == "offload":
+            assert r["h2d_bytes"] > 0 and r["ratio_vs_inmemory"] > 0 and r["ratio_vs_pyg"] > 0
+    minibatch = [json.loads(line) for line in (out / "minibatch.jsonl").read_text().splitlines()]
+    assert [r["gpu_feature_ratio"] for r in minibatch] == [0.25, 1.0]
+    assert all(r["status"] == "ok" and r["median_epoch_s"] > 0 and r["model"] == "sage" for r in minibatch)
+
+    summary = (out / "summary.md").read_text()
+    for name in STEPS:
+        assert f"## {name}: ok" in summary
+    assert "median epoch (s)" in summary and "/ inmemory" in summary and "(XGNN)" in summary
+    assert "benchmarks/offload.py --device cuda" in summary  # what the GPU run would measure
+    assert gpu_check.DATASET in summary and "--gpu-memory 6,24" in summary and "--pyg sparse" in summary
+
+
+def test_output_fits_the_device_tool(dry_run: tuple[Path, str]) -> None:
+    """At most 8 plain files, no folders, names of letters, digits and ._- only, 16 MiB each at most."""
+    out, _ = dry_run
+    entries = list(out.iterdir())
+    assert len(entries) <= 8 and {p.name for p in entries} <= set(gpu_check.FILES)
+    for p in entries:
+        assert p.is_file() and re.fullmatch(r"[A-Za-z0-9._-]+", p.name) and p.stat().st_size <= 16 << 20
+
+
+def test_dry_spec_and_unknown_options() -> None:
+    spec = gpu_check.dry_spec(gpu_check.DATASET)
+    assert spec.startswith("csbm:nodes=2000,avg_degree=10,") and "communities=8" in spec and "p_intra=0.85" in spec
+    assert "communities" not in gpu_check.dry_spec("csbm:nodes=10")
+    kept, dropped = gpu_check.drop_options("csbm:nodes=5,communities=3,p_intra=0.5", ["nodes", "classes"])
+    assert kept == "csbm:nodes=5" and dropped == ["communities", "p_intra"]
+    assert gpu_check.drop_options("kronecker:scale=4", ["nodes"]) == ("kronecker:scale=4", [])
+
+
+def test_summaries_of_gpu_records() -> None:
+    """What only a GPU produces: gather rates and the offload engine's split H2D counters."""
+    gather = [{"features": 100, "method": m, "label": m, "order": o, "median_ms": 10.0, "gbps": g, "correct": True}
+              for m, o, g in (("bulk", "-", 25.0), ("uva", "sorted", 20.0), ("uva", "random", 12.5))]
+    text = "\n".join(gpu_check.summarize_gather(gather))
+    assert "| 100 | uva | random | 10.00 | 12.50 | 0.50 | ok |" in text
+    rec = {"impl": "offload", "budget_spec": "6", "status": "ok", "chunks": 4, "median_epoch_s": 1.5,
+           "h2d_bytes": 3e9, "h2d_row_bytes": 2e9, "h2d_topology_bytes": 0.9e9, "h2d_index_bytes": 0.1e9,
+           "h2d_GBps": 2.0, "peak_bytes": 2**30, "final_loss": 1.0, "ratio_vs_inmemory": 1.5}
+    text = "\n".join(gpu_check.summarize_offload([rec]))
+    assert "offload 6 GiB" in text and "3.000 (2.000 / 0.900 / 0.100)" in text
+    assert "| 1.500 | 1.50 | - |" in text
+    assert gpu_check.pytest_counts("== 5 passed, 2 skipped, 270 deselected in 3.10s ==") == {
+        "passed": 5, "skipped": 2, "deselected": 270}
+    assert gpu_check.pytest_counts("1 failed, 4 passed in 9.0s")["failed"] == 1
+    assert gpu_check.pytest_counts("6/282 tests collected (276 deselected) in 4.09s")["collected"] == 6

@@ -91,7 +91,7 @@ Step = Callable[[int], dict[str, Any]]  # one training epoch -> {"loss": ..., en
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "offload.jsonl"
 DEFAULT_DATASET = "csbm:nodes=100000,avg_degree=10,features=100"
 PYG_VARIANTS = {"edge_index": "pyg", "sparse": "pyg-sparse"}
-PRODUCTS_LIKE = "csbm:nodes=2450000,avg_degree=50,features=100,classes=47"
+PRODUCTS_LIKE = "csbm:nodes=2449029,avg_degree=50,features=100,classes=47,communities=256,p_intra=0.9"  # issue #11
 GB = 1e9
 _ENV_PREFIXES = ("OMP_", "MKL_", "MALLOC_", "CUDA_VISIBLE", "PYTORCH_CUDA_ALLOC")  # recorded: they move timings
 

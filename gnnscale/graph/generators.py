@@ -1,4 +1,5 @@
-"""Seeded synthetic graphs: contextual SBM (learnable, the default dataset) and Graph500 Kronecker (R-MAT)."""
+"""Seeded synthetic graphs: contextual SBM (learnable, the default dataset; optionally with communities that give
+it locality) and Graph500 Kronecker (R-MAT)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def csbm(
     train: float = 0.1,
     val: float = 0.1,
     seed: int = 0,
+    communities: int = 0,
+    p_intra: float = 0.9,
 ) -> Graph:
     """Contextual stochastic block model: planted classes, Gaussian features around class means, homophilous edges.
 
@@ -62,11 +65,25 @@ def csbm(
         signal: class-mean strength; small values make features alone weak, so the graph carries the signal.
         train, val: fractions of vertices in the train and validation masks; the rest is test.
         seed: seeds everything.
+        communities: ``K > 0`` gives the graph locality: every vertex also gets a uniformly random community
+            (:func:`csbm_communities`; ids are random with respect to communities, so a partitioner has to find
+            them), and each edge picks its other endpoint inside the source's community with probability
+            ``p_intra`` (there a vertex of the target class when the community has one, else any vertex of the
+            community), else anywhere as without communities. ``0``: no communities (the graph is then the same as
+            before these options existed). Features, labels, splits and the edges' sources and target classes
+            are the same for every ``K`` and ``p_intra``; only the edges' other endpoints change.
+        p_intra: with ``communities``, the probability that an edge is drawn inside its source's community (the
+            fraction of intra-community edges is ``p_intra + (1 - p_intra) / K`` in expectation, before duplicate
+            edges are merged).
     """
     if nodes < 2 or classes < 1 or features < 1 or avg_degree <= 0:
         raise DatasetError("csbm needs nodes >= 2, classes >= 1, features >= 1 and avg_degree > 0")
     if not 0.0 <= homophily <= 1.0 or not 0 < train < 1 or not 0 <= val < 1 or train + val >= 1:
         raise DatasetError("csbm needs 0 <= homophily <= 1, 0 < train, 0 <= val, train + val < 1")
+    if not 0 <= communities <= nodes:
+        raise DatasetError(f"csbm needs 0 <= communities <= nodes (0: no communities), got communities={communities}")
+    if not 0.0 <= p_intra <= 1.0:
+        raise DatasetError(f"csbm needs 0 <= p_intra <= 1, got p_intra={p_intra}")
     rng = np.random.default_rng(seed)
     y = rng.integers(0, classes, nodes)
     means = rng.standard_normal((classes, features)).astype(np.float32)
@@ -84,10 +101,17 @@ def csbm(
         target_class = y[src]
     ok = counts[target_class] > 0
     src, target_class = src[ok], target_class[ok]
-    pick = (rng.random(src.shape[0]) * counts[target_class]).astype(np.int64)
-    dst = by_class[starts[target_class] + pick]
+    u = rng.random(len(src))
+    dst = by_class[starts[target_class] + (u * counts[target_class]).astype(np.int64)]
+    if communities:
+        crng = _community_rng(seed)
+        comm = crng.integers(0, communities, nodes)
+        intra = (crng.random(m, dtype=np.float32) < p_intra)[ok]
+        _community_targets(dst, src, target_class, u, intra, comm, y, communities, classes)
     keep = src != dst
-    ei = np.vstack([np.concatenate([src[keep], dst[keep]]), np.concatenate([dst[keep], src[keep]])])
+    del target_class, u, same
+    ei = _both_directions(src[keep], dst[keep])
+    del src, dst, keep
     tr, va, te = random_split(nodes, (train, val, 1.0 - train - val), rng)
     return Graph.from_edge_index(
         ei,
@@ -100,6 +124,70 @@ def csbm(
         num_classes=classes,
         name="csbm",
     )
+
+
+def _both_directions(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """``[2, 2E]``: the edges ``src -> dst`` then ``dst -> src``, written in place (no concatenated temporaries)."""
+    k = src.shape[0]
+    ei = np.empty((2, 2 * k), dtype=np.int64)
+    ei[0, :k], ei[0, k:], ei[1, :k], ei[1, k:] = src, dst, dst, src
+    return ei
+
+
+def _community_rng(seed: int) -> np.random.Generator:
+    """The community stream of :func:`csbm`: a child of ``seed``'s, so the main stream is untouched."""
+    return np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
+
+
+def csbm_communities(nodes: int, communities: int, seed: int = 0) -> np.ndarray:
+    """``[nodes]`` community of each vertex of ``csbm(nodes=nodes, communities=communities, seed=seed)``.
+
+    Cheap (no graph is built): the ids come first from their own seeded stream.
+    """
+    if not 1 <= communities <= nodes:
+        raise DatasetError(f"csbm needs 1 <= communities <= nodes here, got communities={communities}")
+    return _community_rng(seed).integers(0, communities, nodes)
+
+
+def _community_targets(
+    dst: np.ndarray,
+    src: np.ndarray,
+    target_class: np.ndarray,
+    u: np.ndarray,
+    intra: np.ndarray,
+    comm: np.ndarray,
+    y: np.ndarray,
+    communities: int,
+    classes: int,
+    block: int = 1 << 23,
+) -> None:
+    """Overwrite ``dst`` of the ``intra`` edges with a vertex of the source's community (in place).
+
+    The vertex is ``u``-uniform among the community's vertices of ``target_class`` when there are any, else among
+    all of the community's vertices. Buckets come from one (community, class)-sorted index; edges are processed in
+    blocks so the temporaries stay small at products scale.
+    """
+    n = y.shape[0]
+    idx_t = np.int32 if n < 2**31 else np.int64
+    cc = comm * classes + y  # bucket of each vertex
+    by_cc = np.argsort(cc, kind="stable").astype(idx_t)
+    cc_counts = np.bincount(cc, minlength=communities * classes)
+    cc_starts = np.concatenate([[0], np.cumsum(cc_counts)[:-1]])
+    del cc
+    c_counts = np.bincount(comm, minlength=communities)  # buckets of one community are consecutive in by_cc
+    c_starts = np.concatenate([[0], np.cumsum(c_counts)[:-1]])
+    comm_t = comm.astype(idx_t)
+    for lo in range(0, dst.shape[0], block):
+        sl = slice(lo, lo + block)
+        i = np.flatnonzero(intra[sl])
+        c = comm_t[src[sl][i]]
+        key = c.astype(np.int64) * classes + target_class[sl][i]
+        cnt = cc_counts[key]
+        start = cc_starts[key]
+        empty = cnt == 0
+        cnt[empty] = c_counts[c[empty]]
+        start[empty] = c_starts[c[empty]]
+        dst[lo + i] = by_cc[start + (u[sl][i] * cnt).astype(np.int64)]
 
 
 def kronecker(

@@ -335,15 +335,18 @@ def _coo_to_csr(
     key, perm = torch.sort(key, stable=True)
     if weight is not None:
         weight = weight[perm]
-    if coalesce and key.numel():
+    del perm  # large graphs: free what is no longer needed before the next [E] temporaries
+    if coalesce and key.numel() and weight is None:
+        key = torch.unique_consecutive(key)
+    elif coalesce and key.numel():
+        assert weight is not None
         key, inverse = torch.unique_consecutive(key, return_inverse=True)
-        if weight is not None:
-            merged = torch.zeros(key.numel(), dtype=weight.dtype)
-            if reduce == "sum":
-                merged.index_add_(0, inverse, weight)
-            else:
-                merged = merged.fill_(-float("inf")).scatter_reduce(0, inverse, weight, reduce="amax")
-            weight = merged
+        merged = torch.zeros(key.numel(), dtype=weight.dtype)
+        if reduce == "sum":
+            merged.index_add_(0, inverse, weight)
+        else:
+            merged = merged.fill_(-float("inf")).scatter_reduce(0, inverse, weight, reduce="amax")
+        weight = merged
     dst_sorted = torch.div(key, num_nodes, rounding_mode="floor")
     indices = key - dst_sorted * num_nodes
     counts = torch.bincount(dst_sorted, minlength=num_nodes)

@@ -54,7 +54,7 @@ BENCH = ROOT / "benchmarks"
 
 # The graph of the offload and mini-batch steps: ogbn-products' size (2,449,029 vertices, ~50 average degree,
 # 100 features, 47 classes) with community structure, so that chunks have locality as real graphs do.
-DATASET = "csbm:nodes=2449029,avg_degree=50,features=100,classes=47,communities=2048,p_intra=0.85"
+DATASET = "csbm:nodes=2449029,avg_degree=50,features=100,classes=47,communities=256,p_intra=0.9"
 # --dry-run: the same spec with these options replaced (communities only where the spec has them).
 DRY_SIZES = {"nodes": "2000", "avg_degree": "10", "features": "16", "classes": "4", "communities": "8"}
 XGNN_EPOCH_S = 0.3  # XGNN's mini-batch epoch time at products scale, the goal of the minibatch step

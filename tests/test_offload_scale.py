@@ -3,6 +3,8 @@ counted apart from rows, gradient buffers left clean by a failed epoch, Eq. 4's 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import Tensor
@@ -172,3 +174,48 @@ def test_eq4_prices_rows_read_from_other_partitions_at_the_device_to_device_rate
     assert comm_cost(vol, "full", slow) == pytest.approx(expected, rel=1e-12)
     # the other modes never read another partition's buffer
     assert comm_cost(vol, "reuse", slow) == comm_cost(vol, "reuse", fast)
+
+
+# ------------------------------------------------------------------------------------------------ preprocessing
+def test_metis_runs_once_per_partitioning_and_once_at_the_chosen_chunk_count(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """``--chunker auto`` without ``--chunks``: the chunk count is searched on range splits, METIS runs for the
+    level-1 split and then once per partition at the count chosen -- never per candidate."""
+    import gnnscale.partition.plan as plan_mod
+    from gnnscale.plan.offload import _MEMO, plan_offload
+
+    g = csbm(nodes=3000, features=16, avg_degree=10, seed=1)
+    calls: list[tuple[int, bool]] = []
+    metis = plan_mod._metis
+
+    def counted(ei: Tensor, n: int, m: int, seed: int, volume: bool = False) -> Tensor:
+        calls.append((m, volume))
+        return metis(ei, n, m, seed, volume)
+
+    monkeypatch.setattr(plan_mod, "_metis", counted)
+    base = TrainConfig(model="gcn", hidden=16, engine="offload", partitions=2, chunker="auto", seed=0,
+                       plan_dir=str(tmp_path))
+    probe = plan_offload(g, TrainConfig(**{**base.__dict__, "chunks": 8, "chunker": "range"}), CPU)
+    calls.clear()
+    _MEMO.clear()
+    plan = plan_offload(g, TrainConfig(**{**base.__dict__, "memory_budget": probe.estimate}), CPU)
+    n = plan.partition.chunks
+    assert 4 <= n <= 8 and len(plan.searched) >= 3  # a real search over several candidate counts
+    assert calls == [(n, True), (n, True)], calls  # level 1 reused from the probe's saved plan; chunks: at n only
+    assert {re.match(r"[a-z]+", k).group() for k in plan.costs} == {"range", "metis"}  # type: ignore[union-attr]
+
+
+def test_the_plan_is_built_once_per_run_without_a_budget(graph: Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine=auto``, no ``--gpu-memory``: the selector's check and the engine's set-up share one plan, although
+    free memory changes between them."""
+    from gnnscale import train
+    from gnnscale.plan import offload as planner
+
+    builds = []
+    chunk_rows_ = planner.chunk_rows
+    monkeypatch.setattr(planner, "chunk_rows", lambda *a: builds.append(1) or chunk_rows_(*a))
+    readings = iter(range(1 << 40, 1 << 41, 1 << 20))  # a different free-memory reading on every call
+    monkeypatch.setattr(planner, "available_device_bytes", lambda device: next(readings))
+    planner._MEMO.clear()
+    train(graph, TrainConfig(model="gcn", hidden=16, engine="offload", epochs=1, chunks=4), "cpu")
+    assert builds == [1]

@@ -387,20 +387,157 @@ def chunk_halo(indptr: Tensor, indices: Tensor, lo: int, hi: int, mark: Tensor) 
 
 def chunk_neighbour_counts(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:
     """``[K, 3]`` int64 per chunk ``[lo, hi)``: distinct in-neighbours ``|N_k|``, those outside ``[lo, hi)``, and
-    in-edges."""
-    n = indptr.numel() - 1
-    mark = torch.zeros(n, dtype=torch.bool)
-    out = torch.empty(chunk_ptr.numel() - 1, 3, dtype=torch.int64)
-    for k in range(chunk_ptr.numel() - 1):
-        lo, hi = int(chunk_ptr[k]), int(chunk_ptr[k + 1])
-        src = indices[int(indptr[lo]) : int(indptr[hi])]
-        if src.numel() * 8 < n:  # small chunk: sort its few sources instead of sweeping an [N] mask
-            u = torch.unique(src)
-            total, outside = u.numel(), int(((u < lo) | (u >= hi)).sum())
-        else:
-            mark.zero_()
-            mark[src] = True
-            total = int(mark.sum())
-            outside = total - int(mark[lo:hi].sum())
-        out[k, 0], out[k, 1], out[k, 2] = total, outside, src.numel()
-    return out
+    in-edges.
+
+    O(E) per call once the transposed CSR of ``(indptr, indices)`` is built (an O(E log E) sort, cached while
+    these tensors live and are not modified: see :class:`ChunkCounter`, which callers with many chunk splits of
+    one CSR can also hold themselves).
+    """
+    return ChunkCounter.of(indptr, indices).counts(chunk_ptr)
+
+
+_BLOCK = 1 << 22
+"""Transposed edges processed per block by :class:`ChunkCounter` (bounds its temporaries)."""
+
+
+class ChunkCounter:
+    """Per-chunk in-neighbour sets of one in-neighbour CSR, for any number of chunk splits.
+
+    ``ChunkCounter(indptr, indices)`` builds the transposed CSR once (per source, its destinations ascending: one
+    O(E log E) sort, about ``5 E + 8 N`` bytes kept). Then, for any ``chunk_ptr`` (non-decreasing new-id offsets
+    of chunks ``[lo, hi)``), a chunk's distinct in-neighbours are the distinct (chunk of destination, source)
+    pairs: along a source's ascending destinations the chunk id is monotone, so a pair is new exactly where the
+    chunk id changes or a new source starts, an O(E) pass with no per-chunk loop.
+
+    * :meth:`counts` is :func:`chunk_neighbour_counts` (``[K, 3]``: ``|N_k|``, outside, in-edges);
+    * :meth:`rows` is :func:`gnnscale.partition.dedup.chunk_rows` (per chunk: ``lo..hi-1``, then the sorted
+      in-neighbours outside ``[lo, hi)``).
+
+    Both return exactly what the per-chunk definitions do. :meth:`of` returns a cached counter for the same
+    ``(indptr, indices)`` tensors (kept while they live and are not modified in place).
+    """
+
+    _cache: tuple[Any, Any, int, int, ChunkCounter] | None = None
+
+    def __init__(self, indptr: Tensor, indices: Tensor) -> None:
+        n = indptr.numel() - 1
+        if n >= 1 << 31:
+            raise ConfigError(f"ChunkCounter supports fewer than 2**31 vertices, got {n}")
+        self.num_nodes = n
+        self.indptr = indptr.clone()  # not the caller's tensor: the cache must not keep it alive
+        E = indices.numel()
+        bits = max(n - 1, 1).bit_length()
+        deg = (indptr[1:] - indptr[:-1]).numpy()
+        # key = source << bits | destination: sorting it groups edges by source, destinations ascending
+        key = np.ascontiguousarray(indices.numpy()).astype(np.int64)
+        key <<= bits
+        key |= np.repeat(np.arange(n, dtype=np.int32), deg)
+        key.sort()
+        key &= (1 << bits) - 1
+        self.dst = torch.from_numpy(key.astype(np.int32))  # [E] destinations grouped by source
+        del key
+        out_deg = torch.bincount(indices, minlength=n)
+        self.out_ptr = torch.zeros(n + 1, dtype=torch.int64)
+        torch.cumsum(out_deg, 0, out=self.out_ptr[1:])
+        self.first = torch.zeros(E, dtype=torch.bool)  # [E] the first edge of each source
+        self.first[self.out_ptr[:-1][out_deg > 0]] = True
+        # blocks of whole sources with about _BLOCK edges each
+        cuts = torch.searchsorted(self.out_ptr, torch.arange(0, E, _BLOCK, dtype=torch.int64))
+        srcs = torch.unique(torch.cat([cuts, torch.tensor([0, n])])).tolist()
+        self._blocks = [(a, b) for a, b in zip(srcs[:-1], srcs[1:], strict=True) if a < b]
+
+    @classmethod
+    def of(cls, indptr: Tensor, indices: Tensor) -> ChunkCounter:
+        """The counter of ``(indptr, indices)``: the cached one when these same tensors were seen last, unmodified
+        since (one entry, dropped with the tensors)."""
+        import weakref
+
+        c = cls._cache
+        if (c is not None and c[0]() is indptr and c[1]() is indices and c[2] == indptr._version
+                and c[3] == indices._version):
+            return c[4]
+        ChunkCounter._cache = None
+        counter = cls(indptr, indices)
+        try:
+            ChunkCounter._cache = (weakref.ref(indptr, _drop_cache), weakref.ref(indices, _drop_cache),
+                                   indptr._version, indices._version, counter)
+        except TypeError:  # pragma: no cover - tensors without weak references
+            pass
+        return counter
+
+    def _chunk_of(self, chunk_ptr: Tensor) -> tuple[Tensor, bool]:
+        """``[N]`` int32 chunk of each vertex (-1 outside ``chunk_ptr``'s range), and whether all are inside."""
+        n, K = self.num_nodes, chunk_ptr.numel() - 1
+        lo, hi = int(chunk_ptr[0]), int(chunk_ptr[-1])
+        cv = torch.full((n,), -1, dtype=torch.int32)
+        cv[lo:hi] = torch.repeat_interleave(torch.arange(K, dtype=torch.int32), chunk_ptr[1:] - chunk_ptr[:-1],
+                                            output_size=hi - lo)
+        return cv, lo == 0 and hi == n
+
+    def _pairs(self, chunk_ptr: Tensor, want_outside: bool):  # noqa: ANN202 - generator of per-block pieces
+        """Per block of sources: (chunks of the distinct pairs, chunks of the pairs whose source lies outside the
+        chunk, and those sources when ``want_outside``)."""
+        cv, whole = self._chunk_of(chunk_ptr)
+        out_deg = self.out_ptr[1:] - self.out_ptr[:-1]
+        for s0, s1 in self._blocks:
+            e0, e1 = int(self.out_ptr[s0]), int(self.out_ptr[s1])
+            L = e1 - e0
+            c = cv.index_select(0, self.dst[e0:e1])
+            new = self.first[e0:e1].clone()
+            new[1:] |= c[1:] != c[:-1]
+            if not whole:
+                new &= c >= 0
+            cs = torch.repeat_interleave(cv[s0:s1], out_deg[s0:s1], output_size=L)  # chunk of each source
+            out = new & (c != cs)
+            src = None
+            if want_outside:
+                src = torch.repeat_interleave(torch.arange(s0, s1, dtype=torch.int32), out_deg[s0:s1],
+                                              output_size=L)[out]
+            yield c[new], c[out], src
+
+    def counts(self, chunk_ptr: Tensor) -> Tensor:
+        """:func:`chunk_neighbour_counts` for ``chunk_ptr``: ``[K, 3]`` int64 ``|N_k|``, outside, in-edges."""
+        K = chunk_ptr.numel() - 1
+        total = torch.zeros(K, dtype=torch.int64)
+        outside = torch.zeros(K, dtype=torch.int64)
+        for c_all, c_out, _ in self._pairs(chunk_ptr, False):
+            total += torch.bincount(c_all, minlength=K)
+            outside += torch.bincount(c_out, minlength=K)
+        edges = self.indptr[chunk_ptr[1:]] - self.indptr[chunk_ptr[:-1]]
+        return torch.stack([total, outside, edges], dim=1)
+
+    def halos(self, chunk_ptr: Tensor) -> tuple[Tensor, Tensor]:
+        """Every chunk's outside in-neighbours, concatenated chunk by chunk, each chunk's sorted (int64), and
+        ``[K]`` int64 their counts."""
+        K = chunk_ptr.numel() - 1
+        keys = []
+        for _, c_out, src in self._pairs(chunk_ptr, True):
+            k = c_out.numpy().astype(np.int64)
+            k <<= 32
+            k |= src.numpy()
+            keys.append(k)
+        key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+        key.sort()
+        chunk = torch.from_numpy(key >> 32)
+        key &= (1 << 32) - 1
+        return torch.from_numpy(key), torch.bincount(chunk, minlength=K)
+
+    def rows(self, chunk_ptr: Tensor) -> list[Tensor]:
+        """:func:`gnnscale.partition.dedup.chunk_rows` for ``chunk_ptr``: per chunk ``[lo, hi)`` its destinations
+        ``lo..hi-1`` then its sorted outside in-neighbours (int64; views of one flat tensor)."""
+        halo, H = self.halos(chunk_ptr)
+        V = chunk_ptr[1:] - chunk_ptr[:-1]
+        R = V + H
+        O = torch.cumsum(R, 0) - R  # offset of each chunk's rows
+        Hs = torch.cumsum(H, 0) - H
+        lo, hi = int(chunk_ptr[0]), int(chunk_ptr[-1])
+        flat = torch.empty(int(R.sum()), dtype=torch.int64)
+        dst = torch.arange(lo, hi, dtype=torch.int64)
+        flat[dst + torch.repeat_interleave(O - chunk_ptr[:-1], V, output_size=hi - lo)] = dst
+        pos = torch.arange(halo.numel(), dtype=torch.int64)
+        flat[pos + torch.repeat_interleave(O + V - Hs, H, output_size=halo.numel())] = halo
+        return list(torch.split(flat, R.tolist()))
+
+
+def _drop_cache(_ref: Any) -> None:
+    ChunkCounter._cache = None

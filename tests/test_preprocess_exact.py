@@ -287,13 +287,13 @@ def test_chunk_counts_and_rows_match_the_per_chunk_loops(n: int, e: int, k: int,
 def test_counter_cache_follows_the_tensors() -> None:
     ip, ix = _csr(500, 4000, seed=3)
     cp = _chunk_ptr(500, 9, seed=1)
-    assert ChunkCounter.of(ip, ix) is ChunkCounter.of(ip, ix)
+    assert ChunkCounter.of(ip, ix).gap is ChunkCounter.of(ip, ix).gap
     first = chunk_neighbour_counts(ip, ix, cp)
     ix[:100] = 7  # modified in place: not the cached transpose any more
     assert not torch.equal(first, chunk_neighbour_counts(ip, ix, cp))
     assert torch.equal(chunk_neighbour_counts(ip, ix, cp), ref_chunk_neighbour_counts(ip, ix, cp))
     ip2, ix2 = ip.clone(), ix.clone()
-    assert ChunkCounter.of(ip2, ix2) is not ChunkCounter.of(ip, ix)
+    assert ChunkCounter.of(ip2, ix2).gap is not ChunkCounter.of(ip, ix).gap
 
 
 # ------------------------------------------------------------------------------------------------ dedup pieces
@@ -347,3 +347,17 @@ def test_reorganize_ties_go_to_the_lowest_id() -> None:
     assert torch.equal(sched, ref_reorganize(rows, 2, 4, 10))
     same = [t([0]), t([0]), t([0]), t([0])]  # all tie: identity order
     assert reorganize(same, 1, 4, 1).tolist() == [[0, 1, 2, 3]] == ref_reorganize(same, 1, 4, 1).tolist()
+
+
+def test_stats_edge_cut_and_alpha_match_the_definitions() -> None:
+    ip, ix = _csr(900, 8000, seed=5, isolated=30)
+    g = Graph(indptr=ip, indices=ix)
+    plan = partition_graph(g, 3, 5, "random", 1)
+    st = plan.stats(g)
+    ip2, ix2 = permute_csr(ip, ix, None, plan.perm, plan.inverse())[:2]
+    part_of = torch.repeat_interleave(torch.arange(3), plan.part_ptr[1:] - plan.part_ptr[:-1])
+    dst = torch.repeat_interleave(torch.arange(900), ip2[1:] - ip2[:-1])
+    assert st["edge_cut"] == int((part_of[ix2] != part_of[dst]).sum()) / 8000
+    counts = ref_chunk_neighbour_counts(ip2, ix2, plan.chunk_ptr)
+    assert st["alpha"] == int(counts[:, 0].sum()) / 900
+    assert st["chunk_rows_max"] == int((plan.chunk_ptr[1:] - plan.chunk_ptr[:-1] + counts[:, 1]).max())

@@ -39,16 +39,11 @@ REORGANIZE_MODES = ("auto", "on", "off")
 def chunk_rows(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> list[Tensor]:
     """Per chunk ``[lo, hi)``: its destinations ``lo..hi-1``, then the sorted in-neighbours outside the range.
 
-    This is the row order of a chunk's block (destinations first, as layers expect) and the set ``N_ij``. The
-    tensors are int64 views of one flat tensor, built without a per-chunk pass (:meth:`ChunkCounter.rows`, whose
-    transposed CSR is cached for the same ``indptr``/``indices``).
+    This is the row order of a chunk's block (destinations first, as layers expect) and the set ``N_ij``. Built by
+    :meth:`ChunkCounter.rows` from the edges' per-source gaps (one O(E log E) sort, cached for the same
+    ``indptr``/``indices``; then O(E) per split, no O(N) work per chunk).
     """
     return ChunkCounter.of(indptr, indices).rows(chunk_ptr)
-
-
-_SHIFT = 32
-"""Flat set keys are ``group << 32 | vertex`` (vertex ids < 2**31): sorting them sorts by group, then vertex."""
-_LOW = (1 << _SHIFT) - 1
 
 
 def _isin_sorted(a: Tensor, b_sorted: Tensor) -> Tensor:
@@ -57,42 +52,6 @@ def _isin_sorted(a: Tensor, b_sorted: Tensor) -> Tensor:
         return torch.zeros(a.numel(), dtype=torch.bool)
     pos = torch.searchsorted(b_sorted, a).clamp_(max=b_sorted.numel() - 1)
     return b_sorted[pos] == a
-
-
-def _find(keys: np.ndarray, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of ``probe`` in the sorted ``keys`` and whether each is there."""
-    if keys.size == 0:
-        return np.zeros(probe.size, dtype=np.int64), np.zeros(probe.size, dtype=bool)
-    pos = np.searchsorted(keys, probe)
-    np.minimum(pos, keys.size - 1, out=pos)
-    return pos, keys[pos] == probe
-
-
-def _group_keys(rows: list[Tensor], chunk_ids: list[int], groups: list[int]) -> np.ndarray:
-    """Unsorted int64 keys ``group << 32 | row`` of the rows of chunks ``chunk_ids`` (``groups`` alongside)."""
-    sets = [rows[k] for k in chunk_ids]
-    if not sets:
-        return np.zeros(0, dtype=np.int64)
-    key = torch.cat(sets).numpy().astype(np.int64)
-    key |= np.repeat(np.asarray(groups, dtype=np.int64) << _SHIFT, [t.numel() for t in sets])
-    return key
-
-
-def _union_keys(rows: list[Tensor], schedule: Tensor) -> np.ndarray:
-    """Sorted distinct keys ``j << 32 | v`` of every batch's transition set ``U_j`` (column ``j`` of
-    ``schedule``)."""
-    m, n = schedule.shape
-    key = _group_keys(rows, schedule.reshape(-1).tolist(), [j for _ in range(m) for j in range(n)])
-    key.sort()
-    if key.size:
-        key = key[np.concatenate([[True], key[1:] != key[:-1]])]
-    return key
-
-
-def _split_keys(key: np.ndarray, groups: int) -> list[Tensor]:
-    """Sorted flat keys -> per group its sorted int64 values."""
-    counts = np.bincount(key >> _SHIFT, minlength=groups) if key.size else np.zeros(groups, dtype=np.int64)
-    return list(torch.split(torch.from_numpy(key & _LOW), counts.tolist()))
 
 
 def _overlaps(rows_a: list[Tensor], rows_b: list[Tensor], n: int) -> np.ndarray:
@@ -111,7 +70,7 @@ def _overlaps(rows_a: list[Tensor], rows_b: list[Tensor], n: int) -> np.ndarray:
 
 def _unions(rows: list[Tensor], schedule: Tensor) -> list[Tensor]:
     """Sorted transition set ``U_j`` of every batch (column ``j`` of ``schedule``)."""
-    return _split_keys(_union_keys(rows, schedule), schedule.shape[1])
+    return [torch.unique(torch.cat([rows[k] for k in schedule[:, j].tolist()])) for j in range(schedule.shape[1])]
 
 
 # ------------------------------------------------------------------------------------------------ Algorithm 4
@@ -147,25 +106,17 @@ def reorganize(rows: list[Tensor], partitions: int, chunks: int, num_nodes: int)
     Phase 1 assigns partition ``i``'s chunks to batches, each batch taking the remaining chunk with the most rows in
     common with its transition set so far (inter-partition sharing). Phase 2 orders the batches, each next batch
     the remaining one sharing the most rows with the previous (intra-device reuse). Ties go to the lowest id.
-
-    Each partition costs one sparse overlap product and one sort of the transition sets; the greedy choices are
-    vectorised over the ``n`` candidates.
     """
     m, n = partitions, chunks
     sched = default_schedule(m, n).clone()
-    # phase 1: N^U_j starts as partition 0's chunk j; kept as sorted keys j << 32 | v
-    ukey = _group_keys(rows, list(range(n)), list(range(n)))
-    ukey.sort()
+    union = [rows[j] for j in range(n)]  # phase 1: N^U_j starts as partition 0's chunk j
     for i in range(1, m):
-        own = rows[i * n : (i + 1) * n]
-        common = _overlaps(own, _split_keys(ukey, n), num_nodes)  # [k, j] = |N_ik ∩ N^U_j|
-        pick = _greedy(common, None)
-        sched[i] = i * n + torch.tensor(pick, dtype=torch.int64)
-        ukey = np.concatenate([ukey, _group_keys(rows, [i * n + k for k in pick], list(range(n)))])
-        ukey.sort()
-        ukey = ukey[np.concatenate([[True], ukey[1:] != ukey[:-1]])]
+        own = [rows[i * n + k] for k in range(n)]
+        common = _overlaps(own, union, num_nodes)  # [k, j] = |N_ik ∩ N^U_j|
+        for j, k in enumerate(_greedy(common, None)):
+            sched[i, j] = i * n + k
+            union[j] = torch.unique(torch.cat([union[j], own[k]]))
     if n > 2:  # phase 2: batch order
-        union = _split_keys(ukey, n)
         common = _overlaps(union, union, num_nodes)
         sched = sched[:, _greedy(common, [0])]
     return sched
@@ -190,20 +141,18 @@ class CommVolume:
 
 
 def comm_volume(rows: list[Tensor], schedule: Tensor) -> CommVolume:
-    """Eq. 4's row counts of ``schedule`` (sorts of flat ``group << 32 | row`` keys, no per-batch loop)."""
     m, n = schedule.shape
     ori = sum(r.numel() for r in rows)
-    ukey = _union_keys(rows, schedule)
-    p2p = int(ukey.size)
-    # U_j's rows already in U_{j-1}: key j << 32 | v found as (j-1) << 32 | v (j = 0 probes negative keys)
-    ru = p2p - int(_find(ukey, ukey - (1 << _SHIFT))[1].sum())
-    # reuse: chunk (i, j)'s rows already in chunk (i, j-1)'s, group i * n + j
-    key = _group_keys(rows, schedule.reshape(-1).tolist(), list(range(m * n)))
-    key.sort()
-    probe = key - (1 << _SHIFT)
-    found = _find(key, probe)[1]
-    found &= (key >> _SHIFT) % n != 0  # j = 0 has no previous chunk
-    reuse = int(key.size) - int(found.sum())
+    unions = _unions(rows, schedule)
+    p2p = sum(u.numel() for u in unions)
+    ru = unions[0].numel() + sum(int((~_isin_sorted(unions[j], unions[j - 1])).sum()) for j in range(1, n))
+    reuse = 0
+    for i in range(m):
+        prev = torch.empty(0, dtype=torch.int64)
+        for k in schedule[i].tolist():
+            cur = torch.sort(rows[k]).values
+            reuse += int((~_isin_sorted(cur, prev)).sum())
+            prev = cur
     return CommVolume(ori, p2p, ru, reuse)
 
 
@@ -280,118 +229,82 @@ class ExchangePlan:
 
 def plan_exchange(rows: list[Tensor], part_ptr: Tensor, schedule: Tensor, mode: str, device_of: list[int],
                   volume: CommVolume | None = None) -> ExchangePlan:
-    """Slots, loads, flushes and assembly maps of every batch for ``mode`` ``reuse`` or ``full``.
-
-    Every transition set ``T[b][j]`` is one run of a flat sorted key array (``(b * n + j) << 32 | row``), so
-    membership in the previous or next batch's set and every chunk's slot lookup are single vectorised searches;
-    only the slot assignment walks the ``m * n`` sets in order (each step O(its set + the buffer's capacity)).
-    """
+    """Slots, loads, flushes and assembly maps of every batch for ``mode`` ``reuse`` or ``full``."""
     m, n = schedule.shape
     devices = max(device_of) + 1
     volume = volume or comm_volume(rows, schedule)
-    # the transition sets T[b][j] of buffer b (one per partition), sorted, as flat keys (b * n + j) << 32 | row
-    pp = part_ptr.numpy()
+    # the transition sets T[b][j] of buffer b (one per partition), sorted
     if mode == "full":
-        ukey = _union_keys(rows, schedule)
-        v = ukey & _LOW
-        owner = np.searchsorted(pp, v, side="right") - 1
-        key = (owner * n + (ukey >> _SHIFT)) << _SHIFT | v
-        del ukey, v, owner
+        unions = _unions(rows, schedule)
+        sets = [[u[int(torch.searchsorted(u, part_ptr[b])): int(torch.searchsorted(u, part_ptr[b + 1]))]
+                 for u in unions] for b in range(m)]
     else:
-        key = _group_keys(rows, schedule.reshape(-1).tolist(), list(range(m * n)))
-    key.sort()
-    grp = key >> _SHIFT
-    sizes = np.bincount(grp, minlength=m * n) if key.size else np.zeros(m * n, dtype=np.int64)
-    start = np.zeros(m * n + 1, dtype=np.int64)
-    np.cumsum(sizes, out=start[1:])
-    vals = torch.from_numpy(key & _LOW)
-    cap = [int(sizes[b * n : (b + 1) * n].max()) for b in range(m)]
+        sets = [[torch.sort(rows[k]).values for k in schedule[b].tolist()] for b in range(m)]
+    cap = [max(s.numel() for s in sets[b]) for b in range(m)]
     offset, capacity = [0] * m, [0] * devices
     for b in range(m):
         offset[b] = capacity[device_of[b]]
         capacity[device_of[b]] += cap[b]
-    # rows kept from the previous set of the same buffer, and where they were; rows leaving before the next set
-    j_of = grp % n
-    prev_pos, kept_np = _find(key, key - (1 << _SHIFT))
-    kept_np &= j_of != 0
-    leave_np = ~_find(key, key + (1 << _SHIFT))[1]
-    leave_np |= j_of == n - 1
-    del grp, j_of
-    kept, prev_pos, leave = torch.from_numpy(kept_np), torch.from_numpy(prev_pos), torch.from_numpy(leave_np)
     # slots: kept rows keep theirs, newcomers take freed ones in increasing order
-    slot = torch.empty(key.size, dtype=torch.int64)
-    free_of: list[Tensor] = []
-    for g in range(m * n):
-        a, e = int(start[g]), int(start[g + 1])
-        kg = kept[a:e]
-        s = slot[a:e]
-        ks = slot[prev_pos[a:e][kg]]
-        s[kg] = ks
-        used = torch.zeros(cap[g // n], dtype=torch.bool)
-        used[ks] = True
-        free = torch.nonzero(~used).view(-1)[: e - a - ks.numel()]
-        s[~kg] = free
-        free_of.append(free)
-    gslot = slot + torch.repeat_interleave(torch.tensor(offset, dtype=torch.int64),
-                                           torch.from_numpy(sizes.reshape(m, n).sum(1)), output_size=key.size)
+    slots: list[list[Tensor]] = [[] for _ in range(m)]
+    new: list[list[tuple[Tensor, Tensor]]] = [[] for _ in range(m)]
+    for b in range(m):
+        prev, prev_slots = torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+        for j in range(n):
+            cur = sets[b][j]
+            kept = _isin_sorted(cur, prev)
+            s = torch.empty(cur.numel(), dtype=torch.int64)
+            if prev.numel():
+                s[kept] = prev_slots[torch.searchsorted(prev, cur[kept])]
+            used = torch.zeros(cap[b], dtype=torch.bool)
+            used[s[kept]] = True
+            free = torch.nonzero(~used).view(-1)[: int((~kept).sum())]
+            s[~kept] = free
+            slots[b].append(s)
+            new[b].append((cur[~kept], free))
+            prev, prev_slots = cur, s
     moves: list[list[BatchMoves]] = [[] for _ in range(devices)]
-    cat = (lambda xs: torch.cat(xs) if xs else torch.empty(0, dtype=torch.int64))  # noqa: E731
     for d in range(devices):
         mine = [b for b in range(m) if device_of[b] == d]
         for j in range(n):
             nr, ns, lr, ls, kept_rows = [], [], [], [], 0
             for b in mine:
-                g = b * n + j
-                a, e = int(start[g]), int(start[g + 1])
-                new = ~kept[a:e]
-                nr.append(vals[a:e][new])
-                ns.append(free_of[g] + offset[b])
-                kept_rows += (e - a) - nr[-1].numel()
-                lv = leave[a:e]
-                lr.append(vals[a:e][lv])
-                ls.append(gslot[a:e][lv])
+                nr.append(new[b][j][0])
+                ns.append(new[b][j][1] + offset[b])
+                kept_rows += sets[b][j].numel() - new[b][j][0].numel()
+                leaving = ~_isin_sorted(sets[b][j], sets[b][j + 1]) if j + 1 < n else \
+                    torch.ones(sets[b][j].numel(), dtype=torch.bool)
+                lr.append(sets[b][j][leaving])
+                ls.append(slots[b][j][leaving] + offset[b])
+            cat = (lambda xs: torch.cat(xs) if xs else torch.empty(0, dtype=torch.int64))  # noqa: E731
             moves[d].append(BatchMoves(cat(nr), cat(ns), kept_rows, cat(lr), cat(ls)))
-    # assembly of each chunk's rows from the buffers: one search of every chunk's rows in the flat keys
-    order = schedule.reshape(-1).tolist()
-    lens = [rows[k].numel() for k in order]
-    flat = torch.cat([rows[k] for k in order]).numpy().astype(np.int64) if order else np.zeros(0, np.int64)
-    i_of = np.repeat(np.arange(m * n, dtype=np.int64) // n, lens)
-    j_of = np.repeat(np.arange(m * n, dtype=np.int64) % n, lens)
-    own = np.searchsorted(pp, flat, side="right") - 1 if mode == "full" else i_of
-    where = _find(key, (own * n + j_of) << _SHIFT | flat)[0]
-    del j_of
-    slots_all = gslot[torch.from_numpy(where)]
-    owner_t = torch.from_numpy(own)
-    remote_t = torch.from_numpy(own != i_of)
-    dev_t = torch.tensor(device_of, dtype=torch.int64)[owner_t] if devices > 1 else None
-    del where, own, i_of, flat
+    # assembly of each chunk's rows from the buffers
     assembly: dict[int, Assembly] = {}
     d2d = 0
-    pos0 = 0
-    for g, k in enumerate(order):
-        i = g // n
-        a, e = pos0, pos0 + lens[g]
-        pos0 = e
-        slot_k = slots_all[a:e]
-        if mode == "reuse":
-            assembly[k] = Assembly([(device_of[i], None, slot_k)], 0)
-            continue
-        parts: list[tuple[int, Tensor | None, Tensor]] = []
-        if dev_t is None:
-            if e > a:
-                parts.append((0, None, slot_k))
-        else:
-            dev = dev_t[a:e]
-            for dd in torch.unique(dev).tolist():
-                sel = dev == dd
+    for i in range(m):
+        for j, k in enumerate(schedule[i].tolist()):
+            r = rows[k]
+            if mode == "reuse":
+                pos = torch.searchsorted(sets[i][j], r)
+                assembly[k] = Assembly([(device_of[i], None, slots[i][j][pos] + offset[i])], 0)
+                continue
+            owner = torch.searchsorted(part_ptr, r, right=True) - 1
+            slot = torch.empty_like(r)
+            for b in torch.unique(owner).tolist():
+                sel = owner == b
+                slot[sel] = slots[b][j][torch.searchsorted(sets[b][j], r[sel])] + offset[b]
+            dev = torch.tensor(device_of)[owner]
+            parts: list[tuple[int, Tensor | None, Tensor]] = []
+            for d in torch.unique(dev).tolist():
+                sel = dev == d
                 if bool(sel.all()):
-                    parts.append((dd, None, slot_k))
+                    parts.append((d, None, slot))
                 else:
                     pos = torch.nonzero(sel).view(-1)
-                    parts.append((dd, pos, slot_k[pos]))
-        remote = int(remote_t[a:e].sum())
-        d2d += remote
-        assembly[k] = Assembly(parts, remote)
+                    parts.append((d, pos, slot[pos]))
+            remote = int((owner != i).sum())
+            d2d += remote
+            assembly[k] = Assembly(parts, remote)
     h2d = sum(mv.new_rows.numel() for dev_moves in moves for mv in dev_moves)
     counts = {"rows_ori": volume.ori, "rows_p2p": volume.p2p, "rows_h2d": h2d,
               "rows_reused": sum(mv.kept for dev_moves in moves for mv in dev_moves), "rows_d2d": d2d}

@@ -78,7 +78,7 @@ def test_output_fits_the_device_tool(dry_run: tuple[Path, str]) -> None:
 
 def test_dry_spec_and_unknown_options() -> None:
     spec = gpu_check.dry_spec(gpu_check.DATASET)
-    assert spec.startswith("csbm:nodes=2000,avg_degree=10,") and "communities=8" in spec and "p_intra=0.85" in spec
+    assert spec.startswith("csbm:nodes=2000,avg_degree=10,") and "communities=8" in spec and "p_intra=0.9" in spec
     assert "communities" not in gpu_check.dry_spec("csbm:nodes=10")
     kept, dropped = gpu_check.drop_options("csbm:nodes=5,communities=3,p_intra=0.5", ["nodes", "classes"])
     assert kept == "csbm:nodes=5" and dropped == ["communities", "p_intra"]

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from gnnscale.graph.graph import Graph
 from gnnscale.partition import partition_graph, permute_csr
 from gnnscale.partition.dedup import (
     Assembly,
@@ -22,7 +23,6 @@ from gnnscale.partition.dedup import (
     reorganize,
 )
 from gnnscale.partition.plan import ChunkCounter, chunk_halo, chunk_neighbour_counts
-from gnnscale.graph.graph import Graph
 
 
 # ------------------------------------------------------------------------------------------------ references

@@ -6,10 +6,13 @@ Bad input of any kind exits with status 2 and one ``error: ...`` line on stderr,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -179,6 +182,11 @@ def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
         raise ConfigError(f"{flag} {text!r}: give comma-separated integers such as 15,10") from None
 
 
+def _warm_imports() -> None:
+    with contextlib.suppress(Exception):
+        importlib.import_module("torch._dynamo")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -199,6 +207,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     device = resolve_devices(config, args.device)
     writer = _MetricsWriter(args.metrics) if args.metrics else None
     progress.enable(not args.quiet and sys.stderr.isatty())
+    # torch's optimisers import torch._dynamo (seconds) when the engine is built: import it while the data loads
+    threading.Thread(target=_warm_imports, daemon=True, name="gnnscale-imports").start()
     timings: dict[str, float] = {}
     try:
         with progress.stage("load", timings):

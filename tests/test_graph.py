@@ -128,3 +128,21 @@ def test_self_loops_inserted_in_linear_time_equal_the_sorted_insertion() -> None
             want, got = by_sorting(indptr, indices, weight, n), _add_self_loops(indptr, indices, weight, n)
             assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
             assert weight is None or torch.equal(want[2], got[2])
+
+
+def test_block_transpose_built_by_a_stable_sort_equals_the_csc_conversion() -> None:
+    from gnnscale.graph.block import Block
+
+    gen = torch.Generator().manual_seed(0)
+    for num_dst, num_src, nnz in ((1, 1, 1), (7, 30, 40), (50, 80, 600)):
+        keys = torch.randperm(num_dst * num_src, generator=gen)[:nnz].sort().values  # distinct (dst, src) pairs
+        dst, src = keys // num_src, keys % num_src
+        indptr = torch.zeros(num_dst + 1, dtype=torch.int32)
+        indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
+        b = Block(indptr, src.to(torch.int32), num_src, torch.rand(nnz, generator=gen)).with_transpose()
+        csc = Block(indptr, src.to(torch.int32), num_src, b.edge_weight).adj().to_sparse_csc()
+        assert torch.equal(b.t_indptr, csc.ccol_indices().to(torch.int32))
+        assert torch.equal(b.t_indices, csc.row_indices().to(torch.int32))
+        assert torch.equal(b.t_weight, csc.values())
+        x = torch.rand(num_dst, 3, generator=gen)
+        assert torch.allclose(b.adj_t() @ x, b.adj().to_dense().T @ x, atol=1e-6)

@@ -188,11 +188,17 @@ class Block:
     def with_transpose(self) -> Block:
         """This block with its transpose built (in place; returns ``self``), in the dtype of ``indices``."""
         if self.t_indptr is None:
-            csc = self.adj().to_sparse_csc()
+            # a stable sort of the source rows (radix sort for integers): each source's out-edges in destination
+            # order, what a CSC conversion gives, several times faster
+            order = torch.sort(self.indices, stable=True).indices
             dtype = self.indices.dtype
-            self.t_indptr = csc.ccol_indices().to(dtype)
-            self.t_indices = csc.row_indices().to(dtype)
-            self.t_weight = None if self.edge_weight is None else csc.values()
+            counts = torch.bincount(self.indices, minlength=self.num_src)
+            t_indptr = torch.zeros(self.num_src + 1, dtype=dtype)
+            torch.cumsum(counts, 0, out=t_indptr[1:])
+            self.t_indptr = t_indptr
+            self.t_indices = self.dst_index().index_select(0, order).to(dtype)
+            self.t_weight = None if self.edge_weight is None else self.edge_weight.index_select(0, order)
+            self._cache.pop("dst", None)  # built on the host for this: the device computes its own
         return self
 
     def _fields(self, transpose: bool = True) -> list[Tensor | None]:

@@ -208,14 +208,17 @@ def kronecker(
     a, b, c = 0.57, 0.19, 0.19
     rng = np.random.default_rng(seed)
     n, m = 1 << scale, edgefactor << scale
-    src = np.zeros(m, dtype=np.int64)
-    dst = np.zeros(m, dtype=np.int64)
+    acc = np.dtype(np.int32 if scale <= 30 else np.int64)  # ids as they are built: half the traffic in int32
+    src: np.ndarray = np.zeros(m, dtype=acc)
+    dst: np.ndarray = np.zeros(m, dtype=acc)
     for level in range(scale):
         r = rng.random(m)
+        bit = acc.type(1 << level)
         src_bit = r >= a + b  # quadrants c, d
-        dst_bit = ((r >= a) & (r < a + b)) | (r >= a + b + c)  # quadrants b, d
-        src |= src_bit.astype(np.int64) << level
-        dst |= dst_bit.astype(np.int64) << level
+        dst_bit = (r >= a) != src_bit  # quadrant b ...
+        dst_bit |= r >= a + b + c  # ... or d
+        src += src_bit * bit
+        dst += dst_bit * bit
     perm = rng.permutation(n)
     src, dst = perm[src], perm[dst]
     keep = src != dst

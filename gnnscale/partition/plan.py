@@ -361,8 +361,12 @@ def permute_csr(indptr: Tensor, indices: Tensor, weight: Tensor | None, perm: Te
                 inv: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
     """Renumber an in-neighbour CSR: new row ``r`` is old row ``perm[r]``; sources map through ``inv``.
 
-    Edge order inside each row is kept, so per-row reductions see the same sequence as before.
+    Edge order inside each row is kept, so per-row reductions see the same sequence as before. An identity
+    ``perm`` (one partition split into ranges) returns the inputs themselves (``indices`` as int64): no copy.
     """
+    if perm.numel() == 0 or (int(perm[0]) == 0 and int(perm[-1]) == perm.numel() - 1
+                             and torch.equal(perm, torch.arange(perm.numel()))):
+        return indptr, indices.long(), weight
     deg = (indptr[1:] - indptr[:-1])[perm]  # [N] new rows' degrees
     new_ptr = torch.zeros_like(indptr)
     torch.cumsum(deg, 0, out=new_ptr[1:])

@@ -83,6 +83,8 @@ class OffloadPlan:
     """Eq. 4 modelled seconds per layer pass of the candidates weighed by ``auto`` choices."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent partitioning (``partition_s``), splitting into chunks (``chunk_s``) and planning (``plan_s``)."""
+    chunk_estimate: int = 0
+    """The largest chunk's modelled peak, without the transition buffers."""
     resident_topology: bool = False
     """Every chunk's block (and transpose) stays on its device after its first use instead of being resent each
     pass: the budget holds them beside the chunk's peak."""
@@ -293,20 +295,37 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
     reorg_options = [False] if config.reorganize == "off" or config.dedup == "none" else \
         [True] if config.reorganize == "on" else [False, True]
 
-    def build(part: PartitionPlan, rows: list[Tensor], est: int, reorg: bool) -> OffloadPlan:
+    def build(part: PartitionPlan, rows: list[Tensor], chunk_est: int, reorg: bool, bound: int) -> OffloadPlan:
+        """The split ``part`` scheduled (``reorg``: by Algorithm 4) with its volumes; the transition buffers are
+        priced by ``bound`` until :func:`finish` plans them exactly (only the chosen candidate is)."""
         m_, n_ = part.partitions, part.chunks
         sched = reorganize(rows, m_, n_, graph.num_nodes) if reorg else default_schedule(m_, n_)
-        vol = comm_volume(rows, sched)
-        exchange = None if config.dedup == "none" else plan_exchange(rows, part.part_ptr, sched, config.dedup,
-                                                                     device_of, vol)
-        return OffloadPlan(part, est + transition_bytes(model, exchange), budget, path, reused, {}, rows, sched,
-                           reorg, config.dedup, vol, exchange, len(devices))
+        plan = OffloadPlan(part, chunk_est + bound, budget, path, reused, {}, rows, sched, reorg, config.dedup,
+                           comm_volume(rows, sched), None, len(devices))
+        plan.chunk_estimate = chunk_est
+        return plan
+
+    def finish(plan: OffloadPlan) -> OffloadPlan:
+        """Plan the transition buffers exactly (the estimate can only drop: the bound holds for any schedule)."""
+        if config.dedup != "none" and plan.exchange is None:
+            plan.exchange = plan_exchange(plan.rows, plan.partition.part_ptr, plan.schedule, config.dedup,
+                                          device_of, plan.volume)
+            plan.estimate = plan.chunk_estimate + transition_bytes(model, plan.exchange)
+        return plan
 
     def candidate(part: PartitionPlan) -> OffloadPlan:
-        """The split ``part`` with its exact estimate (``auto`` reorganisation is decided by :func:`scheduled`)."""
+        """The split ``part``, priced with the transition-buffer bound (``auto`` reorganisation is decided by
+        :func:`scheduled`)."""
         ip, ix = _permuted(graph, part, base, indptr, indices)
         rows = chunk_rows(ip, ix, part.chunk_ptr)
-        return build(part, rows, _estimate(model, sizes_from_rows(rows, ip, part.chunk_ptr)), reorg_options[0])
+        sizes = sizes_from_rows(rows, ip, part.chunk_ptr)
+        owners = chunk_owner_counts(ip, ix, part.chunk_ptr, part.part_ptr) if need_owners else None
+        cap = capacity_bound(sizes, owners, part_sizes, part.chunks, config.dedup, device_of)
+        return build(part, rows, _estimate(model, sizes), reorg_options[0], 2 * 4 * width * max(cap))
+
+    def fits(plan: OffloadPlan) -> bool:
+        """Within the budget, the transition buffers planned exactly when their bound alone does not fit."""
+        return plan.estimate <= budget or finish(plan).estimate <= budget
 
     def cost(plan: OffloadPlan) -> tuple[float, int]:
         """Eq. 4, then (equal cost) fewer rows over the bus."""
@@ -317,10 +336,9 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
     def scheduled(plan: OffloadPlan) -> OffloadPlan:
         """With ``--reorganize auto``: Algorithm 4's schedule when it lowers the modelled cost and still fits."""
         if len(reorg_options) == 1:
-            return plan
-        chunk_est = plan.estimate - transition_bytes(model, plan.exchange)
-        other = build(plan.partition, plan.rows, chunk_est, True)
-        return other if other.estimate <= budget and cost(other) < cost(plan) else plan
+            return finish(plan)
+        other = build(plan.partition, plan.rows, plan.chunk_estimate, True, plan.estimate - plan.chunk_estimate)
+        return finish(other if cost(other) < cost(plan) and fits(other) else plan)
 
     def forced_too_big(plan: OffloadPlan) -> ConfigError:
         return ConfigError(f"--chunks {plan.partition.chunks} with --dedup {config.dedup} needs about "
@@ -333,29 +351,27 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
         more at the count their overshoot suggests. ``None`` when they still do not fit."""
         for _ in range(2):
             cand = candidate(load_or_chunk(base, graph, n, "metis", config.plan_dir))
-            if cand.estimate <= budget or config.chunks is not None or n >= limit:
+            if fits(cand) or config.chunks is not None or n >= limit:
                 return cand if cand.estimate <= budget or config.chunks is not None else None
             n = min(limit, max(n + 1, math.ceil(n * cand.estimate / budget)))
         return None
 
     with stage("plan", timings):
         found: list[OffloadPlan] = []
-        errors: list[ConfigError] = []
         if config.chunker in ("range", "auto"):
             cand = candidate(base.with_chunks(graph, n))
-            if cand.estimate > budget and config.chunks is not None:
+            if not fits(cand):  # only a forced --chunks gets here: the search's bound fits
                 raise forced_too_big(cand)
-            found.append(scheduled(cand))  # the bound in estimate(n) holds: the exact estimate fits
+            found.append(scheduled(cand))
         if config.chunker in ("metis", "auto"):
             try:
                 metis = metis_split(n)
-            except ConfigError as exc:  # e.g. METIS left a chunk empty: the range split still applies
+            except ConfigError:  # e.g. METIS left a chunk empty: the range split still applies
                 if config.chunker == "metis":
                     raise
-                errors.append(exc)
                 metis = None
             if metis is not None:
-                if metis.estimate > budget:
+                if not fits(metis):
                     raise forced_too_big(metis)
                 found.append(scheduled(metis))
             elif config.chunker == "metis":

@@ -108,3 +108,17 @@ def test_community_options_in_specs() -> None:
     ref = csbm(nodes=600, features=4, communities=6, p_intra=0.8, seed=9)
     assert np.array_equal(g.indices.numpy(), ref.indices.numpy())
     assert g.meta["spec"] == "csbm:communities=6,features=4,nodes=600,p_intra=0.8,seed=9"
+
+
+def test_kronecker_levels_drawn_by_threads_are_the_serial_draws() -> None:
+    import numpy as np
+
+    from gnnscale.graph.generators import _uniform_levels
+
+    m = 1 << 20  # large enough for the threaded path
+    serial = np.random.default_rng(7)
+    want = [serial.random(m) for _ in range(3)]
+    threaded = np.random.default_rng(7)
+    got = list(_uniform_levels(threaded, 3, m, threads=3))
+    assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
+    assert threaded.random() == serial.random()  # the generator continues where the serial draws leave it

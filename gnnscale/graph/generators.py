@@ -3,6 +3,10 @@ it locality) and Graph500 Kronecker (R-MAT)."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
@@ -190,6 +194,39 @@ def _community_targets(
         dst[lo + i] = by_cc[start + (u[sl][i] * cnt).astype(np.int64)]
 
 
+def _uniform_levels(rng: np.random.Generator, levels: int, m: int, threads: int = 2) -> Iterator[np.ndarray]:
+    """``rng.random(m)`` for each of ``levels`` levels, drawn by ``threads`` threads (the same numbers: each draws its
+    slice from a copy of the generator advanced to it; NumPy fills without the GIL); ``rng`` ends where the
+    serial draws would leave it. The next level is drawn while the caller uses this one."""
+    bits = rng.bit_generator
+    if not hasattr(bits, "advance") or m < (1 << 20):
+        for _ in range(levels):
+            yield rng.random(m)
+        return
+    start = copy.deepcopy(bits)
+    bounds = [m * t // threads for t in range(threads + 1)]
+
+    def draw(level: int) -> np.ndarray:
+        out = np.empty(m)
+
+        def fill(t: int) -> None:
+            gen = copy.deepcopy(start)
+            gen.advance(level * m + bounds[t])
+            np.random.Generator(gen).random(bounds[t + 1] - bounds[t], out=out[bounds[t] : bounds[t + 1]])
+
+        list(pool.map(fill, range(threads)))
+        return out
+
+    with ThreadPoolExecutor(threads) as pool, ThreadPoolExecutor(1) as ahead:
+        nxt = ahead.submit(draw, 0)
+        for level in range(levels):
+            r = nxt.result()
+            if level + 1 < levels:
+                nxt = ahead.submit(draw, level + 1)
+            yield r
+    bits.advance(levels * m)
+
+
 def kronecker(
     scale: int = 16,
     edgefactor: int = 16,
@@ -211,8 +248,7 @@ def kronecker(
     acc = np.dtype(np.int32 if scale <= 30 else np.int64)  # ids as they are built: half the traffic in int32
     src: np.ndarray = np.zeros(m, dtype=acc)
     dst: np.ndarray = np.zeros(m, dtype=acc)
-    for level in range(scale):
-        r = rng.random(m)
+    for level, r in enumerate(_uniform_levels(rng, scale, m)):
         bit = acc.type(1 << level)
         src_bit = r >= a + b  # quadrants c, d
         dst_bit = (r >= a) != src_bit  # quadrant b ...

@@ -361,3 +361,21 @@ def test_stats_edge_cut_and_alpha_match_the_definitions() -> None:
     counts = ref_chunk_neighbour_counts(ip2, ix2, plan.chunk_ptr)
     assert st["alpha"] == int(counts[:, 0].sum()) / 900
     assert st["chunk_rows_max"] == int((plan.chunk_ptr[1:] - plan.chunk_ptr[:-1] + counts[:, 1]).max())
+
+
+def test_owner_counts_equal_a_set_count() -> None:
+    """ChunkCounter.owners: per chunk and partition, the chunk's rows (destinations and distinct in-neighbours)
+    that the partition owns -- what the planner's transition-buffer bound reads."""
+    from gnnscale.graph.generators import csbm
+
+    for parts, chunks in ((1, 5), (3, 4), (4, 7)):
+        g = csbm(nodes=400, avg_degree=6, seed=parts)
+        plan = partition_graph(g, parts, chunks, "random")
+        ip, ix = permute_csr(g.indptr, g.indices, None, plan.perm, plan.inverse())[:2]
+        got = ChunkCounter(ip, ix).owners(plan.chunk_ptr, plan.part_ptr)
+        part_of = torch.searchsorted(plan.part_ptr, torch.arange(g.num_nodes), right=True) - 1
+        for k in range(plan.num_chunks):
+            lo, hi = plan.chunk_range(k)
+            rows = set(range(lo, hi)) | set(ix[int(ip[lo]) : int(ip[hi])].tolist())
+            want = torch.bincount(part_of[torch.tensor(sorted(rows))], minlength=parts)
+            assert torch.equal(got[k], want), (parts, chunks, k)

@@ -471,6 +471,20 @@ class ChunkCounter:
         out[:, 2] = self.indptr[chunk_ptr[1:]] - self.indptr[chunk_ptr[:-1]]
         return out
 
+    def owners(self, chunk_ptr: Tensor, part_ptr: Tensor) -> Tensor:
+        """``[K, m]`` int64: rows of chunk ``k`` (its destinations and distinct in-neighbours) that partition ``b``
+        (new ids ``part_ptr[b] .. part_ptr[b+1]``) owns; O(E) per split, like :meth:`counts`."""
+        m = part_ptr.numel() - 1
+        part_of = torch.repeat_interleave(torch.arange(m), part_ptr[1:] - part_ptr[:-1], output_size=self.num_nodes)
+        out = torch.zeros(chunk_ptr.numel() - 1, m, dtype=torch.int64)
+        for k, (lo, hi, e0, e1) in enumerate(self._ranges(chunk_ptr)):
+            src = self.indices[e0:e1]
+            new = (self.gap[e0:e1] < lo) & ((src < lo) | (src >= hi))
+            out[k] = torch.bincount(part_of[src[new].long()], minlength=m)
+            if hi > lo:
+                out[k, int(part_of[lo])] += hi - lo  # the chunk's own destinations
+        return out
+
     def halo(self, lo: int, hi: int) -> Tensor:
         """:func:`chunk_halo` of ``[lo, hi)``: sorted int64 in-neighbours outside the range."""
         e0, e1 = int(self.indptr[lo]), int(self.indptr[hi])

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from gnnscale.errors import ConfigError
-from gnnscale.graph.graph import Graph, csr_rows
+from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN, build_model
 from gnnscale.partition.dedup import (
     CommVolume,
@@ -42,6 +42,7 @@ from gnnscale.partition.dedup import (
     reorganize,
 )
 from gnnscale.partition.plan import (
+    ChunkCounter,
     PartitionPlan,
     chunk_neighbour_counts,
     load_or_chunk,
@@ -100,16 +101,7 @@ def chunk_sizes(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:
 
 def chunk_owner_counts(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor, part_ptr: Tensor) -> Tensor:
     """``[K, m]`` rows of chunk ``k`` (its destinations and distinct in-neighbours) that partition ``b`` owns."""
-    n, K, m = indptr.numel() - 1, chunk_ptr.numel() - 1, part_ptr.numel() - 1
-    V = chunk_ptr[1:] - chunk_ptr[:-1]
-    chunk_of = torch.repeat_interleave(torch.arange(K), V, output_size=n)
-    part_of = torch.repeat_interleave(torch.arange(m), part_ptr[1:] - part_ptr[:-1], output_size=n)
-    pairs = torch.unique(chunk_of[csr_rows(indptr, indices.numel())] * n + indices.long())  # distinct (chunk, src)
-    ck, src = pairs // n, pairs % n
-    outside = chunk_of[src] != ck
-    counts = torch.bincount(ck[outside] * m + part_of[src[outside]], minlength=K * m).view(K, m)
-    counts[torch.arange(K), part_of[chunk_ptr[:-1]]] += V  # each chunk's own destinations
-    return counts
+    return ChunkCounter.of(indptr, indices).owners(chunk_ptr, part_ptr)
 
 
 def model_resident_bytes(model: GNN) -> int:

@@ -332,10 +332,12 @@ def _coo_to_csr(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Sort COO edges by (destination, source) into in-neighbour CSR; optionally merge duplicates."""
     key = dst * num_nodes + src
-    key, perm = torch.sort(key, stable=True)
-    if weight is not None:
+    if weight is None:  # only the sorted keys are needed: NumPy's in-place sort is several times faster
+        key.numpy().sort()
+    else:
+        key, perm = torch.sort(key, stable=True)
         weight = weight[perm]
-    del perm  # large graphs: free what is no longer needed before the next [E] temporaries
+        del perm  # large graphs: free what is no longer needed before the next [E] temporaries
     if coalesce and key.numel() and weight is None:
         key = torch.unique_consecutive(key)
     elif coalesce and key.numel():

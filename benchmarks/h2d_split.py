@@ -9,6 +9,7 @@ resent every pass and two with it resident on the device, and prints each epoch'
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 
@@ -38,7 +39,8 @@ def main() -> None:
             model = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers,
                                 dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
             eng = OffloadEngine(g, model, cfg, torch.device("cpu"))
-            eng.plan.resident_topology = resident  # a large budget holds the topology: resend it for the first run
+            # a large budget holds the topology: resend it in the first run (a copy: the planner's memo stays)
+            eng.plan = dataclasses.replace(eng.plan, resident_topology=resident)
             for w in eng.workers:
                 w.io.resident = {} if resident else None
             for epoch in (1, 2):

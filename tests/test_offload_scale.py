@@ -3,6 +3,7 @@ counted apart from rows, gradient buffers left clean by a failed epoch, Eq. 4's 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -100,7 +101,7 @@ def test_sync_counter_counts_host_pulls_and_data_dependent_shapes() -> None:
 def test_topology_is_built_once_and_counted_apart_from_rows(graph: Graph, monkeypatch: pytest.MonkeyPatch) -> None:
     eng = _offload(graph, model="gcn", chunks=8, dedup="none")
     assert eng.plan.resident_topology  # the default budget (free host memory) holds every block: turn it off
-    eng.plan.resident_topology = False
+    eng.plan = dataclasses.replace(eng.plan, resident_topology=False)  # a copy: the planner's memo stays as is
     for w in eng.workers:
         w.io.resident = None
     blocks = [c.block for c in eng.chunks]

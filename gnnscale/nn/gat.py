@@ -55,9 +55,10 @@ class GATLayer(BlockLayer):
         # index_select, not fancy indexing: its backward (index_add_) is deterministic on multi-threaded CPU,
         # where the backward of tensor[idx] is not.
         e = F.leaky_relu(a_src.index_select(0, src) + a_dst.index_select(0, dst), self.negative_slope)  # [E, H]
-        alpha = softmax(e, ptr=block.indptr, num_nodes=block.num_dst)  # [E, H], over each dst's in-edges
+        ptr = block.indptr.long()  # chunk blocks keep int32 pointers; segment kernels may want int64 (V+1 only)
+        alpha = softmax(e, ptr=ptr, num_nodes=block.num_dst)  # [E, H], over each dst's in-edges
         msg = h.index_select(0, src) * alpha.unsqueeze(-1)  # [E, H, C]
-        out = segment(msg, block.indptr, reduce="sum")  # [num_dst, H, C]
+        out = segment(msg, ptr, reduce="sum")  # [num_dst, H, C]
         return out.reshape(block.num_dst, H * C) if self.concat else out.mean(dim=1)
 
     def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:

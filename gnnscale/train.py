@@ -251,10 +251,11 @@ def train(
         heads=config.heads,
         seed=config.seed,
     )
-    steps = dict(timings or {})
-    with stage("setup", steps):
+    setup: dict[str, float] = {}
+    with stage("setup", setup):
         engine = engine_cls(graph, model, config, dev)
-    ready = {**{k: v for k, v in steps.items() if k != "setup_s"}, **engine.timings, "setup_s": steps["setup_s"]}
+    # in the order the steps ran: the caller's (load), the engine's planning (in selection), its set-up
+    ready = {**(timings or {}), **engine.timings, **setup}
     ready["ready_s"] = (timings or {}).get("load_s", 0.0) + time.perf_counter() - start
     if on_start is not None:
         on_start(engine, rejected, ready)

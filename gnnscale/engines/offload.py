@@ -222,21 +222,15 @@ class _Mover:
         with self.host_lock:  # several workers' rows may overlap
             scatter_add_rows(host, rows, value)
 
-    def barrier(self) -> None:
-        """Wait until every copy and accumulation into host memory has landed (between layers)."""
+    def barrier(self, raise_errors: bool = True) -> None:
+        """Wait until every copy and accumulation into host memory has landed (between layers; after a failed
+        pass, with ``raise_errors=False``, so that none lands later)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
-            for f in self.pending:
-                f.result()
-            self.pending.clear()
-
-    def drain(self) -> None:
-        """After a failed pass: let every queued accumulation finish (or fail) so none lands later."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        for f in self.pending:
-            f.exception()
+        errors = [e for e in (f.exception() for f in self.pending) if e is not None]
         self.pending.clear()
+        if errors and raise_errors:
+            raise errors[0]
 
 
 def _record_stream(item: Any, stream: Any) -> None:
@@ -637,7 +631,7 @@ class OffloadEngine(Engine):
         """After a failed epoch: host gradient buffers hold part of a pass; zero them (once every queued
         accumulation has landed) so the next epoch starts clean, as it would after a completed one."""
         for w in self.workers:
-            w.io.drain()
+            w.io.barrier(raise_errors=False)
         for t in (*self.g.values(), *self.gp.values()):
             t.zero_()
         self.optimizer.zero_grad(set_to_none=True)

@@ -99,11 +99,6 @@ def chunk_sizes(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:
     return torch.stack([V, V + counts[:, 1], counts[:, 2] + V], dim=1)
 
 
-def chunk_owner_counts(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor, part_ptr: Tensor) -> Tensor:
-    """``[K, m]`` rows of chunk ``k`` (its destinations and distinct in-neighbours) that partition ``b`` owns."""
-    return ChunkCounter.of(indptr, indices).owners(chunk_ptr, part_ptr)
-
-
 def model_resident_bytes(model: GNN) -> int:
     """Parameters, their gradients and Adam's two moments, plus as much again for the optimiser step."""
     return 8 * sum(p.numel() * p.element_size() for p in model.parameters())
@@ -133,12 +128,10 @@ def sizes_from_rows(rows: list[Tensor], indptr: Tensor, chunk_ptr: Tensor) -> Te
     return torch.stack([V, R, E + V], dim=1)
 
 
-def transition_bytes(model: GNN, exchange: ExchangePlan | None) -> int:
-    """Device bytes of the transition buffers: rows and their gradients at the widest row a layer moves."""
-    if exchange is None:
-        return 0
-    width = max(max(layer.in_features, layer.out_features) for layer in model.block_layers)
-    return 2 * 4 * width * max(exchange.capacity)
+def transition_bytes(model: GNN, capacity: list[int] | None) -> int:
+    """Device bytes of the transition buffers of ``capacity`` rows per device (an exchange plan's, or a bound):
+    rows and their gradients at the widest row a layer moves, on the fullest device."""
+    return 0 if not capacity else 2 * 4 * transition_width(model) * max(capacity)
 
 
 def _estimate(model: GNN, sizes: Tensor) -> int:
@@ -238,20 +231,23 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
     device_of = [i % len(devices) for i in range(m)]
     part_sizes = (base.part_ptr[1:] - base.part_ptr[:-1]).tolist()
     limit = min(min(part_sizes), MAX_CHUNKS_PER_PARTITION)
-    width = transition_width(model)
+    need_owners = config.dedup == "full" and m > 1
+
+    def price(ip: Tensor, ix: Tensor, chunk_ptr: Tensor, chunks: int, sizes: Tensor) -> tuple[int, int]:
+        """The largest chunk's modelled peak, and the transition buffers' bytes bounded (:func:`capacity_bound`),
+        of the split ``chunk_ptr`` of the renumbered CSR ``ip, ix`` whose chunk sizes are ``sizes``."""
+        owners = ChunkCounter.of(ip, ix).owners(chunk_ptr, base.part_ptr) if need_owners else None
+        cap = capacity_bound(sizes, owners, part_sizes, chunks, config.dedup, device_of)
+        return _estimate(model, sizes), transition_bytes(model, cap)
     searched: dict[int, int] = {}
     with stage("chunk", timings):
         indptr, indices, _ = permute_csr(graph.indptr, graph.indices, None, base.perm, base.inverse())
-        need_owners = config.dedup == "full" and m > 1
 
         def estimate(n: int) -> int:
             """Modelled peak of the range split into ``n`` chunks per partition, transition buffers bounded."""
             if n not in searched:
                 chunk_ptr = base.with_chunks(graph, n).chunk_ptr
-                sizes = chunk_sizes(indptr, indices, chunk_ptr)
-                owners = chunk_owner_counts(indptr, indices, chunk_ptr, base.part_ptr) if need_owners else None
-                cap = capacity_bound(sizes, owners, part_sizes, n, config.dedup, device_of)
-                searched[n] = _estimate(model, sizes) + 2 * 4 * width * max(cap)
+                searched[n] = sum(price(indptr, indices, chunk_ptr, n, chunk_sizes(indptr, indices, chunk_ptr)))
             return searched[n]
 
         if config.chunks is not None:
@@ -302,7 +298,7 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
         if config.dedup != "none" and plan.exchange is None:
             plan.exchange = plan_exchange(plan.rows, plan.partition.part_ptr, plan.schedule, config.dedup,
                                           device_of, plan.volume)
-            plan.estimate = plan.chunk_estimate + transition_bytes(model, plan.exchange)
+            plan.estimate = plan.chunk_estimate + transition_bytes(model, plan.exchange.capacity)
         return plan
 
     def candidate(part: PartitionPlan) -> OffloadPlan:
@@ -310,10 +306,8 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
         :func:`scheduled`)."""
         ip, ix = _permuted(graph, part, base, indptr, indices)
         rows = chunk_rows(ip, ix, part.chunk_ptr)
-        sizes = sizes_from_rows(rows, ip, part.chunk_ptr)
-        owners = chunk_owner_counts(ip, ix, part.chunk_ptr, part.part_ptr) if need_owners else None
-        cap = capacity_bound(sizes, owners, part_sizes, part.chunks, config.dedup, device_of)
-        return build(part, rows, _estimate(model, sizes), reorg_options[0], 2 * 4 * width * max(cap))
+        chunk_est, bound = price(ip, ix, part.chunk_ptr, part.chunks, sizes_from_rows(rows, ip, part.chunk_ptr))
+        return build(part, rows, chunk_est, reorg_options[0], bound)
 
     def fits(plan: OffloadPlan) -> bool:
         """Within the budget, the transition buffers planned exactly when their bound alone does not fit."""

@@ -69,7 +69,8 @@ def test_store_rejects_bad_ratios_and_budgets() -> None:
         GlobalMemoryStore(g, [CPU], gpu_feature_ratio=1.5)
     with pytest.raises(ConfigError, match="more than the budget"):
         GlobalMemoryStore(g, [CPU], gpu_feature_ratio=1.0, memory_budget=1024)
-    assert sum(GlobalMemoryStore(g, [CPU], gpu_feature_ratio=0.5).device_bytes()) == 100 * 16 * 4 + 8
+    # half the feature rows, an empty CSR (one row pointer) and the rank directory (8 bytes per vertex)
+    assert sum(GlobalMemoryStore(g, [CPU], gpu_feature_ratio=0.5).device_bytes()) == 100 * 16 * 4 + 8 + 200 * 8
 
 
 RING = [[0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0]]  # 4 GPUs in a ring: opposite GPUs are not linked

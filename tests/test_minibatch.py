@@ -41,7 +41,7 @@ def test_full_fanout_step_equals_full_graph_on_the_seeds(model: str) -> None:
     assert g.x is not None and g.y is not None
     full = ref(Block.from_graph(g, ref.adjacency), g.x, se)[seeds]  # dropout keyed by vertex: the same masks
     F.cross_entropy(full, g.y[seeds]).backward()
-    batch = eng._sample(seeds, (-1, -1), torch.Generator().manual_seed(0))
+    batch = eng._prepare(eng.trainers[0], seeds, (-1, -1), key=0)
     out = eng._forward(batch, se)
     F.cross_entropy(out, g.y[seeds]).backward()
     torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-6)
@@ -97,7 +97,7 @@ def test_a_sampler_failure_reaches_the_trainer(monkeypatch: pytest.MonkeyPatch) 
     def broken(ids: torch.Tensor) -> None:
         raise RuntimeError("store unavailable")
 
-    monkeypatch.setattr(eng.store, "neighbors", broken)
+    monkeypatch.setattr(eng.trainers[0].reader, "request", broken)
     with pytest.raises(RuntimeError, match="store unavailable"):
         eng.train_epoch(1)
 

@@ -12,7 +12,8 @@ from gnnscale.graph import Block
 from gnnscale.graph.block import normalized_csr
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import GNN, build_model
-from gnnscale.sample import CSRTopology, Topology, sample_blocks
+from gnnscale.sample import CSRTopology, NeighborRequest, Topology, hop_key, sample_blocks, sample_key, sample_positions
+from gnnscale.sample.neighbor import mix64_int
 from gnnscale.testing import with_device
 
 # A tiny literal graph: in-neighbours of each vertex (vertex 4 has none).
@@ -120,10 +121,10 @@ def _assert_binomial(count: Tensor, trials: int, p: float, what: str) -> None:
 
 
 def test_uniform_inclusion_frequency() -> None:
-    topo, gen = _star(), _gen(0)
+    topo = _star()
     incl = torch.zeros(DRAWS, STAR_DEG, dtype=torch.bool)  # [draw, neighbour - 1]
     for d in range(DRAWS):
-        (block,) = sample_blocks(topo, torch.tensor([0]), [FANOUT], gen)
+        (block,) = sample_blocks(topo, torch.tensor([0]), [FANOUT], key=sample_key(0, d))
         got = block.row_ids()[block.indices]
         assert got.numel() == FANOUT and torch.unique(got).numel() == FANOUT
         assert int(got.min()) >= 1 and int(got.max()) <= STAR_DEG
@@ -137,10 +138,11 @@ def test_uniform_inclusion_frequency() -> None:
 
 
 def test_uniform_across_rows_in_one_batch() -> None:
-    """Many rows sampled in one call (one sort over all rows): each row exactly `fanout` distinct, each uniform."""
+    """Many rows sampled in one call (one key, a different vertex per row): each row exactly `fanout` distinct,
+    each uniform."""
     rows, pool = 2000, list(range(2000, 2000 + STAR_DEG))
     nbrs = {v: pool for v in range(rows)} | {v: [] for v in pool}
-    (block,) = sample_blocks(CSRTopology(*_csr(nbrs, weighted=False)), torch.arange(rows), [FANOUT], _gen(1))
+    (block,) = sample_blocks(CSRTopology(*_csr(nbrs, weighted=False)), torch.arange(rows), [FANOUT], key=1)
     assert torch.equal(block.in_degree(), torch.full((rows,), FANOUT))
     got = block.row_ids()[block.indices].view(rows, FANOUT) - pool[0]  # [rows, fanout] in 0..19
     assert bool((got.sort(1).values.diff(dim=1) > 0).all()), "a row sampled the same neighbour twice"
@@ -151,7 +153,7 @@ def test_uniform_across_rows_in_one_batch() -> None:
 @pytest.mark.parametrize("fanout", [3, 4, 25, -1])
 def test_degree_at_most_fanout_takes_all(fanout: int) -> None:
     topo = _star()
-    (block,) = sample_blocks(topo, torch.tensor([STAR_DEG + 1, 0]), [fanout], _gen(0))
+    (block,) = sample_blocks(topo, torch.tensor([STAR_DEG + 1, 0]), [fanout], key=0)
     assert sorted(block.row_ids()[block.indices[: block.indptr[1]]].tolist()) == [1, 2, 3]
     assert int(block.in_degree()[1]) == (STAR_DEG if fanout == -1 or fanout >= STAR_DEG else fanout)
 
@@ -165,7 +167,7 @@ def test_relabel_tiny_graph(fanouts: list[int], device: str) -> None:
     topo = _topo(_csr(IN_NBRS), device)
     seeds = torch.tensor([3, 0, 4], device=device)
     for s in range(20):
-        blocks = sample_blocks(topo, seeds, fanouts, _gen(s, device))
+        blocks = sample_blocks(topo, seeds, fanouts, key=s)
         assert all(b.edge_weight is not None for b in blocks)
         assert all(b.device.type == torch.device(device).type for b in blocks)
         _check_blocks(blocks, seeds, fanouts, IN_NBRS)
@@ -222,7 +224,7 @@ def test_full_fanout_one_layer_is_in_neighbourhood(fanout: int | str) -> None:
     assert weight is not None
     f = int((indptr[1:] - indptr[:-1]).max()) if fanout == "max" else int(fanout)
     seeds = torch.tensor([7, 3, 2, 0])
-    (block,) = sample_blocks(CSRTopology(indptr, indices, weight), seeds, [f], _gen(0))
+    (block,) = sample_blocks(CSRTopology(indptr, indices, weight), seeds, [f], key=0)
     assert block.edge_weight is not None
     for r, v in enumerate(seeds.tolist()):
         lo, hi = int(block.indptr[r]), int(block.indptr[r + 1])
@@ -255,12 +257,12 @@ def test_full_fanout_matches_full_graph(kind: str, num_layers: int, seed_epoch: 
     with torch.no_grad():
         full = model(Block.from_graph(graph, model.adjacency).to(device), x, seed_epoch)[seeds]
         for fanouts in ([-1] * num_layers, [max_deg] * num_layers, [max_deg + 3] + [-1] * (num_layers - 1)):
-            blocks = sample_blocks(topo, seeds, fanouts, _gen(0, device))
+            blocks = sample_blocks(topo, seeds, fanouts, key=0)
             out = _forward_blocks(model, blocks, x, seed_epoch)
             assert out.shape == full.shape
             torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-5)
         # and a real sample (fanout 2) does not reproduce it: the comparison above can fail
-        out = _forward_blocks(model, sample_blocks(topo, seeds, [2] * num_layers, _gen(0, device)), x, seed_epoch)
+        out = _forward_blocks(model, sample_blocks(topo, seeds, [2] * num_layers, key=0), x, seed_epoch)
         assert not torch.allclose(out, full, atol=1e-3)
 
 
@@ -268,35 +270,110 @@ def test_full_fanout_matches_full_graph(kind: str, num_layers: int, seed_epoch: 
 
 
 class RecordingTopology:
-    """Forwards to a topology and records every request's ids."""
+    """Forwards to a topology and records every request's ids and the positions each take reads."""
 
     def __init__(self, inner: Topology):
         self.inner = inner
-        self.neighbor_calls: list[Tensor] = []
-        self.degree_calls: list[Tensor] = []
+        self.requests: list[Tensor] = []
+        self.takes: list[tuple[Tensor, Tensor, Tensor]] = []  # (degrees, indptr, pos)
 
-    def num_neighbors(self, ids: Tensor) -> Tensor:
-        self.degree_calls.append(ids.clone())
-        return self.inner.num_neighbors(ids)
+    def request(self, ids: Tensor) -> NeighborRequest:
+        self.requests.append(ids.clone())
+        req = self.inner.request(ids)
+        outer = self
 
-    def neighbors(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        self.neighbor_calls.append(ids.clone())
-        return self.inner.neighbors(ids)
+        class Recorded:
+            degrees = req.degrees
+
+            def take(self, indptr: Tensor, pos: Tensor) -> tuple[Tensor, Tensor | None]:
+                outer.takes.append((req.degrees.clone(), indptr.clone(), pos.clone()))
+                return req.take(indptr, pos)
+
+        return Recorded()
 
 
-def test_one_batched_request_per_hop() -> None:
+def test_one_request_per_hop_reading_only_the_sampled_entries() -> None:
     graph = csbm(nodes=300, classes=3, avg_degree=8, features=4, seed=3)
-    topo = RecordingTopology(CSRTopology.from_graph(graph))
+    inner = CSRTopology.from_graph(graph)
+    topo = RecordingTopology(inner)
     seeds = torch.randperm(300, generator=_gen(0))[:25]
     fanouts = [4, 3, 2]
-    blocks = sample_blocks(topo, seeds, fanouts, _gen(1))
-    assert len(topo.neighbor_calls) == len(fanouts)
-    for hop, ids in enumerate(topo.neighbor_calls):
+    blocks = sample_blocks(topo, seeds, fanouts, key=1)
+    assert len(topo.requests) == len(topo.takes) == len(fanouts)
+    for hop, (ids, (deg, indptr, pos)) in enumerate(zip(topo.requests, topo.takes, strict=True)):
         assert torch.unique(ids).numel() == ids.numel(), f"hop {hop} requested duplicate ids"
         block = blocks[len(blocks) - 1 - hop]
         assert torch.equal(ids, block.row_ids(block.num_dst)), "hop h requests exactly its block's destinations"
-    assert topo.neighbor_calls[0].tolist() == seeds.tolist()
-    assert not topo.degree_calls
+        # the take reads min(degree, fanout) distinct in-range positions per vertex: nothing else
+        assert torch.equal(indptr[1:] - indptr[:-1], deg.clamp(max=fanouts[hop]))
+        assert torch.equal(indptr, block.indptr)
+        for r in range(ids.numel()):
+            p = pos[indptr[r]: indptr[r + 1]]
+            assert bool((p >= 0).all() and (p < deg[r]).all()) and bool((p.diff() > 0).all()), (hop, r, p)
+    assert topo.requests[0].tolist() == seeds.tolist()
+    # read amplification: entries read == entries sampled
+    assert inner.fetched_entries == sum(b.num_edges for b in blocks)
+
+
+# ------------------------------------------------------------------------------------------------ keyed sampling
+
+
+def _reference_positions(key: int, hop: int, v: int, deg: int, fanout: int) -> list[int]:
+    """Floyd's algorithm, written out in plain Python on 64-bit integers, for one vertex (what the sampler must
+    draw: a function of the key, the hop, the vertex and its degree only)."""
+    mask = (1 << 64) - 1
+    golden = 0x9E3779B97F4A7C15
+    if fanout < 0 or deg <= fanout:
+        return list(range(deg))
+    kv = mix64_int(v ^ hop_key(key, hop))
+    chosen: list[int] = []
+    for i in range(fanout):
+        j = deg - fanout + i
+        t = (mix64_int((kv + (i + 1) * golden) & mask) >> 1) % (j + 1)
+        chosen.append(j if t in chosen else t)
+    return sorted(chosen)
+
+
+def test_positions_are_floyds_algorithm_on_the_vertex_key() -> None:
+    """Checked against a plain-Python reference: int64 wrap-around, logical shifts and Floyd's rule all exact."""
+    frontier = torch.tensor([0, 5, 2**40 + 3, 17, 123456789])
+    deg = torch.tensor([3, 40, 9, 1000, 6])
+    for key, hop, fanout in [(0, 0, 5), (sample_key(7, 3), 1, 5), (sample_key(1, 1), 2, 8), (2**63 + 11, 0, 1)]:
+        indptr, pos = sample_positions(frontier, deg, fanout, hop_key(key, hop))
+        for r, (v, d) in enumerate(zip(frontier.tolist(), deg.tolist(), strict=True)):
+            got = pos[indptr[r]: indptr[r + 1]].tolist()
+            assert got == _reference_positions(key, hop, v, d, fanout), (key, hop, v, d)
+
+
+def _per_vertex_samples(blocks: list[Block]) -> dict[tuple[int, int], list[int]]:
+    """``(hop, vertex) -> sampled in-neighbours`` of every destination of every block."""
+    out = {}
+    for layer, b in enumerate(blocks):
+        hop = len(blocks) - 1 - layer
+        ids = b.row_ids().tolist()
+        for r in range(b.num_dst):
+            out[(hop, ids[r])] = sorted(ids[i] for i in b.indices[b.indptr[r]: b.indptr[r + 1]].tolist())
+    return out
+
+
+@with_device
+def test_keyed_samples_do_not_depend_on_the_batch(device: str) -> None:
+    """A vertex's sample at a hop is the same whichever batch it is in, in whatever order, on whichever device."""
+    graph = csbm(nodes=600, classes=3, avg_degree=20, features=4, seed=8)
+    topo = CSRTopology.from_graph(graph)
+    dev_topo = _topo((topo.indptr, topo.indices, topo.weight), device)
+    seeds = torch.randperm(600, generator=_gen(2))[:90]
+    key = sample_key(3, 2)
+    whole = _per_vertex_samples(sample_blocks(topo, seeds, [6, 4], key))
+    parts = {}
+    for part in (seeds[:31], seeds[31:32], seeds[32:].flip(0)):  # uneven parts, one reversed
+        parts.update(_per_vertex_samples(sample_blocks(dev_topo, part.to(device), [6, 4], key)))
+    seed_set = set(seeds.tolist())
+    for (hop, v), nbrs in whole.items():
+        assert parts[(hop, v)] == nbrs, (hop, v)
+    # the seeds' samples (hop 0) are the same on every split; and the key matters
+    other = _per_vertex_samples(sample_blocks(topo, seeds, [6, 4], sample_key(3, 3)))
+    assert any(other[(0, v)] != whole[(0, v)] for v in seed_set)
 
 
 # ------------------------------------------------------------------------------------------------ determinism
@@ -304,7 +381,7 @@ def test_one_batched_request_per_hop() -> None:
 
 def _same(a: list[Block], b: list[Block]) -> bool:
     def eq(s: Tensor | None, t: Tensor | None) -> bool:
-        return (s is None and t is None) or (s is not None and t is not None and torch.equal(s, t))
+        return (s is None and t is None) or (s is not None and t is not None and torch.equal(s.cpu(), t.cpu()))
 
     return len(a) == len(b) and all(
         x.num_src == y.num_src and eq(x.indptr, y.indptr) and eq(x.indices, y.indices)
@@ -314,16 +391,12 @@ def _same(a: list[Block], b: list[Block]) -> bool:
 
 
 @with_device
-def test_deterministic_with_seeded_generator(device: str) -> None:
+def test_deterministic_with_a_key(device: str) -> None:
     graph = csbm(nodes=500, classes=3, avg_degree=12, features=4, seed=4)
     csr = normalized_csr(graph, build_model("gcn", 4, 8, 3, layers=2, dropout=0.0, heads=1, seed=0).adjacency)
     topo = _topo(csr, device)
     seeds = torch.arange(0, 500, 7, device=device)
-    first = sample_blocks(topo, seeds, [5, 3], _gen(11, device))
-    assert _same(first, sample_blocks(topo, seeds, [5, 3], _gen(11, device)))
-    assert not _same(first, sample_blocks(topo, seeds, [5, 3], _gen(12, device)))
-    # torch's default generator, reseeded, also reproduces
-    torch.manual_seed(5)
-    a = sample_blocks(topo, seeds, [5, 3])
-    torch.manual_seed(5)
-    assert _same(a, sample_blocks(topo, seeds, [5, 3]))
+    first = sample_blocks(topo, seeds, [5, 3], key=11)
+    assert _same(first, sample_blocks(topo, seeds, [5, 3], key=11))
+    assert not _same(first, sample_blocks(topo, seeds, [5, 3], key=12))
+    assert _same(first, sample_blocks(_topo(csr), seeds.cpu(), [5, 3], key=11))  # and the CPU draws the same

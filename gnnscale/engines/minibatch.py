@@ -1,11 +1,17 @@
 """Mini-batch training over XGNN's global memory store (XGNN §3-5; pipeline vocabulary of HyScale-GNN §III).
 
-Per epoch the training vertices are shuffled (by seed and epoch) and cut into ``--batch-size`` seed batches. For each
-batch a k-hop uniform sampler (:func:`gnnscale.sample.sample_blocks`, ``--fanouts``) asks the store
-(:class:`~gnnscale.store.GlobalMemoryStore`) for neighbour lists, one de-duplicated request per hop, and relabels
-them into blocks; the feature extractor asks the store for the input rows; the model trains on the blocks, one
-optimiser step per batch. Sampling and extraction of the next batches run on a producer thread ahead of training,
-through a bounded queue (HyScale-GNN's pipeline of sampling, feature loading and training).
+Per epoch the training vertices are shuffled (by seed and epoch) and cut into ``--batch-size`` seed batches. Each
+device of ``--devices`` is a *trainer* (XGNN's one worker per GPU): it takes its share of every global batch (the
+batch cut into contiguous parts), samples it with the keyed sampler (:func:`gnnscale.sample.sample_blocks`: per hop,
+the frontier's degrees, positions drawn on the trainer's device, one read of only those entries), extracts the input
+rows, and trains its model replica on the blocks. Every trainer reads through its own row of the placement
+(:meth:`GlobalMemoryStore.reader`). Gradients are summed over the trainers, weighted by their seeds, and the
+optimiser steps once per global batch. Sampling is keyed by ``(seed, epoch, hop, vertex)``, so a step on N
+trainers equals one trainer's step on the whole batch.
+
+Per trainer, sampling and extraction run on a producer thread ahead of training through a bounded queue
+(:data:`QUEUE_DEPTH` batches: HyScale-GNN's pipeline of sampling, feature loading and training); on CUDA on their
+own stream, each batch handed over with an event the training stream waits for.
 
 Evaluation is layer-wise full-neighbour inference (every vertex's exact output, layer by layer over destination
 batches: the in-memory engine's evaluation), or sampled inference with ``--eval-fanouts``.
@@ -16,37 +22,45 @@ With fanouts at least the largest in-degree a step equals the in-memory engine r
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from gnnscale.engines.base import Engine
+from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.sample import CSRTopology, sample_blocks
-from gnnscale.store.global_store import GlobalMemoryStore
+from gnnscale.sample import CSRTopology, sample_blocks, sample_key
+from gnnscale.store.global_store import GlobalMemoryStore, StoreReader
 
 if TYPE_CHECKING:
     from gnnscale.train import TrainConfig
 
+T = TypeVar("T")
+
 QUEUE_DEPTH = 2
-"""Batches sampled and extracted ahead of training."""
+"""Batches sampled and extracted ahead of training, per trainer."""
 STORE_SHARE = 0.5
 """Share of the device budget the store may fill when the ratios are left to the engine."""
 PRESAMPLE_BATCHES = 8
 """Mini-batches sampled by ``--hotness presample`` to count how often each vertex is read."""
 EVAL_BATCH = 16384
 """Destinations per step of layer-wise inference (at least ``--batch-size``): few large steps, no sampling."""
+EVAL_EPOCH = -1
+"""The epoch number keying sampled evaluation (``--eval-fanouts``): the same sample at every evaluation."""
 
 
 @dataclass(eq=False)
@@ -56,6 +70,20 @@ class _Batch:
     x: Tensor
     sample_s: float
     extract_s: float
+    ready: torch.cuda.Event | None = None
+    """Recorded on the trainer's sampling stream after extraction (CUDA); training waits for it."""
+
+
+@dataclass(eq=False)
+class _Trainer:
+    """One device: a model replica, its reader of the store, and (CUDA) the stream it samples on."""
+
+    index: int
+    device: torch.device
+    model: GNN
+    reader: StoreReader
+    stream: torch.cuda.Stream | None
+    y: Tensor
 
 
 def default_fanouts(layers: int) -> tuple[int, ...]:
@@ -63,15 +91,9 @@ def default_fanouts(layers: int) -> tuple[int, ...]:
     return (15, 10) if layers == 2 else (10,) * layers
 
 
-def auto_ratios(graph: Graph, budget: int) -> float:
-    """The largest fraction ``r`` of vertices whose topology and features both fit ``budget`` bytes (capped at 1)."""
-    topo = (graph.num_nodes + 1) * 8 + graph.num_edges * 12 + graph.num_nodes * 12  # CSR, weights, self-loops
-    feats = graph.num_nodes * graph.num_features * 4
-    return min(1.0, budget / max(topo + feats, 1))
-
-
 class MiniBatchEngine(Engine):
-    """Sampled mini-batch training with topology and features in a global GPU+host store (XGNN)."""
+    """Sampled mini-batch training with topology and features in a global GPU+host store (XGNN), one trainer
+    per device."""
 
     name = "minibatch"
 
@@ -90,32 +112,38 @@ class MiniBatchEngine(Engine):
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         self.fanouts = tuple(config.fanouts or default_fanouts(config.layers))
-        budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(device)
-        auto = auto_ratios(graph, int(STORE_SHARE * budget))
-        graph_ratio = auto if config.gpu_graph_ratio is None else config.gpu_graph_ratio
-        feature_ratio = auto if config.gpu_feature_ratio is None else config.gpu_feature_ratio
         devices = [torch.device(d) for d in config.devices] if config.devices else [device]
+        budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
         self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.train_ids = torch.nonzero(self.masks["train_mask"]).view(-1)
         if self.train_ids.numel() == 0:
             raise ConfigError(f"graph {graph.name} has no training vertices")
         hotness = self.presampled_hotness() if config.hotness == "presample" else None
-        self.store = GlobalMemoryStore(graph, devices, adjacency=model.adjacency, gpu_graph_ratio=graph_ratio,
-                                       gpu_feature_ratio=feature_ratio, memory_budget=budget,
-                                       gather=config.gather, hotness=hotness)
+        self.store = GlobalMemoryStore(graph, devices, adjacency=model.adjacency,
+                                       gpu_graph_ratio=config.gpu_graph_ratio,
+                                       gpu_feature_ratio=config.gpu_feature_ratio,
+                                       memory_budget=int(STORE_SHARE * budget), gather=config.gather,
+                                       hotness=hotness)
         assert graph.y is not None
-        self.y = graph.y.to(device)
+        self.replicas = Replicas(model, devices)
+        self.trainers = [
+            _Trainer(g, dev, self.replicas.models[g], self.store.reader(g),
+                     torch.cuda.Stream(dev) if dev.type == "cuda" else None, graph.y.to(dev))
+            for g, dev in enumerate(devices)]
+        self.pool = (ThreadPoolExecutor(len(devices), thread_name_prefix="gnnscale-trainer")
+                     if len(devices) > 1 else None)
+        self.y = self.trainers[0].y
 
     def presampled_hotness(self) -> Tensor:
         """Access counts from a short pre-sampling pass (XGNN's alternative to degree): how often each vertex is
-        a sampled source in :data:`PRESAMPLE_BATCHES` training batches, plus its out-degree as a tie-breaker."""
+        a sampled source in :data:`PRESAMPLE_BATCHES` batches of epoch 1, plus its out-degree as a tie-breaker."""
         topo = CSRTopology.from_graph(self.graph, self.model.adjacency)
-        gen = torch.Generator().manual_seed(self.config.seed)
-        order = self.train_ids[torch.randperm(self.train_ids.numel(), generator=gen)]
+        key = sample_key(self.config.seed, 1)
+        order = self.train_ids[self._order(1)]
         counts = torch.zeros(self.graph.num_nodes, dtype=torch.float64)
         size = self.config.batch_size
         for lo in range(0, min(order.numel(), PRESAMPLE_BATCHES * size), size):
-            for block in sample_blocks(topo, order[lo : lo + size], self.fanouts, gen):
+            for block in sample_blocks(topo, order[lo : lo + size], self.fanouts, key):
                 assert block.src_ids is not None
                 counts.index_add_(0, block.src_ids, torch.ones(block.num_src, dtype=torch.float64))
         deg = self.graph.out_degree().double()
@@ -124,24 +152,35 @@ class MiniBatchEngine(Engine):
     def describe(self) -> str:
         s = self.store
         n = max(s.num_nodes, 1)
-        return (f"minibatch: batch {self.config.batch_size}, fanouts {','.join(map(str, self.fanouts))}; store: "
-                f"topology of {100 * s.hot_graph / n:.0f}% and features of {100 * s.hot_features / n:.0f}% of the "
-                f"vertices on {len(s.devices)} device(s), the rest in host memory")
+        return (f"minibatch: batch {self.config.batch_size}, fanouts {','.join(map(str, self.fanouts))}, "
+                f"{len(self.trainers)} trainer(s); store: topology of {100 * s.hot_graph / n:.0f}% and features of "
+                f"{100 * s.hot_features / n:.0f}% of the vertices on {len(s.devices)} device(s), the rest in host "
+                "memory")
 
     # ------------------------------------------------------------------------------------------------ pipeline
-    def _sample(self, seeds: Tensor, fanouts: tuple[int, ...], gen: torch.Generator) -> _Batch:
-        t0 = time.perf_counter()
-        blocks = sample_blocks(self.store, seeds, fanouts, gen)
-        t1 = time.perf_counter()
-        src = blocks[0].src_ids
-        assert src is not None
-        x = self.store.features(src)
-        return _Batch(seeds, blocks, x, t1 - t0, time.perf_counter() - t1)
+    def _order(self, epoch: int) -> Tensor:
+        """The epoch's shuffle of the training vertices (a function of seed and epoch)."""
+        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch)
+        return torch.randperm(self.train_ids.numel(), generator=gen)
 
-    def _batches(self, seeds: Tensor, fanouts: tuple[int, ...], gen: torch.Generator) -> Iterator[_Batch]:
-        """Sampled and extracted batches of ``seeds``, produced ahead by a thread through a bounded queue."""
-        size = self.config.batch_size
-        parts = [seeds[i : i + size] for i in range(0, seeds.numel(), size)]
+    def _prepare(self, t: _Trainer, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> _Batch:
+        """Sample ``seeds`` (on ``t``'s device) and extract the input rows through ``t``'s reader."""
+        with torch.cuda.stream(t.stream) if t.stream is not None else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            blocks = sample_blocks(t.reader, seeds.to(t.device), fanouts, key)
+            t1 = time.perf_counter()
+            src = blocks[0].src_ids
+            assert src is not None
+            x = t.reader.features(src)
+            ready = None
+            if t.stream is not None:
+                ready = torch.cuda.Event()
+                ready.record(t.stream)
+        return _Batch(blocks[-1].row_ids(blocks[-1].num_dst), blocks, x, t1 - t0, time.perf_counter() - t1, ready)
+
+    def _batches(self, t: _Trainer, parts: list[Tensor], fanouts: tuple[int, ...], key: int
+                 ) -> Generator[_Batch, None, None]:
+        """``t``'s sampled and extracted batches of ``parts``, produced ahead by a thread through a bounded queue."""
         q: queue.Queue[_Batch | BaseException | None] = queue.Queue(maxsize=QUEUE_DEPTH)
         stop = threading.Event()
 
@@ -150,12 +189,12 @@ class MiniBatchEngine(Engine):
                 for part in parts:
                     if stop.is_set():
                         return
-                    q.put(self._sample(part.to(self.device), fanouts, gen))
+                    q.put(self._prepare(t, part, fanouts, key))
                 q.put(None)
             except BaseException as exc:  # surfaced in the consumer
                 q.put(exc)
 
-        thread = threading.Thread(target=produce, name="gnnscale-sampler", daemon=True)
+        thread = threading.Thread(target=produce, name=f"gnnscale-sampler-{t.index}", daemon=True)
         thread.start()
         try:
             while True:
@@ -164,6 +203,13 @@ class MiniBatchEngine(Engine):
                     return
                 if isinstance(item, BaseException):
                     raise item
+                if item.ready is not None:  # training waits for the sampling stream on the device, not the host
+                    consumer = torch.cuda.current_stream(t.device)
+                    consumer.wait_event(item.ready)
+                    for b in item.blocks:
+                        b.record_stream(consumer)
+                    item.x.record_stream(consumer)
+                    item.seeds.record_stream(consumer)
                 yield item
         finally:
             stop.set()
@@ -173,39 +219,74 @@ class MiniBatchEngine(Engine):
                 except queue.Empty:
                     thread.join(timeout=0.05)
 
-    def _forward(self, batch: _Batch, se: tuple[int, int] | None) -> Tensor:
+    def _forward(self, batch: _Batch, se: tuple[int, int] | None, model: GNN | None = None) -> Tensor:
+        model = self.model if model is None else model
         h = batch.x
-        for i, (layer, block) in enumerate(zip(self.model.block_layers, batch.blocks, strict=True)):
-            h = layer(block, self.model.layer_input(i, h, block.row_ids(), se))
+        for i, (layer, block) in enumerate(zip(model.block_layers, batch.blocks, strict=True)):
+            h = layer(block, model.layer_input(i, h, block.row_ids(), se))
         return h
+
+    def _run(self, fn: Callable[[_Trainer], T]) -> list[T]:
+        """``fn`` on every trainer: inline for one, one thread each otherwise."""
+        if self.pool is None:
+            return [fn(self.trainers[0])]
+        return [f.result() for f in [self.pool.submit(fn, t) for t in self.trainers]]
+
+    @staticmethod
+    def _parts(seeds: Tensor, size: int, trainers: int) -> list[list[Tensor]]:
+        """Per trainer, its contiguous share of each global batch of ``size`` seeds."""
+        batches = [seeds[i : i + size] for i in range(0, seeds.numel(), size)]
+        shares = [torch.tensor_split(b, trainers) for b in batches]
+        return [[s[g] for s in shares] for g in range(trainers)]
 
     # ------------------------------------------------------------------------------------------------ training
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
+        self.replicas.sync()
         se = (self.config.seed, epoch)
-        key = self.config.seed * 1_000_003 + epoch  # shuffling and sampling: a function of (seed, epoch)
-        gen = torch.Generator(device=self.device).manual_seed(key)
-        order = torch.randperm(self.train_ids.numel(), generator=torch.Generator().manual_seed(key))
+        key = sample_key(self.config.seed, epoch)
+        seeds = self.train_ids[self._order(epoch)]
+        size, G = self.config.batch_size, len(self.trainers)
+        parts = self._parts(seeds, size, G)
+        sizes = [min(size, seeds.numel() - i) for i in range(0, seeds.numel(), size)]
         self.store.reset_stats()
-        total = 0.0
-        sample_s = extract_s = train_s = 0.0
-        edges = batches = 0
-        for batch in self._batches(self.train_ids[order], self.fanouts, gen):
+        streams = [self._batches(t, parts[t.index], self.fanouts, key) for t in self.trainers]
+        loss_sum = [torch.zeros((), device=t.device) for t in self.trainers]  # no host sync per batch
+        counters = [dict.fromkeys(("sample_s", "extract_s", "train_s", "sampled_edges"), 0.0) for _ in self.trainers]
+
+        def step(t: _Trainer, total: int) -> None:
+            batch = next(streams[t.index])
+            c = counters[t.index]
+            c["sample_s"] += batch.sample_s
+            c["extract_s"] += batch.extract_s
+            c["sampled_edges"] += sum(b.num_edges for b in batch.blocks)
+            if batch.seeds.numel() == 0:  # fewer seeds than trainers: nothing to add
+                return
             t0 = time.perf_counter()
-            self.optimizer.zero_grad(set_to_none=True)
-            logits = self._forward(batch, se)
-            loss = F.cross_entropy(logits, self.y[batch.seeds])
+            logits = self._forward(batch, se, t.model)
+            # this trainer's share of the global batch's mean loss: the gradients sum to the batch's
+            loss = F.cross_entropy(logits, t.y[batch.seeds], reduction="sum") / total
             loss.backward()
-            self.optimizer.step()
-            total += float(loss.detach()) * batch.seeds.numel()
-            train_s += time.perf_counter() - t0
-            sample_s, extract_s = sample_s + batch.sample_s, extract_s + batch.extract_s
-            edges += sum(b.num_edges for b in batch.blocks)
-            batches += 1
+            loss_sum[t.index] += loss.detach() * total
+            c["train_s"] += time.perf_counter() - t0
+
+        try:
+            for total in sizes:
+                self.optimizer.zero_grad(set_to_none=True)
+                self._run(functools.partial(step, total=total))
+                self.replicas.reduce()
+                self.optimizer.step()
+                self.replicas.sync()
+        finally:
+            for s in streams:
+                s.close()
         stats = self.store.reset_stats()
-        return {"loss": total / self.train_ids.numel(), "sample_s": sample_s, "extract_s": extract_s,
-                "train_s": train_s, "sampled_edges": edges, "batches": batches, "h2d_bytes": stats.h2d_bytes,
-                **stats.hit_rates()}
+        out: dict[str, float] = {"loss": sum(float(x) for x in loss_sum) / seeds.numel(), "batches": len(sizes),
+                                 "trainers": G}
+        for k in counters[0]:
+            out[k] = sum(c[k] for c in counters)
+        out["sampled_edges"] = int(out["sampled_edges"])
+        return {**out, **stats.metrics()}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
@@ -235,8 +316,9 @@ class MiniBatchEngine(Engine):
     def _sampled_eval(self, fanouts: tuple[int, ...]) -> dict[str, float | None]:
         pred = torch.full((self.graph.num_nodes,), -1, dtype=torch.int64)
         ids = torch.nonzero(torch.stack(list(self.masks.values())).any(0)).view(-1)
-        gen = torch.Generator(device=self.device).manual_seed(self.config.seed)
-        for batch in self._batches(ids, fanouts, gen):
+        t = self.trainers[0]
+        parts = [ids[i : i + self.config.batch_size] for i in range(0, ids.numel(), self.config.batch_size)]
+        for batch in self._batches(t, parts, fanouts, sample_key(self.config.seed, EVAL_EPOCH)):
             pred[batch.seeds.cpu()] = self._forward(batch, None).argmax(-1).cpu()
         self.store.reset_stats()
         return self.accuracies(pred, self.y.cpu(), self.masks)

@@ -41,7 +41,6 @@ runs synchronously and ``peak_device_bytes`` is measured by :class:`~gnnscale.pl
 from __future__ import annotations
 
 import contextlib
-import copy
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gnnscale.engines.base import Engine
+from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
@@ -237,9 +237,7 @@ def _record_stream(item: Any, stream: Any) -> None:
     if isinstance(item, Tensor):
         item.record_stream(stream)
     elif isinstance(item, Block):
-        for t in item._fields():
-            if t is not None:
-                t.record_stream(stream)
+        item.record_stream(stream)
     elif isinstance(item, tuple | list):
         for x in item:
             _record_stream(x, stream)
@@ -387,8 +385,9 @@ class OffloadEngine(Engine):
         devices = worker_devices(config, device)
         gather = default_gather_method(devices[0]) if config.gather == "auto" else config.gather
         host_lock = threading.Lock() if len(devices) > 1 else None
+        self.replicas = Replicas(model, devices)
         self.workers = [
-            _Worker(w, dev, model if w == 0 else copy.deepcopy(model).to(dev), _Mover(dev, gather, host_lock),
+            _Worker(w, dev, self.replicas.models[w], _Mover(dev, gather, host_lock),
                     [i for i in range(self.partitions) if i % len(devices) == w])
             for w, dev in enumerate(devices)]
         self.pool = ThreadPoolExecutor(len(devices), thread_name_prefix="gnnscale-worker") if len(devices) > 1 else None
@@ -495,22 +494,11 @@ class OffloadEngine(Engine):
 
     def _sync_replicas(self) -> None:
         """Replicas take the master's parameters (after each optimiser step)."""
-        master = list(self.model.parameters())
-        for w in self.workers[1:]:
-            with torch.no_grad():
-                for p, q in zip(master, w.model.parameters(), strict=True):
-                    q.copy_(p)
-            w.model.zero_grad(set_to_none=True)
-            w.model.train(self.model.training)
+        self.replicas.sync()
 
     def _reduce_gradients(self) -> None:
         """Sum the replicas' parameter gradients into the master's (HongTu's all-reduce before the update)."""
-        for w in self.workers[1:]:
-            for p, q in zip(self.model.parameters(), w.model.parameters(), strict=True):
-                if q.grad is None:
-                    continue
-                g = q.grad.to(p.device)
-                p.grad = g if p.grad is None else p.grad.add_(g)
+        self.replicas.reduce()
 
     def _sweep(self, w: _Worker, load: Callable[[Chunk], T], body: Callable[[_Worker, Chunk, _Rows, T], None],
                *, src: Tensor | None = None, grad: Tensor | None = None, blocks: bool = True,

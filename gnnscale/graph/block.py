@@ -216,6 +216,13 @@ class Block:
         rebuilt there on first use, without copying)."""
         return self.map(lambda t: t.to(device, non_blocking=non_blocking), transpose)
 
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        """Mark the block's tensors as used on ``stream`` (made on another stream and read on this one: the
+        caching allocator then keeps their memory until ``stream``'s work on them is done)."""
+        for t in self._fields():
+            if t is not None:
+                t.record_stream(stream)
+
     def pin_memory(self) -> Block:
         return self.map(lambda t: t.pin_memory())
 

@@ -1,5 +1,16 @@
-"""Mini-batch sampling: k-hop uniform neighbour sampling into per-layer blocks."""
+"""Mini-batch sampling: keyed k-hop uniform neighbour sampling into per-layer blocks."""
 
-from gnnscale.sample.neighbor import CSRTopology, Topology, sample_blocks
+from gnnscale.sample.neighbor import (
+    CSRTopology,
+    NeighborRequest,
+    Topology,
+    full_lists,
+    hop_key,
+    keyed_draws,
+    sample_blocks,
+    sample_key,
+    sample_positions,
+)
 
-__all__ = ["CSRTopology", "Topology", "sample_blocks"]
+__all__ = ["CSRTopology", "NeighborRequest", "Topology", "full_lists", "hop_key", "keyed_draws", "sample_blocks",
+           "sample_key", "sample_positions"]

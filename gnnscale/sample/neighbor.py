@@ -1,9 +1,10 @@
 """K-hop uniform neighbour sampling into per-layer :class:`~gnnscale.graph.block.Block` s (XGNN §5, GraphSAGE).
 
 The sampler reads the graph only through a :class:`Topology` (a graph store: the in-memory :class:`CSRTopology`
-here, a global memory store spanning devices elsewhere), asks it once per hop for the in-neighbours of the whole
-de-duplicated frontier (one batched request, not one per vertex), samples every row at once on the device of the
-seeds, and relabels the reached vertices into the local rows gnnscale's layers consume.
+here, a global memory store spanning devices elsewhere). Per hop it asks the store once for the degrees of the whole
+de-duplicated frontier, draws the positions to keep on the seeds' device (keyed by the run's seed, the epoch, the
+hop and the vertex: :func:`sample_positions`), fetches only those neighbour entries in one request, and relabels
+the reached vertices into the local rows gnnscale's layers consume.
 
 Vocabulary: the *seeds* are the mini-batch's output vertices; hop ``h`` (``h = 0`` next to the seeds) expands
 the *frontier* (the vertices reached so far) by at most ``fanouts[h]`` in-neighbours per frontier vertex.
@@ -18,31 +19,123 @@ import torch
 from torch import Tensor
 
 from gnnscale.graph.block import AdjacencySpec, Block, normalized_csr
-from gnnscale.graph.graph import Graph, csr_rows, csr_slices
+from gnnscale.graph.graph import Graph, csr_rows
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: the splitmix64 increment
+_MUL1, _MUL2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64 finaliser multipliers
+
+
+def _signed(c: int) -> int:
+    """A 64-bit pattern as the int64 torch stores it."""
+    c &= _MASK64
+    return c - (1 << 64) if c >> 63 else c
+
+
+def _shr(x: Tensor, s: int) -> Tensor:
+    """Logical right shift of int64 bit patterns (torch's ``>>`` is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def mix64(x: Tensor) -> Tensor:
+    """splitmix64's finaliser on int64 tensors (a bijection of 64-bit patterns; int64 products wrap mod 2^64)."""
+    x = x ^ _shr(x, 30)
+    x = x * _signed(_MUL1)
+    x = x ^ _shr(x, 27)
+    x = x * _signed(_MUL2)
+    return x ^ _shr(x, 31)
+
+
+def mix64_int(x: int) -> int:
+    """:func:`mix64` on one Python int (an unsigned 64-bit result)."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * _MUL1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MUL2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_key(seed: int, epoch: int) -> int:
+    """The sampling key of a run's epoch: a hash of ``(seed, epoch)`` (keys of other epochs look unrelated)."""
+    return mix64_int(mix64_int(seed + _GOLDEN) + epoch * _GOLDEN)
+
+
+def hop_key(key: int, hop: int) -> int:
+    """Key of hop ``hop`` (0 next to the seeds) under a batch's sampling ``key``."""
+    return mix64_int(key ^ mix64_int((hop + 1) * _GOLDEN))
+
+
+def keyed_draws(kv: Tensor, deg: Tensor, fanout: int) -> Tensor:
+    """Positions ``[m, fanout]`` (ascending per row) of a uniform ``fanout``-subset of ``range(deg[i])`` per row.
+
+    Robert Floyd's algorithm, run for all rows at once: for ``i = 0 .. fanout - 1`` let ``j = deg - fanout + i``
+    and draw ``t`` uniform in ``[0, j]``; keep ``t``, or ``j`` if ``t`` was kept before. Every ``fanout``-subset is
+    equally likely, and only ``fanout`` random numbers per row are drawn: row ``i``'s ``t`` is
+    ``(mix64(kv[i] + (i + 1) * golden) >> 1) mod (j + 1)`` (bias below ``j / 2^63``), so the positions depend only
+    on the row's key ``kv`` and its degree. Costs ``O(fanout^2)`` compares per row, no sort over its neighbours.
+
+    Args:
+        kv: ``[m]`` int64 per-row keys.
+        deg: ``[m]`` int64 degrees, each ``> fanout``.
+        fanout: positions per row, ``>= 1``.
+    """
+    m = kv.numel()
+    out = torch.empty(m, fanout, dtype=torch.int64, device=kv.device)
+    for i in range(fanout):
+        j = deg - (fanout - i)  # [m] the largest position this step may take
+        t = torch.remainder(_shr(mix64(kv + _signed((i + 1) * _GOLDEN)), 1), j + 1)  # [m] uniform in [0, j]
+        if i:
+            t = torch.where((out[:, :i] == t.unsqueeze(1)).any(1), j, t)
+        out[:, i] = t
+    return out.sort(dim=1).values
+
+
+@runtime_checkable
+class NeighborRequest(Protocol):
+    """One hop's request to a graph store: the degrees of a frontier, then the neighbour entries the sampler picks.
+
+    A store routes the frontier once (which tier holds each list) when the request is made; :meth:`take` reads
+    only the picked entries, one de-duplicated read per tier.
+    """
+
+    degrees: Tensor
+    """``[n]`` int64 in-degree of each requested vertex, on the request's device."""
+
+    def take(self, indptr: Tensor, pos: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The entries at positions ``pos[indptr[i]:indptr[i + 1]]`` (0-based, into vertex ``i``'s in-neighbour
+        list) of every requested vertex ``i``: ``(indices [E'] int64 global ids, weights [E'] or None)``."""
+        ...
 
 
 @runtime_checkable
 class Topology(Protocol):
-    """What the sampler needs from a graph store: in-degrees and in-neighbour CSR slices of a batch of vertices."""
+    """What the sampler needs from a graph store: a :class:`NeighborRequest` per hop."""
 
-    def num_neighbors(self, ids: Tensor) -> Tensor:
-        """``[n]`` int64 in-degree of each vertex of ``ids`` (``[n]`` integer global ids)."""
+    def request(self, ids: Tensor) -> NeighborRequest:
+        """Open a request for the in-neighbour lists of ``ids`` (``[n]`` distinct integer global ids, on the
+        device where sampling runs; results come back on that device)."""
         ...
 
-    def neighbors(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """In-neighbours of ``ids`` as one CSR local to this request: ``(indptr, indices, weights)``.
 
-        ``indptr`` is ``[n + 1]`` int64 (``indptr[0] == 0``), ``indices`` the ``[sum deg]`` int64 global ids of the
-        in-neighbours, row ``i``'s in ``indices[indptr[i]:indptr[i + 1]]``, and ``weights`` the matching
-        ``[sum deg]`` edge weights or ``None``. ``ids`` may be on CPU or CUDA; results are on the device of ``ids``.
-        """
-        ...
+class _CSRRequest:
+    def __init__(self, topo: CSRTopology, ids: Tensor):
+        self.topo, self.out_dev = topo, ids.device
+        i = ids.to(topo.device).long()
+        self.start = topo.indptr[i]  # [n]
+        self.degrees = (topo.indptr[i + 1] - self.start).to(self.out_dev)
+
+    def take(self, indptr: Tensor, pos: Tensor) -> tuple[Tensor, Tensor | None]:
+        t = self.topo
+        e = self.start[csr_rows(indptr.to(t.device), pos.numel())] + pos.to(t.device)  # [E'] positions in indices
+        t.fetched_entries += int(e.numel())
+        w = None if t.weight is None else t.weight[e].to(self.out_dev)
+        return t.indices[e].to(self.out_dev), w
 
 
 class CSRTopology:
     """The in-memory :class:`Topology`: an in-neighbour CSR ``(indptr, indices, weight)`` held in tensors.
 
     The tensors may live on any device; requests are answered on the device of the ids they come with.
+    ``fetched_entries`` counts the neighbour entries read.
     """
 
     def __init__(self, indptr: Tensor, indices: Tensor, weight: Tensor | None = None):
@@ -53,6 +146,7 @@ class CSRTopology:
         self.indptr = indptr.long()
         self.indices = indices.long()
         self.weight = weight
+        self.fetched_entries = 0
 
     @classmethod
     def from_graph(cls, graph: Graph, spec: AdjacencySpec | None = None) -> CSRTopology:
@@ -68,51 +162,48 @@ class CSRTopology:
     def device(self) -> torch.device:
         return self.indptr.device
 
+    def request(self, ids: Tensor) -> NeighborRequest:
+        return _CSRRequest(self, ids)
+
     def num_neighbors(self, ids: Tensor) -> Tensor:
-        i = ids.to(self.device).long()
-        return (self.indptr[i + 1] - self.indptr[i]).to(ids.device)
+        """``[n]`` in-degree of each id, on ``ids``' device."""
+        return self.request(ids).degrees
 
     def neighbors(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        out_dev = ids.device
-        indptr, pos = csr_slices(self.indptr, ids.to(self.device).long())
-        w = None if self.weight is None else self.weight[pos].to(out_dev)
-        return indptr.to(out_dev), self.indices[pos].to(out_dev), w
+        """Whole in-neighbour lists of ``ids``, concatenated: ``(indptr [n + 1], indices, weights or None)``."""
+        return full_lists(self.request(ids))
 
 
-def _sample_rows(
-    indptr: Tensor, fanout: int, generator: torch.Generator | None
-) -> tuple[Tensor, Tensor | None]:
-    """Uniform sampling without replacement of at most ``fanout`` entries per CSR row, all rows at once.
+def full_lists(req: NeighborRequest) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Every entry of a request's lists: ``(indptr [n + 1], indices, weights or None)``."""
+    deg = req.degrees
+    indptr = torch.zeros(deg.numel() + 1, dtype=torch.int64, device=deg.device)
+    torch.cumsum(deg, 0, out=indptr[1:])
+    total = int(indptr[-1])
+    pos = torch.arange(total, device=deg.device) - indptr[csr_rows(indptr, total)]
+    return indptr, *req.take(indptr, pos)
 
-    Returns the new ``[n + 1]`` indptr and the positions (into the request's edge arrays, ascending, so each row
-    keeps its neighbours in CSR order) of the sampled edges, or ``None`` when every edge is kept.
+
+def sample_positions(frontier: Tensor, deg: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
+    """Which entries of each frontier vertex's in-neighbour list one hop samples: ``(indptr [n + 1], pos [E'])``.
+
+    A vertex of in-degree ``d`` takes all ``d`` positions when ``d <= fanout`` or ``fanout == -1``, else the
+    ``fanout`` positions :func:`keyed_draws` picks with the vertex key ``mix64(v ^ key)``: they depend on
+    ``(key, v, d)`` only. Positions are ascending within a row.
     """
-    deg = indptr[1:] - indptr[:-1]  # [n]
-    num_edges = int(indptr[-1])
-    if fanout < 0 or num_edges == 0 or int(deg.max()) <= fanout:
-        return indptr, None
-    dev = indptr.device
-    # Rows with deg <= fanout keep every edge; only the edges of the other ("big") rows are drawn from.
-    big = deg > fanout  # [n]
-    rows = csr_rows(indptr)  # [E], ascending
-    cand = torch.nonzero(big[rows]).view(-1)  # [Ec] edges of big rows, grouped by row, ascending
-    big_deg = deg[big]  # [m]
-    m = int(big_deg.numel())
-    brow = torch.repeat_interleave(torch.arange(m, device=dev), big_deg, output_size=int(cand.numel()))  # [Ec]
-    # Segmented random shuffle by one sort: key = (big-row index, random bits), so the candidates come out grouped
-    # by row, each row's edges in a uniformly random order, and the first `fanout` slots of a row are a uniform
-    # subset of size `fanout` without replacement. The key keeps 63 - bits(m) >= 32 random bits: two equal keys
-    # in a row of degree d (order then decided by the sort) have probability below d^2 / 2^33.
-    shift = 63 - max(m.bit_length(), 1)
-    key = (brow << shift) | torch.randint(0, 1 << shift, brow.shape, generator=generator, device=dev)  # [Ec]
-    order = cand[torch.sort(key).indices]  # [Ec]
-    seg_start = torch.cumsum(big_deg, 0) - big_deg  # [m] first slot of each big row
-    rank = torch.arange(order.numel(), device=dev) - seg_start[brow]  # [Ec] slot's rank within its row
-    keep = ~big[rows]  # [E]
-    keep[order[rank < fanout]] = True
-    picked = torch.nonzero(keep).view(-1)  # [E'] edge positions, CSR order
-    new_indptr = torch.cat([indptr.new_zeros(1), torch.cumsum(deg.clamp(max=fanout), 0)])  # [n + 1]
-    return new_indptr, picked
+    dev = frontier.device
+    take = deg if fanout < 0 else deg.clamp(max=fanout)
+    indptr = torch.zeros(deg.numel() + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(take, 0, out=indptr[1:])
+    total = int(indptr[-1])
+    pos = torch.arange(total, device=dev) - indptr[csr_rows(indptr, total)]  # [E'] 0 .. take - 1 per row
+    if fanout > 0 and total:
+        big = torch.nonzero(deg > fanout).view(-1)  # [m] rows that sample
+        if big.numel():
+            chosen = keyed_draws(mix64(frontier[big] ^ _signed(key)), deg[big], fanout)  # [m, fanout]
+            slots = indptr[big].unsqueeze(1) + torch.arange(fanout, device=dev)  # [m, fanout]
+            pos[slots.view(-1)] = chosen.view(-1)
+    return indptr, pos
 
 
 def _relabel(dst_ids: Tensor, nbr_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -129,9 +220,7 @@ def _relabel(dst_ids: Tensor, nbr_ids: Tensor) -> tuple[Tensor, Tensor]:
     return local[inv[n:]], torch.cat([dst_ids, new_ids])
 
 
-def sample_blocks(
-    topo: Topology, seeds: Tensor, fanouts: Sequence[int], generator: torch.Generator | None = None
-) -> list[Block]:
+def sample_blocks(topo: Topology, seeds: Tensor, fanouts: Sequence[int], key: int = 0) -> list[Block]:
     """Sample ``len(fanouts)`` hops of in-neighbours around ``seeds`` into one :class:`Block` per GNN layer.
 
     Fanout order (PyG's ``NeighborLoader(num_neighbors=...)`` convention): ``fanouts[0]`` is the hop from the
@@ -144,11 +233,16 @@ def sample_blocks(
 
     Sampling: uniform without replacement, per destination vertex: one with in-degree ``d <= fanout`` keeps all its
     in-neighbours (multi-edges counted as separate neighbours); one with ``d > fanout`` keeps a uniformly random
-    subset of exactly ``fanout`` of its in-edges (each with probability ``fanout / d``; exact up to random-key
-    collisions, probability below ``d^2 / 2^33`` per row). All rows of a hop are sampled at once: random keys per
-    candidate edge, one sort keyed by (row, key), then the edges ranked ``< fanout`` in their row. Sampled edges
-    keep the topology's CSR order within a row, and their weights (sliced from the topology's; ``None`` stays
-    ``None``).
+    subset of exactly ``fanout`` of its in-edges (each with probability ``fanout / d``). The subset is *keyed*: it
+    is a function of ``(key, hop, v)`` and the graph only (:func:`sample_positions`), never of the other vertices
+    in the batch, their order or the device. So sampling the parts of a batch separately gives every vertex the
+    neighbours it gets in the whole batch (what lets several trainers share one batch exactly), and the same key
+    reproduces a sample. Sampled edges keep the topology's CSR order within a row, and their weights (``None``
+    stays ``None``).
+
+    Requests (XGNN's sample-positions-then-fetch): per hop, one :meth:`Topology.request` for the de-duplicated
+    frontier (the destinations of its block) gives the degrees; the positions to keep are drawn on the seeds'
+    device; one :meth:`NeighborRequest.take` reads only those entries. No whole neighbour list is fetched.
 
     Relabelling: in every block the destinations are the first source rows, ``src_ids[:num_dst]``; in the last
     block they are ``seeds`` in the given order, in block ``l < len - 1`` they are ``blocks[l + 1].src_ids`` in
@@ -156,15 +250,12 @@ def sample_blocks(
     follow, sorted by ascending global id. ``src_ids`` are global ids (int64), ``indices`` local source rows
     (int64), ``indptr`` int64.
 
-    Requests: hop ``h`` calls ``topo.neighbors`` exactly once, with the de-duplicated frontier (the destinations
-    of its block); ``topo.num_neighbors`` is never needed.
-
     Args:
         topo: the graph store.
         seeds: ``[B]`` distinct integer global vertex ids, on the device where sampling runs (CPU or CUDA).
         fanouts: one per layer, as above; each ``>= -1``.
-        generator: RNG on the seeds' device; the same seeded generator state gives identical blocks.
-            ``None`` uses torch's default generator for that device.
+        key: the sampling key (:func:`sample_key` of the run's seed and epoch); hop ``h`` uses
+            :func:`hop_key` ``(key, h)``.
 
     Raises:
         ValueError: ``seeds`` not a 1-D integer tensor or holding duplicates (de-duplicate them first: a
@@ -182,17 +273,13 @@ def sample_blocks(
         raise ValueError("seeds contain duplicates; pass each seed once (e.g. torch.unique(seeds))")
     dev = frontier.device
     blocks: list[Block] = []
-    for fanout in fanouts:
-        indptr, nbrs, weight = topo.neighbors(frontier)
-        indptr, nbrs = indptr.to(dev).long(), nbrs.to(dev).long()
-        weight = None if weight is None else weight.to(dev)
-        indptr, picked = _sample_rows(indptr, fanout, generator)
-        if picked is not None:
-            nbrs = nbrs[picked]
-            weight = None if weight is None else weight[picked]
-        local, src_ids = _relabel(frontier, nbrs)
-        blocks.append(Block(indptr=indptr, indices=local, num_src=int(src_ids.numel()), edge_weight=weight,
-                            src_ids=src_ids))
+    for hop, fanout in enumerate(fanouts):
+        req = topo.request(frontier)
+        indptr, pos = sample_positions(frontier, req.degrees.to(dev), fanout, hop_key(key, hop))
+        nbrs, weight = req.take(indptr, pos)
+        local, src_ids = _relabel(frontier, nbrs.to(dev).long())
+        blocks.append(Block(indptr=indptr, indices=local, num_src=int(src_ids.numel()),
+                            edge_weight=None if weight is None else weight.to(dev), src_ids=src_ids))
         frontier = src_ids
     blocks.reverse()
     return blocks

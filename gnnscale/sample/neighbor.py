@@ -208,16 +208,17 @@ def sample_positions(frontier: Tensor, deg: Tensor, fanout: int, key: int) -> tu
 
 def _relabel(dst_ids: Tensor, nbr_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Local source rows of ``nbr_ids`` and the block's ``src_ids``: ``dst_ids`` (unique) first, in their order,
-    then the vertices reached for the first time, in ascending id order."""
+    then the vertices reached for the first time, in ascending id order. One sync (the unique's size)."""
     n = dst_ids.numel()
+    dev = dst_ids.device
     uniq, inv = torch.unique(torch.cat([dst_ids, nbr_ids]), return_inverse=True)  # sorted ids; [n + E']
-    is_dst = torch.zeros(uniq.numel(), dtype=torch.bool, device=uniq.device)
-    is_dst[inv[:n]] = True
-    new_ids = uniq[~is_dst]  # ascending
-    local = torch.empty(uniq.numel(), dtype=torch.int64, device=uniq.device)  # row of each unique id
-    local[inv[:n]] = torch.arange(n, device=uniq.device)
-    local[~is_dst] = torch.arange(n, n + new_ids.numel(), device=uniq.device)
-    return local[inv[n:]], torch.cat([dst_ids, new_ids])
+    m = uniq.numel() - n  # vertices reached for the first time
+    is_dst = torch.zeros(uniq.numel(), dtype=torch.int8, device=dev).index_fill_(0, inv[:n], 1)
+    new = torch.sort(is_dst, stable=True).indices[:m]  # [m] positions of the new ids in uniq, ascending
+    local = torch.empty(uniq.numel(), dtype=torch.int64, device=dev)  # row of each unique id
+    local[inv[:n]] = torch.arange(n, device=dev)
+    local[new] = torch.arange(n, n + m, device=dev)
+    return local[inv[n:]], torch.cat([dst_ids, uniq[new]])
 
 
 def sample_blocks(topo: Topology, seeds: Tensor, fanouts: Sequence[int], key: int = 0) -> list[Block]:

@@ -80,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how chunk rows reach the GPU: index_select (CPU gather + async copy) or uva (Triton "
                         "kernel reading pinned host memory); default auto")
     o.add_argument("--devices", metavar="LIST",
-                   help="comma-separated devices the partitions run on, partition i on device i mod count "
-                        "(e.g. cuda:0,cuda:1); default: --device")
+                   help="comma-separated devices (e.g. cuda:0,cuda:1): offload runs partition i on device i mod "
+                        "count; minibatch runs one trainer per device; default: --device")
     o.add_argument("--dedup", choices=DEDUP_MODES, default="full",
                    help="host->device deduplication: none, reuse (keep rows shared with the previous chunk), "
                         "full (HongTu: load each batch's rows once, share them, reuse them); default full")
@@ -100,9 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sampled evaluation with these fanouts (default: exact layer-wise full-neighbour inference)")
     mb.add_argument("--gpu-graph-ratio", type=float, metavar="R",
                     help="fraction of vertices, hottest first, whose neighbour lists live on the devices "
-                         "(default: what half of --gpu-memory holds)")
+                         "(default: what half of --gpu-memory holds, topology before features)")
     mb.add_argument("--gpu-feature-ratio", type=float, metavar="R",
-                    help="fraction of vertices, hottest first, whose features live on the devices (default: as above)")
+                    help="fraction of vertices, hottest first, whose features live on the devices (default: what "
+                         "the rest of half of --gpu-memory holds after the topology)")
     mb.add_argument("--hotness", choices=["degree", "presample"], default="degree",
                     help="rank vertices for device memory by out-degree or by access counts of a few sampled "
                          "batches (default degree)")

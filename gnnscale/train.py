@@ -58,8 +58,9 @@ class TrainConfig:
     plan_dir: str | None = None
     """Where partition plans are saved and reused; ``None``: the user cache (``gnnscale.partition``)."""
     devices: tuple[str, ...] | None = None
-    """Offload: devices the partitions run on (partition ``i`` on ``devices[i % len(devices)]``), one thread each;
-    ``None``: the training device. The first is the training device."""
+    """Offload: devices the partitions run on (partition ``i`` on ``devices[i % len(devices)]``), one thread each.
+    Mini-batch: one trainer per device, each training its share of every batch. ``None``: the training device.
+    The first is the training device."""
     dedup: str = "full"
     """Offload: ``none`` (every chunk loads its rows), ``reuse`` (rows shared with the partition's previous chunk
     stay on the device) or ``full`` (HongTu: each batch's rows loaded once, shared between partitions, reused)."""
@@ -77,7 +78,7 @@ class TrainConfig:
     """Mini-batch: sampled evaluation with these fanouts; ``None``: layer-wise full-neighbour inference."""
     gpu_graph_ratio: float | None = None
     """Mini-batch: fraction of vertices (hottest first) whose neighbour lists live on the devices; ``None``: as
-    much as half the budget holds, with the features."""
+    many as half the device budget holds (topology first, then features: XGNN §4.3)."""
     gpu_feature_ratio: float | None = None
     """Mini-batch: fraction of vertices (hottest first) whose features live on the devices; ``None``: see above."""
     hotness: str = "degree"

@@ -171,6 +171,10 @@ class GlobalMemoryStore:
             need = directory + sum(parts[p][0].numel() * self.feature_width * 4 + parts[p][1][0].numel() * 8
                                    + parts[p][1][1].numel() * edge_bytes for p in stored)
             if memory_budget is not None and need > memory_budget:
+                if gpu_graph_ratio is None or gpu_feature_ratio is None:  # fitted: only the directory overflows
+                    raise ConfigError(f"the memory store needs {format_bytes(need)} on device {g} for its vertex "
+                                      f"directory alone (8 bytes per vertex), more than its share of the budget "
+                                      f"({format_bytes(memory_budget)}); raise --gpu-memory")
                 raise ConfigError(f"the memory store puts {format_bytes(need)} on device {g} at --gpu-graph-ratio "
                                   f"{gpu_graph_ratio} and --gpu-feature-ratio {gpu_feature_ratio}, more than the "
                                   f"budget ({format_bytes(memory_budget)}); lower the ratios")
@@ -342,7 +346,8 @@ class StoreReader:
         slot = torch.where(on, self.slot_of_part[part], self.host_slot)
         seg = slot * G + torch.where(slot == self.host_slot, 0, part)  # [n] (source slot, partition)
         order = torch.sort(seg * store.num_nodes + ids).indices  # [n]
-        counts = torch.bincount(seg, minlength=self._num_keys)  # [slots * G]
+        counts = torch.zeros(self._num_keys, dtype=torch.int64, device=self.device).index_add_(
+            0, seg, torch.ones_like(seg))  # [slots * G] (bincount would sync on CUDA to find the largest key)
         bounds = torch.zeros(self._num_keys + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(counts, 0, out=bounds[1:])
         segments: list[tuple[int, int, int, int]] = []

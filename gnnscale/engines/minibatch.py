@@ -194,6 +194,8 @@ class MiniBatchEngine(Engine):
             except BaseException as exc:  # surfaced in the consumer
                 q.put(exc)
 
+        if t.stream is not None:  # the seeds were copied to the device on this stream: sampling starts after
+            t.stream.wait_stream(torch.cuda.current_stream(t.device))
         thread = threading.Thread(target=produce, name=f"gnnscale-sampler-{t.index}", daemon=True)
         thread.start()
         try:
@@ -232,12 +234,15 @@ class MiniBatchEngine(Engine):
             return [fn(self.trainers[0])]
         return [f.result() for f in [self.pool.submit(fn, t) for t in self.trainers]]
 
-    @staticmethod
-    def _parts(seeds: Tensor, size: int, trainers: int) -> list[list[Tensor]]:
-        """Per trainer, its contiguous share of each global batch of ``size`` seeds."""
-        batches = [seeds[i : i + size] for i in range(0, seeds.numel(), size)]
-        shares = [torch.tensor_split(b, trainers) for b in batches]
-        return [[s[g] for s in shares] for g in range(trainers)]
+    def _parts(self, seeds: Tensor, size: int) -> list[list[Tensor]]:
+        """Per trainer, its contiguous share of each global batch of ``size`` seeds, on its device (the epoch's
+        seeds are copied to each device once, not per batch)."""
+        out = []
+        for t in self.trainers:
+            on = seeds.to(t.device)
+            out.append([torch.tensor_split(on[i : i + size], len(self.trainers))[t.index]
+                        for i in range(0, seeds.numel(), size)])
+        return out
 
     # ------------------------------------------------------------------------------------------------ training
     def train_epoch(self, epoch: int) -> dict[str, float]:
@@ -247,7 +252,7 @@ class MiniBatchEngine(Engine):
         key = sample_key(self.config.seed, epoch)
         seeds = self.train_ids[self._order(epoch)]
         size, G = self.config.batch_size, len(self.trainers)
-        parts = self._parts(seeds, size, G)
+        parts = self._parts(seeds, size)
         sizes = [min(size, seeds.numel() - i) for i in range(0, seeds.numel(), size)]
         self.store.reset_stats()
         streams = [self._batches(t, parts[t.index], self.fanouts, key) for t in self.trainers]

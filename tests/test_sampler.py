@@ -13,7 +13,7 @@ from gnnscale.graph.block import normalized_csr
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import GNN, build_model
 from gnnscale.sample import CSRTopology, NeighborRequest, Topology, hop_key, sample_blocks, sample_key, sample_positions
-from gnnscale.sample.neighbor import mix64_int
+from gnnscale.sample.neighbor import FLOYD_MAX_FANOUT, mix64_int
 from gnnscale.testing import with_device
 
 # A tiny literal graph: in-neighbours of each vertex (vertex 4 has none).
@@ -135,6 +135,21 @@ def test_uniform_inclusion_frequency() -> None:
     pairs = incl.double().t() @ incl.double()  # [d, d]
     off = ~torch.eye(STAR_DEG, dtype=torch.bool)
     _assert_binomial(pairs[off], DRAWS, FANOUT * (FANOUT - 1) / (STAR_DEG * (STAR_DEG - 1)), "pair inclusion")
+
+
+def test_uniform_inclusion_with_a_fanout_above_floyds() -> None:
+    """The keyed-smallest path (fanout > FLOYD_MAX_FANOUT) is uniform too: inclusion and pair frequencies."""
+    deg, fanout, draws = 48, FLOYD_MAX_FANOUT + 4, 3000
+    topo = CSRTopology(*_csr({0: list(range(1, deg + 1)), **{v: [] for v in range(1, deg + 1)}}, weighted=False))
+    incl = torch.zeros(draws, deg, dtype=torch.bool)
+    for d in range(draws):
+        (block,) = sample_blocks(topo, torch.tensor([0]), [fanout], key=sample_key(1, d))
+        got = block.row_ids()[block.indices]
+        assert got.numel() == fanout and torch.unique(got).numel() == fanout
+        incl[d, got - 1] = True
+    _assert_binomial(incl.sum(0), draws, fanout / deg, "inclusion")
+    pairs = (incl.double().t() @ incl.double())[~torch.eye(deg, dtype=torch.bool)]
+    _assert_binomial(pairs, draws, fanout * (fanout - 1) / (deg * (deg - 1)), "pair inclusion")
 
 
 def test_uniform_across_rows_in_one_batch() -> None:
@@ -326,6 +341,9 @@ def _reference_positions(key: int, hop: int, v: int, deg: int, fanout: int) -> l
     if fanout < 0 or deg <= fanout:
         return list(range(deg))
     kv = mix64_int(v ^ hop_key(key, hop))
+    if fanout > FLOYD_MAX_FANOUT:  # key every position, keep the smallest keys (ties: lower position)
+        keys = [(mix64_int((kv + (p + 1) * golden) & mask) >> 1, p) for p in range(deg)]
+        return sorted(p for _, p in sorted(keys)[:fanout])
     chosen: list[int] = []
     for i in range(fanout):
         j = deg - fanout + i
@@ -337,8 +355,9 @@ def _reference_positions(key: int, hop: int, v: int, deg: int, fanout: int) -> l
 def test_positions_are_floyds_algorithm_on_the_vertex_key() -> None:
     """Checked against a plain-Python reference: int64 wrap-around, logical shifts and Floyd's rule all exact."""
     frontier = torch.tensor([0, 5, 2**40 + 3, 17, 123456789])
-    deg = torch.tensor([3, 40, 9, 1000, 6])
-    for key, hop, fanout in [(0, 0, 5), (sample_key(7, 3), 1, 5), (sample_key(1, 1), 2, 8), (2**63 + 11, 0, 1)]:
+    deg = torch.tensor([3, 40, 9, 1000, 60])
+    for key, hop, fanout in [(0, 0, 5), (sample_key(7, 3), 1, 5), (sample_key(1, 1), 2, 8), (2**63 + 11, 0, 1),
+                             (sample_key(2, 5), 0, FLOYD_MAX_FANOUT), (sample_key(2, 5), 1, FLOYD_MAX_FANOUT + 7)]:
         indptr, pos = sample_positions(frontier, deg, fanout, hop_key(key, hop))
         for r, (v, d) in enumerate(zip(frontier.tolist(), deg.tolist(), strict=True)):
             got = pos[indptr[r]: indptr[r + 1]].tolist()

@@ -21,6 +21,8 @@ from torch import Tensor
 from gnnscale.graph.block import AdjacencySpec, Block, normalized_csr
 from gnnscale.graph.graph import Graph, csr_rows
 
+FLOYD_MAX_FANOUT = 32
+"""Largest fanout drawn by Floyd's algorithm; larger ones key every position of a row and keep the smallest."""
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: the splitmix64 increment
 _MUL1, _MUL2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64 finaliser multipliers
@@ -73,12 +75,18 @@ def keyed_draws(kv: Tensor, deg: Tensor, fanout: int) -> Tensor:
     ``(mix64(kv[i] + (i + 1) * golden) >> 1) mod (j + 1)`` (bias below ``j / 2^63``), so the positions depend only
     on the row's key ``kv`` and its degree. Costs ``O(fanout^2)`` compares per row, no sort over its neighbours.
 
+    Above :data:`FLOYD_MAX_FANOUT` positions per row, Floyd's ``fanout^2`` compares cost more than keying every
+    position: then position ``p`` of the row gets the key ``mix64(kv + (p + 1) * golden)`` and the ``fanout``
+    smallest keys win (ties to the lower position), also a uniform subset and also a function of ``(kv, deg)``.
+
     Args:
         kv: ``[m]`` int64 per-row keys.
         deg: ``[m]`` int64 degrees, each ``> fanout``.
         fanout: positions per row, ``>= 1``.
     """
     m = kv.numel()
+    if fanout > FLOYD_MAX_FANOUT:
+        return _keyed_smallest(kv, deg, fanout)
     out = torch.empty(m, fanout, dtype=torch.int64, device=kv.device)
     for i in range(fanout):
         j = deg - (fanout - i)  # [m] the largest position this step may take
@@ -87,6 +95,22 @@ def keyed_draws(kv: Tensor, deg: Tensor, fanout: int) -> Tensor:
             t = torch.where((out[:, :i] == t.unsqueeze(1)).any(1), j, t)
         out[:, i] = t
     return out.sort(dim=1).values
+
+
+def _keyed_smallest(kv: Tensor, deg: Tensor, fanout: int) -> Tensor:
+    """The ``fanout`` positions of each row with the smallest position keys (see :func:`keyed_draws`)."""
+    dev = kv.device
+    m = kv.numel()
+    ptr = torch.zeros(m + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(deg, 0, out=ptr[1:])
+    total = int(ptr[-1])
+    row = torch.repeat_interleave(torch.arange(m, device=dev), deg, output_size=total)  # [D]
+    pos = torch.arange(total, device=dev) - ptr[row]  # [D]
+    key = _shr(mix64(kv[row] + (pos + 1) * _signed(_GOLDEN)), 1)  # [D] non-negative
+    perm = torch.sort(key, stable=True).indices  # by key, ties by position (stable: the same on every device)
+    perm = perm[torch.sort(row[perm], stable=True).indices]  # grouped by row, each row's keys ascending
+    first = ptr[:-1].unsqueeze(1) + torch.arange(fanout, device=dev)  # [m, fanout] the smallest of each row
+    return pos[perm[first]].sort(dim=1).values
 
 
 @runtime_checkable

@@ -88,6 +88,36 @@ def test_edgelist_reader(tmp_path: Path) -> None:
         load_dataset(f"edgelist:{bad}")
 
 
+@pytest.mark.parametrize(("header", "option", "edges"), [
+    ("# Undirected graph: nodes 4 edges 3\n", "", 6),  # listed once, loaded both ways
+    ("# ego-Twitter (SNAP), undirected, each edge once\n", "", 6),
+    ("# Directed graph: nodes 4 edges 3\n", "", 3),
+    ("", "", 3),  # no header: as written
+    ("# Undirected graph: nodes 4 edges 3\n", ":symmetrize=0", 3),  # an explicit option wins
+    ("# Directed graph: nodes 4 edges 3\n", ":symmetrize=1", 6),
+])
+def test_edgelist_honours_an_undirected_header(tmp_path: Path, header: str, option: str, edges: int) -> None:
+    f = tmp_path / "e.txt"
+    f.write_text(header + "0 1\n1 2\n3 1\n")
+    g = load_dataset(f"edgelist:{f}{option}")
+    pairs = {tuple(e) for e in g.edge_index().t().tolist()}
+    assert g.num_edges == edges == len(pairs)
+    assert {(0, 1), (1, 2), (3, 1)} <= pairs
+    if edges == 6:
+        assert {(1, 0), (2, 1), (1, 3)} <= pairs
+
+
+def test_ego_twitter_loads_undirected() -> None:
+    """The file says "Undirected" and lists each of its 1,342,310 edges once: both directions load (a self-loop
+    once)."""
+    g = load_dataset(f"edgelist:{need_file('snap/ego-twitter.txt.gz')}:features=1")
+    loops = int(g.stats()["self_loops"])
+    assert g.num_edges == 2 * 1342310 - loops
+    src, dst = g.edge_index()
+    n = g.num_nodes
+    assert torch.equal(torch.sort(src * n + dst).values, torch.sort(dst * n + src).values)  # symmetric
+
+
 def test_ogb_reader(tmp_path: Path) -> None:
     base = tmp_path / "ogbn_tiny"
     (base / "raw").mkdir(parents=True)

@@ -29,6 +29,8 @@ PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
 
 def _parse_value(key: str, raw: str, default: Any) -> Any:
     try:
+        if default is None:  # an optional flag ("auto" when left out): a boolean
+            default = False
         if isinstance(default, bool):
             if raw.lower() in ("1", "true", "yes"):
                 return True

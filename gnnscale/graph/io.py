@@ -208,6 +208,7 @@ def read_npz(path: Path | str, seed: int = 0, train_per_class: int = 20, val_per
 
 
 _NODES_HEADER = re.compile(r"nodes:?\s*(\d+)", re.IGNORECASE)
+_UNDIRECTED = re.compile(r"\bundirected\b", re.IGNORECASE)
 
 
 def read_edgelist(
@@ -215,15 +216,18 @@ def read_edgelist(
     features: int = 64,
     classes: int = 16,
     seed: int = 0,
-    symmetrize: bool = False,
+    symmetrize: bool | None = None,
 ) -> Graph:
     """SNAP-style edge list (plain or .gz): ``#``/``%`` comment lines, then ``src dst`` per line (0-based ids).
 
     A header comment such as ``# Nodes: 81306`` sets the vertex count (keeping isolated vertices); otherwise it
-    is ``max id + 1``. Features, labels and a 25/50/25 split are random and seeded, as for ``kronecker``.
+    is ``max id + 1``. A header comment calling the graph *undirected* (SNAP's ``# Undirected graph: ...``) means
+    each edge is listed once: the graph is symmetrised, unless ``symmetrize`` is given (``True``/``False`` always
+    win). Features, labels and a 25/50/25 split are random and seeded, as for ``kronecker``.
     """
     path = Path(path)
     declared = 0
+    undirected = False
     with reading(path):
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as fh:  # type: ignore[operator]
@@ -233,6 +237,7 @@ def read_edgelist(
                     m = _NODES_HEADER.search(line)
                     if m:
                         declared = max(declared, int(m.group(1)))
+                    undirected = undirected or _UNDIRECTED.search(line) is not None
                     continue
                 body.append(line)
         tokens = " ".join(body).split()
@@ -262,7 +267,7 @@ def read_edgelist(
         num_classes=classes if classes > 0 else None,
         name=path.name.split(".")[0],
     )
-    return g.symmetrize() if symmetrize else g
+    return g.symmetrize() if (undirected if symmetrize is None else symmetrize) else g
 
 
 def _read_csv(path: Path, dtype: type) -> np.ndarray:

@@ -8,14 +8,19 @@ from gnnscale.store.gather import (
     scatter_add_rows,
     triton_available,
 )
-from gnnscale.store.global_store import GlobalMemoryStore, StoreStats
+from gnnscale.store.global_store import GlobalMemoryStore, StoreReader, StoreStats
+from gnnscale.store.pinning import PinnedRegion, pin_in_place, pinned_host
 
 __all__ = [
     "GATHER_METHODS",
     "GlobalMemoryStore",
+    "PinnedRegion",
+    "StoreReader",
     "StoreStats",
     "default_gather_method",
     "gather_rows",
+    "pin_in_place",
+    "pinned_host",
     "scatter_add_rows",
     "triton_available",
 ]

@@ -4,11 +4,11 @@ Vertices are ranked by *hotness* (out-degree by default: an in-neighbour sampler
 out-edge; or access counts from a pre-sampling pass). The hottest ``gpu_graph_ratio`` of the vertices keep their
 in-neighbour lists, and the hottest ``gpu_feature_ratio`` their feature rows, on the GPUs, split by rank modulo
 the number of GPUs (§4.3: logical partition ``p`` holds ranks ``r`` with ``r % G == p``, at local row ``r // G``);
-everything else stays in (pinned) host memory, which GPUs read directly (the UVA gather of
-:mod:`gnnscale.store.gather`) or through a CPU gather into a reused pinned buffer and an asynchronous copy. Which
-device stores which logical partition, and where each device reads each partition from (itself, a linked device,
-or host memory), is the placement solver's plan (:func:`gnnscale.store.placement.solve_placement`, §4.2) for the
-devices' link matrix.
+everything else stays in host memory (page-locked in place on CUDA, :mod:`gnnscale.store.pinning`), which GPUs
+read directly (the UVA gather of :mod:`gnnscale.store.gather`) or through a CPU gather into a reused pinned
+buffer and an asynchronous copy. Which device stores which logical partition, and where each device reads each
+partition from (itself, a linked device, or host memory), is the placement solver's plan
+(:func:`gnnscale.store.placement.solve_placement`, §4.2) for the devices' link matrix.
 
 Each device reads through its own :class:`StoreReader` (one per trainer, :meth:`GlobalMemoryStore.reader`), which
 follows its row of the placement. A request is routed *on the reader's device* (XGNN's "modulo and division": a
@@ -38,6 +38,7 @@ from gnnscale.graph.graph import Graph, csr_rows, csr_slices
 from gnnscale.plan.memory import format_bytes
 from gnnscale.sample.neighbor import NeighborRequest, full_lists
 from gnnscale.store.gather import default_gather_method, gather_rows
+from gnnscale.store.pinning import PinnedRegion, pinned_host
 from gnnscale.store.placement import HOST, Placement, solve_placement
 
 
@@ -188,11 +189,21 @@ class GlobalMemoryStore:
                 self.directory[dev] = self.rank.to(dev)
         # host memory keeps everything (cold rows are read from it; hot ones never are), as [rows, width] tables
         # the gathers read: row pointers, entries, weights, features
-        pin = cuda
-        self.host_x = x.pin_memory() if pin else x.contiguous()
-        self.host_csr = (indptr.view(-1, 1).pin_memory() if pin else indptr.view(-1, 1),
-                         indices.view(-1, 1).pin_memory() if pin else indices.view(-1, 1),
-                         None if weight is None else (weight.view(-1, 1).pin_memory() if pin else weight.view(-1, 1)))
+        # On CUDA they are page-locked in place (cudaHostRegister; a pinned copy only where that fails).
+        self.pinned: list[PinnedRegion] = []
+
+        def host(t: Tensor) -> Tensor:
+            t = t.contiguous()
+            if not cuda:
+                return t
+            t, region = pinned_host(t)
+            if region is not None:
+                self.pinned.append(region)
+            return t
+
+        self.host_x = host(x)
+        self.host_csr = (host(indptr).view(-1, 1), host(indices).view(-1, 1),
+                         None if weight is None else host(weight).view(-1, 1))
         if cuda and gather == "auto" and default_gather_method(self.devices[0]) == "uva":
             self.gather = self._faster_gather()
         self.readers = [StoreReader(self, g) for g in range(G)]

@@ -390,8 +390,15 @@ def summarize_offload(records: list[dict[str, Any]]) -> list[str]:
 
 
 def summarize_minibatch(records: list[dict[str, Any]]) -> list[str]:
+    samplers = [r for r in records if r.get("kind") == "sampler"]
+    lines: list[str] = []
+    if samplers:
+        lines += _table(["sampler (one epoch's batches)", "s", "MTEPS", "entries / sampled", "ours faster by"],
+                        [[r["sampler"], _f(r["median_sample_s"]), _f(r["mteps"], ".1f"),
+                          _f(r["read_amplification"], ".2f"), _f(r["ours_speedup"], ".2f")] for r in samplers])
+        lines.append("")
     rows = []
-    for r in records:
+    for r in (r for r in records if r.get("kind") != "sampler"):
         head = [_f(r.get("gpu_feature_ratio"), "g")]
         if r.get("status") != "ok":
             rows.append(head + [r.get("status", "?") + ": " + str(r.get("reason", ""))[:80]] + ["-"] * 8)
@@ -402,7 +409,7 @@ def summarize_minibatch(records: list[dict[str, Any]]) -> list[str]:
                             _f(r["h2d_bytes"] / 1e6, ".1f"), str(r.get("batches", "-"))])
     head = ["GPU feature ratio", "median epoch (s)", f"/ {XGNN_EPOCH_S} s (XGNN)", "sample s", "extract s",
             "train s", "MTEPS", "feature hit", "H2D MB", "batches"]
-    return _table(head, rows)
+    return lines + _table(head, rows)
 
 
 SUMMARIZERS: dict[str, Callable[[list[dict[str, Any]]], list[str]]] = {

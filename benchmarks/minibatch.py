@@ -1,14 +1,24 @@
-"""The mini-batch engine (XGNN store + k-hop sampler): epoch time, pipeline stages and MTEPS vs the store's ratios.
+"""The mini-batch engine (XGNN store + keyed k-hop sampler): sampler throughput against baselines, read
+amplification, epoch time for 1..k trainers and pipeline stages vs the store's ratios.
 
-    .venv/bin/python benchmarks/minibatch.py --device cpu --threads 1 \\
-        --dataset edgelist:/work/shared/datasets/snap/ego-twitter.txt.gz --gpu-feature-ratio 0,0.25,1 \\
-        --epochs 2 --warmup 1
-    PYTHONPATH=. python3 benchmarks/minibatch.py --device cuda \\
-        --dataset csbm:nodes=2450000,avg_degree=50,features=100,classes=47 --fanouts 25,10 --batch-size 1024 \\
+    .venv/bin/python benchmarks/minibatch.py --device cpu --threads 1 --hidden 64 --fanouts 15,10 \
+        --dataset edgelist:/work/shared/datasets/snap/ego-twitter.txt.gz:symmetrize=1 \
+        --gpu-feature-ratio 0.25 --trainers 1,2 --epochs 3 --warmup 1
+    PYTHONPATH=. python3 benchmarks/minibatch.py --device cuda \
+        --dataset csbm:nodes=2450000,avg_degree=50,features=100,classes=47 --fanouts 25,10 --batch-size 1024 \
         --gpu-feature-ratio 0.25
 
 (the second is the products-scale GPU target: GraphSAGE, 2 layers, hidden 256, fanouts 25,10, batch 1024, a
 quarter of the features on the GPU; goal <= 0.3 s per epoch.)
+
+**Samplers** (``--samplers on``, the default): one epoch's batches of the training vertices, sampled on an
+in-memory CSR on ``--device`` by (ours) :func:`gnnscale.sample.sample_blocks` -- keyed positions, then only those
+entries fetched; (a) gnnscale's sampler before issue #12 -- whole lists fetched, then one segmented sort over
+random keys; (b) a straightforward vectorised O(fanout) sampler with torch's RNG -- positions drawn with
+replacement, repeats redrawn until each row is distinct, then only those entries fetched. Per sampler: median
+seconds over ``--repeats``, MTEPS (sampled edges / s / 10^6), read amplification (neighbour entries fetched /
+sampled edges) and how much faster ours is. PyG's own sampler needs ``pyg_lib`` or ``torch_sparse``, which
+this environment lacks, so it is not in the comparison.
 
 One graph (``--dataset``, any :func:`gnnscale.load_dataset` spec) and one model (``--model``, GraphSAGE by default;
 ``--layers`` defaults to the number of ``--fanouts``), trained by ``--engine minibatch`` once per
@@ -30,10 +40,14 @@ batches on the producer thread, which works ahead of training through a bounded 
 ``train_s`` is close to the epoch time, the pipeline hides sampling and extraction; if the epoch is much longer
 than ``train_s``, training waits for batches.
 
-On CPU the "devices" of the store are host memory too: a feature ratio changes only the bookkeeping (which rows
-count as hits; ``h2d_bytes`` stays 0, as the store counts no bytes for a CPU requester), not bytes moved over a
-bus. Timings across ratios on CPU therefore measure the store's routing overhead, nothing more. The GPU run is
-where the ratio matters: a miss there is a host row read over PCIe (UVA or CPU gather + copy).
+On CPU the "devices" of the store are host memory too: a feature ratio changes only which rows count as hits and
+which bytes are counted as host->device (``h2d_bytes``, counted on CPU as on a GPU), not bytes moved over a bus.
+The GPU run is where the ratio matters: a miss there is a host row read over PCIe (UVA or CPU gather + copy).
+
+``--trainers 1,2`` runs each configuration with 1 and with 2 trainers on ``--device`` (threads; each samples,
+extracts and trains its share of every batch, gradients summed, one optimiser step per batch). The loss of the
+two equals (keyed sampling); a shared neighbour of two trainers' seeds is sampled by both, so the sampled edges
+per epoch grow with the trainer count.
 
 CPU timings: ``--threads 1`` keeps them stable on a shared machine. The producer thread still runs sampling
 concurrently with training (both release the GIL in torch ops), so a CPU run can keep up to two cores busy.
@@ -48,11 +62,13 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 try:  # run as a script (its folder is on sys.path) or imported as benchmarks.minibatch
     from offload import PRODUCTS_LIKE, _fmt, _list, append_records, environment, prepare
@@ -63,9 +79,11 @@ except ImportError:  # pragma: no cover
 
 from gnnscale.engines import MiniBatchEngine, select_engine
 from gnnscale.errors import GnnscaleError
-from gnnscale.graph.graph import Graph
+from gnnscale.graph.block import normalized_csr
+from gnnscale.graph.graph import Graph, csr_rows
 from gnnscale.nn import build_model
 from gnnscale.plan.memory import parse_budget
+from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.train import TrainConfig, resolve_device
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "minibatch.jsonl"
@@ -107,26 +125,168 @@ def bench(g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int, epochs: in
             "sampled_edges": edges, "sampled_edges_per_epoch": [int(s["sampled_edges"]) for s in timed_stats],
             "mteps": edges / median / 1e6, "batches": int(last["batches"]),
             "feature_hit_rate": float(last["feature_hit_rate"]), "graph_hit_rate": float(last["graph_hit_rate"]),
-            "h2d_bytes": int(last["h2d_bytes"])}
+            "h2d_bytes": int(last["h2d_bytes"]), "kind": "engine", "trainers": int(last["trainers"]),
+            **{k: int(last[k]) for k in ("fetched_neighbor_entries", "h2d_feature_bytes", "h2d_topology_bytes",
+                                          "d2d_bytes")},
+            "read_amplification": int(last["fetched_neighbor_entries"]) / max(int(last["sampled_edges"]), 1)}
+
+
+# ------------------------------------------------------------------------------------------------ sampler baselines
+
+
+def _old_sample_rows(indptr: Tensor, fanout: int) -> tuple[Tensor, Tensor | None]:
+    """Baseline (a), gnnscale's sampler before issue #12 (``git show feae281:gnnscale/sample/neighbor.py``,
+    ``_sample_rows``): the whole lists are fetched, then every candidate edge of a row with ``deg > fanout`` gets a
+    random key and one segmented sort keeps the first ``fanout`` per row."""
+    deg = indptr[1:] - indptr[:-1]
+    num_edges = int(indptr[-1])
+    if fanout < 0 or num_edges == 0 or int(deg.max()) <= fanout:
+        return indptr, None
+    dev = indptr.device
+    big = deg > fanout
+    rows = csr_rows(indptr)
+    cand = torch.nonzero(big[rows]).view(-1)
+    big_deg = deg[big]
+    m = int(big_deg.numel())
+    brow = torch.repeat_interleave(torch.arange(m, device=dev), big_deg, output_size=int(cand.numel()))
+    shift = 63 - max(m.bit_length(), 1)
+    key = (brow << shift) | torch.randint(0, 1 << shift, brow.shape, device=dev)
+    order = cand[torch.sort(key).indices]
+    seg_start = torch.cumsum(big_deg, 0) - big_deg
+    rank = torch.arange(order.numel(), device=dev) - seg_start[brow]
+    keep = ~big[rows]
+    keep[order[rank < fanout]] = True
+    picked = torch.nonzero(keep).view(-1)
+    new_indptr = torch.cat([indptr.new_zeros(1), torch.cumsum(deg.clamp(max=fanout), 0)])
+    return new_indptr, picked
+
+
+def _rejection_positions(deg: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
+    """Baseline (b), a straightforward vectorised O(fanout) sampler with torch's RNG: every row with
+    ``deg > fanout`` draws ``fanout`` positions with replacement, then the slots holding a repeat (after a
+    per-row sort) are redrawn until the row is distinct; rows with ``deg <= fanout`` take every position."""
+    dev = deg.device
+    take = deg.clamp(max=fanout)
+    indptr = torch.zeros(deg.numel() + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(take, 0, out=indptr[1:])
+    total = int(indptr[-1])
+    pos = torch.arange(total, device=dev) - indptr[csr_rows(indptr, total)]
+    big = torch.nonzero(deg > fanout).view(-1)
+    if big.numel():
+        d = deg[big].unsqueeze(1).double()
+        draw = (torch.rand(big.numel(), fanout, device=dev, dtype=torch.float64) * d).long()
+        while True:
+            draw = draw.sort(dim=1).values
+            dup = torch.zeros_like(draw, dtype=torch.bool)
+            dup[:, 1:] = draw[:, 1:] == draw[:, :-1]
+            if not bool(dup.any()):
+                break
+            redraw = (torch.rand(draw.shape, device=dev, dtype=torch.float64) * d).long()
+            draw = torch.where(dup, redraw, draw)
+        pos[(indptr[big].unsqueeze(1) + torch.arange(fanout, device=dev)).view(-1)] = draw.view(-1)
+    return indptr, pos
+
+
+def _sample_fetch_all(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...]) -> tuple[int, int]:
+    """Baseline (a)'s k hops: ``(sampled edges, entries fetched)``."""
+    frontier, sampled, fetched = seeds, 0, 0
+    for fanout in fanouts:
+        indptr, nbrs, _ = topo.neighbors(frontier)
+        fetched += int(nbrs.numel())
+        indptr, picked = _old_sample_rows(indptr, fanout)
+        if picked is not None:
+            nbrs = nbrs[picked]
+        sampled += int(nbrs.numel())
+        frontier = torch.unique(torch.cat([frontier, nbrs]))
+    return sampled, fetched
+
+
+def _sample_rejection(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...]) -> tuple[int, int]:
+    """Baseline (b)'s k hops (positions first, then only those entries): ``(sampled edges, entries fetched)``."""
+    frontier, sampled = seeds, 0
+    before = topo.fetched_entries
+    for fanout in fanouts:
+        req = topo.request(frontier)
+        indptr, pos = _rejection_positions(req.degrees, fanout)
+        nbrs, _ = req.take(indptr, pos)
+        sampled += int(nbrs.numel())
+        frontier = torch.unique(torch.cat([frontier, nbrs]))
+    return sampled, topo.fetched_entries - before
+
+
+def _sample_ours(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> tuple[int, int]:
+    before = topo.fetched_entries
+    blocks = sample_blocks(topo, seeds, fanouts, key)
+    return sum(b.num_edges for b in blocks), topo.fetched_entries - before
+
+
+def bench_samplers(g: Graph, cfg: TrainConfig, dev: torch.device, repeats: int) -> list[dict[str, Any]]:
+    """One epoch's batches (the training vertices, shuffled, ``--batch-size`` each) sampled by ours and the
+    baselines on the same in-memory CSR (the model's adjacency) on ``dev``; median seconds over ``repeats``."""
+    assert cfg.fanouts is not None
+    model = build_model(cfg.model, g.num_features, 8, g.num_classes or 2, layers=cfg.layers, heads=1, dropout=0.0,
+                        seed=0)
+    topo = CSRTopology(*(t if t is None else t.to(dev) for t in normalized_csr(g, model.adjacency)))  # type: ignore[misc]
+    assert g.train_mask is not None
+    train = torch.nonzero(g.train_mask).view(-1)
+    seeds = train[torch.randperm(train.numel(), generator=torch.Generator().manual_seed(cfg.seed))].to(dev)
+    batches = [seeds[i : i + cfg.batch_size] for i in range(0, seeds.numel(), cfg.batch_size)]
+    fanouts = tuple(cfg.fanouts)
+    samplers: dict[str, Callable[[Tensor, int], tuple[int, int]]] = {
+        "gnnscale (keyed, positions then fetch)": lambda b, i: _sample_ours(topo, b, fanouts, sample_key(0, i)),
+        "fetch-all-then-sample (gnnscale before #12)": lambda b, i: _sample_fetch_all(topo, b, fanouts),
+        "vectorised rejection (torch RNG)": lambda b, i: _sample_rejection(topo, b, fanouts)}
+    out = []
+    for name, fn in samplers.items():
+        times, edges, fetched = [], 0, 0
+        for _ in range(repeats):
+            sync(dev)
+            t0 = time.perf_counter()
+            edges = fetched = 0
+            for i, b in enumerate(batches):
+                e, f = fn(b, i)
+                edges, fetched = edges + e, fetched + f
+            sync(dev)
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        out.append({"kind": "sampler", "sampler": name, "median_sample_s": med, "sample_s_per_repeat": times,
+                    "sampled_edges": edges, "fetched_neighbor_entries": fetched, "mteps": edges / med / 1e6,
+                    "read_amplification": fetched / max(edges, 1), "batches": len(batches)})
+    for r in out:
+        r["ours_speedup"] = r["median_sample_s"] / out[0]["median_sample_s"]
+    return out
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def print_samplers(rows: list[dict[str, Any]]) -> None:
+    print(f"  {'sampler':<46}{'epoch sampling (s)':>19}{'MTEPS':>8}{'entries/sampled':>16}{'ours faster by':>15}")
+    for r in rows:
+        print(f"  {r['sampler']:<46}{r['median_sample_s']:>19.3f}{r['mteps']:>8.2f}{r['read_amplification']:>16.2f}"
+              f"{r['ours_speedup']:>14.2f}x")
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"  {'feat r':>7}{'graph r':>8}{'median (s)':>11}{'sample':>8}{'extract':>8}{'train':>8}"
+    print(f"  {'trainers':>8}{'feat r':>7}{'graph r':>8}{'median (s)':>11}{'sample':>8}{'extract':>8}{'train':>8}"
           f"{'edges/ep':>12}{'MTEPS':>8}{'feat hit':>9}{'graph hit':>10}{'H2D MB':>8}{'batches':>8}{'loss':>8}")
     for r in rows:
-        head = f"  {r['gpu_feature_ratio']:>7g}{r['gpu_graph_ratio']:>8g}"
+        head = f"  {r['trainers_requested']:>8d}{r['gpu_feature_ratio']:>7g}{r['gpu_graph_ratio']:>8g}"
         if r["status"] != "ok":
             print(f"{head}  {r['status']}: {r['reason'][:110]}")
             continue
         print(f"{head}{r['median_epoch_s']:>11.3f}{r['median_sample_s']:>8.3f}{r['median_extract_s']:>8.3f}"
               f"{r['median_train_s']:>8.3f}{r['sampled_edges']:>12,.0f}{r['mteps']:>8.2f}"
               f"{r['feature_hit_rate']:>9.3f}{r['graph_hit_rate']:>10.3f}{_fmt(r['h2d_bytes'] / 1e6, '.1f'):>8}"
-              f"{r['batches']:>8d}{r['final_loss']:>8.4f}")
+              f"{r['batches']:>8d}{r['final_loss']:>8.4f}  read x{r['read_amplification']:.2f}")
     print("  sample/extract: producer-thread sums, overlapping train; MTEPS = sampled edges / median epoch / 1e6; "
           "hit: store requests answered from device memory")
     for r in rows:
         if r.get("engine_detail"):
-            print(f"    feature ratio {r['gpu_feature_ratio']:g}: {r['engine_detail']}")
+            print(f"    {r['trainers_requested']} trainer(s), feature ratio {r['gpu_feature_ratio']:g}: "
+                  f"{r['engine_detail']}")
 
 
 def _ratios(text: str, flag: str) -> list[float]:
@@ -159,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gather", default="auto", help="auto, index_select or uva (host feature rows on CUDA)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed epochs before the timed ones")
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs (the median is reported)")
+    ap.add_argument("--trainers", default="1", metavar="LIST",
+                    help="trainer counts to run (comma list): k trainers on --device, one thread each (default 1)")
+    ap.add_argument("--samplers", choices=["on", "off"], default="on",
+                    help="also time our sampler against the baselines on one epoch's batches (default on)")
+    ap.add_argument("--repeats", type=int, default=3, help="sampler comparison: repeats (the median is reported)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
@@ -171,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         feature_ratios = _ratios(args.gpu_feature_ratio, "--gpu-feature-ratio")
         (graph_ratio,) = _ratios(str(args.gpu_graph_ratio), "--gpu-graph-ratio")
         budget = None if args.gpu_memory is None else parse_budget(args.gpu_memory)
+        trainer_counts = [int(k) for k in _list(args.trainers)]
+        if not trainer_counts or min(trainer_counts) < 1 or args.repeats < 1:
+            raise ValueError("--trainers takes counts >= 1 and --repeats must be >= 1")
         if args.warmup < 0 or args.epochs < 1:
             raise ValueError("--warmup must be >= 0 and --epochs >= 1")
         base = TrainConfig(model=args.model, layers=args.layers or len(fanouts), hidden=args.hidden,
@@ -195,15 +363,23 @@ def main(argv: list[str] | None = None) -> int:
           f"{common['gnnscale_rev']}; {base.model}, {base.layers} layers, hidden {base.hidden}, batch "
           f"{base.batch_size}, fanouts {','.join(map(str, fanouts))}; warmup {args.warmup}, median of "
           f"{args.epochs} timed epochs")
+    samplers: list[dict[str, Any]] = []
+    if args.samplers == "on":
+        print("  timing the samplers ...", file=sys.stderr, flush=True)
+        samplers = bench_samplers(g, base, dev, args.repeats)
+        print()
+        print_samplers(samplers)
     rows = []
-    for ratio in feature_ratios:
-        cfg = TrainConfig(**{**asdict(base), "gpu_feature_ratio": ratio})
-        print(f"  running feature ratio {ratio:g}, graph ratio {graph_ratio:g} ...", file=sys.stderr, flush=True)
-        rows.append({"gpu_feature_ratio": ratio, "gpu_graph_ratio": graph_ratio,
-                     **bench(g, cfg, dev, args.warmup, args.epochs)})
+    for k in trainer_counts:
+        for ratio in feature_ratios:
+            cfg = TrainConfig(**{**asdict(base), "gpu_feature_ratio": ratio, "devices": (str(dev),) * k})
+            print(f"  running {k} trainer(s), feature ratio {ratio:g}, graph ratio {graph_ratio:g} ...",
+                  file=sys.stderr, flush=True)
+            rows.append({"gpu_feature_ratio": ratio, "gpu_graph_ratio": graph_ratio, "trainers_requested": k,
+                         **bench(g, cfg, dev, args.warmup, args.epochs)})
     print()
     print_table(rows)
-    records = [{**common, **case, **r} for r in rows]
+    records = [{**common, **case, **r} for r in [*samplers, *rows]]
     if not args.no_save:
         append_records(args.out, records)
     return 0

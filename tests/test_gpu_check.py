@@ -55,7 +55,10 @@ def test_dry_run_records_and_summary(dry_run: tuple[Path, str]) -> None:
         assert r["status"] == "ok" and r["median_epoch_s"] > 0 and r["model"] == "gcn" and r["nodes"] == 2000
         if r["impl"] == "offload":
             assert r["h2d_bytes"] > 0 and r["ratio_vs_inmemory"] > 0 and r["ratio_vs_pyg"] > 0
-    minibatch = [json.loads(line) for line in (out / "minibatch.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "minibatch.jsonl").read_text().splitlines()]
+    samplers = [r for r in records if r["kind"] == "sampler"]
+    assert len(samplers) == 3 and all(r["mteps"] > 0 for r in samplers)  # ours and the two baselines, same run
+    minibatch = [r for r in records if r["kind"] == "engine"]
     assert [r["gpu_feature_ratio"] for r in minibatch] == [0.25, 1.0]
     assert all(r["status"] == "ok" and r["median_epoch_s"] > 0 and r["model"] == "sage" for r in minibatch)
 

@@ -87,13 +87,14 @@ def keyed_draws(kv: Tensor, deg: Tensor, fanout: int) -> Tensor:
     m = kv.numel()
     if fanout > FLOYD_MAX_FANOUT:
         return _keyed_smallest(kv, deg, fanout)
+    step = torch.arange(fanout, device=kv.device)
+    j = deg.unsqueeze(1) - (fanout - step)  # [m, fanout] the largest position step i may take
+    # every step's draw in one pass (they depend only on the key); only the collision test is sequential
+    t = torch.remainder(_shr(mix64(kv.unsqueeze(1) + (step + 1) * _signed(_GOLDEN)), 1), j + 1)  # [m, fanout]
     out = torch.empty(m, fanout, dtype=torch.int64, device=kv.device)
-    for i in range(fanout):
-        j = deg - (fanout - i)  # [m] the largest position this step may take
-        t = torch.remainder(_shr(mix64(kv + _signed((i + 1) * _GOLDEN)), 1), j + 1)  # [m] uniform in [0, j]
-        if i:
-            t = torch.where((out[:, :i] == t.unsqueeze(1)).any(1), j, t)
-        out[:, i] = t
+    out[:, 0] = t[:, 0]
+    for i in range(1, fanout):
+        out[:, i] = torch.where((out[:, :i] == t[:, i : i + 1]).any(1), j[:, i], t[:, i])
     return out.sort(dim=1).values
 
 

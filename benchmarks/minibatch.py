@@ -1,24 +1,35 @@
-"""The mini-batch engine (XGNN store + keyed k-hop sampler): sampler throughput against baselines, read
-amplification, epoch time for 1..k trainers and pipeline stages vs the store's ratios.
+"""The mini-batch engine (XGNN store + keyed k-hop sampler): sampler throughput against baselines in the same run,
+read amplification, epoch time for 1..k trainers and pipeline stages vs the store's ratios.
 
     .venv/bin/python benchmarks/minibatch.py --device cpu --threads 1 --hidden 64 --fanouts 15,10 \
         --dataset edgelist:/work/shared/datasets/snap/ego-twitter.txt.gz:symmetrize=1 \
-        --gpu-feature-ratio 0.25 --trainers 1,2 --epochs 3 --warmup 1
+        --gpu-feature-ratio 0.25 --trainers 1,2 --epochs 3 --warmup 1 --repeats 3
     PYTHONPATH=. python3 benchmarks/minibatch.py --device cuda \
         --dataset csbm:nodes=2450000,avg_degree=50,features=100,classes=47 --fanouts 25,10 --batch-size 1024 \
         --gpu-feature-ratio 0.25
 
 (the second is the products-scale GPU target: GraphSAGE, 2 layers, hidden 256, fanouts 25,10, batch 1024, a
-quarter of the features on the GPU; goal <= 0.3 s per epoch.)
+quarter of the features on the GPU; goal <= 0.3 s per epoch.) The default ``--dataset`` is ego-twitter, symmetrised
+(``symmetrize=1``, explicit: the file lists each undirected edge once), when ``../shared/datasets/snap`` has it.
 
-**Samplers** (``--samplers on``, the default): one epoch's batches of the training vertices, sampled on an
-in-memory CSR on ``--device`` by (ours) :func:`gnnscale.sample.sample_blocks` -- keyed positions, then only those
-entries fetched; (a) gnnscale's sampler before issue #12 -- whole lists fetched, then one segmented sort over
-random keys; (b) a straightforward vectorised O(fanout) sampler with torch's RNG -- positions drawn with
-replacement, repeats redrawn until each row is distinct, then only those entries fetched. Per sampler: median
-seconds over ``--repeats``, MTEPS (sampled edges / s / 10^6), read amplification (neighbour entries fetched /
-sampled edges) and how much faster ours is. PyG's own sampler needs ``pyg_lib`` or ``torch_sparse``, which
-this environment lacks, so it is not in the comparison.
+**Samplers** (``--samplers on``, the default): one epoch's batches (the training vertices, shuffled,
+``--batch-size`` seeds each, ``--fanouts``) sampled on an in-memory CSR of the model's adjacency on ``--device``,
+every sampler producing the same blocks (relabelled, one per hop) from the same seeds:
+
+* ours, :func:`gnnscale.sample.sample_blocks`: per hop the frontier's degrees, positions drawn by Floyd's algorithm
+  keyed by (key, hop, vertex), then only those neighbour entries fetched;
+* (a) fetch-all-then-sample: gnnscale's sampler before issue #12, copied from commit feae281 -- the frontier's
+  whole neighbour lists fetched, then random keys for every candidate and one segmented sort keep ``fanout``;
+* (b) a straightforward vectorised O(fanout) sampler on torch's RNG, fetching only the drawn entries through the
+  same store request as ours: Floyd's algorithm with ``torch.rand`` on all rows at once (ours but for the RNG);
+  with ``--rejection`` also (b2), rejection: ``fanout`` positions with replacement per row, rows holding a repeat
+  redraw the repeated slots until distinct;
+* (c) PyG's ``NeighborSampler`` when ``pyg_lib`` or ``torch_sparse`` is installed (CPU only); otherwise a note says
+  it was skipped.
+
+Each sampler runs the epoch once untimed, then ``--repeats`` rounds in which the samplers take turns. Per sampler:
+median seconds, MTEPS (sampled edges / s / 10^6), read amplification (neighbour entries fetched / sampled edges:
+ours and (b) count ``CSRTopology.fetched_entries``, (a) the whole lists it fetched) and our MTEPS over its.
 
 One graph (``--dataset``, any :func:`gnnscale.load_dataset` spec) and one model (``--model``, GraphSAGE by default;
 ``--layers`` defaults to the number of ``--fanouts``), trained by ``--engine minibatch`` once per
@@ -32,7 +43,8 @@ Per configuration: the median epoch time (wall clock around ``train_epoch``, dev
 the engine's ``sample_s`` / ``extract_s`` / ``train_s``, the sampled edges per epoch (every block's edges, all
 hops), MTEPS = sampled edges / median epoch time / 10^6 (HyScale-GNN's throughput metric), the store's feature and
 graph hit rates (requests answered from device memory), ``h2d_bytes`` (the store's count of bytes read from host
-memory onto the device) and the batch count.
+memory onto the device), the batch count and the engine's read amplification (the store's
+``fetched_neighbor_entries`` / sampled edges, last timed epoch).
 
 Reading the stage times: ``sample_s`` (k-hop sampling) and ``extract_s`` (feature gathering) are summed over the
 batches on the producer thread, which works ahead of training through a bounded queue, so they overlap
@@ -52,13 +64,15 @@ per epoch grow with the trainer count.
 CPU timings: ``--threads 1`` keeps them stable on a shared machine. The producer thread still runs sampling
 concurrently with training (both release the GIL in torch ops), so a CPU run can keep up to two cores busy.
 
-One JSON line per configuration is appended to ``--out`` (default benchmarks/results/minibatch.jsonl), with the
-environment (date, device, torch/PyG versions, git revision, command, ``OMP_*``/``MALLOC_*`` variables).
+One JSON line per sampler (``"kind": "sampler"``) and per configuration (``"kind": "engine"``) is appended to
+``--out`` (default benchmarks/results/minibatch.jsonl), with the environment (date, device, torch/PyG versions,
+git revision, command, ``OMP_*``/``MALLOC_*`` variables).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -79,15 +93,18 @@ except ImportError:  # pragma: no cover
 
 from gnnscale.engines import MiniBatchEngine, select_engine
 from gnnscale.errors import GnnscaleError
-from gnnscale.graph.block import normalized_csr
-from gnnscale.graph.graph import Graph, csr_rows
+from gnnscale.graph.block import Block, normalized_csr
+from gnnscale.graph.graph import Graph, csr_rows, csr_slices
 from gnnscale.nn import build_model
 from gnnscale.plan.memory import parse_budget
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
+from gnnscale.sample.neighbor import _relabel
 from gnnscale.train import TrainConfig, resolve_device
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "minibatch.jsonl"
-DEFAULT_DATASET = "csbm:nodes=100000,avg_degree=10,features=100"
+EGO_TWITTER = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "snap" / "ego-twitter.txt.gz"
+DEFAULT_DATASET = (f"edgelist:{EGO_TWITTER}:symmetrize=1" if EGO_TWITTER.exists()
+                   else "csbm:nodes=100000,avg_degree=10,features=100")
 STAGES = ("sample_s", "extract_s", "train_s")
 
 
@@ -132,12 +149,25 @@ def bench(g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int, epochs: in
 
 
 # ------------------------------------------------------------------------------------------------ sampler baselines
+# Every sampler below takes one batch of seeds and returns ``(blocks, neighbour entries fetched)``: the same output
+# contract as ours (one Block per hop, relabelled, weights sliced), so the timings compare like with like.
 
 
-def _old_sample_rows(indptr: Tensor, fanout: int) -> tuple[Tensor, Tensor | None]:
-    """Baseline (a), gnnscale's sampler before issue #12 (``git show feae281:gnnscale/sample/neighbor.py``,
-    ``_sample_rows``): the whole lists are fetched, then every candidate edge of a row with ``deg > fanout`` gets a
-    random key and one segmented sort keeps the first ``fanout`` per row."""
+# (a) gnnscale's sampler before issue #12, copied from ``git show feae281:gnnscale/sample/neighbor.py``
+# (``CSRTopology.neighbors``, ``_sample_rows``, ``_relabel`` and the loop of ``sample_blocks``), unchanged but for
+# the names and the count of entries fetched.
+def _feae281_neighbors(topo: CSRTopology, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """feae281's ``CSRTopology.neighbors``: the whole in-neighbour lists of ``ids``, one CSR local to the request."""
+    out_dev = ids.device
+    indptr, pos = csr_slices(topo.indptr, ids.to(topo.device).long())
+    w = None if topo.weight is None else topo.weight[pos].to(out_dev)
+    return indptr.to(out_dev), topo.indices[pos].to(out_dev), w
+
+
+def _feae281_sample_rows(indptr: Tensor, fanout: int, generator: torch.Generator | None
+                         ) -> tuple[Tensor, Tensor | None]:
+    """feae281's ``_sample_rows``: every candidate edge of a row with ``deg > fanout`` gets a random key, one sort
+    keyed by (row, key) shuffles each row, the first ``fanout`` of a row are kept."""
     deg = indptr[1:] - indptr[:-1]
     num_edges = int(indptr[-1])
     if fanout < 0 or num_edges == 0 or int(deg.max()) <= fanout:
@@ -150,7 +180,7 @@ def _old_sample_rows(indptr: Tensor, fanout: int) -> tuple[Tensor, Tensor | None
     m = int(big_deg.numel())
     brow = torch.repeat_interleave(torch.arange(m, device=dev), big_deg, output_size=int(cand.numel()))
     shift = 63 - max(m.bit_length(), 1)
-    key = (brow << shift) | torch.randint(0, 1 << shift, brow.shape, device=dev)
+    key = (brow << shift) | torch.randint(0, 1 << shift, brow.shape, generator=generator, device=dev)
     order = cand[torch.sort(key).indices]
     seg_start = torch.cumsum(big_deg, 0) - big_deg
     rank = torch.arange(order.numel(), device=dev) - seg_start[brow]
@@ -161,101 +191,235 @@ def _old_sample_rows(indptr: Tensor, fanout: int) -> tuple[Tensor, Tensor | None
     return new_indptr, picked
 
 
-def _rejection_positions(deg: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
-    """Baseline (b), a straightforward vectorised O(fanout) sampler with torch's RNG: every row with
-    ``deg > fanout`` draws ``fanout`` positions with replacement, then the slots holding a repeat (after a
-    per-row sort) are redrawn until the row is distinct; rows with ``deg <= fanout`` take every position."""
-    dev = deg.device
-    take = deg.clamp(max=fanout)
-    indptr = torch.zeros(deg.numel() + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(take, 0, out=indptr[1:])
-    total = int(indptr[-1])
-    pos = torch.arange(total, device=dev) - indptr[csr_rows(indptr, total)]
-    big = torch.nonzero(deg > fanout).view(-1)
-    if big.numel():
-        d = deg[big].unsqueeze(1).double()
-        draw = (torch.rand(big.numel(), fanout, device=dev, dtype=torch.float64) * d).long()
-        while True:
-            draw = draw.sort(dim=1).values
-            dup = torch.zeros_like(draw, dtype=torch.bool)
-            dup[:, 1:] = draw[:, 1:] == draw[:, :-1]
-            if not bool(dup.any()):
-                break
-            redraw = (torch.rand(draw.shape, device=dev, dtype=torch.float64) * d).long()
-            draw = torch.where(dup, redraw, draw)
-        pos[(indptr[big].unsqueeze(1) + torch.arange(fanout, device=dev)).view(-1)] = draw.view(-1)
-    return indptr, pos
+def _feae281_relabel(dst_ids: Tensor, nbr_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """feae281's ``_relabel``."""
+    n = dst_ids.numel()
+    uniq, inv = torch.unique(torch.cat([dst_ids, nbr_ids]), return_inverse=True)
+    is_dst = torch.zeros(uniq.numel(), dtype=torch.bool, device=uniq.device)
+    is_dst[inv[:n]] = True
+    new_ids = uniq[~is_dst]
+    local = torch.empty(uniq.numel(), dtype=torch.int64, device=uniq.device)
+    local[inv[:n]] = torch.arange(n, device=uniq.device)
+    local[~is_dst] = torch.arange(n, n + new_ids.numel(), device=uniq.device)
+    return local[inv[n:]], torch.cat([dst_ids, new_ids])
 
 
-def _sample_fetch_all(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...]) -> tuple[int, int]:
-    """Baseline (a)'s k hops: ``(sampled edges, entries fetched)``."""
-    frontier, sampled, fetched = seeds, 0, 0
+def sample_fetch_all(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...],
+                     generator: torch.Generator | None = None) -> tuple[list[Block], int]:
+    """Baseline (a), feae281's ``sample_blocks``: per hop the frontier's whole lists are fetched, then sampled."""
+    frontier = seeds.long()
+    if torch.unique(frontier).numel() != frontier.numel():
+        raise ValueError("seeds contain duplicates")
+    dev = frontier.device
+    blocks: list[Block] = []
+    fetched = 0
     for fanout in fanouts:
-        indptr, nbrs, _ = topo.neighbors(frontier)
+        indptr, nbrs, weight = _feae281_neighbors(topo, frontier)
         fetched += int(nbrs.numel())
-        indptr, picked = _old_sample_rows(indptr, fanout)
+        indptr, nbrs = indptr.to(dev).long(), nbrs.to(dev).long()
+        weight = None if weight is None else weight.to(dev)
+        indptr, picked = _feae281_sample_rows(indptr, fanout, generator)
         if picked is not None:
             nbrs = nbrs[picked]
-        sampled += int(nbrs.numel())
-        frontier = torch.unique(torch.cat([frontier, nbrs]))
-    return sampled, fetched
+            weight = None if weight is None else weight[picked]
+        local, src_ids = _feae281_relabel(frontier, nbrs)
+        blocks.append(Block(indptr=indptr, indices=local, num_src=int(src_ids.numel()), edge_weight=weight,
+                            src_ids=src_ids))
+        frontier = src_ids
+    blocks.reverse()
+    return blocks, fetched
 
 
-def _sample_rejection(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...]) -> tuple[int, int]:
-    """Baseline (b)'s k hops (positions first, then only those entries): ``(sampled edges, entries fetched)``."""
-    frontier, sampled = seeds, 0
+# (b) and (b2): straightforward vectorised O(fanout) samplers on torch's RNG. Both draw positions, then fetch only
+# those entries through the same store request as ours (``topo.request`` / ``take``) and relabel with gnnscale's
+# ``_relabel``: the only difference from ours is how the positions are drawn.
+def floyd_positions(deg: Tensor, fanout: int, generator: torch.Generator | None = None) -> Tensor:
+    """``[m, fanout]`` positions (ascending per row) of a uniform ``fanout``-subset of ``range(deg[i])``, every
+    ``deg > fanout``: Floyd's algorithm on all rows at once with ``torch.rand`` (for ``i < fanout``:
+    ``j = deg - fanout + i``, ``t`` uniform in ``[0, j]``, keep ``t`` or ``j`` if ``t`` is taken)."""
+    m = deg.numel()
+    out = torch.empty(m, fanout, dtype=torch.int64, device=deg.device)
+    for i in range(fanout):
+        j = deg - (fanout - i)
+        t = (torch.rand(m, dtype=torch.float64, generator=generator, device=deg.device) * (j + 1)).long()
+        if i:
+            t = torch.where((out[:, :i] == t.unsqueeze(1)).any(1), j, t)
+        out[:, i] = t
+    return out.sort(dim=1).values
+
+
+def rejection_positions(deg: Tensor, fanout: int, generator: torch.Generator | None = None) -> Tensor:
+    """``[m, fanout]`` positions (ascending per row) of a uniform ``fanout``-subset of ``range(deg[i])``, every
+    ``deg > fanout``: ``fanout`` positions drawn with replacement per row; while rows hold a repeat (found after a
+    per-row sort), those rows redraw their repeated slots. Uniform: the process treats all positions alike."""
+    dev = deg.device
+    d = deg.unsqueeze(1).double()
+    draw = (torch.rand(deg.numel(), fanout, dtype=torch.float64, generator=generator, device=dev) * d).long()
+    draw = draw.sort(dim=1).values
+    rows = torch.arange(deg.numel(), device=dev)  # rows that may still hold a repeat
+    while rows.numel():
+        sub = draw[rows]
+        dup = torch.zeros_like(sub, dtype=torch.bool)
+        dup[:, 1:] = sub[:, 1:] == sub[:, :-1]
+        bad = dup.any(1)
+        if not bool(bad.any()):
+            break
+        rows, sub, dup = rows[bad], sub[bad], dup[bad]
+        redraw = (torch.rand(sub.shape, dtype=torch.float64, generator=generator, device=dev) * d[rows]).long()
+        draw[rows] = torch.where(dup, redraw, sub).sort(dim=1).values
+    return draw
+
+
+PositionFn = Callable[[Tensor, int, "torch.Generator | None"], Tensor]
+
+
+def sample_torch_rng(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...], draw: PositionFn,
+                     generator: torch.Generator | None = None) -> tuple[list[Block], int]:
+    """Baselines (b) and (b2): ours with the positions of every row with ``deg > fanout`` drawn by ``draw``
+    (torch's RNG)."""
+    frontier = seeds.long()
+    if torch.unique(frontier).numel() != frontier.numel():
+        raise ValueError("seeds contain duplicates")
+    dev = frontier.device
     before = topo.fetched_entries
+    blocks: list[Block] = []
     for fanout in fanouts:
         req = topo.request(frontier)
-        indptr, pos = _rejection_positions(req.degrees, fanout)
-        nbrs, _ = req.take(indptr, pos)
-        sampled += int(nbrs.numel())
-        frontier = torch.unique(torch.cat([frontier, nbrs]))
-    return sampled, topo.fetched_entries - before
+        deg = req.degrees.to(dev)
+        take = deg if fanout < 0 else deg.clamp(max=fanout)
+        indptr = torch.zeros(deg.numel() + 1, dtype=torch.int64, device=dev)
+        torch.cumsum(take, 0, out=indptr[1:])
+        total = int(indptr[-1])
+        pos = torch.arange(total, device=dev) - indptr[csr_rows(indptr, total)]
+        if fanout > 0 and total:
+            big = torch.nonzero(deg > fanout).view(-1)
+            if big.numel():
+                slots = indptr[big].unsqueeze(1) + torch.arange(fanout, device=dev)
+                pos[slots.view(-1)] = draw(deg[big], fanout, generator).view(-1)
+        nbrs, weight = req.take(indptr, pos)
+        local, src_ids = _relabel(frontier, nbrs.to(dev).long())
+        blocks.append(Block(indptr=indptr, indices=local, num_src=int(src_ids.numel()),
+                            edge_weight=None if weight is None else weight.to(dev), src_ids=src_ids))
+        frontier = src_ids
+    blocks.reverse()
+    return blocks, topo.fetched_entries - before
 
 
-def _sample_ours(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> tuple[int, int]:
+def sample_ours(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> tuple[list[Block], int]:
+    """Ours, :func:`gnnscale.sample.sample_blocks` (keyed positions, then only those entries)."""
     before = topo.fetched_entries
     blocks = sample_blocks(topo, seeds, fanouts, key)
-    return sum(b.num_edges for b in blocks), topo.fetched_entries - before
+    return blocks, topo.fetched_entries - before
 
 
-def bench_samplers(g: Graph, cfg: TrainConfig, dev: torch.device, repeats: int) -> list[dict[str, Any]]:
-    """One epoch's batches (the training vertices, shuffled, ``--batch-size`` each) sampled by ours and the
-    baselines on the same in-memory CSR (the model's adjacency) on ``dev``; median seconds over ``repeats``."""
-    assert cfg.fanouts is not None
+def pyg_sampler(topo: CSRTopology, fanouts: tuple[int, ...]) -> tuple[Callable[[Tensor], int] | None, str]:
+    """(c) PyG's ``NeighborSampler`` (pyg_lib's or torch_sparse's C++ kernel) on the same graph, as a function of a
+    batch giving its sampled edges, or ``None`` and why not. It samples each hop from the vertices the previous hop
+    reached for the first time only (ours re-expands the whole frontier), and returns edge lists, not blocks."""
+    try:
+        import torch_geometric.typing as pyg_typing
+        from torch_geometric.data import Data
+        from torch_geometric.sampler import NeighborSampler, NodeSamplerInput
+    except ImportError as exc:  # pragma: no cover
+        return None, f"torch_geometric not importable ({exc})"
+    if not (pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE):
+        return None, "PyG's neighbour sampler needs pyg_lib or torch_sparse; neither is installed"
+    if topo.device.type != "cpu":
+        return None, "PyG's NeighborSampler samples on CPU only; skipped on a device run"
+    rows = csr_rows(topo.indptr, topo.indices.numel())  # destination of each in-edge
+    data = Data(edge_index=torch.stack([topo.indices, rows]), num_nodes=topo.num_nodes)
+    sampler = NeighborSampler(data, num_neighbors=list(fanouts))  # CSC built here, outside the timing
+
+    def run(batch: Tensor) -> int:
+        out = sampler.sample_from_nodes(NodeSamplerInput(input_id=None, node=batch.cpu()))
+        return int(out.row.numel())
+
+    lib = "pyg_lib" if pyg_typing.WITH_PYG_LIB else "torch_sparse"
+    return run, f"PyG NeighborSampler ({lib})"
+
+
+OURS = "gnnscale (keyed positions, then fetch)"
+
+
+def bench_samplers(g: Graph, cfg: TrainConfig, dev: torch.device, repeats: int,
+                   rejection: bool = False) -> list[dict[str, Any]]:
+    """One epoch's batches (the training vertices, shuffled, ``cfg.batch_size`` each) sampled by ours and the
+    baselines (the rejection one if ``rejection``) on the same in-memory CSR (the model's adjacency) on ``dev``, with
+    ``cfg.fanouts``.
+
+    Each sampler runs the epoch once untimed, then ``repeats`` timed rounds; the samplers take turns within a round
+    (the order rotating), so a disturbance of the shared machine hits them alike. Per sampler: the median seconds,
+    the sampled edges and neighbour entries fetched of the last round, MTEPS = sampled edges / median / 10^6, read
+    amplification = entries fetched / sampled edges, ``ours_mteps_ratio`` = our MTEPS / its MTEPS (> 1: ours is
+    faster) and ``ours_speedup`` = its seconds / ours (the samplers' edge counts differ a little: other draws)."""
+    assert cfg.fanouts is not None and g.train_mask is not None
     model = build_model(cfg.model, g.num_features, 8, g.num_classes or 2, layers=cfg.layers, heads=1, dropout=0.0,
                         seed=0)
     topo = CSRTopology(*(t if t is None else t.to(dev) for t in normalized_csr(g, model.adjacency)))  # type: ignore[misc]
-    assert g.train_mask is not None
     train = torch.nonzero(g.train_mask).view(-1)
     seeds = train[torch.randperm(train.numel(), generator=torch.Generator().manual_seed(cfg.seed))].to(dev)
     batches = [seeds[i : i + cfg.batch_size] for i in range(0, seeds.numel(), cfg.batch_size)]
     fanouts = tuple(cfg.fanouts)
-    samplers: dict[str, Callable[[Tensor, int], tuple[int, int]]] = {
-        "gnnscale (keyed, positions then fetch)": lambda b, i: _sample_ours(topo, b, fanouts, sample_key(0, i)),
-        "fetch-all-then-sample (gnnscale before #12)": lambda b, i: _sample_fetch_all(topo, b, fanouts),
-        "vectorised rejection (torch RNG)": lambda b, i: _sample_rejection(topo, b, fanouts)}
-    out = []
-    for name, fn in samplers.items():
-        times, edges, fetched = [], 0, 0
-        for _ in range(repeats):
-            sync(dev)
-            t0 = time.perf_counter()
-            edges = fetched = 0
-            for i, b in enumerate(batches):
-                e, f = fn(b, i)
-                edges, fetched = edges + e, fetched + f
-            sync(dev)
-            times.append(time.perf_counter() - t0)
-        med = statistics.median(times)
-        out.append({"kind": "sampler", "sampler": name, "median_sample_s": med, "sample_s_per_repeat": times,
-                    "sampled_edges": edges, "fetched_neighbor_entries": fetched, "mteps": edges / med / 1e6,
-                    "read_amplification": fetched / max(edges, 1), "batches": len(batches)})
-    for r in out:
-        r["ours_speedup"] = r["median_sample_s"] / out[0]["median_sample_s"]
-    return out
+    gen = torch.Generator(device=dev).manual_seed(cfg.seed)
 
+    def edges_of(run: Callable[[Tensor], tuple[list[Block], int]]) -> Callable[[Tensor], tuple[int, int | None]]:
+        def f(b: Tensor) -> tuple[int, int | None]:
+            blocks, fetched = run(b)
+            return sum(blk.num_edges for blk in blocks), fetched
+        return f
+
+    key = [sample_key(cfg.seed, 0)]  # ours: one key per epoch, as the engine
+    samplers: dict[str, Callable[[Tensor], tuple[int, int | None]]] = {
+        OURS: edges_of(lambda b: sample_ours(topo, b, fanouts, key[0])),
+        "fetch-all-then-sample (gnnscale feae281)": edges_of(lambda b: sample_fetch_all(topo, b, fanouts, gen)),
+        "Floyd, torch RNG (O(fanout))": edges_of(lambda b: sample_torch_rng(topo, b, fanouts, floyd_positions,
+                                                                             gen))}
+    if rejection:
+        samplers["rejection, torch RNG (O(fanout))"] = edges_of(
+            lambda b: sample_torch_rng(topo, b, fanouts, rejection_positions, gen))
+    pyg, note = pyg_sampler(topo, fanouts)
+    if pyg is None:
+        print(f"  note: PyG's sampler skipped: {note}", file=sys.stderr)
+    else:
+        samplers[note] = lambda b: (pyg(b), None)
+    names = list(samplers)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    counts: dict[str, tuple[int, int | None]] = {}
+
+    def epoch(name: str) -> tuple[float, int, int | None]:
+        fn, edges, fetched = samplers[name], 0, 0
+        sync(dev)
+        t0 = time.perf_counter()
+        for b in batches:
+            e, f = fn(b)
+            edges += e
+            fetched = None if f is None or fetched is None else fetched + f
+        sync(dev)
+        return time.perf_counter() - t0, edges, fetched
+
+    load = [os.getloadavg()[0]]
+    for name in names:  # untimed: first-call costs (allocator, lazy init) out of the way
+        epoch(name)
+    for r in range(repeats):
+        key[0] = sample_key(cfg.seed, r + 1)
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t, edges, fetched = epoch(name)
+            times[name].append(t)
+            counts[name] = (edges, fetched)
+    load.append(os.getloadavg()[0])
+    out = []
+    for name in names:
+        med = statistics.median(times[name])
+        edges, fetched = counts[name]
+        out.append({"kind": "sampler", "sampler": name, "median_sample_s": med, "sample_s_per_repeat": times[name],
+                    "sampled_edges": edges, "fetched_neighbor_entries": fetched, "mteps": edges / med / 1e6,
+                    "read_amplification": None if fetched is None else fetched / max(edges, 1),
+                    "batches": len(batches), "repeats": repeats, "fanouts": list(fanouts),
+                    "loadavg_1m_before_after": load, **({"pyg_note": note} if name == OURS and pyg is None else {})})
+    for r in out:
+        r["ours_mteps_ratio"] = out[0]["mteps"] / r["mteps"]
+        r["ours_speedup"] = r["median_sample_s"] / out[0]["median_sample_s"]  # its seconds / ours (gpu_check)
+    return out
 
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
@@ -263,10 +427,14 @@ def sync(dev: torch.device) -> None:
 
 
 def print_samplers(rows: list[dict[str, Any]]) -> None:
-    print(f"  {'sampler':<46}{'epoch sampling (s)':>19}{'MTEPS':>8}{'entries/sampled':>16}{'ours faster by':>15}")
+    print(f"  {'sampler':<42}{'epoch (s)':>10}{'edges':>11}{'MTEPS':>8}{'fetched/sampled':>16}{'ours/this MTEPS':>16}")
     for r in rows:
-        print(f"  {r['sampler']:<46}{r['median_sample_s']:>19.3f}{r['mteps']:>8.2f}{r['read_amplification']:>16.2f}"
-              f"{r['ours_speedup']:>14.2f}x")
+        print(f"  {r['sampler']:<42}{r['median_sample_s']:>10.3f}{r['sampled_edges']:>11,d}{r['mteps']:>8.2f}"
+              f"{_fmt(r['read_amplification'], '.2f'):>16}{r['ours_mteps_ratio']:>15.2f}x")
+    print(f"  one epoch's batches, median of {rows[0]['repeats']} rounds; MTEPS = sampled edges / s / 1e6; "
+          "fetched/sampled: neighbour entries read per sampled edge")
+    if "pyg_note" in rows[0]:
+        print(f"  PyG's sampler not timed: {rows[0]['pyg_note']}")
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -320,9 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed epochs before the timed ones")
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs (the median is reported)")
     ap.add_argument("--trainers", default="1", metavar="LIST",
-                    help="trainer counts to run (comma list): k trainers on --device, one thread each (default 1)")
+                    help="trainer counts to run (comma list): k trainers on --device, one thread each (default 1); "
+                         "0: no engine run")
     ap.add_argument("--samplers", choices=["on", "off"], default="on",
                     help="also time our sampler against the baselines on one epoch's batches (default on)")
+    ap.add_argument("--rejection", action="store_true",
+                    help="sampler comparison: also time the rejection baseline (b2)")
     ap.add_argument("--repeats", type=int, default=3, help="sampler comparison: repeats (the median is reported)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
@@ -336,9 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         feature_ratios = _ratios(args.gpu_feature_ratio, "--gpu-feature-ratio")
         (graph_ratio,) = _ratios(str(args.gpu_graph_ratio), "--gpu-graph-ratio")
         budget = None if args.gpu_memory is None else parse_budget(args.gpu_memory)
-        trainer_counts = [int(k) for k in _list(args.trainers)]
-        if not trainer_counts or min(trainer_counts) < 1 or args.repeats < 1:
-            raise ValueError("--trainers takes counts >= 1 and --repeats must be >= 1")
+        trainer_counts = [int(k) for k in _list(args.trainers) if int(k) != 0]  # 0: samplers only
+        if (trainer_counts and min(trainer_counts) < 1) or args.repeats < 1:
+            raise ValueError("--trainers takes counts >= 1 (or 0: no engine run) and --repeats must be >= 1")
         if args.warmup < 0 or args.epochs < 1:
             raise ValueError("--warmup must be >= 0 and --epochs >= 1")
         base = TrainConfig(model=args.model, layers=args.layers or len(fanouts), hidden=args.hidden,
@@ -366,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     samplers: list[dict[str, Any]] = []
     if args.samplers == "on":
         print("  timing the samplers ...", file=sys.stderr, flush=True)
-        samplers = bench_samplers(g, base, dev, args.repeats)
+        samplers = bench_samplers(g, base, dev, args.repeats, args.rejection)
         print()
         print_samplers(samplers)
     rows = []
@@ -377,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
             rows.append({"gpu_feature_ratio": ratio, "gpu_graph_ratio": graph_ratio, "trainers_requested": k,
                          **bench(g, cfg, dev, args.warmup, args.epochs)})
-    print()
-    print_table(rows)
+    if rows:
+        print()
+        print_table(rows)
     records = [{**common, **case, **r} for r in [*samplers, *rows]]
     if not args.no_save:
         append_records(args.out, records)

@@ -49,7 +49,7 @@ def _add_plan_dir(p: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from gnnscale.engines import ENGINES
-    from gnnscale.nn.model import MODELS
+    from gnnscale.train import ALL_MODELS
     from gnnscale.partition import CHUNKERS, PARTITION_METHODS
     from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
     from gnnscale.store import GATHER_METHODS
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a model and report accuracy")
     _add_dataset_args(t, required=False)
-    t.add_argument("--model", choices=list(MODELS), default="gcn")
+    t.add_argument("--model", choices=list(ALL_MODELS), default="gcn",
+                   help="layer type, or a decoupled model (T tasks, then P tasks): dgcn, dgat (default gcn)")
     t.add_argument("--layers", type=int, default=2)
     t.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: total over heads)")
     t.add_argument("--heads", type=int, default=4, help="GAT attention heads")

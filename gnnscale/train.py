@@ -13,7 +13,10 @@ import torch
 from gnnscale.engines.base import Engine
 from gnnscale.errors import ConfigError, GraphError
 from gnnscale.graph.graph import Graph
+from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN, MODELS, build_model
+
+ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
 from gnnscale.partition import PARTITION_METHODS
 from gnnscale.plan.memory import proc_kib
 
@@ -25,7 +28,8 @@ class TrainConfig:
     """What to train and how; devices are arguments of :func:`train`, not config."""
 
     model: str = "gcn"
-    """Layer type: one of ``gcn``, ``sage``, ``gat``, ``gin``, ``mlp``."""
+    """Layer type: one of ``gcn``, ``sage``, ``gat``, ``gin``, ``mlp``, or a decoupled model (NeutronTask Eq. 4):
+    ``dgcn``, ``dgat``."""
     layers: int = 2
     """Number of layers (the last one outputs class scores)."""
     hidden: int = 64
@@ -92,7 +96,7 @@ class TrainConfig:
         from gnnscale.store import GATHER_METHODS
 
         checks = [
-            (self.model in MODELS, f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}"),
+            (self.model in ALL_MODELS, f"unknown model {self.model!r}; choose one of {', '.join(ALL_MODELS)}"),
             (self.layers >= 1, f"--layers must be >= 1, got {self.layers}"),
             (self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}"),
             (self.heads >= 1, f"--heads must be >= 1, got {self.heads}"),

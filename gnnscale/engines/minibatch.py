@@ -41,6 +41,7 @@ from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import available_device_bytes
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
@@ -103,6 +104,8 @@ class MiniBatchEngine(Engine):
             return ["samples neighbourhoods instead of training on the full graph; choose it with --engine minibatch"]
         fanouts = config.fanouts or default_fanouts(config.layers)
         reasons = []
+        if config.model in DECOUPLED_MODELS:
+            reasons.append(f"{config.model} is a decoupled model: train it with --engine inmemory or taskparallel")
         if len(fanouts) != config.layers:
             reasons.append(f"--fanouts has {len(fanouts)} values for {config.layers} layers")
         if config.eval_fanouts is not None and len(config.eval_fanouts) != config.layers:

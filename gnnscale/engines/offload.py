@@ -56,6 +56,7 @@ from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.partition import permute_csr
 from gnnscale.partition.dedup import ExchangePlan
@@ -366,6 +367,8 @@ class OffloadEngine(Engine):
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+        if config.model in DECOUPLED_MODELS:
+            return [f"{config.model} is a decoupled model: train it with --engine inmemory or taskparallel"]
         reasons = []
         devices = worker_devices(config, device)
         if config.gather == "uva" and not (devices[0].type == "cuda" and triton_available()):

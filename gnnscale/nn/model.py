@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,9 @@ class GNN(nn.Module):
     (:meth:`layer_input` then ``layers[l]`` on each chunk's block): both give the same numbers, because
     dropout masks are keyed by ``(seed, epoch, layer, vertex id)`` rather than drawn from a stateful RNG.
     """
+
+    decoupled: ClassVar[bool] = False
+    """True for the decoupled models (:class:`~gnnscale.nn.decoupled.DecoupledGNN`): T tasks, then P tasks."""
 
     def __init__(
         self,
@@ -105,7 +108,12 @@ class GNN(nn.Module):
 def build_model(
     kind: str, in_features: int, hidden: int, num_classes: int, *, layers: int, dropout: float, heads: int, seed: int
 ) -> GNN:
-    """Build a model with weights determined by ``seed`` alone (same seed -> same initial weights everywhere)."""
+    """Build a model with weights determined by ``seed`` alone (same seed -> same initial weights everywhere);
+    ``dgcn``/``dgat`` build a :class:`~gnnscale.nn.decoupled.DecoupledGNN`."""
+    from gnnscale.nn.decoupled import DECOUPLED_MODELS, DecoupledGNN
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        if kind in DECOUPLED_MODELS:
+            return DecoupledGNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout)
         return GNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout, heads=heads)

@@ -1,0 +1,177 @@
+"""Decoupled GNNs (NeutronTask Eq. 4): ``Y = f(Â)^L · e_θ(g_θ(X), A) · g_θ(X)``.
+
+All ``L`` vertex T tasks (``g_θ``, an MLP with keyed dropout) run first, then -- for ``dgat`` -- one edge T task
+``e_θ`` that scores every edge GATv2-style from ``g_θ``'s output, then ``L`` parameter-free P tasks, each one
+propagation with the normalised adjacency (``dgcn``) or the attention weights (``dgat``). Because the P tasks run
+back to back on ``g_θ``'s (class-wide) output, a task-parallel engine keeps one P task's buffers at a time and
+recomputes the T tasks in backward instead of storing them (NeutronTask §5.1).
+
+The pieces are separate methods so that engines can run them where they like: :meth:`DecoupledGNN.transform` (T
+tasks, a range of them at a time, on any rows), :meth:`DecoupledGNN.edge_weights` (the edge task on a block whose
+sources include every in-neighbour of its destinations) and :class:`PropagationLayer` (a P task on a block).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gnnscale.errors import ConfigError
+from gnnscale.graph.block import AdjacencySpec, Block
+from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.mlp import MLPLayer
+from gnnscale.nn.model import GNN
+from gnnscale.nn.ops import keyed_dropout, spmm, spmm_t
+
+DECOUPLED_MODELS = ("dgcn", "dgat")
+"""Model names built by :class:`DecoupledGNN`."""
+
+
+class PropagationLayer(BlockLayer):
+    """A P task: ``h_v = sum_u w_uv h_u`` over the block's weights (no parameters; AGGREGATE only)."""
+
+    adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True, norm="gcn")
+    update_uses_dst: ClassVar[bool] = False
+    sparse_backward: ClassVar[bool] = True
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.in_features = self.out_features = width
+
+    def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
+        return spmm(block, x_src)  # [num_dst, F]
+
+    def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
+        return spmm_t(block, grad_agg)  # [num_src, F]
+
+    def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
+        return agg
+
+
+class EdgeAttention(nn.Module):
+    """dgat's edge T task ``e_θ``: GATv2 scores ``a · LeakyReLU(W_s h_u + W_d h_v)`` of every edge ``u -> v``,
+    softmax-normalised over each destination's in-edges (one head).
+
+    Scoring after the vertex T tasks (GATv2's order: no per-edge state between P tasks) is what lets every P task
+    of dgat run back to back.
+    """
+
+    def __init__(self, width: int, negative_slope: float = 0.2):
+        super().__init__()
+        self.width, self.negative_slope = width, negative_slope
+        self.lin_src = nn.Linear(width, width, bias=False)
+        self.lin_dst = nn.Linear(width, width)
+        self.att = nn.Parameter(torch.empty(width))
+        nn.init.xavier_uniform_(self.lin_src.weight)
+        nn.init.xavier_uniform_(self.lin_dst.weight)
+        nn.init.normal_(self.att, std=width**-0.5)
+
+    def scores(self, block: Block, h_src: Tensor) -> Tensor:
+        """``[E]`` raw scores of the block's edges from its source rows ``h_src`` (destinations first)."""
+        src, dst = block.indices.long(), block.dst_index()
+        p = self.lin_src(h_src).index_select(0, src)  # [E, C]
+        q = self.lin_dst(h_src[: block.num_dst]).index_select(0, dst)  # [E, C]
+        return F.leaky_relu(p + q, self.negative_slope) @ self.att  # [E]
+
+    def forward(self, block: Block, h_src: Tensor) -> Tensor:
+        """``[E]`` attention weights: the scores' softmax over each destination's in-edges (block order)."""
+        from torch_geometric.utils import softmax
+
+        return softmax(self.scores(block, h_src), ptr=block.indptr.long(), num_nodes=block.num_dst)
+
+    def extra_repr(self) -> str:
+        return f"{self.width}, heads=1, GATv2"
+
+
+def attention_propagate(block: Block, h_src: Tensor, alpha: Tensor) -> Tensor:
+    """``out_v = sum_u alpha_uv h_u`` with gradients to ``alpha`` too (the reference's differentiable form)."""
+    from torch_geometric.utils import segment
+
+    msg = h_src.index_select(0, block.indices.long()) * alpha.unsqueeze(-1)  # [E, F]
+    return segment(msg, block.indptr.long(), reduce="sum")  # [num_dst, F]
+
+
+def weighted(block: Block, weight: Tensor) -> Block:
+    """The block with ``weight`` as its edge weights (no transpose: it is rebuilt for the new weights)."""
+    return Block(indptr=block.indptr, indices=block.indices, num_src=block.num_src, edge_weight=weight,
+                 src_ids=block.src_ids)
+
+
+class DecoupledGNN(GNN):
+    """``num_layers`` vertex T tasks (linear layers; ReLU and keyed dropout before each, as :class:`GNN` does),
+    dgat's edge T task, then ``num_layers`` P tasks on ``g_θ``'s output width (the class count).
+
+    ``layers`` holds the T tasks (so optimisers and replicas see every parameter with :attr:`edge`); the P tasks
+    are :attr:`props`.
+    """
+
+    decoupled: ClassVar[bool] = True
+
+    def __init__(self, kind: str, in_features: int, hidden: int, num_classes: int, num_layers: int = 2,
+                 dropout: float = 0.5):
+        nn.Module.__init__(self)
+        if kind not in DECOUPLED_MODELS:
+            raise ConfigError(f"unknown decoupled model {kind!r}; choose one of {', '.join(DECOUPLED_MODELS)}")
+        if num_layers < 1:
+            raise ConfigError(f"--layers must be >= 1, got {num_layers}")
+        self.kind, self.dropout = kind, dropout
+        self.activation = F.relu
+        dims = [in_features] + [hidden] * (num_layers - 1) + [num_classes]
+        self.layers = nn.ModuleList(MLPLayer(dims[i], dims[i + 1]) for i in range(num_layers))
+        self.edge = EdgeAttention(num_classes) if kind == "dgat" else None
+        self.props = nn.ModuleList(PropagationLayer(num_classes) for _ in range(num_layers))
+
+    @property
+    def adjacency(self) -> AdjacencySpec:
+        """dgcn propagates with ``D^-1/2 (A + I) D^-1/2``; dgat with attention over ``A + I``."""
+        return AdjacencySpec(self_loops=True, norm="gcn" if self.kind == "dgcn" else "none")
+
+    @property
+    def num_t_tasks(self) -> int:
+        """Vertex T tasks (``L``)."""
+        return len(self.layers)
+
+    @property
+    def num_p_tasks(self) -> int:
+        return len(self.props)
+
+    @property
+    def width(self) -> int:
+        """Width of the rows the P tasks propagate (``g_θ``'s output: the class count)."""
+        return self.layers[-1].out_features  # type: ignore[no-any-return]
+
+    def t_layer(self, l: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None) -> Tensor:
+        """Vertex T task ``l`` on rows ``h`` (global ids ``row_ids``): activation (``l > 0``), keyed dropout,
+        linear."""
+        if l > 0:
+            h = self.activation(h)
+        key = None if seed_epoch is None else self.dropout_key(*seed_epoch, l)
+        h = keyed_dropout(h, self.dropout, key, row_ids)
+        return self.layers[l].lin(h)  # type: ignore[no-any-return]
+
+    def transform(self, x: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None, start: int = 0,
+                  stop: int | None = None) -> Tensor:
+        """Vertex T tasks ``start .. stop - 1`` (all by default) on rows ``x`` -- vertex-wise: any subset of rows
+        gives those rows' values."""
+        stop = self.num_t_tasks if stop is None else stop
+        for l in range(start, stop):
+            x = self.t_layer(l, x, row_ids, seed_epoch)
+        return x
+
+    def edge_weights(self, block: Block, h_src: Tensor) -> Tensor | None:
+        """The edge task's ``[E]`` attention weights on ``block`` (``None`` for dgcn: the block's own weights)."""
+        return None if self.edge is None else self.edge(block, h_src)
+
+    def forward(self, block: Block, x: Tensor, seed_epoch: tuple[int, int] | None = None) -> Tensor:
+        """Whole-graph forward (``num_src == num_dst``): T tasks, the edge task, then the P tasks."""
+        h = self.transform(x, block.row_ids(), seed_epoch)
+        alpha = self.edge_weights(block, h)
+        for prop in self.props:
+            h = prop(block, h) if alpha is None else attention_propagate(block, h, alpha)
+        return h
+
+    def layer_input(self, layer: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None) -> Tensor:
+        raise NotImplementedError("decoupled models run T tasks with transform(), not layer by layer")

@@ -85,6 +85,14 @@ class TrainConfig:
     many as half the device budget holds (topology first, then features: XGNN §4.3)."""
     gpu_feature_ratio: float | None = None
     """Mini-batch: fraction of vertices (hottest first) whose features live on the devices; ``None``: see above."""
+    dependency: str = "exact"
+    """Task-parallel: ``exact`` (every T task finishes before the first P task: the in-memory model exactly) or
+    ``skip`` (NeutronTask Algorithm 1: edges from subgraphs later in this epoch's shuffled order are skipped, and
+    P tasks start as soon as their subgraph's T tasks are done)."""
+    subgraphs: int | None = None
+    """Task-parallel: subgraphs ``S`` per epoch; ``None``: the fewest (at least 2) that fit ``memory_budget``."""
+    t_devices: int | None = None
+    """Task-parallel: devices for the T tasks (``N_t``); ``None``: the scheduling model (Eqs. 7-8) decides."""
     hotness: str = "degree"
     """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
     of a few sampled batches)."""
@@ -127,6 +135,10 @@ class TrainConfig:
              f"--eval-fanouts must be positive (or -1 for all neighbours), got {self.eval_fanouts}"),
             (self.gpu_graph_ratio is None or 0.0 <= self.gpu_graph_ratio <= 1.0,
              f"--gpu-graph-ratio must be in [0, 1], got {self.gpu_graph_ratio}"),
+            (self.dependency in ("exact", "skip"),
+             f"unknown --dependency {self.dependency!r}; choose exact or skip"),
+            (self.subgraphs is None or self.subgraphs >= 1, f"--subgraphs must be >= 1, got {self.subgraphs}"),
+            (self.t_devices is None or self.t_devices >= 1, f"--t-devices must be >= 1, got {self.t_devices}"),
             (self.hotness in ("degree", "presample"),
              f"unknown --hotness {self.hotness!r}; choose degree or presample"),
             (self.gpu_feature_ratio is None or 0.0 <= self.gpu_feature_ratio <= 1.0,

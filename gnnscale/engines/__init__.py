@@ -10,13 +10,15 @@ from gnnscale.engines.base import Engine
 from gnnscale.engines.inmemory import InMemoryEngine
 from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.engines.offload import OffloadEngine
+from gnnscale.engines.taskparallel import TaskParallelEngine
 from gnnscale.errors import EngineError
 from gnnscale.graph.graph import Graph
 
 if TYPE_CHECKING:
     from gnnscale.train import TrainConfig
 
-ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "offload": OffloadEngine, "minibatch": MiniBatchEngine}
+ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "taskparallel": TaskParallelEngine,
+                                    "offload": OffloadEngine, "minibatch": MiniBatchEngine}
 """Registry, in the priority order ``--engine auto`` tries them."""
 
 
@@ -39,4 +41,4 @@ def select_engine(
     raise EngineError(f"no engine can train {graph.name} on {device}: {detail}")
 
 
-__all__ = ["ENGINES", "Engine", "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "select_engine"]
+__all__ = ["ENGINES", "Engine", "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine", "select_engine"]

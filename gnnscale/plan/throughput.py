@@ -90,6 +90,44 @@ def throughput(devices: list[torch.device]) -> Throughput:
     tp = measure(devices)
     saved = saved if isinstance(saved, dict) else {}
     saved[key] = {"hd": tp.hd, "dd": tp.dd, "ru": tp.ru}
+    _save(path, saved)
+    return tp
+
+
+def measure_compute(device: torch.device) -> tuple[float, float]:
+    """FLOPS (a dense float32 matmul) and memory bandwidth (a large copy, bytes read + written per second) of
+    ``device``: the rates of NeutronTask's Eqs. 5-6."""
+    n = 1024
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device)
+    b = torch.randn(n, n, generator=gen).to(device)
+    flops = _rate(lambda: a @ b, 2 * n**3, device)
+    big = torch.empty(1 << 24, device=device)  # 64 MiB
+    bandwidth = _rate(lambda: big.clone(), 2 * big.numel() * 4, device)
+    return flops, bandwidth
+
+
+def compute_rates(device: torch.device) -> tuple[float, float]:
+    """:func:`measure_compute`'s ``(flops, bandwidth)`` for ``device``, measured once per machine and cached beside
+    the transfer throughputs (key ``compute:<device name>``)."""
+    key = f"compute:{_name(device)}"
+    path = cache_file()
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    saved = saved if isinstance(saved, dict) else {}
+    entry = saved.get(key)
+    if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) and entry[k] > 0
+                                       for k in ("flops", "bandwidth")):
+        return float(entry["flops"]), float(entry["bandwidth"])
+    flops, bandwidth = measure_compute(device)
+    saved[key] = {"flops": flops, "bandwidth": bandwidth}
+    _save(path, saved)
+    return flops, bandwidth
+
+
+def _save(path: Path, saved: dict[str, object]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".throughput.", suffix=".tmp", dir=path.parent)
@@ -98,4 +136,3 @@ def throughput(devices: list[torch.device]) -> Throughput:
         os.replace(tmp, path)
     except OSError:
         pass  # an unwritable cache only costs a re-measurement next time
-    return tp

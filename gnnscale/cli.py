@@ -49,10 +49,10 @@ def _add_plan_dir(p: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from gnnscale.engines import ENGINES
-    from gnnscale.train import ALL_MODELS
     from gnnscale.partition import CHUNKERS, PARTITION_METHODS
     from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
     from gnnscale.store import GATHER_METHODS
+    from gnnscale.train import ALL_MODELS
 
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,partition,info,convert}")
@@ -108,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument("--hotness", choices=["degree", "presample"], default="degree",
                     help="rank vertices for device memory by out-degree or by access counts of a few sampled "
                          "batches (default degree)")
+    tp = t.add_argument_group("taskparallel engine (NeutronTask; models dgcn, dgat)")
+    tp.add_argument("--dependency", choices=["exact", "skip"], default="exact",
+                    help="exact: every T task before the first P task (the in-memory model exactly); skip: "
+                         "Algorithm 1, edges from later subgraphs of the epoch skipped, T and P overlap (default "
+                         "exact)")
+    tp.add_argument("--subgraphs", type=int, metavar="S",
+                    help="subgraphs per epoch (default: the fewest, at least 2, that fit --gpu-memory); --chunks "
+                         "sets the chunks per subgraph (default: the P group size)")
+    tp.add_argument("--t-devices", type=int, metavar="N",
+                    help="devices of --devices that run the T tasks (default: the scheduling model, Eqs. 7-8)")
     t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     t.set_defaults(func=cmd_train)
@@ -120,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--chunker", choices=CHUNKERS, default="range",
                     help="level-2 splitter: range (edge-balanced) or metis (fewer shared rows); default range")
     _add_plan_dir(pa)
+    pa.add_argument("--engine", choices=["offload", "taskparallel"], default="offload",
+                    help="offload: the two-level plan (default); taskparallel: the task assignment, per-device "
+                         "memory estimate and replication factors (with --model, --layers, --hidden, --devices, "
+                         "--t-devices, --subgraphs, --gpu-memory)")
+    pa.add_argument("--model", choices=["dgcn", "dgat"], default="dgcn", help="taskparallel: decoupled model")
+    pa.add_argument("--layers", type=int, default=2, help="taskparallel: layers (default 2)")
+    pa.add_argument("--hidden", type=int, default=64, help="taskparallel: hidden width (default 64)")
+    pa.add_argument("--devices", metavar="LIST", help="taskparallel: devices (default: cpu)")
+    pa.add_argument("--t-devices", type=int, metavar="N", help="taskparallel: devices for the T tasks")
+    pa.add_argument("--subgraphs", type=int, metavar="S", help="taskparallel: subgraphs per epoch")
+    pa.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
+                    help="taskparallel: device memory budget (default: what is free)")
     pa.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     pa.set_defaults(func=cmd_partition)
 
@@ -204,7 +226,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         plan_dir=args.plan_dir, devices=_device_list(args.devices), dedup=args.dedup, chunker=args.chunker,
         reorganize=args.reorganize, batch_size=args.batch_size, fanouts=_int_list("--fanouts", args.fanouts),
         eval_fanouts=_int_list("--eval-fanouts", args.eval_fanouts), gpu_graph_ratio=args.gpu_graph_ratio,
-        gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness,
+        gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness, dependency=args.dependency,
+        subgraphs=args.subgraphs, t_devices=args.t_devices,
     )
     device = resolve_devices(config, args.device)
     writer = _MetricsWriter(args.metrics) if args.metrics else None
@@ -247,6 +270,11 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"in {s['total_time_s']:.1f}s")
         print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
               f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}")
+        last = result.history[-1]
+        if "predicted_t_s" in last:
+            print(f"task times per epoch: T tasks {last['t_busy_s']:.3f}s measured (forward, recomputation and "
+                  f"backward) vs {last['predicted_t_s']:.3g}s predicted by Eq. 5 (forward); P tasks "
+                  f"{last['p_busy_s']:.3f}s vs {last['predicted_p_s']:.3g}s by Eq. 6")
         if writer:
             writer.write(s)
             writer.commit()
@@ -265,6 +293,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from gnnscale.partition import load_or_chunk, load_or_partition, permute_csr
     from gnnscale.partition.dedup import chunk_rows, comm_volume, default_schedule, reorganize
 
+    if args.engine == "taskparallel":
+        return _partition_taskparallel(args)
     for flag, value in (("--partitions", args.partitions), ("--chunks", args.chunks)):
         if value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
@@ -300,6 +330,59 @@ def cmd_partition(args: argparse.Namespace) -> int:
         print(f"host->dev   {label}: " + ", ".join(f"--dedup {m} {v:.2f}|V|" for m, v in per.items())
               + " rows per layer pass")
     print(f"saved       {path}" if path is not None else "saved       (plan directory not writable; not saved)")
+    return 0
+
+
+def _partition_taskparallel(args: argparse.Namespace) -> int:
+    """``gnnscale partition --engine taskparallel``: the task assignment, per-device estimates and the replication
+    factor of the P group against data parallelism over METIS parts of the same count."""
+    import torch
+
+    from gnnscale.graph.datasets import load_dataset
+    from gnnscale.partition import partition_graph
+    from gnnscale.plan.memory import format_bytes, parse_budget
+    from gnnscale.plan.taskparallel import plan_taskparallel, replication_factor
+    from gnnscale.train import TrainConfig, resolve_devices
+
+    config = TrainConfig(model=args.model, layers=args.layers, hidden=args.hidden, engine="taskparallel",
+                         devices=_device_list(args.devices or "cpu"), t_devices=args.t_devices,
+                         subgraphs=args.subgraphs, chunks=None if args.chunks == 1 else args.chunks, seed=args.seed,
+                         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory))
+    device = resolve_devices(config, "auto")
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    plan = plan_taskparallel(g, config, device)
+
+    def factor(parts: int) -> float:
+        if parts <= 1:
+            return 1.0
+        p = partition_graph(g, parts, 1, args.method, args.seed)
+        owner = torch.empty(g.num_nodes, dtype=torch.int64)
+        owner[p.perm] = torch.repeat_interleave(torch.arange(parts), p.part_ptr[1:] - p.part_ptr[:-1])
+        return replication_factor(g, owner)
+
+    n = len(plan.devices)
+    group = max(len(s.devices) for s in plan.p_stages)
+    st = {"dataset": g.name, "engine": "taskparallel", "model": args.model, "regime": plan.regime,
+          "n_t": plan.n_t, "n_p": plan.n_p,
+          "stages": [{"tasks": s.label(args.model == "dgat"), "kind": s.kind, "devices": s.devices}
+                     for s in (*plan.t_stages, *plan.p_stages)],
+          "subgraphs": plan.subgraphs, "chunks_per_subgraph": plan.chunks_per_subgraph,
+          "device_estimate_bytes": plan.estimate, "budget": plan.budget,
+          "p_group_size": group, "p_group_replication": factor(group),
+          "data_parallel_parts": n, "data_parallel_replication": factor(n), "method": args.method}
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    print(f"dataset     {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges")
+    print(f"assignment  {plan.regime}: N_t={plan.n_t}, N_p={plan.n_p}")
+    for s in st["stages"]:
+        print(f"  {s['kind']} {s['tasks']:<12} on device(s) " + ", ".join(
+            f"{plan.devices[d]}#{d}" for d in s["devices"]))
+    print(f"subgraphs   {plan.subgraphs} x {plan.chunks_per_subgraph} chunk(s)")
+    print("memory      " + ", ".join(f"#{d} {format_bytes(b)}" for d, b in enumerate(plan.estimate))
+          + f" estimated (budget {format_bytes(plan.budget)})")
+    print(f"replication P group of {group}: {st['p_group_replication']:.2f}; data parallelism over {n} "
+          f"{args.method} parts: {st['data_parallel_replication']:.2f}")
     return 0
 
 

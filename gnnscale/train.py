@@ -15,10 +15,10 @@ from gnnscale.errors import ConfigError, GraphError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN, MODELS, build_model
-
-ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
 from gnnscale.partition import PARTITION_METHODS
 from gnnscale.plan.memory import proc_kib
+
+ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
 
 EpochRecord = dict[str, Any]
 

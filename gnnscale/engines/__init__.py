@@ -41,4 +41,6 @@ def select_engine(
     raise EngineError(f"no engine can train {graph.name} on {device}: {detail}")
 
 
-__all__ = ["ENGINES", "Engine", "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine", "select_engine"]
+__all__ = [
+    "ENGINES", "Engine", "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine", "select_engine",
+]

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -158,6 +159,7 @@ class TaskParallelEngine(Engine):
             self.plan: TaskPlan = plan_taskparallel(graph, config, device)
         self.dgat = model.kind == "dgat"
         self.L = model.num_t_tasks
+        self._width = model.width
         devices = [torch.device(d) for d in self.plan.devices]
         self.replicas = Replicas(model, devices)
         self.runners = [_Runner(i, d, self.replicas.models[i]) for i, d in enumerate(devices)]  # type: ignore[arg-type]
@@ -174,8 +176,8 @@ class TaskParallelEngine(Engine):
         self.moved: dict[str, int] = {}
         self.trace: list[tuple[str, int, int]] | None = None
         """Set to a list to record ``(op, layer or stage, chunk or subgraph)`` as operations start (tests)."""
-        self.hooks: dict[str, Callable[[int], None]] = {}
-        """Test hooks called at the start of an operation kind (``t_forward``, ``p_forward``) with its subgraph."""
+        self.hooks: dict[str, Callable[..., None]] = {}
+        """Test hooks called at the start of an operation: ``t_forward(stage, subgraph)``, ``p_forward(subgraph)``."""
         self._lock = threading.Lock()
 
     def _build_chunks(self, graph: Graph) -> list[_Chunk]:
@@ -274,7 +276,7 @@ class TaskParallelEngine(Engine):
         stage = self.t_stages[k]
         r = self._t_runner(stage, s)
         if "t_forward" in self.hooks:
-            self.hooks["t_forward"](s)
+            self.hooks["t_forward"](k, s)
         self._log("TF", k, s)
         ids = self._sub_ids(s)
         x = self._features(r, ids) if prev is None else self._move(prev.result(), self._t_runner(
@@ -317,7 +319,7 @@ class TaskParallelEngine(Engine):
     # ------------------------------------------------------------------------------------------- P tasks
     def _rows(self, r: _Runner, l: int, c: _Chunk, source: Callable[[int], tuple[Tensor, _Runner]]) -> Tensor:
         """Chunk ``c``'s source rows of ``H^l`` on ``r``, from its cache (each chunk's rows fetched once)."""
-        x = torch.zeros(c.block.num_src, self.replicas.models[0].width, device=r.device)  # type: ignore[operator]
+        x = torch.zeros(c.block.num_src, self._width, device=r.device)
         for j, pos, off in c.parts:
             if self._skip and self._sub_of[j] > self._sub_of[c.k]:
                 continue  # a later subgraph's rows: skipped this epoch (Algorithm 1)
@@ -382,7 +384,7 @@ class TaskParallelEngine(Engine):
         """The summed gradient shares posted for ``key`` (a chunk's rows), on ``r``."""
         with self._lock:
             parts = self._gbox.pop(key, [])
-        g = torch.zeros(rows, self.replicas.models[0].width, device=r.device)  # type: ignore[operator]
+        g = torch.zeros(rows, self._width, device=r.device)
         for off, part, owner in parts:
             part = self._move(part, owner, r, "p2p" if key[0] >= 0 else "p2t")
             if off is None:
@@ -474,7 +476,7 @@ class TaskParallelEngine(Engine):
                     deps.append(tf[(k + 1, s - QUEUE_DEPTH)])  # bounded queue between stages
                 prev = tf[(k - 1, s)] if k else None
                 tf[(k, s)] = self._t_runner(stage, s).submit(
-                    "T", lambda k=k, s=s, prev=prev: self._t_forward(k, s, prev, se), deps)
+                    "T", partial(self._t_forward, k, s, prev, se), deps)
             t_out[s] = tf[(K - 1, s)]
 
         def submit_p(l: int, cidx: int, deps: list[Future[Any]]) -> None:
@@ -521,7 +523,7 @@ class TaskParallelEngine(Engine):
             for k in range(K - 1):
                 prev = rf.get(k - 1)
                 rf[k] = self._t_runner(self.t_stages[k], s).submit(
-                    "T", lambda k=k, prev=prev: self._t_refwd(k, s, prev, se), [prev] if prev else [])
+                    "T", partial(self._t_refwd, k, s, prev, se), [prev] if prev else [])
             last = self._t_runner(self.t_stages[-1], s)
 
             def g0(r: _Runner) -> Tensor:
@@ -545,8 +547,9 @@ class TaskParallelEngine(Engine):
             else:
                 fut = last.submit("T", lambda: self._t_backward(0, s, g0, se), ready)
             for k in range(K - 2, -1, -1):
+                gf = grad_from(fut, k)
                 fut = self._t_runner(self.t_stages[k], s).submit(
-                    "T", lambda k=k, gf=grad_from(fut, k): self._t_backward(k, s, gf, se), [fut, rf[k]])
+                    "T", partial(self._t_backward, k, s, gf, se), [fut, rf[k]])
             futures.append(fut)
 
         if self._skip:

@@ -117,7 +117,7 @@ class DecoupledGNN(GNN):
             raise ConfigError(f"unknown decoupled model {kind!r}; choose one of {', '.join(DECOUPLED_MODELS)}")
         if num_layers < 1:
             raise ConfigError(f"--layers must be >= 1, got {num_layers}")
-        self.kind, self.dropout = kind, dropout
+        self.kind, self.dropout, self.num_classes = kind, dropout, num_classes
         self.activation = F.relu
         dims = [in_features] + [hidden] * (num_layers - 1) + [num_classes]
         self.layers = nn.ModuleList(MLPLayer(dims[i], dims[i + 1]) for i in range(num_layers))
@@ -141,7 +141,7 @@ class DecoupledGNN(GNN):
     @property
     def width(self) -> int:
         """Width of the rows the P tasks propagate (``g_θ``'s output: the class count)."""
-        return self.layers[-1].out_features  # type: ignore[no-any-return]
+        return self.num_classes
 
     def t_layer(self, l: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None) -> Tensor:
         """Vertex T task ``l`` on rows ``h`` (global ids ``row_ids``): activation (``l > 0``), keyed dropout,
@@ -150,7 +150,9 @@ class DecoupledGNN(GNN):
             h = self.activation(h)
         key = None if seed_epoch is None else self.dropout_key(*seed_epoch, l)
         h = keyed_dropout(h, self.dropout, key, row_ids)
-        return self.layers[l].lin(h)  # type: ignore[no-any-return]
+        layer = self.layers[l]
+        assert isinstance(layer, MLPLayer)
+        return layer.lin(h)  # type: ignore[no-any-return]
 
     def transform(self, x: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None, start: int = 0,
                   stop: int | None = None) -> Tensor:

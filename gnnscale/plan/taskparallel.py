@@ -235,7 +235,7 @@ def plan_taskparallel(graph: Graph, config: TrainConfig, device: torch.device,
     """
     devices = list(config.devices) if config.devices else [str(device)]
     n = len(devices)
-    if times is None and 1 < n < placements(config.layers) and config.t_devices is None:
+    if times is None:  # Eqs. 5-6: they assign devices (1 < N < 2L, no --t-devices) and are reported after training
         times = measured_times(graph, config, [torch.device(d) for d in devices])
     regime, t_stages, p_stages, n_t, n_p = assign(n, config.layers, config, times)
     group = max(len(s.devices) for s in p_stages)

@@ -52,16 +52,21 @@ class PropagationLayer(BlockLayer):
 
 
 class EdgeAttention(nn.Module):
-    """dgat's edge T task ``e_θ``: GATv2 scores ``a · LeakyReLU(W_s h_u + W_d h_v)`` of every edge ``u -> v``,
-    softmax-normalised over each destination's in-edges (one head).
+    """dgat's edge T task ``e_θ``: GATv2 scores ``a · LeakyReLU(W_s p_u + W_d p_v)`` of every edge ``u -> v`` on
+    the class probabilities ``p = softmax(g_θ(X))``, softmax-normalised over each destination's in-edges (one
+    head), then mixed with the uniform mean: ``w_uv = share · softmax_v(s)_uv + (1 - share) / deg_in(v)``.
 
     Scoring after the vertex T tasks (GATv2's order: no per-edge state between P tasks) is what lets every P task
-    of dgat run back to back.
+    of dgat run back to back. Scoring bounded probabilities rather than raw logits, and keeping a mean-aggregation
+    share, stop attention from collapsing onto one neighbour early in training when ``g_θ`` is still noise; with
+    ``share = 1`` this is plain GATv2 attention.
     """
 
-    def __init__(self, width: int, negative_slope: float = 0.2):
+    def __init__(self, width: int, negative_slope: float = 0.2, share: float = 0.5):
         super().__init__()
-        self.width, self.negative_slope = width, negative_slope
+        if not 0.0 <= share <= 1.0:
+            raise ConfigError(f"attention share must be in [0, 1], got {share}")
+        self.width, self.negative_slope, self.share = width, negative_slope, share
         self.lin_src = nn.Linear(width, width, bias=False)
         self.lin_dst = nn.Linear(width, width)
         self.att = nn.Parameter(torch.empty(width))
@@ -72,18 +77,25 @@ class EdgeAttention(nn.Module):
     def scores(self, block: Block, h_src: Tensor) -> Tensor:
         """``[E]`` raw scores of the block's edges from its source rows ``h_src`` (destinations first)."""
         src, dst = block.indices.long(), block.dst_index()
-        p = self.lin_src(h_src).index_select(0, src)  # [E, C]
-        q = self.lin_dst(h_src[: block.num_dst]).index_select(0, dst)  # [E, C]
+        prob = torch.softmax(h_src, dim=-1)
+        p = self.lin_src(prob).index_select(0, src)  # [E, C]
+        q = self.lin_dst(prob[: block.num_dst]).index_select(0, dst)  # [E, C]
         return F.leaky_relu(p + q, self.negative_slope) @ self.att  # [E]
 
     def forward(self, block: Block, h_src: Tensor) -> Tensor:
-        """``[E]`` attention weights: the scores' softmax over each destination's in-edges (block order)."""
+        """``[E]`` edge weights (block order): the scores' softmax over each destination's in-edges, mixed with
+        ``1 / deg_in``. The block must hold every in-edge of its destinations."""
         from torch_geometric.utils import softmax
 
-        return softmax(self.scores(block, h_src), ptr=block.indptr.long(), num_nodes=block.num_dst)
+        ptr = block.indptr.long()
+        alpha = softmax(self.scores(block, h_src), ptr=ptr, num_nodes=block.num_dst)
+        if self.share == 1.0:
+            return alpha
+        deg = (ptr[1:] - ptr[:-1]).clamp_min(1).to(alpha.dtype)
+        return self.share * alpha + (1.0 - self.share) / deg.index_select(0, block.dst_index())
 
     def extra_repr(self) -> str:
-        return f"{self.width}, heads=1, GATv2"
+        return f"{self.width}, heads=1, GATv2, share={self.share}"
 
 
 def attention_propagate(block: Block, h_src: Tensor, alpha: Tensor) -> Tensor:

@@ -164,3 +164,22 @@ def test_cli_partition_then_train_reuses_the_plan(tmp_path, capsys: pytest.Captu
     for key in ("h2d_bytes", "d2h_bytes", "peak_device_bytes", "chunks", "partitions"):
         assert key in recs[0], key
     assert recs[0]["chunks"] == 8 and recs[0]["partitions"] == 2
+
+
+def test_several_cpu_devices_count_each_workers_peak() -> None:
+    """With several CPU devices every worker thread runs its share under its own counter: each reports a peak
+    above its replica's baseline by at least one of its chunks' gathered feature rows."""
+    from gnnscale.plan.memory import replica_baseline
+
+    g = csbm(nodes=1200, features=24, avg_degree=8, seed=2)
+    cfg = TrainConfig(model="gcn", layers=2, hidden=16, epochs=1, engine="offload", dedup="none", partitions=2,
+                      chunks=3, devices=("cpu", "cpu"))
+    model = build_model("gcn", g.num_features, 16, g.num_classes, layers=2, dropout=0.5, heads=1, seed=0)
+    eng = OffloadEngine(g, model, cfg, CPU)
+    stats = eng.train_epoch(1)
+    peaks = stats["device_peak_bytes"]
+    assert len(peaks) == 2 and stats["peak_device_bytes"] == max(peaks)
+    for w, peak in zip(eng.workers, peaks, strict=True):
+        ks = [k for k, _ in eng.sequence[w.index]]
+        rows = min(eng.chunks[k].rows.numel() for k in ks) * g.num_features * 4
+        assert peak >= replica_baseline(w.model, w.index) + rows

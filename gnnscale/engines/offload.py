@@ -60,7 +60,7 @@ from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.partition import permute_csr
 from gnnscale.partition.dedup import ExchangePlan
-from gnnscale.plan.memory import LiveBytesCounter
+from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
 from gnnscale.plan.offload import OffloadPlan, describe, plan_offload
 from gnnscale.store import default_gather_method, gather_rows, scatter_add_rows, triton_available
 
@@ -255,6 +255,8 @@ class _Worker:
     partitions: list[int]
     rows: dict[str, int] = field(default_factory=dict)
     """Row counters of this epoch (``rows_h2d``, ``rows_reused``, ``rows_d2d`` and their ``_bytes``)."""
+    counter: LiveBytesCounter | None = None
+    """This worker's device bytes (several CPU devices: each worker thread runs its share under its own)."""
 
     def count(self, name: str, rows: int, width: int) -> None:
         self.rows[name] = self.rows.get(name, 0) + rows
@@ -434,7 +436,11 @@ class OffloadEngine(Engine):
         self.gp: dict[int, Tensor] = {l: host(torch.zeros(N, agg_width[l])) for l in self.projected}
         # a[l]: cached aggregation of layer l
         self.agg: dict[int, Tensor] = {l: host(torch.empty(N, agg_width[l])) for l in self.cached}
-        self.counter = LiveBytesCounter() if devices[0].type == "cpu" and len(devices) == 1 else None
+        cpu = devices[0].type == "cpu"
+        self.counter = LiveBytesCounter() if cpu and len(devices) == 1 else None
+        if cpu and len(devices) > 1:
+            for w in self.workers:
+                w.counter = LiveBytesCounter()
         self._resident = sum(p.numel() * p.element_size() for p in model.parameters())
         self._passes: list[int] = []  # widths of this epoch's layer passes
 
@@ -480,6 +486,9 @@ class OffloadEngine(Engine):
 
         def guarded(w: _Worker) -> T:
             try:
+                if w.counter is not None:
+                    with w.counter:  # dispatch modes are per thread: this worker's allocations only
+                        return fn(w)
                 return fn(w)
             except BaseException:
                 if barrier is not None:
@@ -557,6 +566,10 @@ class OffloadEngine(Engine):
 
     # ------------------------------------------------------------------------------------------------ training
     def _counting(self) -> contextlib.AbstractContextManager[Any]:
+        for w in self.workers:
+            if w.counter is not None:
+                w.counter.baseline = replica_baseline(w.model, w.index)
+                w.counter.reset_peak()
         if self.counter is None:
             return contextlib.nullcontext()
         self.counter.baseline = self._resident
@@ -616,6 +629,10 @@ class OffloadEngine(Engine):
                                    "devices": len(self.workers), **self._row_counters()}
         if self.counter is not None:
             stats["peak_device_bytes"] = self.counter.peak
+        peaks = [w.counter.peak for w in self.workers if w.counter is not None]
+        if peaks:
+            stats["device_peak_bytes"] = peaks  # type: ignore[assignment]
+            stats["peak_device_bytes"] = max(peaks)
         return stats
 
     def _clear_gradients(self) -> None:

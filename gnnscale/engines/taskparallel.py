@@ -52,7 +52,7 @@ from gnnscale.nn.decoupled import DECOUPLED_MODELS, DecoupledGNN, weighted
 from gnnscale.nn.model import GNN
 from gnnscale.nn.ops import mix_key, spmm_t
 from gnnscale.partition.dedup import chunk_rows
-from gnnscale.plan.memory import LiveBytesCounter, format_bytes
+from gnnscale.plan.memory import LiveBytesCounter, format_bytes, replica_baseline
 from gnnscale.plan.taskparallel import Stage, TaskPlan, plan_taskparallel
 
 if TYPE_CHECKING:
@@ -580,8 +580,7 @@ class TaskParallelEngine(Engine):
         self._start(epoch, self.config.dependency == "skip")
         for r in self.runners:
             if r.counter is not None:
-                r.counter.baseline = sum(p.numel() * p.element_size() for p in r.model.parameters()) * (
-                    4 if r.index == 0 else 2)  # parameters and gradients (the first device: Adam's state too)
+                r.counter.baseline = replica_baseline(r.model, r.index)
                 r.counter.reset_peak()
         t0 = time.perf_counter()
         try:

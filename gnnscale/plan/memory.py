@@ -98,6 +98,14 @@ def proc_kib(path: str, key: str) -> int | None:
     return None
 
 
+def replica_baseline(model: torch.nn.Module, index: int) -> int:
+    """Bytes a multi-device engine's device ``index`` holds before any op runs: its replica's parameters and, on
+    the first device (the master's), Adam's two state tensors per parameter. Gradients are not included: the
+    worker threads create them under their :class:`LiveBytesCounter`, which counts them."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return params * (3 if index == 0 else 1)
+
+
 class LiveBytesCounter(TorchDispatchMode):
     """Counts the bytes of every tensor created while active and still alive, and their peak.
 

@@ -64,12 +64,14 @@ QUEUE_DEPTH = 2
 
 class _Runner:
     """One device's thread: runs submitted operations in order, times them by kind and (on CPU) counts the bytes
-    they allocate."""
+    they allocate. On CUDA each runner issues its kernels on its own stream and an operation's future resolves
+    once its work is done on the device, so a consumer on another stream (or GPU) reads finished data."""
 
     def __init__(self, index: int, device: torch.device, model: DecoupledGNN):
         self.index, self.device, self.model = index, device, model
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"gnnscale-task{index}")
         self.counter = LiveBytesCounter() if device.type == "cpu" else None
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.busy = {"T": 0.0, "P": 0.0}
         self.blocks: dict[int, Block] = {}
         """Chunk blocks moved here once and kept (topology is read every epoch)."""
@@ -91,6 +93,11 @@ class _Runner:
                 d.result()
             t0 = time.perf_counter()
             try:
+                if self.stream is not None:
+                    with torch.cuda.stream(self.stream):
+                        out = fn()
+                    self.stream.synchronize()  # this thread waits; the other devices' threads go on
+                    return out
                 if self.counter is None:
                     return fn()
                 with self.counter:
@@ -210,7 +217,10 @@ class TaskParallelEngine(Engine):
             self.moved[kind] = self.moved.get(kind, 0) + t.numel() * t.element_size()
         if dst.device.type == "cpu":
             return t.clone()
-        return t.to(dst.device, non_blocking=True)
+        out = t.to(dst.device, non_blocking=True)
+        if dst.stream is not None and out.device == t.device:
+            out.record_stream(dst.stream)  # two runners on one GPU share the tensor: keep it until dst is done
+        return out
 
     def _order(self, epoch: int) -> tuple[list[list[int]], list[int], list[int]]:
         """This epoch's subgraphs (``k`` shuffled chunks each), each chunk's subgraph and position in it."""
@@ -582,6 +592,8 @@ class TaskParallelEngine(Engine):
             if r.counter is not None:
                 r.counter.baseline = replica_baseline(r.model, r.index)
                 r.counter.reset_peak()
+            elif r.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(r.device)
         t0 = time.perf_counter()
         try:
             t_out, p_out = self._forward(se, True)
@@ -605,7 +617,8 @@ class TaskParallelEngine(Engine):
             "p_busy_s": sum(r.busy["P"] for r in self.runners), "pipeline_wall_s": wall,
             **{f"{k}_bytes": v for k, v in sorted(self.moved.items())},
         }
-        peaks = [r.counter.peak for r in self.runners if r.counter is not None]
+        peaks = [r.counter.peak if r.counter is not None else int(torch.cuda.max_memory_allocated(r.device))
+                 for r in self.runners if r.counter is not None or r.device.type == "cuda"]
         if peaks:
             stats["device_peak_bytes"] = peaks
             stats["peak_device_bytes"] = max(peaks)

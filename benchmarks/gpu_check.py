@@ -64,7 +64,8 @@ DEADLINE_S = 530.0  # the whole run, on the device's 10-minute limit per command
 REQUIRED = [("torch", "torch", "everything"), ("numpy", "numpy", "gnnscale"), ("scipy", "scipy", "gnnscale"),
             ("torch_geometric", "torch_geometric", "gnnscale, PyG baselines"),
             ("pymetis", "pymetis", "gnnscale partitioning"), ("tqdm", "tqdm", "gnnscale"),
-            ("psutil", "psutil", "benchmarks (host RSS)"), ("pytest", "pytest", "tests step")]
+            ("psutil", "psutil", "benchmarks (host RSS)"), ("pytest", "pytest", "tests step"),
+            ("pytest_timeout", "pytest-timeout", "tests step (a deadlocked pipeline fails instead of hanging)")]
 OPTIONAL = [("triton", "triton", "UVA gather kernel"), ("cupy", "cupy", "informative only")]
 FILES = ("summary.md", "steps.jsonl", "gather.jsonl", "offload.jsonl", "minibatch.jsonl", "run.log")
 LOG_CAP = 4 << 20  # bytes of one step's output kept in run.log (the device tool returns files up to 16 MiB)

@@ -272,9 +272,10 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}")
         last = result.history[-1]
         if "predicted_t_s" in last:
-            print(f"task times per epoch: T tasks {last['t_busy_s']:.3f}s measured (forward, recomputation and "
-                  f"backward) vs {last['predicted_t_s']:.3g}s predicted by Eq. 5 (forward); P tasks "
-                  f"{last['p_busy_s']:.3f}s vs {last['predicted_p_s']:.3g}s by Eq. 6")
+            print(f"task forward times, last epoch (summed over devices): T tasks {last['t_forward_s']:.3f}s "
+                  f"measured vs {last['predicted_t_s']:.3g}s predicted by Eq. 5; P tasks {last['p_forward_s']:.3f}s "
+                  f"vs {last['predicted_p_s']:.3g}s by Eq. 6 (with recomputation and backward: T "
+                  f"{last['t_busy_s']:.3f}s, P {last['p_busy_s']:.3f}s)")
         if writer:
             writer.write(s)
             writer.commit()

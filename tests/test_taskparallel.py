@@ -332,6 +332,8 @@ def test_cli_trains_and_reports_task_times(tmp_path: Path, capsys: pytest.Captur
     assert rc == 0 and "taskparallel plan" in out and "predicted by Eq. 5" in out
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert len(records[0]["device_peak_bytes"]) == 2 and records[0]["predicted_p_s"] > 0
+    for r in records[:-1]:  # forward times are part of the busy times, which add recomputation and backward
+        assert 0 < r["t_forward_s"] < r["t_busy_s"] and 0 < r["p_forward_s"] < r["p_busy_s"]
     assert records[-1]["summary"] and records[-1]["engine"] == "taskparallel"
 
 

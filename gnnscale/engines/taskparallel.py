@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 
 QUEUE_DEPTH = 2
 """Subgraphs a T stage may run ahead of the stage it feeds."""
+OPS = ("TF", "TR", "TB", "PF", "PB")
+"""Operation kinds timed per device: T forward, T recomputation, T backward, P forward, P backward."""
 
 
 class _Runner:
@@ -72,7 +74,7 @@ class _Runner:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"gnnscale-task{index}")
         self.counter = LiveBytesCounter() if device.type == "cpu" else None
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.busy = {"T": 0.0, "P": 0.0}
+        self.busy = dict.fromkeys(OPS, 0.0)
         self.blocks: dict[int, Block] = {}
         """Chunk blocks moved here once and kept (topology is read every epoch)."""
         self.cache: dict[tuple[int, int], Tensor] = {}
@@ -468,7 +470,7 @@ class TaskParallelEngine(Engine):
         self.moved = {}
         for r in self.runners:
             r.clear_epoch()
-            r.busy = {"T": 0.0, "P": 0.0}
+            r.busy = dict.fromkeys(OPS, 0.0)
 
     def _forward(self, se: tuple[int, int] | None, train: bool) -> tuple[dict[int, Future[Any]],
                                                                           dict[tuple[int, int], Future[Any]]]:
@@ -486,13 +488,13 @@ class TaskParallelEngine(Engine):
                     deps.append(tf[(k + 1, s - QUEUE_DEPTH)])  # bounded queue between stages
                 prev = tf[(k - 1, s)] if k else None
                 tf[(k, s)] = self._t_runner(stage, s).submit(
-                    "T", partial(self._t_forward, k, s, prev, se), deps)
+                    "TF", partial(self._t_forward, k, s, prev, se), deps)
             t_out[s] = tf[(K - 1, s)]
 
         def submit_p(l: int, cidx: int, deps: list[Future[Any]]) -> None:
             src = self._source(l, t_out, p_out)
             p_out[(l, cidx)] = self._p_runner(l, cidx).submit(
-                "P", lambda: self._p_forward(l, self.chunks[cidx], src, train), deps)
+                "PF", lambda: self._p_forward(l, self.chunks[cidx], src, train), deps)
 
         if pipelined:  # a subgraph through every P task as soon as its T output is there
             for s in range(S):
@@ -524,7 +526,7 @@ class TaskParallelEngine(Engine):
             deps = [p_out[(L - 1, cidx)]] if l == L - 1 else [pb[(l + 1, j)] for s2 in later for j in self._subs[s2]]
             src = self._source(l, t_out, p_out)
             pb[(l, cidx)] = self._p_runner(l, cidx).submit(
-                "P", lambda: self._p_backward(l, self.chunks[cidx], src, se), deps)
+                "PB", lambda: self._p_backward(l, self.chunks[cidx], src, se), deps)
 
         def submit_t(s: int) -> None:
             later = range(s, S) if self._skip else range(S)
@@ -533,7 +535,7 @@ class TaskParallelEngine(Engine):
             for k in range(K - 1):
                 prev = rf.get(k - 1)
                 rf[k] = self._t_runner(self.t_stages[k], s).submit(
-                    "T", partial(self._t_refwd, k, s, prev, se), [prev] if prev else [])
+                    "TR", partial(self._t_refwd, k, s, prev, se), [prev] if prev else [])
             last = self._t_runner(self.t_stages[-1], s)
 
             def g0(r: _Runner) -> Tensor:
@@ -553,13 +555,13 @@ class TaskParallelEngine(Engine):
                     return self._t_backward(K - 1, s, g0, se)
 
                 del last_stage
-                fut = last.submit("T", tb_last, [*ready, prev_out])
+                fut = last.submit("TB", tb_last, [*ready, prev_out])
             else:
-                fut = last.submit("T", lambda: self._t_backward(0, s, g0, se), ready)
+                fut = last.submit("TB", lambda: self._t_backward(0, s, g0, se), ready)
             for k in range(K - 2, -1, -1):
                 gf = grad_from(fut, k)
                 fut = self._t_runner(self.t_stages[k], s).submit(
-                    "T", partial(self._t_backward, k, s, gf, se), [fut, rf[k]])
+                    "TB", partial(self._t_backward, k, s, gf, se), [fut, rf[k]])
             futures.append(fut)
 
         if self._skip:
@@ -613,8 +615,11 @@ class TaskParallelEngine(Engine):
         loss = float(sum(float(x) for x in self._losses))
         stats: dict[str, Any] = {
             "loss": loss, "subgraphs": len(self._subs), "chunks": self.plan.num_chunks,
-            "devices": len(self.runners), "t_busy_s": sum(r.busy["T"] for r in self.runners),
-            "p_busy_s": sum(r.busy["P"] for r in self.runners), "pipeline_wall_s": wall,
+            "devices": len(self.runners), "pipeline_wall_s": wall,
+            "t_busy_s": sum(v for r in self.runners for op, v in r.busy.items() if op[0] == "T"),
+            "p_busy_s": sum(v for r in self.runners for op, v in r.busy.items() if op[0] == "P"),
+            "t_forward_s": sum(r.busy["TF"] for r in self.runners),
+            "p_forward_s": sum(r.busy["PF"] for r in self.runners),
             **{f"{k}_bytes": v for k, v in sorted(self.moved.items())},
         }
         peaks = [r.counter.peak if r.counter is not None else int(torch.cuda.max_memory_allocated(r.device))

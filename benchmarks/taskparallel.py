@@ -29,8 +29,8 @@ run without it (``--count-timed``: always; with ``--warmup 0`` every epoch count
 counter of the same kind whose baseline is what it keeps on its device before an epoch (the graph's topology and
 features, labels, masks, parameters, Adam's state), so its figure is comparable; ``host_peak_rss_bytes`` (the
 increase of the process's peak RSS) is recorded for every engine too. On CUDA the peak is
-``torch.cuda.max_memory_allocated`` (one figure for all devices). ``--explain-peaks`` records, per device, the live
-tensors (shape, dtype) at its peak, largest first.
+``torch.cuda.max_memory_allocated`` of the first device only (not run yet: no GPU so far). ``--explain-peaks``
+records, per device, the live tensors (shape, dtype) at its peak, largest first.
 
 Ratios are taskparallel over the other engine (< 1: taskparallel is faster / holds less): mean epoch time and the
 largest per-device peak. For taskparallel ``p_rows_replication`` is the engine's own count of P-task input rows it

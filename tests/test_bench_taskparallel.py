@@ -1,0 +1,108 @@
+"""benchmarks/taskparallel.py on tiny graphs: one run writes engine, replication and comparison records with their
+fields; replication factors match the CLI's and, on a complete graph, equal the part count; the peak explainer
+sees the tensors live at the peak."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gnnscale.cli import main as cli_main
+from gnnscale.graph.graph import Graph
+from gnnscale.train import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import taskparallel as bench  # noqa: E402
+
+DATASET = "csbm:nodes=300,avg_degree=30,features=8"  # dense: every part count replicates more rows
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("bench") / "taskparallel.jsonl"
+    rc = bench.main(["--device", "cpu", "--threads", "1", "--dataset", DATASET, "--devices", "4", "--hidden", "16",
+                     "--warmup", "1", "--repeats", "2", "--parts", "1,2,4,8", "--explain-peaks", "--out", str(out)])
+    assert rc == 0
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_engine_records_have_times_peaks_and_ratios(records: list[dict]) -> None:
+    engines = {r["engine"]: r for r in records if r["kind"] == "engine"}
+    assert list(engines) == ["taskparallel", "offload", "inmemory"]
+    for name, r in engines.items():
+        assert r["status"] == "ok" and r["device_name"] and r["torch"] == torch.__version__ and r["command"]
+        assert r["dataset"].startswith("csbm:") and r["nodes"] == 300
+        assert r["repeats"] == 2 and len(r["epoch_times_s"]) == 2 and len(r["warmup_times_s"]) == 1
+        assert 0 < r["min_epoch_s"] <= r["mean_epoch_s"]
+        peaks = r["device_peak_bytes"]
+        assert len(peaks) == (1 if name == "inmemory" else 4) and all(p > 0 for p in peaks)
+        assert r["peak_device_bytes"] == max(peaks)
+        assert len(r["peak_tensors"]) == len(peaks) and all(top for top in r["peak_tensors"])
+        assert r["tp_over_this_time"] > 0 and r["tp_over_this_peak"] > 0
+    tp, off, mem = engines["taskparallel"], engines["offload"], engines["inmemory"]
+    assert tp["model"] == mem["model"] == "dgcn" and off["model"] == "gcn" and "declines" in off["note"]
+    assert off["partitions"] == 4 and off["dedup"] == "none" and off["workers"] == 4
+    assert tp["regime"] == "one task per device" and tp["dependency"] == "exact"
+    assert tp["p_rows_replication"] == 1.0  # one P task per device: every row sent once
+    assert tp["tp_over_this_peak"] == 1.0 and tp["tp_over_this_time"] == 1.0
+    assert tp["losses"] == pytest.approx(mem["losses"], rel=1e-5)  # --dependency exact is the in-memory model
+    # the in-memory engine's count starts from what it keeps on its device: the graph's features at least
+    base = mem["counter_baseline_bytes"][0]
+    assert base >= 300 * 8 * 4 and mem["peak_device_bytes"] > base
+    cmp = next(r for r in records if r["kind"] == "comparison")
+    assert cmp["taskparallel_over_offload_peak"] == pytest.approx(tp["peak_device_bytes"] / off["peak_device_bytes"])
+    assert cmp["taskparallel_peak_below_offload"] == (tp["peak_device_bytes"] < off["peak_device_bytes"])
+
+
+def test_replication_records_grow_with_parts_and_match_the_cli(records: list[dict]) -> None:
+    rep = [r for r in records if r["kind"] == "replication"]
+    assert [r["parts"] for r in rep] == [1, 2, 4, 8] and all(r["method"] == "metis" for r in rep)
+    alphas = [r["data_parallel_replication"] for r in rep]
+    assert alphas[0] == 1.0 and all(a >= 1.0 for a in alphas)
+    assert all(b > a for a, b in zip(alphas, alphas[1:], strict=False)), alphas  # dense graph: strictly more
+    assert [r["neutrontask_table2_papers100m"] for r in rep] == [None, 1.25, 1.52, 2.13]
+    by = {r["parts"]: r for r in rep}
+    assert by[4]["regime"] == "one task per device" and by[4]["p_group_size"] == 1
+    assert by[4]["p_group_replication"] == 1.0
+    assert by[8]["p_group_size"] == 2 and by[8]["p_group_replication"] == by[2]["data_parallel_replication"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli_main(["partition", "--engine", "taskparallel", "--json", "--dataset", DATASET, "--hidden", "16",
+                         "--devices", "cpu,cpu,cpu,cpu"]) == 0
+    st = json.loads(buf.getvalue())
+    assert st["data_parallel_replication"] == by[4]["data_parallel_replication"]
+    assert st["p_group_replication"] == by[4]["p_group_replication"]
+
+
+def test_complete_graph_replicates_every_row_in_every_part() -> None:
+    n = 8
+    src, dst = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    off = src != dst
+    g = Graph.from_edge_index(torch.stack([src[off], dst[off]]), n, x=torch.randn(n, 4),
+                              y=torch.arange(n) % 2, train_mask=torch.ones(n, dtype=torch.bool), name="k8")
+    rep = bench.replication_factors(g, [1, 2, 4, 8], TrainConfig(model="dgcn", hidden=4), torch.device("cpu"),
+                                    "range", 0)
+    assert [r["data_parallel_replication"] for r in rep] == [1.0, 2.0, 4.0, 8.0]
+    assert [r["p_group_replication"] for r in rep] == [1.0, 1.0, 1.0, 2.0]  # 8 devices: P groups of 2
+
+
+def test_peak_tensors_sees_what_is_live_at_the_peak() -> None:
+    counter = bench.PeakTensors(baseline=100)
+    with counter:
+        a = torch.zeros(1000)  # 4000 bytes
+        b = torch.ones(10, 10, dtype=torch.float64)  # 800 bytes: the peak, a and b live
+        del a
+        c = torch.ones(5)  # below the peak
+    assert counter.peak == 100 + 4000 + 800
+    top = counter.summary()
+    assert [(t["shape"], t["dtype"], t["bytes"]) for t in top] == [([1000], "float32", 4000),
+                                                                    ([10, 10], "float64", 800)]
+    del b, c

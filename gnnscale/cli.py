@@ -342,7 +342,7 @@ def _partition_taskparallel(args: argparse.Namespace) -> int:
     from gnnscale.graph.datasets import load_dataset
     from gnnscale.partition import partition_graph
     from gnnscale.plan.memory import format_bytes, parse_budget
-    from gnnscale.plan.taskparallel import plan_taskparallel, replication_factor
+    from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
     from gnnscale.train import TrainConfig, resolve_devices
 
     config = TrainConfig(model=args.model, layers=args.layers, hidden=args.hidden, engine="taskparallel",
@@ -369,7 +369,8 @@ def _partition_taskparallel(args: argparse.Namespace) -> int:
                      for s in (*plan.t_stages, *plan.p_stages)],
           "subgraphs": plan.subgraphs, "chunks_per_subgraph": plan.chunks_per_subgraph,
           "device_estimate_bytes": plan.estimate, "budget": plan.budget,
-          "p_group_size": group, "p_group_replication": factor(group),
+          "p_group_size": group,
+          "p_group_replication": replication_factor(g, p_group_parts(plan, args.seed)) if group > 1 else 1.0,
           "data_parallel_parts": n, "data_parallel_replication": factor(n), "method": args.method}
     if args.json:
         print(json.dumps(st))
@@ -382,8 +383,9 @@ def _partition_taskparallel(args: argparse.Namespace) -> int:
     print(f"subgraphs   {plan.subgraphs} x {plan.chunks_per_subgraph} chunk(s)")
     print("memory      " + ", ".join(f"#{d} {format_bytes(b)}" for d, b in enumerate(plan.estimate))
           + f" estimated (budget {format_bytes(plan.budget)})")
-    print(f"replication P group of {group}: {st['p_group_replication']:.2f}; data parallelism over {n} "
-          f"{args.method} parts: {st['data_parallel_replication']:.2f}")
+    print(f"replication P group of {group} (whole chunks per member, reshuffled each epoch; epoch 1): "
+          f"{st['p_group_replication']:.2f}; data parallelism over {n} {args.method} parts: "
+          f"{st['data_parallel_replication']:.2f}")
     return 0
 
 

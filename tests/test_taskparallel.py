@@ -192,6 +192,32 @@ def test_more_devices_than_tasks_form_hybrid_groups(graph) -> None:  # type: ign
     assert p1 == {4, 5} and g1 == {0, 1}
 
 
+def test_p_group_members_fetch_only_the_rows_their_chunks_read(graph) -> None:  # type: ignore[no-untyped-def]
+    """Inside a hybrid P group each member receives the union of its chunks' source rows, not whole source
+    chunks: the T -> P bytes are data parallelism's replication over the members, as `partition` reports it."""
+    from gnnscale.plan.taskparallel import p_group_parts
+
+    cfg = _config("dgcn", 2, 8, subgraphs=3)
+    eng = TaskParallelEngine(graph, _model(graph, cfg), cfg, CPU)
+    for epoch in (1, 2):
+        stats = eng.train_epoch(epoch)
+        parts = p_group_parts(eng.plan, cfg.seed, epoch)
+        owner = torch.tensor([eng._p_runner(0, int(torch.searchsorted(eng.ptr, v, right=True)) - 1).index
+                              for v in range(graph.num_nodes)])
+        assert torch.equal(owner - 4, parts)  # p1's group is devices 4 and 5
+        rows = round(replication_factor(graph, parts) * graph.num_nodes)
+        assert graph.num_nodes < rows < 2 * graph.num_nodes
+        assert stats["t2p_bytes"] == rows * graph.num_classes * 4
+
+
+def test_subgraphs_fewer_than_a_t_group_are_refused_and_the_default_feeds_every_t_device() -> None:
+    g = csbm(nodes=400, avg_degree=4, features=4, seed=0)
+    with pytest.raises(ConfigError, match="leaves T devices idle"):
+        plan_taskparallel(g, _config("dgcn", 2, 16, subgraphs=2), CPU)
+    plan = plan_taskparallel(g, _config("dgcn", 2, 16, subgraphs=None), CPU)
+    assert plan.subgraphs >= 4 and all(len(s.devices) == 4 for s in plan.t_stages)
+
+
 def test_hybrid_needs_equal_groups() -> None:
     g = csbm(nodes=100, avg_degree=4, features=4, seed=0)
     with pytest.raises(ConfigError, match="6 devices cannot host"):

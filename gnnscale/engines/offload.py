@@ -54,7 +54,7 @@ from torch import Tensor
 from gnnscale.engines.base import Engine
 from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
-from gnnscale.graph.block import Block, normalized_csr
+from gnnscale.graph.block import Block, cut_block, normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
@@ -455,21 +455,12 @@ class OffloadEngine(Engine):
         rows = self.plan.rows
         pos = torch.empty(graph.num_nodes, dtype=torch.int32 if graph.num_nodes < 2**31 else torch.int64)
         train = self.masks["train_mask"]
-        bounds = indptr[part.chunk_ptr].tolist()
         chunks = []
         for k in range(part.num_chunks):
             lo, hi = part.chunk_range(k)
             r = rows[k]
-            pos[r] = torch.arange(r.numel(), dtype=pos.dtype)
-            e0, e1 = bounds[k], bounds[k + 1]
-            small = e1 - e0 < 2**31
-            block = Block(
-                indptr=(indptr[lo : hi + 1] - e0).to(torch.int32 if small else torch.int64),
-                indices=pos.index_select(0, indices[e0:e1]).to(torch.int32 if small else torch.int64),
-                num_src=r.numel(),
-                edge_weight=None if weight is None else weight[e0:e1].contiguous(),
-                src_ids=part.perm.index_select(0, r).to(ids_dtype),  # original ids: the dropout keys
-            )
+            # original ids: the dropout keys
+            block = cut_block(indptr, indices, weight, lo, hi, r, pos, part.perm.index_select(0, r).to(ids_dtype))
             if transpose:
                 block.with_transpose()
             train_local = torch.nonzero(train[lo:hi]).view(-1)

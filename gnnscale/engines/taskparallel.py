@@ -46,14 +46,14 @@ from torch import Tensor
 
 from gnnscale.engines.base import Engine
 from gnnscale.engines.replicas import Replicas
-from gnnscale.graph.block import Block, normalized_csr
+from gnnscale.graph.block import Block, cut_block, normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS, DecoupledGNN, weighted
 from gnnscale.nn.model import GNN
-from gnnscale.nn.ops import mix_key, spmm_t
+from gnnscale.nn.ops import spmm_t
 from gnnscale.partition.dedup import chunk_rows
 from gnnscale.plan.memory import LiveBytesCounter, format_bytes, replica_baseline
-from gnnscale.plan.taskparallel import Stage, TaskPlan, plan_taskparallel
+from gnnscale.plan.taskparallel import Stage, TaskPlan, epoch_subgraphs, plan_taskparallel
 
 if TYPE_CHECKING:
     from gnnscale.train import TrainConfig
@@ -77,6 +77,8 @@ class _Runner:
         self.busy = dict.fromkeys(OPS, 0.0)
         self.blocks: dict[int, Block] = {}
         """Chunk blocks moved here once and kept (topology is read every epoch)."""
+        self.shared_bytes = 0
+        """Bytes of host blocks this (first, CPU) device uses in place: counted as its memory, not copied."""
         self.cache: dict[tuple[int, int], Tensor] = {}
         """``(layer, chunk) -> H^layer`` rows of the chunk received this epoch (cross-subgraph reuse)."""
         self.epoch_blocks: dict[int, Block] = {}
@@ -194,16 +196,13 @@ class TaskParallelEngine(Engine):
         ptr = self.ptr
         rows = chunk_rows(indptr, indices, ptr)
         train = self.masks["train_mask"]
-        pos = torch.empty(graph.num_nodes, dtype=torch.int64)
+        small = graph.num_nodes < 2**31
+        pos = torch.empty(graph.num_nodes, dtype=torch.int32 if small else torch.int64)
         out = []
         for k in range(ptr.numel() - 1):
             lo, hi = int(ptr[k]), int(ptr[k + 1])
             r = rows[k]
-            pos[r] = torch.arange(r.numel())
-            e0, e1 = int(indptr[lo]), int(indptr[hi])
-            block = Block(indptr=indptr[lo : hi + 1] - e0, indices=pos.index_select(0, indices[e0:e1]),
-                          num_src=r.numel(), edge_weight=None if weight is None else weight[e0:e1].clone(),
-                          src_ids=r)
+            block = cut_block(indptr, indices, weight, lo, hi, r, pos, r.to(torch.int32) if small else r)
             if not self.dgat and self.config.dependency == "exact":
                 block.with_transpose()
             out.append(_Chunk(k, lo, hi, r, block, ptr, train, self.y))
@@ -226,15 +225,7 @@ class TaskParallelEngine(Engine):
 
     def _order(self, epoch: int) -> tuple[list[list[int]], list[int], list[int]]:
         """This epoch's subgraphs (``k`` shuffled chunks each), each chunk's subgraph and position in it."""
-        M, k = self.plan.num_chunks, self.plan.chunks_per_subgraph
-        gen = torch.Generator().manual_seed(mix_key(self.config.seed, epoch, 0x5EED))
-        perm = torch.randperm(M, generator=gen).tolist()
-        subs = [perm[s * k : (s + 1) * k] for s in range(M // k)]
-        sub_of, slot = [0] * M, [0] * M
-        for s, members in enumerate(subs):
-            for r, c in enumerate(members):
-                sub_of[c], slot[c] = s, r
-        return subs, sub_of, slot
+        return epoch_subgraphs(self.plan.num_chunks, self.plan.chunks_per_subgraph, self.config.seed, epoch)
 
     def subgraph_of_vertex(self, epoch: int) -> Tensor:
         """``[N]`` this epoch's subgraph of every vertex (``skip`` drops the edges ``u -> v`` with
@@ -257,13 +248,21 @@ class TaskParallelEngine(Engine):
             return b
         base = r.blocks.get(c.k)
         if base is None:
-            base = r.blocks[c.k] = c.block if r.device.type == "cpu" and r.index == 0 else self._copy_block(c, r)
+            if r.device.type == "cpu" and r.index == 0:  # the host's block serves the first CPU device as is
+                base = r.blocks[c.k] = c.block
+                r.shared_bytes += c.block.nbytes()  # ... and counts as that device's memory
+                if r.counter is not None:
+                    r.counter.baseline += c.block.nbytes()
+                    r.counter.peak = max(r.counter.peak, r.counter.baseline + r.counter.current)
+            else:
+                base = r.blocks[c.k] = self._copy_block(c, r)
         if self._skip:
             keep = self._sub_t.index_select(0, c.edge_chunk) <= self._sub_of[c.k]  # [E]
             counts = torch.zeros(c.num_dst, dtype=torch.int64).index_add_(
                 0, c.block.dst_index(), keep.to(torch.int64))
             indptr = torch.zeros(c.num_dst + 1, dtype=torch.int64)
             torch.cumsum(counts, 0, out=indptr[1:])
+            indptr = indptr.to(base.indptr.dtype)
             keep_d = keep.to(r.device)
             b = Block(indptr=indptr.to(r.device), indices=base.indices[keep_d], num_src=base.num_src,
                       edge_weight=None if base.edge_weight is None else base.edge_weight[keep_d],
@@ -330,15 +329,21 @@ class TaskParallelEngine(Engine):
 
     # ------------------------------------------------------------------------------------------- P tasks
     def _rows(self, r: _Runner, l: int, c: _Chunk, source: Callable[[int], tuple[Tensor, _Runner]]) -> Tensor:
-        """Chunk ``c``'s source rows of ``H^l`` on ``r``, from its cache (each chunk's rows fetched once)."""
+        """Chunk ``c``'s source rows of ``H^l`` on ``r``, from its cache (each chunk's rows fetched once; inside a
+        hybrid P group, only the rows of chunk ``j`` that this device's chunks read)."""
         x = torch.zeros(c.block.num_src, self._width, device=r.device)
         for j, pos, off in c.parts:
             if self._skip and self._sub_of[j] > self._sub_of[c.k]:
                 continue  # a later subgraph's rows: skipped this epoch (Algorithm 1)
+            need = self._need.get((r.index, j))
             cached = r.cache.get((l, j))
             if cached is None:
                 t, owner = source(j)
+                if need is not None:  # a P group member takes only the rows its own chunks read
+                    t = t.index_select(0, need.to(t.device))
                 cached = r.cache[(l, j)] = self._move(t, owner, r, "t2p" if l == 0 else "p2p")
+            if need is not None:
+                off = torch.searchsorted(need, off)
             x.index_copy_(0, pos.to(r.device), cached.index_select(0, off.to(r.device)))
         return x
 
@@ -464,6 +469,7 @@ class TaskParallelEngine(Engine):
             for cidx in members:
                 self._offset[cidx] = off
                 off += self.chunks[cidx].num_dst
+        self._need = self._needed_rows()
         self._gbox: dict[tuple[int, int], list[tuple[Tensor | None, Tensor, _Runner]]] = {}
         self._losses: list[Tensor] = []
         self._alpha_owner: dict[int, _Runner] = {}
@@ -471,6 +477,20 @@ class TaskParallelEngine(Engine):
         for r in self.runners:
             r.clear_epoch()
             r.busy = dict.fromkeys(OPS, 0.0)
+
+    def _needed_rows(self) -> dict[tuple[int, int], Tensor]:
+        """This epoch's ``(device, source chunk) -> sorted offsets`` of the rows each member of a multi-device
+        P group reads (its chunks are those whose slot in their subgraph falls to it): neighbour rows are
+        replicated only as far as the group's members need them, as data parallelism over the group would."""
+        offs: dict[tuple[int, int], list[Tensor]] = {}
+        for stage in self.p_stages:
+            if len(stage.devices) == 1:
+                continue
+            for c in self.chunks:
+                r = self._p_runner(stage.start, c.k)
+                for j, _, off in c.parts:
+                    offs.setdefault((r.index, j), []).append(off)
+        return {key: torch.unique(torch.cat(parts)) for key, parts in offs.items()}
 
     def _forward(self, se: tuple[int, int] | None, train: bool) -> tuple[dict[int, Future[Any]],
                                                                           dict[tuple[int, int], Future[Any]]]:
@@ -592,7 +612,7 @@ class TaskParallelEngine(Engine):
         self._start(epoch, self.config.dependency == "skip")
         for r in self.runners:
             if r.counter is not None:
-                r.counter.baseline = replica_baseline(r.model, r.index)
+                r.counter.baseline = replica_baseline(r.model, r.index) + r.shared_bytes
                 r.counter.reset_peak()
             elif r.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(r.device)

@@ -229,3 +229,17 @@ class Block:
     def nbytes(self, transpose: bool = True) -> int:
         """Bytes of the block's tensors (with the transpose it carries, unless ``transpose`` is false)."""
         return sum(t.numel() * t.element_size() for t in self._fields(transpose) if t is not None)
+
+
+def cut_block(indptr: Tensor, indices: Tensor, weight: Tensor | None, lo: int, hi: int, rows: Tensor,
+              scratch: Tensor, src_ids: Tensor | None = None) -> Block:
+    """The block of destinations ``lo .. hi - 1`` of a whole-graph in-neighbour CSR whose sources are ``rows``
+    (global ids, the destinations first): local source ids, int32 row pointers and indices while the block has
+    fewer than 2^31 edges (the engines' chunk topology). ``scratch`` is an ``[N]`` integer buffer it writes
+    ``rows``' positions into; ``src_ids`` (default ``rows``) are the ids the block reports for its rows."""
+    scratch[rows] = torch.arange(rows.numel(), dtype=scratch.dtype)
+    e0, e1 = int(indptr[lo]), int(indptr[hi])
+    idx = torch.int32 if e1 - e0 < 2**31 and rows.numel() < 2**31 else torch.int64
+    return Block(indptr=(indptr[lo : hi + 1] - e0).to(idx), indices=scratch.index_select(0, indices[e0:e1]).to(idx),
+                 num_src=rows.numel(), edge_weight=None if weight is None else weight[e0:e1].contiguous(),
+                 src_ids=rows if src_ids is None else src_ids)

@@ -239,6 +239,7 @@ def plan_taskparallel(graph: Graph, config: TrainConfig, device: torch.device,
         times = measured_times(graph, config, [torch.device(d) for d in devices])
     regime, t_stages, p_stages, n_t, n_p = assign(n, config.layers, config, times)
     group = max(len(s.devices) for s in p_stages)
+    t_group = max(len(s.devices) for s in t_stages)
     k = config.chunks if config.chunks is not None else group
     if k % group:
         raise ConfigError(f"--chunks {k} per subgraph must be a multiple of the P group size {group}")
@@ -257,6 +258,9 @@ def plan_taskparallel(graph: Graph, config: TrainConfig, device: torch.device,
 
     if config.subgraphs is not None:
         s = config.subgraphs
+        if s < t_group:
+            raise ConfigError(f"--subgraphs {s} leaves T devices idle: each T task runs on a group of {t_group} "
+                              f"devices that split the subgraphs; use at least {t_group}")
         best, est, ptr = peak(s)
         if best > budget:
             raise ConfigError(f"--subgraphs {s} needs about {format_bytes(best)} on the busiest device, more than "
@@ -264,7 +268,7 @@ def plan_taskparallel(graph: Graph, config: TrainConfig, device: torch.device,
                               "choose")
     else:
         limit = max(N // k, 1)
-        s = min(2, limit)
+        s = min(max(2, t_group), limit)  # every T group member gets a subgraph
         best, est, ptr = peak(s)
         while best > budget and s < limit:
             s = min(2 * s, limit)
@@ -284,6 +288,30 @@ def measured_times(graph: Graph, config: TrainConfig, devices: list[torch.device
 
     flops, bandwidth = compute_rates(devices[0])
     return model_times(graph, config, flops, bandwidth)
+
+
+def epoch_subgraphs(num_chunks: int, k: int, seed: int, epoch: int) -> tuple[list[list[int]], list[int], list[int]]:
+    """Algorithm 1's per-epoch regrouping: the chunks shuffled (seeded by ``seed`` and ``epoch``) and every ``k``
+    made a subgraph. Returns the subgraphs' chunks, each chunk's subgraph and its slot in it."""
+    from gnnscale.nn.ops import mix_key
+
+    gen = torch.Generator().manual_seed(mix_key(seed, epoch, 0x5EED))
+    perm = torch.randperm(num_chunks, generator=gen).tolist()
+    subs = [perm[s * k : (s + 1) * k] for s in range(num_chunks // k)]
+    sub_of, slot = [0] * num_chunks, [0] * num_chunks
+    for s, members in enumerate(subs):
+        for r, c in enumerate(members):
+            sub_of[c], slot[c] = s, r
+    return subs, sub_of, slot
+
+
+def p_group_parts(plan: TaskPlan, seed: int, epoch: int = 1) -> torch.Tensor:
+    """``[N]`` the member of a P group (of the plan's largest) that propagates each vertex in ``epoch``: chunks go
+    to members by their slot in their subgraph, as the engine assigns them."""
+    group = max(len(s.devices) for s in plan.p_stages)
+    _, _, slot = epoch_subgraphs(plan.num_chunks, plan.chunks_per_subgraph, seed, epoch)
+    sizes = plan.chunk_ptr[1:] - plan.chunk_ptr[:-1]
+    return torch.repeat_interleave(torch.tensor(slot, dtype=torch.int64) % group, sizes)
 
 
 def replication_factor(graph: Graph, parts: torch.Tensor) -> float:

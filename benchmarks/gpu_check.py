@@ -21,11 +21,14 @@ others still run:
   ``GCNConv`` on a sparse ``adj_t`` in the same run.
 * ``minibatch``: ``benchmarks/minibatch.py`` on the same graph: GraphSAGE, fanouts 25,10, batch 1024, a quarter
   and all of the features on the GPU; epoch time against XGNN's 0.3 s at products scale.
+* ``taskparallel``: ``benchmarks/taskparallel.py`` on a Kronecker graph (scale 18): dgcn with its T and P tasks on
+  two device threads of the one GPU (each its own stream) against the offload engine (gcn, ``--dedup none``) and
+  the in-memory engine: epoch time and per-device peaks; replication factors for 2/4/8/16 METIS parts.
 
 Output, within the device tool's return limits (at most 8 files, no sub-folders): ``summary.md`` (a table per step
 with the key figures and the exact commands), ``steps.jsonl`` (one line per step: status, return code, seconds,
-command, the step's figures), ``gather.jsonl`` / ``offload.jsonl`` / ``minibatch.jsonl`` (the benchmarks' own
-records) and ``run.log`` (every step's output). The summary is printed at the end as well.
+command, the step's figures), ``gather.jsonl`` / ``offload.jsonl`` / ``minibatch.jsonl`` / ``taskparallel.jsonl``
+(the benchmarks' own records) and ``run.log`` (every step's output). The summary is printed at the end as well.
 
 ``--dry-run`` runs the same steps on CPU with tiny sizes (a 2,000-vertex graph, one epoch, the test step only
 collecting the tests) and prints the commands the GPU run would use, so the driver is exercised by the test suite
@@ -57,6 +60,8 @@ BENCH = ROOT / "benchmarks"
 DATASET = "csbm:nodes=2449029,avg_degree=50,features=100,classes=47,communities=256,p_intra=0.9"
 # --dry-run: the same spec with these options replaced (communities only where the spec has them).
 DRY_SIZES = {"nodes": "2000", "avg_degree": "10", "features": "16", "classes": "4", "communities": "8"}
+TP_DATASET = "kronecker:scale=18,edgefactor=16"  # the task-parallel step's graph (262,144 vertices)
+TP_DRY_DATASET = "csbm:nodes=2000,features=16"
 XGNN_EPOCH_S = 0.3  # XGNN's mini-batch epoch time at products scale, the goal of the minibatch step
 DEADLINE_S = 530.0  # the whole run, on the device's 10-minute limit per command
 
@@ -67,7 +72,8 @@ REQUIRED = [("torch", "torch", "everything"), ("numpy", "numpy", "gnnscale"), ("
             ("psutil", "psutil", "benchmarks (host RSS)"), ("pytest", "pytest", "tests step"),
             ("pytest_timeout", "pytest-timeout", "tests step (a deadlocked pipeline fails instead of hanging)")]
 OPTIONAL = [("triton", "triton", "UVA gather kernel"), ("cupy", "cupy", "informative only")]
-FILES = ("summary.md", "steps.jsonl", "gather.jsonl", "offload.jsonl", "minibatch.jsonl", "run.log")
+FILES = ("summary.md", "steps.jsonl", "gather.jsonl", "offload.jsonl", "minibatch.jsonl", "taskparallel.jsonl",
+         "run.log")
 LOG_CAP = 4 << 20  # bytes of one step's output kept in run.log (the device tool returns files up to 16 MiB)
 H2D_PARTS = ("h2d_row_bytes", "h2d_topology_bytes", "h2d_index_bytes")
 
@@ -223,14 +229,20 @@ def build_steps(args: argparse.Namespace, out: Path, python: str, spec: str) -> 
                  "--hidden", "16" if dry else "256", "--fanouts", "5,5" if dry else "25,10",
                  "--batch-size", "64" if dry else "1024", "--gpu-feature-ratio", "0.25,1", *epochs,
                  "--out", str(out / "minibatch.jsonl")]
+    # two device threads on the one GPU (T tasks and P tasks, each on its own stream) against offload and inmemory
+    taskparallel = [*py, str(BENCH / "taskparallel.py"), *dev, "--devices", "cpu,cpu" if dry else "cuda:0,cuda:0",
+                    "--dataset", TP_DRY_DATASET if dry else TP_DATASET, "--parts", "2" if dry else "2,4,8,16",
+                    "--warmup", "1", "--repeats", "1" if dry else "3", "--out", str(out / "taskparallel.jsonl")]
     return [
         Step("env", 30, [*py, str(Path(__file__).resolve()), "--probe-env"], what="device, versions, PCIe link"),
         Step("tests", 120, tests, what="the CUDA tests of every engine (pytest --cuda-only)"),
-        Step("gather", 90, gather, "gather.jsonl", "host -> GPU row gathers: bulk, index_select, UVA; GB/s"),
-        Step("offload", 180, offload, "offload.jsonl",
+        Step("gather", 80, gather, "gather.jsonl", "host -> GPU row gathers: bulk, index_select, UVA; GB/s"),
+        Step("offload", 150, offload, "offload.jsonl",
              "offload engine at 6 and 24 GiB vs in-memory and PyG GCNConv on sparse adj_t"),
         Step("minibatch", 110, minibatch, "minibatch.jsonl",
              f"mini-batch engine epoch time (goal {XGNN_EPOCH_S} s, XGNN)"),
+        Step("taskparallel", 40, taskparallel, "taskparallel.jsonl",
+             "task-parallel engine (dgcn, T and P on two streams) vs offload and in-memory; replication factors"),
     ]
 
 
@@ -413,8 +425,26 @@ def summarize_minibatch(records: list[dict[str, Any]]) -> list[str]:
     return lines + _table(head, rows)
 
 
+def summarize_taskparallel(records: list[dict[str, Any]]) -> list[str]:
+    engines = [r for r in records if r.get("kind") == "engine"]
+    rows = [[r.get("engine", "?"), r.get("model", "?"), str(len(r.get("devices") or [])),
+             _f(r.get("mean_epoch_s")), _f(r.get("min_epoch_s")),
+             ", ".join(f"{b / 2**20:.1f}" for b in r.get("device_peak_bytes") or []) or "-",
+             _f(r.get("final_loss"), ".4f")] for r in engines]
+    lines = _table(["engine", "model", "devices", "mean epoch (s)", "min (s)", "per-device peak MiB", "loss"], rows)
+    reps = [r for r in records if r.get("kind") == "replication"]
+    if reps:
+        lines += [""] + _table(
+            ["parts", "data-parallel alpha", "NeutronTask Table 2", "P group", "P-group alpha"],
+            [[str(r["parts"]), _f(r.get("data_parallel_replication"), ".2f"),
+              _f(r.get("neutrontask_table2_papers100m"), ".2f"), str(r.get("p_group_size", "-")),
+              _f(r.get("p_group_replication"), ".2f")] for r in reps])
+    return lines
+
+
 SUMMARIZERS: dict[str, Callable[[list[dict[str, Any]]], list[str]]] = {
-    "gather": summarize_gather, "offload": summarize_offload, "minibatch": summarize_minibatch}
+    "gather": summarize_gather, "offload": summarize_offload, "minibatch": summarize_minibatch,
+    "taskparallel": summarize_taskparallel}
 
 
 def write_summary(out: Path, steps: list[Step], header: list[str]) -> str:

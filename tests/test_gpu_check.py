@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
-STEPS = ["env", "tests", "gather", "offload", "minibatch"]
+STEPS = ["env", "tests", "gather", "offload", "minibatch", "taskparallel"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_dry_run_reports_every_step_ok(dry_run: tuple[Path, str]) -> None:
     assert by["env"]["env"]["torch"] and "csbm_options" in by["env"]["env"]
     assert by["tests"]["counts"]["collected"] >= 1  # the CUDA tests, collected (run on a GPU)
     assert "--cuda-only" in by["tests"]["command"]
-    for name in ("offload", "minibatch"):
+    for name in ("offload", "minibatch", "taskparallel"):
         assert by[name]["records"] >= 2 and by[name]["records_not_ok"] == 0, by[name]
     assert "packages (needed by):" in stdout and "pymetis" in stdout
 
@@ -58,6 +58,12 @@ def test_dry_run_records_and_summary(dry_run: tuple[Path, str]) -> None:
     records = [json.loads(line) for line in (out / "minibatch.jsonl").read_text().splitlines()]
     samplers = [r for r in records if r["kind"] == "sampler"]
     assert len(samplers) == 3 and all(r["mteps"] > 0 for r in samplers)  # ours and the two baselines, same run
+    tp = [json.loads(line) for line in (out / "taskparallel.jsonl").read_text().splitlines()]
+    engines = {r["engine"]: r for r in tp if r["kind"] == "engine"}
+    assert set(engines) == {"taskparallel", "offload", "inmemory"}
+    assert len(engines["taskparallel"]["device_peak_bytes"]) == 2 and engines["taskparallel"]["mean_epoch_s"] > 0
+    assert engines["taskparallel"]["final_loss"] == pytest.approx(engines["inmemory"]["final_loss"], rel=1e-5)
+    assert [r["parts"] for r in tp if r["kind"] == "replication"] == [2]
     minibatch = [r for r in records if r["kind"] == "engine"]
     assert [r["gpu_feature_ratio"] for r in minibatch] == [0.25, 1.0]
     assert all(r["status"] == "ok" and r["median_epoch_s"] > 0 and r["model"] == "sage" for r in minibatch)

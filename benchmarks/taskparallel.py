@@ -34,15 +34,20 @@ records, per device, the live tensors (shape, dtype) at its peak, largest first.
 
 Ratios are taskparallel over the other engine (< 1: taskparallel is faster / holds less): mean epoch time and the
 largest per-device peak. For taskparallel ``p_rows_replication`` is the engine's own count of P-task input rows it
-sent from T to P devices per epoch over ``|V|`` rows (1.0: no row cached twice; a hybrid P group of g devices shows
-the replication inside the group).
+sent from T to P devices in the first epoch over ``|V|`` rows (1.0: no row cached twice; a hybrid P group of g
+devices shows the replication inside the group), ``p_rows_replication_per_epoch`` the same for every epoch (the
+subgraphs are regrouped each epoch), and ``p_group_replication_per_epoch`` what the planner's assignment predicts
+for those epochs (:func:`gnnscale.plan.taskparallel.p_group_parts`: each chunk to the group member of its slot in
+its subgraph; with ``--dependency exact`` the two agree).
 
 **Replication factors** (``--parts``, default 2,4,8,16; '' skips): NeutronTask's alpha (Table 2: average copies of a
 vertex's row when each of ``n`` data-parallel parts holds its own and its in-neighbours' rows;
 :func:`gnnscale.plan.taskparallel.replication_factor`) for ``--method`` parts (:func:`gnnscale.partition.
 partition_graph`, METIS by default) of this graph, next to Table 2's values on ogbn-papers100M, and, for
-``n`` devices, the taskparallel planner's assignment and the factor of its P group (one P task per device: 1.0;
-hybrid groups of g devices: ``g`` parts), as ``gnnscale partition --engine taskparallel --json`` prints them.
+``n`` devices, the taskparallel planner's assignment and the factor of its P group in the first epoch (one P task
+per device: 1.0; a hybrid group of g devices: the engine's assignment, :func:`gnnscale.plan.taskparallel.
+p_group_parts`), as ``gnnscale partition --engine taskparallel --json`` prints them, with, for reference,
+``metis_parts_of_group_replication``: ``--method`` parts of the group size.
 
 One JSON line per engine (``"kind": "engine"``), per part count (``"kind": "replication"``) and one comparison
 (``"kind": "comparison"``) is appended to ``--out`` (default benchmarks/results/taskparallel.jsonl) with the
@@ -79,7 +84,7 @@ from gnnscale.nn import build_model
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.partition import partition_graph
 from gnnscale.plan.memory import LiveBytesCounter, estimate_inmemory_bytes
-from gnnscale.plan.taskparallel import plan_taskparallel, replication_factor
+from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
 from gnnscale.train import TrainConfig, resolve_device
 
 Step = Callable[[int], dict[str, Any]]
@@ -257,8 +262,12 @@ def run_engine(impl: str, g: Graph, cfg: TrainConfig, dev: torch.device, warmup:
     timed = r["epoch_times_s"]
     r.update(mean_epoch_s=statistics.fmean(timed), min_epoch_s=min(timed), repeats=len(timed))
     last = stats[-1]
-    if impl == "taskparallel" and "p_width" in r:
-        r["p_rows_replication"] = last.get("t2p_bytes", 0) / (g.num_nodes * r["p_width"] * 4)
+    if impl == "taskparallel" and "p_width" in r:  # epochs 1 .. warmup + repeats; the first one reported
+        rows = [s.get("t2p_bytes", 0) / (g.num_nodes * r["p_width"] * 4) for s in stats]
+        plan = holder[0].plan
+        r.update(p_rows_replication=rows[0], p_rows_replication_per_epoch=rows,
+                 p_group_replication_per_epoch=[replication_factor(g, p_group_parts(plan, cfg.seed, e))
+                                                for e in range(1, len(stats) + 1)])
     r["moved_bytes"] = {k: int(v) for k, v in last.items() if k.endswith("_bytes") and isinstance(v, int | float)
                         and k not in ("peak_device_bytes",)}
     return r
@@ -269,7 +278,12 @@ def replication_factors(g: Graph, parts_list: list[int], cfg: TrainConfig, dev: 
                         seed: int) -> list[dict[str, Any]]:
     """Per part count ``n``: data parallelism's replication factor over ``n`` ``method`` parts, and the taskparallel
     planner's assignment on ``n`` devices with its P group's factor (what ``gnnscale partition --engine
-    taskparallel --json`` prints as ``data_parallel_replication`` and ``p_group_replication``)."""
+    taskparallel --json`` prints as ``data_parallel_replication`` and ``p_group_replication``).
+
+    The P group's factor is the engine's own assignment in epoch 1 (:func:`~gnnscale.plan.taskparallel.
+    p_group_parts`: the chunks of each subgraph to the group's members by slot; 1.0 for one P task per device),
+    the rows the engine sends from T to P devices that epoch over ``|V|``. ``metis_parts_of_group_replication`` is
+    ``method`` parts of the group size, for reference (what an edge-cut partition of the group would replicate)."""
     cache: dict[int, tuple[float, float]] = {}
 
     def factor(parts: int) -> tuple[float, float]:
@@ -301,7 +315,8 @@ def replication_factors(g: Graph, parts_list: list[int], cfg: TrainConfig, dev: 
         else:
             group = max(len(s.devices) for s in plan.p_stages)
             rec.update(regime=plan.regime, n_t=plan.n_t, n_p=plan.n_p, p_group_size=group,
-                       p_group_replication=factor(group)[0])
+                       p_group_replication=replication_factor(g, p_group_parts(plan, seed)) if group > 1 else 1.0,
+                       metis_parts_of_group_replication=factor(group)[0])
         out.append(rec)
     return out
 
@@ -330,7 +345,9 @@ def print_engines(rows: list[dict[str, Any]]) -> None:
         if r["status"] == "ok" and r.get("engine_detail"):
             print(f"    {r['engine']}: {r['engine_detail'].split('; partition plan')[0]}")
         if r.get("p_rows_replication") is not None:
-            print(f"      P-task input rows sent T -> P devices per epoch: {r['p_rows_replication']:.2f}|V|")
+            per = ", ".join(f"{x:.2f}" for x in r["p_rows_replication_per_epoch"])
+            pred = ", ".join(f"{x:.2f}" for x in r["p_group_replication_per_epoch"])
+            print(f"      P-task input rows sent T -> P devices per epoch (|V|): {per}; the assignment predicts {pred}")
         if r.get("note"):
             print(f"      note: {r['note']}")
     for r in rows:
@@ -342,12 +359,13 @@ def print_engines(rows: list[dict[str, Any]]) -> None:
 
 def print_replication(rows: list[dict[str, Any]]) -> None:
     print(f"  {'parts n':>7}{'data-parallel alpha':>20}{'Table 2 (papers100M)':>22}  {'taskparallel on n devices':<45}"
-          f"{'P group':>8}{'P-group alpha':>14}")
+          f"{'P group':>8}{'P-group alpha':>14}{'METIS-of-group':>15}")
     for r in rows:
         plan = r.get("taskparallel_error") or f"{r['regime'].split(' (')[0]}, N_t={r['n_t']}, N_p={r['n_p']}"
         print(f"  {r['parts']:>7}{r['data_parallel_replication']:>20.2f}"
               f"{_fmt(r['neutrontask_table2_papers100m'], '.2f'):>22}  {plan[:45]:<45}"
-              f"{_fmt(r.get('p_group_size'), 'd'):>8}{_fmt(r.get('p_group_replication'), '.2f'):>14}")
+              f"{_fmt(r.get('p_group_size'), 'd'):>8}{_fmt(r.get('p_group_replication'), '.2f'):>14}"
+              f"{_fmt(r.get('metis_parts_of_group_replication'), '.2f'):>15}")
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -1,5 +1,6 @@
 """benchmarks/taskparallel.py on tiny graphs: one run writes engine, replication and comparison records with their
-fields; replication factors match the CLI's and, on a complete graph, equal the part count; the peak explainer
+fields; replication factors match the CLI's and, on a complete graph, equal the part count; a hybrid P group's
+factor (the engine's assignment) is the engine's own count of the rows it sends to the group; the peak explainer
 sees the tensors live at the peak."""
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gnnscale import load_dataset
 from gnnscale.cli import main as cli_main
 from gnnscale.graph.graph import Graph
+from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
 from gnnscale.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import taskparallel as bench  # noqa: E402
 
 DATASET = "csbm:nodes=300,avg_degree=30,features=8"  # dense: every part count replicates more rows
+SPARSE = "kronecker:scale=10,edgefactor=2"  # sparse: a P group of 2 replicates some rows, not all
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +34,17 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("bench") / "taskparallel.jsonl"
     rc = bench.main(["--device", "cpu", "--threads", "1", "--dataset", DATASET, "--devices", "4", "--hidden", "16",
                      "--warmup", "1", "--repeats", "2", "--parts", "1,2,4,8", "--explain-peaks", "--out", str(out)])
+    assert rc == 0
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def records8(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """taskparallel alone on 8 devices (hybrid, P groups of 2) on a sparse graph."""
+    out = tmp_path_factory.mktemp("bench8") / "taskparallel.jsonl"
+    rc = bench.main(["--device", "cpu", "--threads", "1", "--dataset", SPARSE, "--devices", "8", "--hidden", "16",
+                     "--warmup", "1", "--repeats", "2", "--parts", "2,8", "--engines", "taskparallel",
+                     "--out", str(out)])
     assert rc == 0
     return [json.loads(line) for line in out.read_text().splitlines()]
 
@@ -52,6 +67,7 @@ def test_engine_records_have_times_peaks_and_ratios(records: list[dict]) -> None
     assert off["partitions"] == 4 and off["dedup"] == "none" and off["workers"] == 4
     assert tp["regime"] == "one task per device" and tp["dependency"] == "exact"
     assert tp["p_rows_replication"] == 1.0  # one P task per device: every row sent once
+    assert tp["p_rows_replication_per_epoch"] == tp["p_group_replication_per_epoch"] == [1.0, 1.0, 1.0]
     assert tp["tp_over_this_peak"] == 1.0 and tp["tp_over_this_time"] == 1.0
     assert tp["losses"] == pytest.approx(mem["losses"], rel=1e-5)  # --dependency exact is the in-memory model
     # the in-memory engine's count starts from what it keeps on its device: the graph's features at least
@@ -72,7 +88,13 @@ def test_replication_records_grow_with_parts_and_match_the_cli(records: list[dic
     by = {r["parts"]: r for r in rep}
     assert by[4]["regime"] == "one task per device" and by[4]["p_group_size"] == 1
     assert by[4]["p_group_replication"] == 1.0
-    assert by[8]["p_group_size"] == 2 and by[8]["p_group_replication"] == by[2]["data_parallel_replication"]
+    assert by[8]["p_group_size"] == 2
+    assert by[8]["metis_parts_of_group_replication"] == by[2]["data_parallel_replication"]
+    # the P group's factor is the engine's assignment (chunks to members by slot), not METIS parts of the group
+    g = load_dataset(DATASET)
+    plan = plan_taskparallel(g, TrainConfig(model="dgcn", hidden=16, engine="taskparallel", devices=("cpu",) * 8),
+                             torch.device("cpu"))
+    assert by[8]["p_group_replication"] == replication_factor(g, p_group_parts(plan, 0)) > 1.0
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert cli_main(["partition", "--engine", "taskparallel", "--json", "--dataset", DATASET, "--hidden", "16",
@@ -80,6 +102,19 @@ def test_replication_records_grow_with_parts_and_match_the_cli(records: list[dic
     st = json.loads(buf.getvalue())
     assert st["data_parallel_replication"] == by[4]["data_parallel_replication"]
     assert st["p_group_replication"] == by[4]["p_group_replication"]
+
+
+def test_hybrid_p_group_factor_is_the_engines_row_count(records8: list[dict]) -> None:
+    tp = next(r for r in records8 if r["kind"] == "engine")
+    assert tp["engine"] == "taskparallel" and tp["status"] == "ok" and len(tp["device_peak_bytes"]) == 8
+    assert tp["regime"].startswith("hybrid") and tp["p_group_size"] == 2
+    # rows sent T -> P per epoch over |V|, every epoch (regrouped each epoch) as the assignment predicts
+    measured, predicted = tp["p_rows_replication_per_epoch"], tp["p_group_replication_per_epoch"]
+    assert len(measured) == 3 and measured == pytest.approx(predicted, rel=1e-12)
+    assert all(1.0 < x < 2.0 for x in measured)  # a group of 2: some rows twice (before #13's fix: all, 2.0)
+    rep = {r["parts"]: r for r in records8 if r["kind"] == "replication"}
+    assert rep[8]["p_group_size"] == 2 and tp["p_rows_replication"] == pytest.approx(rep[8]["p_group_replication"])
+    assert not any(r["kind"] == "comparison" and "taskparallel_over_offload_peak" in r for r in records8)
 
 
 def test_complete_graph_replicates_every_row_in_every_part() -> None:

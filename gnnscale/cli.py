@@ -11,7 +11,6 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, NoReturn
@@ -48,6 +47,7 @@ def _add_plan_dir(p: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gnnscale import __version__
     from gnnscale.engines import ENGINES
     from gnnscale.partition import CHUNKERS, PARTITION_METHODS
     from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
@@ -55,21 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
     from gnnscale.train import ALL_MODELS
 
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
+    parser.add_argument("--version", action="version", version=f"gnnscale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,partition,info,convert}")
 
     t = sub.add_parser("train", help="train a model and report accuracy")
     _add_dataset_args(t, required=False)
     t.add_argument("--model", choices=list(ALL_MODELS), default="gcn",
                    help="layer type, or a decoupled model (T tasks, then P tasks): dgcn, dgat (default gcn)")
-    t.add_argument("--layers", type=int, default=2)
-    t.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: total over heads)")
-    t.add_argument("--heads", type=int, default=4, help="GAT attention heads")
-    t.add_argument("--dropout", type=float, default=0.5)
-    t.add_argument("--lr", type=float, default=0.01)
-    t.add_argument("--weight-decay", type=float, default=5e-4)
-    t.add_argument("--epochs", type=int, default=100)
+    t.add_argument("--layers", type=int, default=2, help="layers, the last one giving class scores (default 2)")
+    t.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: total over heads; default 64)")
+    t.add_argument("--heads", type=int, default=4, help="GAT attention heads (default 4)")
+    t.add_argument("--dropout", type=float, default=0.5, help="drop probability before every layer (default 0.5)")
+    t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (default 0.01)")
+    t.add_argument("--weight-decay", type=float, default=5e-4, help="Adam weight decay (default 5e-4)")
+    t.add_argument("--epochs", type=int, default=100, help="training epochs (default 100)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    t.add_argument("--engine", choices=["auto", *ENGINES], default="auto")
+    t.add_argument("--engine", choices=["auto", *ENGINES], default="auto",
+                   help="auto: the first engine that fits, in this order (never minibatch); default auto")
     t.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
                    help="device memory the engine may use: GiB (e.g. 6) or a size (512MB); default: what is free")
     o = t.add_argument_group("offload engine (HongTu)")
@@ -159,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ------------------------------------------------------------------------------------------------ train
 class _MetricsWriter:
-    """JSON Lines into a hidden temporary sibling of FILE, renamed onto FILE only when training finishes."""
+    """JSON Lines to FILE, one record per finished epoch, flushed as it is written (an interrupted or failed run
+    keeps the epochs it finished; the summary record comes last, only when training ends). FILE is created at the
+    first record, so bad input that stops a run before its first epoch leaves nothing behind."""
 
     def __init__(self, path: str):
         self.path = Path(path)
@@ -167,21 +171,31 @@ class _MetricsWriter:
             raise ConfigError(f"--metrics {path} is a directory")
         if not self.path.parent.is_dir():
             raise ConfigError(f"--metrics {path}: directory {self.path.parent} does not exist")
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        self.tmp = Path(tmp)
-        self.fh = os.fdopen(fd, "w")
+        if not os.access(self.path.parent, os.W_OK) or (self.path.exists() and not os.access(self.path, os.W_OK)):
+            raise ConfigError(f"--metrics {path}: not writable")
+        self.fh: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
-        self.fh.write(json.dumps(record) + "\n")
+        if self.fh is None:
+            self.fh = open(self.path, "w")  # noqa: SIM115 -- kept open across epochs, closed by close()
+        self.fh.write(json.dumps(_finite(record), allow_nan=False) + "\n")
         self.fh.flush()
 
-    def commit(self) -> None:
-        self.fh.close()
-        os.replace(self.tmp, self.path)
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
 
-    def abort(self) -> None:
-        self.fh.close()
-        self.tmp.unlink(missing_ok=True)
+
+def _finite(v: Any) -> Any:
+    """``v`` with NaN and infinities as ``None`` (JSON has no NaN: ``JSON.parse`` and strict parsers reject it)."""
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
 
 
 def _fmt(v: float | None) -> str:
@@ -204,6 +218,34 @@ def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
         raise ConfigError(f"{flag} {text!r}: give comma-separated integers such as 15,10") from None
+
+
+# the flags only some engines read (``--devices`` and ``--gpu-memory`` matter to several, so they are not listed)
+ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
+    "--partitions": ("offload",), "--chunks": ("offload", "taskparallel"), "--partition-method": ("offload",),
+    "--gather": ("offload",), "--dedup": ("offload",), "--chunker": ("offload",), "--reorganize": ("offload",),
+    "--plan-dir": ("offload",), "--batch-size": ("minibatch",), "--fanouts": ("minibatch",),
+    "--eval-fanouts": ("minibatch",), "--gpu-graph-ratio": ("minibatch",), "--gpu-feature-ratio": ("minibatch",),
+    "--hotness": ("minibatch",), "--dependency": ("taskparallel",), "--subgraphs": ("taskparallel",),
+    "--t-devices": ("taskparallel",), "--heads": ("gat",),
+}
+
+
+def ignored_flags(args: argparse.Namespace, engine: str) -> list[str]:
+    """The engine-specific flags given (set to something other than their default) that ``engine`` does not read
+    (``--heads``: only GAT reads it)."""
+    defaults = build_parser().parse_args(["train"])
+    out = []
+    for flag, users in ENGINE_FLAGS.items():
+        dest = flag.lstrip("-").replace("-", "_")
+        if getattr(args, dest) == getattr(defaults, dest):
+            continue
+        if flag == "--heads":
+            if args.model != "gat":
+                out.append(flag)
+        elif engine not in users:
+            out.append(flag)
+    return out
 
 
 def _warm_imports() -> None:
@@ -257,6 +299,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         def on_start(engine: Any, rejected: dict[str, list[str]], ready: dict[str, float]) -> None:
             for name, reasons in rejected.items():
                 print(f"engine {name} rejected: {'; '.join(reasons)}")
+            ignored = ignored_flags(args, engine.name)
+            if ignored:
+                print(f"warning: {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect on the "
+                      f"{engine.name} engine", file=sys.stderr)
             detail = engine.describe()
             if detail:
                 print(detail)
@@ -268,8 +314,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         s = result.summary
         print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} epochs "
               f"in {s['total_time_s']:.1f}s")
-        print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
-              f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}")
+        if s["best_by"] == "val":
+            print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
+                  f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}")
+        else:
+            print(f"no validation vertices: best epoch {s['best_epoch']} by training accuracy, test accuracy "
+                  f"{_fmt(s['test_acc_at_best_val'])} there; final test accuracy {_fmt(s['final_test_acc'])}")
         last = result.history[-1]
         if "predicted_t_s" in last:
             print(f"task forward times, last epoch (summed over devices): T tasks {last['t_forward_s']:.3f}s "
@@ -278,11 +328,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"{last['t_busy_s']:.3f}s, P {last['p_busy_s']:.3f}s)")
         if writer:
             writer.write(s)
-            writer.commit()
-            writer = None
     finally:
         if writer:
-            writer.abort()
+            writer.close()
     return 0
 
 
@@ -459,6 +507,11 @@ def main(argv: list[str] | None = None) -> int:
     except _Terminated:
         print("error: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
+    except BrokenPipeError:
+        # the reader went away (gnnscale info ... | head): stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -26,3 +26,7 @@ class ConfigError(GnnscaleError):
 
 class EngineError(GnnscaleError):
     """No engine can run the requested configuration; the message lists every engine and why."""
+
+
+class TrainingError(GnnscaleError):
+    """Training cannot go on (a loss that is no longer finite); the message says what to try."""

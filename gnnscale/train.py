@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 
 from gnnscale.engines.base import Engine
-from gnnscale.errors import ConfigError, GraphError
+from gnnscale.errors import ConfigError, GraphError, TrainingError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN, MODELS, build_model
@@ -129,6 +130,10 @@ class TrainConfig:
              f"unknown --reorganize {self.reorganize!r}; choose one of {', '.join(REORGANIZE_MODES)}"),
             (self.devices is None or len(self.devices) >= 1, "--devices needs at least one device"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.engine != "minibatch" or self.fanouts is None or len(self.fanouts) == self.layers,
+             f"--fanouts has {len(self.fanouts or ())} value(s) for {self.layers} layers; give one per layer"),
+            (self.engine != "minibatch" or self.eval_fanouts is None or len(self.eval_fanouts) == self.layers,
+             f"--eval-fanouts has {len(self.eval_fanouts or ())} value(s) for {self.layers} layers"),
             (self.fanouts is None or all(f >= 1 or f == -1 for f in self.fanouts),
              f"--fanouts must be positive (or -1 for all neighbours), got {self.fanouts}"),
             (self.eval_fanouts is None or all(f >= 1 or f == -1 for f in self.eval_fanouts),
@@ -156,10 +161,14 @@ class TrainResult:
     """What :func:`train` returns: the trained model, one record per epoch, and the summary record."""
 
     model: GNN
+    """The model as trained: its weights are the *last* epoch's."""
     history: list[EpochRecord]
     summary: EpochRecord
     engine: str
     rejected: dict[str, list[str]] = field(default_factory=dict)
+    best_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    """A CPU copy of the weights at the epoch the summary calls best (``best_epoch``): restore them with
+    ``result.model.load_state_dict(result.best_state)``."""
 
 
 def resolve_device(spec: str | torch.device) -> torch.device:
@@ -204,6 +213,14 @@ def check_trainable(graph: Graph) -> None:
         raise GraphError(f"graph {graph.name} has no labels to train on")
     if graph.train_mask is None or not bool(graph.train_mask.any()):
         raise GraphError(f"graph {graph.name} has no training vertices (train_mask is empty)")
+    masks = [(m, getattr(graph, m)) for m in ("train_mask", "val_mask", "test_mask")]
+    masks = [(m, t) for m, t in masks if t is not None]
+    for i, (a, ta) in enumerate(masks):
+        for b, tb in masks[i + 1 :]:
+            both = int((ta & tb).sum())
+            if both:
+                raise GraphError(f"graph {graph.name}: {both} vertices are in both {a} and {b}; the splits must be "
+                                 "disjoint (a vertex trained on cannot measure generalisation)")
 
 
 def reset_peak_device_bytes(device: torch.device) -> None:
@@ -278,6 +295,8 @@ def train(
         on_start(engine, rejected, ready)
     history: list[EpochRecord] = []
     best: EpochRecord | None = None
+    best_state: dict[str, torch.Tensor] = {}
+    best_by = "val" if graph.val_mask is not None and bool(graph.val_mask.any()) else "train"
     for epoch in range(1, config.epochs + 1):
         reset_peak_device_bytes(dev)
         t0 = time.perf_counter()
@@ -295,9 +314,15 @@ def train(
             **stats,
         }
         history.append(record)
-        val = record["val_acc"] if record["val_acc"] is not None else record["train_acc"]
+        if not math.isfinite(record["loss"]):
+            if on_epoch is not None:
+                on_epoch(record)  # the metrics keep the epoch that diverged (its loss written as null)
+            raise TrainingError(f"the loss is {record['loss']} at epoch {epoch}: training diverged; try a lower "
+                                f"--lr (now {config.lr}) or check the features for extreme values")
+        val = record[f"{best_by}_acc"]
         if best is None or (val is not None and val > best["_val"]):
             best = {"_val": val, "epoch": epoch, "test_acc": record["test_acc"]}
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         if on_epoch is not None:
             on_epoch(record)
     assert best is not None
@@ -308,7 +333,8 @@ def train(
         "model": config.model,
         "dataset": graph.name,
         "epochs": config.epochs,
-        "best_val_acc": best["_val"],
+        "best_val_acc": best["_val"] if best_by == "val" else None,
+        "best_by": best_by,
         "best_epoch": best["epoch"],
         "test_acc_at_best_val": best["test_acc"],
         "final_test_acc": history[-1]["test_acc"],
@@ -317,4 +343,5 @@ def train(
         "engine_detail": engine.describe(),
         "config": asdict(config),
     }
-    return TrainResult(model=model, history=history, summary=summary, engine=engine_cls.name, rejected=rejected)
+    return TrainResult(model=model, history=history, summary=summary, engine=engine_cls.name, rejected=rejected,
+                       best_state=best_state)

@@ -163,7 +163,7 @@ def test_info_web_cnr(capsys: pytest.CaptureFixture[str]) -> None:
     assert st["bytes"]["topology"] == 8 * (325557 + 1) + 8 * 3216152
 
 
-def test_sigterm_ends_training_with_one_line_and_no_metrics_file(tmp_path: Path) -> None:
+def test_sigterm_ends_training_with_one_line_and_keeps_the_finished_epochs(tmp_path: Path) -> None:
     import signal
 
     metrics = tmp_path / "m.jsonl"
@@ -181,4 +181,8 @@ def test_sigterm_ends_training_with_one_line_and_no_metrics_file(tmp_path: Path)
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert err == "error: terminated\n", err
-    assert not metrics.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+    # each finished epoch was appended as it finished (the first before its line was printed); no summary
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert recs and [r["epoch"] for r in recs] == list(range(1, len(recs) + 1))
+    assert not any(r.get("summary") for r in recs)

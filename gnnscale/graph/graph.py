@@ -118,9 +118,15 @@ class Graph:
             if self.x.dtype != torch.float32:
                 raise GraphError(f"features must be float32, got {self.x.dtype}")
             for start in range(0, n, _CHECK_ROWS):
-                if not bool(torch.isfinite(self.x[start : start + _CHECK_ROWS]).all()):
+                ok = torch.isfinite(self.x[start : start + _CHECK_ROWS])
+                if not bool(ok.all()):
+                    bad = ~ok.all(dim=1)
+                    row = start + int(torch.nonzero(bad)[0])
+                    col = int(torch.nonzero(~ok[row - start])[0])
+                    value = float(self.x[row, col])
                     last = min(n, start + _CHECK_ROWS) - 1
-                    raise GraphError(f"features contain NaN or inf (in rows {start}..{last})")
+                    raise GraphError(f"features contain NaN or inf: first at row {row}, column {col} ({value}); "
+                                     f"{int(bad.sum())} bad row(s) among rows {start}..{last}")
         if self.y is not None:
             if self.y.shape != (n,):
                 raise GraphError(f"labels have shape {tuple(self.y.shape)}, expected ({n},)")

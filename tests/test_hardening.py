@@ -1,0 +1,152 @@
+"""Issue #14's training-loop and CLI points: diverging runs, the split that picks the best epoch, overlapping
+splits, flags an engine ignores, metrics that survive interruption and stay strict JSON, the best weights, help,
+version and broken pipes. CLI points run through a subprocess where the exit path matters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gnnscale import TrainConfig, train
+from gnnscale.cli import main
+from gnnscale.errors import GraphError, TrainingError
+from gnnscale.graph import io
+from gnnscale.graph.generators import csbm
+
+SMALL = "csbm:nodes=300,avg_degree=4,features=8"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "gnnscale.cli", *argv], capture_output=True, text=True,
+                          check=False, env=env, cwd=cwd, timeout=240)
+
+
+def _exploding(tmp: Path) -> Path:
+    """A graph whose features overflow float32 in the first layer: the loss is not finite in epoch 1."""
+    g = csbm(nodes=200, avg_degree=4, features=8, seed=0)
+    g.x = torch.full_like(g.x, 3e38)
+    path = tmp / "exploding"
+    io.save(g, path)
+    return path
+
+
+def test_a_diverging_run_stops_with_one_line_and_strict_json_metrics(tmp_path: Path) -> None:
+    metrics = tmp_path / "m.jsonl"
+    r = _cli("train", "--dataset", str(_exploding(tmp_path)), "--epochs", "5", "--quiet", "--metrics", str(metrics))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the loss is") and "epoch 1" in lines[0]
+    assert "Traceback" not in r.stderr
+    text = metrics.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    recs = [json.loads(line) for line in text.splitlines()]  # strict JSON: what JSON.parse accepts
+    assert len(recs) == 1 and recs[0]["epoch"] == 1 and recs[0]["loss"] is None
+
+
+def test_a_diverging_run_raises_in_the_api(tmp_path: Path) -> None:
+    g = io.open_dir(_exploding(tmp_path))
+    with pytest.raises(TrainingError, match="training diverged"):
+        train(g, TrainConfig(epochs=3, hidden=8), "cpu")
+
+
+def test_nan_features_name_the_first_bad_row() -> None:
+    g = csbm(nodes=300, avg_degree=4, features=8, seed=0)
+    x = g.x.clone()
+    x[137, 5] = float("nan")
+    x[250, 0] = float("inf")
+    g.x = x
+    with pytest.raises(GraphError, match=r"first at row 137, column 5 \(nan\); 2 bad row"):
+        g.validate()
+
+
+def test_without_validation_vertices_the_best_epoch_is_by_training_accuracy(capsys: pytest.CaptureFixture[str]) -> None:
+    g = csbm(nodes=300, avg_degree=4, features=8, seed=0)
+    g.val_mask = None
+    res = train(g, TrainConfig(epochs=4, hidden=8), "cpu")
+    s = res.summary
+    assert s["best_by"] == "train" and s["best_val_acc"] is None
+    accs = [r["train_acc"] for r in res.history]
+    assert s["best_epoch"] == accs.index(max(accs)) + 1
+    with_val = train(csbm(nodes=300, avg_degree=4, features=8, seed=0), TrainConfig(epochs=4, hidden=8), "cpu")
+    assert with_val.summary["best_by"] == "val" and with_val.summary["best_val_acc"] is not None
+
+
+def test_overlapping_splits_are_refused() -> None:
+    g = csbm(nodes=300, avg_degree=4, features=8, seed=0)
+    val = g.val_mask.clone()
+    val[torch.nonzero(g.train_mask)[:3]] = True
+    g.val_mask = val
+    with pytest.raises(GraphError, match="3 vertices are in both train_mask and val_mask"):
+        train(g, TrainConfig(epochs=1, hidden=8), "cpu")
+
+
+def test_best_state_holds_the_best_epochs_weights() -> None:
+    g = csbm(nodes=300, avg_degree=4, features=8, seed=0)
+    res = train(g, TrainConfig(epochs=6, hidden=8, lr=0.05), "cpu")
+    best = res.summary["best_epoch"]
+    again = train(g, TrainConfig(epochs=best, hidden=8, lr=0.05), "cpu")  # deterministic: stop at the best epoch
+    assert set(res.best_state) == set(res.model.state_dict())
+    for k, v in again.model.state_dict().items():
+        assert torch.equal(res.best_state[k], v), k
+    if best < 6:  # the model itself keeps the last epoch's weights
+        assert any(not torch.equal(res.best_state[k], v) for k, v in res.model.state_dict().items())
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--fanouts", "5,5", "--batch-size", "64"], "--batch-size, --fanouts have no effect on the inmemory engine"),
+    (["--partitions", "2"], "--partitions has no effect on the inmemory engine"),
+    (["--dependency", "skip"], "--dependency has no effect on the inmemory engine"),
+    (["--heads", "2"], "--heads has no effect"),
+])
+def test_flags_the_engine_ignores_are_named(argv: list[str], named: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--dataset", SMALL, "--engine", "inmemory", "--epochs", "1", "--quiet", *argv]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {named}" in err
+
+
+def test_flags_the_engine_reads_are_not_warned_about(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--dataset", SMALL, "--engine", "offload", "--partitions", "2", "--epochs", "1",
+                 "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_fanouts_are_checked_before_the_data_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    # a dataset that does not exist: the flag error must come first
+    code = main(["train", "--dataset", "npz:/nonexistent.npz", "--engine", "minibatch", "--fanouts", "5"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--fanouts has 1 value(s) for 2 layers" in err
+
+
+def test_help_shows_every_train_flags_default() -> None:
+    r = _cli("train", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    for flag, default in (("--model", "gcn"), ("--layers", "2"), ("--dropout", "0.5"), ("--lr", "0.01"),
+                          ("--weight-decay", "5e-4"), ("--epochs", "100"), ("--hidden", "64"), ("--heads", "4")):
+        seg = text[text.index(f"{flag} ", text.index("options:")) :][:300]  # its entry, not the usage line
+        assert f"default {default}" in seg, flag
+
+
+def test_version() -> None:
+    from gnnscale import __version__
+
+    r = _cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"gnnscale {__version__}"
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = f"{sys.executable} -m gnnscale.cli info --dataset csbm:nodes=500 | head -c 10"
+    r = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], capture_output=True, text=True, env=env,
+                       timeout=240, check=False)
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    assert len(r.stdout) == 10

@@ -472,6 +472,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists():  # checked before the (possibly slow) load
         raise ConfigError(f"output directory {out} already exists; choose a new path")
+    for stale in io.remove_stale_partials(out):
+        print(f"removed {stale}: partial output of an interrupted convert", file=sys.stderr)
     g = load_dataset(args.dataset, args.root, seed=args.seed)
     io.save(g, out)
     print(f"wrote {out}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {format_bytes(g.nbytes()['total'])}")

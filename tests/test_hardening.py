@@ -150,3 +150,37 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
                        timeout=240, check=False)
     assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
     assert len(r.stdout) == 10
+
+
+def test_outputs_honour_the_umask(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GNNSCALE_CACHE_DIR": str(tmp_path / "cache")}
+    py = sys.executable
+    script = (f"umask 002 && {py} -m gnnscale.cli train --dataset {SMALL} --epochs 1 --quiet --metrics m.jsonl && "
+              f"{py} -m gnnscale.cli convert --dataset {SMALL} --out g && "
+              f"{py} -m gnnscale.cli partition --dataset {SMALL} --partitions 2 --plan-dir plans")
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    mode = lambda p: p.stat().st_mode & 0o777  # noqa: E731
+    assert mode(tmp_path / "m.jsonl") == 0o664
+    assert mode(tmp_path / "g") == 0o775 and mode(tmp_path / "g" / "meta.json") == 0o664
+    assert all(mode(p) == 0o664 for p in (tmp_path / "g").iterdir())
+    plans = list((tmp_path / "plans").iterdir())
+    assert plans and all(mode(p) == 0o664 for p in plans)
+
+
+def test_convert_removes_what_an_interrupted_convert_left(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid names no live process now
+    stale = tmp_path / ".g.abc123.partial"
+    stale.mkdir()
+    (stale / ".writer-pid").write_text(str(dead.pid))
+    (stale / "x.npy").write_bytes(b"\0" * 1000)
+    live = tmp_path / ".g.live99.partial"  # another convert still writing: kept
+    live.mkdir()
+    (live / ".writer-pid").write_text(str(os.getpid()))
+    r = _cli("convert", "--dataset", SMALL, "--out", str(tmp_path / "g"))
+    assert r.returncode == 0, r.stderr
+    assert not stale.exists() and live.exists() and (tmp_path / "g" / "meta.json").exists()
+    assert f"removed {stale}" in r.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".g.") and p != live]

@@ -26,6 +26,7 @@ import scipy.sparse as sp
 import torch
 
 from gnnscale.errors import DatasetError, GnnscaleError
+from gnnscale.fsutil import honour_umask
 from gnnscale.graph.generators import per_class_split, random_split
 from gnnscale.graph.graph import MASK_NAMES, Graph
 
@@ -62,8 +63,10 @@ def save(graph: Graph, out: Path | str) -> Path:
         raise DatasetError(f"output directory {out} already exists; choose a new path")
     if not out.parent.exists():
         raise DatasetError(f"parent directory {out.parent} does not exist")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    remove_stale_partials(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=PARTIAL_SUFFIX, dir=out.parent))
     try:
+        (tmp / PARTIAL_PID).write_text(str(os.getpid()))
         arrays: dict[str, Any] = {}
         for name in _ARRAYS:
             t = getattr(graph, name)
@@ -83,11 +86,44 @@ def save(graph: Graph, out: Path | str) -> Path:
             "meta": graph.meta,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        (tmp / PARTIAL_PID).unlink()
+        honour_umask(tmp)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+PARTIAL_SUFFIX = ".partial"
+PARTIAL_PID = ".writer-pid"
+
+
+def remove_stale_partials(out: Path | str) -> list[Path]:
+    """Remove what an interrupted :func:`save` to ``out`` left (a hidden ``.<name>.*.partial`` sibling whose
+    writer process is gone, e.g. after ``kill -9``); returns the folders removed. A live writer's is kept."""
+    out = Path(out)
+    removed = []
+    for d in out.parent.glob(f".{out.name}.*{PARTIAL_SUFFIX}"):
+        try:
+            pid = int((d / PARTIAL_PID).read_text())
+        except (OSError, ValueError):
+            pid = None
+        if pid is not None and pid != os.getpid() and _alive(pid):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def is_graph_dir(path: Path | str) -> bool:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from gnnscale.errors import ConfigError
+from gnnscale.fsutil import honour_umask
 from gnnscale.graph.graph import Graph, _coo_to_csr
 
 PARTITION_METHODS = ("metis", "random", "range")
@@ -255,6 +256,7 @@ class PartitionPlan:
             with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, perm=self.perm.numpy(), part_ptr=self.part_ptr.numpy(),
                          chunk_ptr=self.chunk_ptr.numpy(), meta=np.array(json.dumps(meta)))
+            honour_umask(tmp)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

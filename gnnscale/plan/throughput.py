@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from gnnscale.fsutil import honour_umask
 from gnnscale.partition.dedup import Throughput
 
 ROWS, WIDTH, REPEATS = 1 << 16, 64, 3
@@ -133,6 +134,7 @@ def _save(path: Path, saved: dict[str, object]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".throughput.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w") as fh:
             json.dump(saved, fh, indent=1)
+        honour_umask(tmp)
         os.replace(tmp, path)
     except OSError:
         pass  # an unwritable cache only costs a re-measurement next time

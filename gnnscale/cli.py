@@ -272,6 +272,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         subgraphs=args.subgraphs, t_devices=args.t_devices,
     )
     device = resolve_devices(config, args.device)
+    if args.device == "auto" and not config.devices and device.type == "cpu":
+        print("no CUDA device found: training on CPU (--device cpu says so and silences this)")
     writer = _MetricsWriter(args.metrics) if args.metrics else None
     progress.enable(not args.quiet and sys.stderr.isatty())
     # torch's optimisers import torch._dynamo (seconds) when the engine is built: import it while the data loads
@@ -484,8 +486,19 @@ class _Terminated(BaseException):
     """SIGTERM, raised in the main thread so that ``finally`` blocks remove half-written files."""
 
 
+_SIGNALLED: dict[str, int] = {}
+"""The signal that ended the run, set before its exception is raised: C extensions that run Python callbacks
+(pymetis) turn any exception into their own RuntimeError, and the run must still end as the signal says."""
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
+    _SIGNALLED["signal"] = signum
     raise _Terminated()
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _SIGNALLED["signal"] = signum
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -494,8 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     import threading
 
     previous = None
+    _SIGNALLED.clear()
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        previous = (signal.signal(signal.SIGTERM, _on_sigterm), signal.signal(signal.SIGINT, _on_sigint))
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args))
@@ -514,9 +528,17 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except Exception:
+        signum = _SIGNALLED.get("signal")
+        if signum is None:
+            raise
+        # a signal's exception, rewrapped by an extension module on its way up
+        print(f"error: {'interrupted' if signum == signal.SIGINT else 'terminated'}", file=sys.stderr)
+        return 128 + signum
     finally:
         if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
 
 
 if __name__ == "__main__":

@@ -184,3 +184,35 @@ def test_convert_removes_what_an_interrupted_convert_left(tmp_path: Path) -> Non
     assert not stale.exists() and live.exists() and (tmp_path / "g" / "meta.json").exists()
     assert f"removed {stale}" in r.stderr
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".g.") and p != live]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when no CUDA device is present")
+def test_auto_device_without_a_gpu_says_so_once(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--dataset", SMALL, "--epochs", "1", "--quiet"]) == 0
+    assert capsys.readouterr().out.count("no CUDA device found: training on CPU") == 1
+    assert main(["train", "--dataset", SMALL, "--epochs", "1", "--quiet", "--device", "cpu"]) == 0
+    assert "no CUDA device" not in capsys.readouterr().out
+
+
+def test_sigterm_inside_an_extension_module_still_ends_as_terminated(tmp_path: Path) -> None:
+    """pymetis turns the exception raised by the signal handler into its own RuntimeError; the run must still
+    end with 'error: terminated' and 143, no traceback (the METIS call is made to wait for the signal)."""
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "import gnnscale.partition.plan as plan\n"
+        "from gnnscale.cli import main\n"
+        "def metis(*a, **k):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        signal.sigtimedwait([], 0) if hasattr(signal, 'sigtimedwait') else None\n"
+        "        for _ in range(10**7): pass\n"
+        "    except BaseException as exc:\n"
+        "        raise RuntimeError('Caught an unknown exception!') from exc\n"
+        "plan._metis = metis\n"
+        "sys.exit(main(['partition', '--dataset', 'csbm:nodes=300', '--partitions', '2', '--plan-dir', "
+        f"'{tmp_path / 'plans'}']))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=240,
+                       check=False)
+    assert r.returncode == 143 and r.stderr == "error: terminated\n", (r.returncode, r.stderr)

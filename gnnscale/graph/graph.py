@@ -19,6 +19,8 @@ from gnnscale.errors import GraphError
 MASK_NAMES = ("train_mask", "val_mask", "test_mask")
 # NaN/inf checks read features in slabs of this many rows, so a memory-mapped matrix is never loaded whole.
 _CHECK_ROWS = 1 << 16
+# degree and self-loop statistics read the edges in slabs of this many
+_STAT_EDGES = 1 << 22
 
 
 @dataclass(eq=False)
@@ -71,8 +73,21 @@ class Graph:
         return self.indptr[1:] - self.indptr[:-1]
 
     def out_degree(self) -> Tensor:
-        """``[num_nodes]`` number of out-edges of each vertex."""
-        return torch.bincount(self.indices.long(), minlength=self.num_nodes)
+        """``[num_nodes]`` number of out-edges of each vertex (read in slabs of edges: a memory-mapped graph is
+        never loaded whole)."""
+        out = torch.zeros(self.num_nodes, dtype=torch.int64)
+        for lo in range(0, self.num_edges, _STAT_EDGES):
+            out += torch.bincount(self.indices[lo : lo + _STAT_EDGES].long(), minlength=self.num_nodes)
+        return out
+
+    def num_self_loops(self) -> int:
+        """Edges ``v -> v``, counted in slabs of edges (no ``[num_edges]`` temporary)."""
+        loops = 0
+        for lo in range(0, self.num_edges, _STAT_EDGES):
+            idx = self.indices[lo : lo + _STAT_EDGES].long()
+            dst = torch.searchsorted(self.indptr, torch.arange(lo, lo + idx.numel()), right=True) - 1
+            loops += int((idx == dst).sum())
+        return loops
 
     def dst_index(self) -> Tensor:
         """``[num_edges]`` destination vertex of each edge, in CSR order."""
@@ -265,7 +280,7 @@ class Graph:
     def stats(self) -> dict[str, Any]:
         """Summary statistics printed by ``gnnscale info``."""
         din, dout = self.in_degree().double(), self.out_degree().double()
-        self_loops = int((self.indices.long() == self.dst_index()).sum())
+        self_loops = self.num_self_loops()
         split = {m: (0 if getattr(self, m) is None else int(getattr(self, m).sum())) for m in MASK_NAMES}
 
         def desc(d: Tensor) -> dict[str, float]:

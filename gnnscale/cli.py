@@ -444,8 +444,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     from gnnscale.graph.datasets import load_dataset
     from gnnscale.plan.memory import format_bytes
 
-    g = load_dataset(args.dataset, args.root, seed=args.seed)
-    st = g.stats()
+    progress.enable(sys.stderr.isatty())  # a terminal sees the load and statistics steps tick
+    with progress.stage("load"):
+        g = load_dataset(args.dataset, args.root, seed=args.seed)
+    with progress.stage("statistics"):
+        st = g.stats()
     if args.json:
         print(json.dumps(st))
         return 0
@@ -476,8 +479,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ConfigError(f"output directory {out} already exists; choose a new path")
     for stale in io.remove_stale_partials(out):
         print(f"removed {stale}: partial output of an interrupted convert", file=sys.stderr)
-    g = load_dataset(args.dataset, args.root, seed=args.seed)
-    io.save(g, out)
+    progress.enable(sys.stderr.isatty())
+    with progress.stage("load"):
+        g = load_dataset(args.dataset, args.root, seed=args.seed)
+    with progress.stage("write"):
+        io.save(g, out)
     print(f"wrote {out}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {format_bytes(g.nbytes()['total'])}")
     return 0
 

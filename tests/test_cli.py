@@ -34,6 +34,10 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
     labels = np.load(bad_graph / "y.npy")
     labels[0] = 9  # outside [0, num_classes)
     np.save(bad_graph / "y.npy", labels)
+    overlap = tmp / "overlap"
+    g = tiny_graph()
+    g.val_mask = g.train_mask.clone()  # every training vertex also validates
+    io.save(g, overlap)
     no_meta = tmp / "nometa"
     no_meta.mkdir()
     exists = tmp / "exists"
@@ -84,6 +88,9 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
                                 "--metrics", m],
         "fanouts not matching layers": ["train", "--dataset", SMALL, "--engine", "minibatch", "--fanouts", "10",
                                         "--metrics", m],
+        "overlapping train and validation splits": ["train", "--dataset", str(overlap), "--metrics", m],
+        "eval fanouts not matching layers": ["train", "--dataset", SMALL, "--engine", "minibatch", "--eval-fanouts",
+                                             "5,5,5", "--metrics", m],
         "zero batch size": ["train", "--dataset", SMALL, "--engine", "minibatch", "--batch-size", "0", "--metrics", m],
         "feature ratio above 1": ["train", "--dataset", SMALL, "--engine", "minibatch", "--gpu-feature-ratio", "2",
                                   "--metrics", m],

@@ -172,3 +172,48 @@ def test_edgelist_web_cnr_and_convert(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "cnr" / "meta.json").read_text())
     assert meta["num_edges"] == 3216152
     assert load_dataset(str(tmp_path / "cnr")).equals(g)
+
+
+def test_edgelist_third_column_is_a_weight_not_more_ids(tmp_path: Path) -> None:
+    """Read by column: `0 1 7` is the edge 0->1 of weight 7, not the ids 0, 1, 7 re-paired across lines."""
+    f = tmp_path / "w.txt"
+    f.write_text("0 1 7\n1 2 9\n2 3 4\n3 0 1\n")
+    g = load_dataset(f"edgelist:{f}:features=1")
+    assert (g.num_nodes, g.num_edges) == (4, 4)
+    assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    ew = {tuple(e): w for e, w in zip(g.edge_index().t().tolist(), g.edge_weight.tolist(), strict=True)}
+    assert ew == {(0, 1): 7.0, (1, 2): 9.0, (2, 3): 4.0, (3, 0): 1.0}
+    assert "column 3" in g.meta["edge_weight"]
+    assert load_dataset(f"edgelist:{f}:weights=0").edge_weight is None
+    (tmp_path / "three.txt").write_text("0 1 7\n1 2 9\n2 3 4\n")  # was "odd number of ids"
+    assert load_dataset(f"edgelist:{tmp_path / 'three.txt'}").num_edges == 3
+
+
+def test_edgelist_commas_and_inline_comments(tmp_path: Path) -> None:
+    f = tmp_path / "c.csv"
+    f.write_text("# Nodes: 5\n0,1  # first\n1, 2\n# middle comment\n% matrix-market style\n2 ,3 # 50%\n")
+    g = load_dataset(f"edgelist:{f}:features=1")
+    assert (g.num_nodes, g.num_edges, g.edge_weight) == (5, 3, None)
+    assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (1, 2), (2, 3)]
+    f.write_text("0,1,1.5  # a\n1,2,0.5\n# c\n2,3,2\n")
+    g = load_dataset(f"edgelist:{f}:features=1")
+    assert sorted(g.edge_weight.tolist()) == [0.5, 1.5, 2.0]
+
+
+@pytest.mark.parametrize(("body", "option", "message"), [
+    ("0 1\n1 2 5\n", "", r"line 2: 3 columns where line 1 has 2: '1 2 5'"),
+    ("# h\n0 1\n\n1 2 3 4\n", "", r"line 4: 4 columns where line 2 has 2: '1 2 3 4'"),
+    ("0 1 2 3\n", "", r"line 1: expected 'src dst' or 'src dst weight', got 4 columns: '0 1 2 3'"),
+    ("7\n", "", r"line 1: expected 'src dst' or 'src dst weight', got 1 columns"),
+    ("0 1\n1 x\n", "", r"line 2: non-integer vertex id: '1 x'"),
+    ("0 1 2\n1 2 heavy\n", "", r"line 2: non-numeric edge weight: '1 2 heavy'"),
+    ("0 1 2\n1 2 nan\n", "", r"line 2: edge weight is NaN or inf"),
+    ("0 1\n2 -3\n", "", r"line 2: negative vertex id -3"),
+    ("0 1\n1 2\n", ":weights=1", r"weights=1 but the file has 2 columns"),
+    ("# only a comment\n\n", "", r"no edges found"),
+])
+def test_edgelist_bad_lines_are_named(tmp_path: Path, body: str, option: str, message: str) -> None:
+    f = tmp_path / "bad.txt"
+    f.write_text(body)
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(f"edgelist:{f}{option}")

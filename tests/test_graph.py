@@ -23,11 +23,49 @@ def test_from_edge_index_builds_in_neighbour_csr() -> None:
     assert st["self_loops"] == 2 and st["isolated_nodes"] == 1 and st["train_mask"] == 2
 
 
-def test_duplicates_merge_and_weights_sum() -> None:
+def test_duplicates_kept_unless_coalesced_and_weights_sum() -> None:
     ei = torch.tensor([[0, 0, 1], [1, 1, 0]])
-    g = Graph.from_edge_index(ei, 2, edge_weight=torch.tensor([1.0, 2.0, 5.0]))
+    g = Graph.from_edge_index(ei, 2, edge_weight=torch.tensor([1.0, 2.0, 5.0]), coalesce=True)
     assert g.num_edges == 2 and g.edge_weight.tolist() == [5.0, 3.0]
-    assert Graph.from_edge_index(ei, 2, coalesce=False).num_edges == 3
+    kept = Graph.from_edge_index(ei, 2)
+    assert kept.num_edges == 3 and kept.stats()["duplicate_edges"] == 1 and g.stats()["duplicate_edges"] == 0
+
+
+def test_every_entry_point_keeps_multi_edges_alike(tmp_path) -> None:  # noqa: ANN001
+    """0->1 three times and 1->2 once: four edges through every entry point, one through each with coalesce."""
+    from torch_geometric.data import Data
+
+    from gnnscale.graph import io
+    from gnnscale.graph.datasets import load_dataset
+
+    ei = torch.tensor([[0, 0, 0, 1], [1, 1, 1, 2]])
+    f = tmp_path / "e.txt"
+    f.write_text("0 1\n0 1\n0 1\n1 2\n")
+    adj = sp.coo_matrix((np.ones(4), (ei[0].numpy(), ei[1].numpy())), shape=(3, 3))
+    built = {
+        "from_edge_index": lambda c: Graph.from_edge_index(ei, 3, coalesce=c),
+        "from_pyg": lambda c: Graph.from_pyg(Data(edge_index=ei, num_nodes=3, x=None), coalesce=c),
+        "from_scipy": lambda c: Graph.from_scipy(adj, coalesce=c),
+        "edgelist": lambda c: load_dataset(f"edgelist:{f}:features=0,classes=0,coalesce={int(c)}"),
+        "edgelist_fn": lambda c: io.read_edgelist(f, features=0, classes=0, coalesce=c),
+    }
+    for name, make in built.items():
+        g, c = make(False), make(True)
+        assert (g.num_edges, g.stats()["duplicate_edges"]) == (4, 2), name
+        assert (c.num_edges, c.stats()["duplicate_edges"]) == (2, 0), name
+        assert g.edge_index().tolist() == [[0, 0, 0, 1], [1, 1, 1, 2]], name
+
+
+def test_symmetrize_keeps_multiplicity_without_doubling() -> None:
+    # 0->1 twice, 1->0 once, 1->2 once: 0->1 x2, 1->0 x2 (max of both counts), 1->2 and 2->1 once
+    g = Graph.from_edge_index(torch.tensor([[0, 0, 1, 1], [1, 1, 0, 2]]), 3).symmetrize()
+    assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (0, 1), (1, 0), (1, 0), (1, 2), (2, 1)]
+    again = g.symmetrize()
+    assert torch.equal(again.indptr, g.indptr) and torch.equal(again.indices, g.indices)  # idempotent
+    w = Graph.from_edge_index(torch.tensor([[0, 1, 1], [1, 0, 2]]), 3, edge_weight=torch.tensor([2.0, 5.0, 3.0]))
+    ws = w.symmetrize()
+    got = {tuple(e): x for e, x in zip(ws.edge_index().t().tolist(), ws.edge_weight.tolist(), strict=True)}
+    assert got == {(0, 1): 5.0, (1, 0): 5.0, (1, 2): 3.0, (2, 1): 3.0}  # a pair given both ways: the larger
 
 
 @pytest.mark.parametrize(

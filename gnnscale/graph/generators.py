@@ -120,6 +120,7 @@ def csbm(
     return Graph.from_edge_index(
         ei,
         nodes,
+        coalesce=True,  # a simple graph: pairs drawn twice are one edge
         x=torch.from_numpy(x),
         y=torch.from_numpy(y.astype(np.int64)),
         train_mask=tr,
@@ -265,6 +266,7 @@ def kronecker(
     return Graph.from_edge_index(
         ei,
         n,
+        coalesce=True,  # a simple graph: R-MAT draws popular pairs many times, kept once
         x=torch.from_numpy(x),
         y=torch.from_numpy(y),
         train_mask=tr,

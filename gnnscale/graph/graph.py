@@ -27,6 +27,9 @@ class Graph:
 
     Construct with :meth:`from_edge_index`, :meth:`from_scipy` or :meth:`from_pyg` rather than directly; the
     constructor validates whatever it is given and raises :class:`~gnnscale.errors.GraphError` on bad input.
+
+    Duplicate edges: every entry point keeps multi-edges as given (an edge listed three times is three in-edges,
+    as in PyG's ``edge_index``) unless asked to ``coalesce``; :meth:`stats` counts them (``duplicate_edges``).
     """
 
     indptr: Tensor
@@ -151,7 +154,7 @@ class Graph:
         num_nodes: int | None = None,
         *,
         edge_weight: Tensor | np.ndarray | None = None,
-        coalesce: bool = True,
+        coalesce: bool = False,
         **data: Any,
     ) -> Graph:
         """Build from ``[2, E]`` COO edges ``(source, destination)``.
@@ -160,7 +163,8 @@ class Graph:
             edge_index: edges, PyG convention (row 0 = source, row 1 = destination).
             num_nodes: number of vertices; defaults to ``max id + 1`` (or the feature rows when given).
             edge_weight: optional ``[E]`` weights.
-            coalesce: merge duplicate edges (summing their weights). Without it, duplicates stay as multi-edges.
+            coalesce: merge duplicate edges (summing their weights), like PyG's ``coalesce``. Without it (the
+                default, as in every entry point), duplicates stay as multi-edges.
             **data: ``x``, ``y``, masks, ``name``, ``num_classes``, ``meta`` as for :class:`Graph`.
         """
         ei = torch.as_tensor(np.asarray(edge_index) if isinstance(edge_index, np.ndarray) else edge_index)
@@ -185,18 +189,22 @@ class Graph:
         return cls(indptr=indptr, indices=indices, edge_weight=w, **data)
 
     @classmethod
-    def from_scipy(cls, adj: sp.spmatrix | sp.sparray, *, weighted: bool = False, **data: Any) -> Graph:
-        """Build from a square scipy sparse adjacency where ``adj[u, v] != 0`` is the edge ``u -> v``."""
+    def from_scipy(
+        cls, adj: sp.spmatrix | sp.sparray, *, weighted: bool = False, coalesce: bool = False, **data: Any
+    ) -> Graph:
+        """Build from a square scipy sparse adjacency where ``adj[u, v] != 0`` is the edge ``u -> v``; repeated
+        entries of a COO/CSR matrix are multi-edges unless ``coalesce``."""
         if adj.ndim != 2 or adj.shape[0] != adj.shape[1]:
             raise GraphError(f"adjacency must be square, got shape {adj.shape}")
         coo = sp.coo_matrix(adj)
         ei = np.vstack([coo.row, coo.col]).astype(np.int64)
         w = coo.data.astype(np.float32) if weighted else None
-        return cls.from_edge_index(ei, adj.shape[0], edge_weight=w, **data)
+        return cls.from_edge_index(ei, adj.shape[0], edge_weight=w, coalesce=coalesce, **data)
 
     @classmethod
-    def from_pyg(cls, data: Any, name: str = "pyg") -> Graph:
-        """Build from a ``torch_geometric.data.Data`` (edge_index, x, y, train/val/test masks, edge_weight)."""
+    def from_pyg(cls, data: Any, name: str = "pyg", coalesce: bool = False) -> Graph:
+        """Build from a ``torch_geometric.data.Data`` (edge_index, x, y, train/val/test masks, edge_weight);
+        multi-edges are kept unless ``coalesce``."""
         ew = getattr(data, "edge_weight", None)
         kw: dict[str, Any] = {
             "x": None if data.x is None else data.x.float().contiguous(),
@@ -205,7 +213,7 @@ class Graph:
         }
         for mname in MASK_NAMES:
             kw[mname] = getattr(data, mname, None)
-        return cls.from_edge_index(data.edge_index, int(data.num_nodes), edge_weight=ew, coalesce=False, **kw)
+        return cls.from_edge_index(data.edge_index, int(data.num_nodes), edge_weight=ew, coalesce=coalesce, **kw)
 
     def to_pyg(self) -> Any:
         """Convert to a ``torch_geometric.data.Data`` with the same vertex order."""
@@ -228,12 +236,43 @@ class Graph:
 
     # ------------------------------------------------------------ transforms
     def symmetrize(self) -> Graph:
-        """Return the undirected version: every edge in both directions, duplicates merged."""
+        """Return the undirected version: every edge in both directions.
+
+        An edge already present in both directions is not doubled: ``u -> v`` appears ``max(c(u,v), c(v,u))``
+        times, where ``c`` counts the copies given, so a simple graph stays simple and multi-edges stay as many.
+        A pair given both ways keeps the larger weight of each matched copy.
+        """
         ei = self.edge_index()
-        both = torch.cat([ei, ei.flip(0)], dim=1)
-        w = None if self.edge_weight is None else torch.cat([self.edge_weight, self.edge_weight])
-        indptr, indices, w = _coo_to_csr(both[0], both[1], self.num_nodes, w, coalesce=True, reduce="max")
+        n = self.num_nodes
+        keys = []
+        for side in (ei, ei.flip(0)):
+            key, perm = torch.sort(side[1] * n + side[0], stable=True)
+            keys.append((key, _rank_in_run(key), perm))
+        key = torch.cat([keys[0][0], keys[1][0]])
+        rank = torch.cat([keys[0][1], keys[1][1]])
+        w = None
+        if self.edge_weight is not None:
+            w = torch.cat([self.edge_weight[keys[0][2]], self.edge_weight[keys[1][2]]])
+        order = torch.sort(rank, stable=True).indices  # order by (key, rank): rank first, then key, stably
+        order = order[torch.sort(key[order], stable=True).indices]
+        key, rank = key[order], rank[order]
+        first = torch.ones(key.numel(), dtype=torch.bool)
+        first[1:] = (key[1:] != key[:-1]) | (rank[1:] != rank[:-1])  # one copy of each (edge, copy number)
+        if w is not None:
+            w = w[order]
+            group = torch.cumsum(first, 0) - 1
+            w = torch.full((int(first.sum()),), -float("inf")).scatter_reduce(0, group, w, reduce="amax")
+        key = key[first]
+        dst = torch.div(key, n, rounding_mode="floor")
+        indptr, indices, w = _coo_to_csr(key - dst * n, dst, n, w, coalesce=False)
         return replace(self, indptr=indptr, indices=indices, edge_weight=w)
+
+    def duplicate_edges(self) -> int:
+        """Number of edges that repeat an earlier ``(source, destination)`` pair (0 for a simple graph)."""
+        key = self.dst_index() * self.num_nodes + self.indices.long()
+        if key.numel() > 1 and bool((key[1:] < key[:-1]).any()):  # rows not sorted by source: sort
+            key = torch.sort(key).values
+        return int((key[1:] == key[:-1]).sum()) if key.numel() > 1 else 0
 
     def with_indices_dtype(self, dtype: torch.dtype) -> Graph:
         """Same graph with ``indices`` stored as int32 (half the memory) or int64."""
@@ -277,6 +316,8 @@ class Graph:
             "features": self.num_features,
             "classes": self.num_classes,
             "self_loops": self_loops,
+            "duplicate_edges": self.duplicate_edges(),
+            "weighted": self.edge_weight is not None,
             "isolated_nodes": int(((din == 0) & (dout == 0)).sum()),
             "in_degree": desc(din),
             "out_degree": desc(dout),
@@ -320,6 +361,14 @@ def csr_rows(indptr: Tensor, nnz: int | None = None) -> Tensor:
     counts = indptr[1:] - indptr[:-1]
     return torch.repeat_interleave(torch.arange(counts.numel(), device=indptr.device), counts,
                                    output_size=int(indptr[-1]) if nnz is None else nnz)
+
+
+def _rank_in_run(key: Tensor) -> Tensor:
+    """``[E]`` for sorted ``key``: how many equal keys precede each entry (0 for the first copy of an edge)."""
+    pos = torch.arange(key.numel())
+    start = torch.ones(key.numel(), dtype=torch.bool)
+    start[1:] = key[1:] != key[:-1]
+    return pos - torch.cummax(torch.where(start, pos, 0), 0).values
 
 
 def _coo_to_csr(

@@ -121,10 +121,12 @@ def open_dir(path: Path | str) -> Graph:
 
 
 # --------------------------------------------------------------------------------------------- readers
-def read_planetoid(root: Path | str, name: str, normalize: bool = True) -> Graph:
+def read_planetoid(root: Path | str, name: str, normalize: bool = True, coalesce: bool = True) -> Graph:
     """Planetoid pickles ``ind.<name>.*`` (the GCN reference format), standard split.
 
-    Features are row-normalised as in the GCN reference code unless ``normalize`` is false.
+    Features are row-normalised as in the GCN reference code unless ``normalize`` is false. The pickled adjacency
+    lists some edges twice (Cora: 10,858 entries, 10,556 distinct); they are merged, as PyG's ``Planetoid`` does,
+    unless ``coalesce`` is false.
     """
     root = Path(root)
     name = name.lower()
@@ -168,6 +170,7 @@ def read_planetoid(root: Path | str, name: str, normalize: bool = True) -> Graph
     return Graph.from_edge_index(
         ei,
         n,
+        coalesce=coalesce,
         x=torch.from_numpy(feats.astype(np.float32)),
         y=torch.from_numpy(labels),
         train_mask=torch.from_numpy(masks[0]),
@@ -177,8 +180,11 @@ def read_planetoid(root: Path | str, name: str, normalize: bool = True) -> Graph
     )
 
 
-def read_npz(path: Path | str, seed: int = 0, train_per_class: int = 20, val_per_class: int = 30) -> Graph:
-    """gnn-benchmark npz (raw files of PyG's Amazon/Coauthor): symmetrised, seeded per-class split."""
+def read_npz(
+    path: Path | str, seed: int = 0, train_per_class: int = 20, val_per_class: int = 30, coalesce: bool = False
+) -> Graph:
+    """gnn-benchmark npz (raw files of PyG's Amazon/Coauthor): symmetrised, seeded per-class split. Repeated
+    adjacency entries are multi-edges unless ``coalesce``."""
     path = Path(path)
     with reading(path), np.load(path, allow_pickle=False) as d:
         n = int(d["adj_shape"][0])
@@ -197,6 +203,7 @@ def read_npz(path: Path | str, seed: int = 0, train_per_class: int = 20, val_per
     tr, va, te = per_class_split(labels, train_per_class, val_per_class, np.random.default_rng(seed))
     g = Graph.from_scipy(
         adj,
+        coalesce=coalesce,
         x=torch.from_numpy(feats.astype(np.float32)),
         y=torch.from_numpy(labels),
         train_mask=tr,
@@ -313,6 +320,7 @@ def read_edgelist(
     seed: int = 0,
     symmetrize: bool | None = None,
     weights: bool | None = None,
+    coalesce: bool = False,
 ) -> Graph:
     """SNAP-style edge list (plain or .gz), read by column: ``#``/``%`` comment lines, then ``src dst`` or
     ``src dst weight`` per line (0-based ids), separated by whitespace or commas; ``#`` starts a comment anywhere.
@@ -322,8 +330,9 @@ def read_edgelist(
     graph's ``meta["edge_weight"]`` says where the weights came from. A header comment such as ``# Nodes: 81306``
     sets the vertex count (keeping isolated vertices); otherwise it is ``max id + 1``. A header comment calling the
     graph *undirected* (SNAP's ``# Undirected graph: ...``) means each edge is listed once: the graph is
-    symmetrised, unless ``symmetrize`` is given (``True``/``False`` always win). Features, labels and a 25/50/25
-    split are random and seeded, as for ``kronecker``.
+    symmetrised, unless ``symmetrize`` is given (``True``/``False`` always win). An edge listed twice is two
+    edges (a multi-edge) unless ``coalesce`` merges them (summing weights). Features, labels and a 25/50/25 split
+    are random and seeded, as for ``kronecker``.
     """
     path = Path(path)
     declared = 0
@@ -351,6 +360,7 @@ def read_edgelist(
     g = Graph.from_edge_index(
         ids,
         n,
+        coalesce=coalesce,
         edge_weight=None if w is None else torch.from_numpy(w),
         x=None if x is None else torch.from_numpy(x),
         y=y,
@@ -378,9 +388,10 @@ def _read_csv(path: Path, dtype: type) -> np.ndarray:
         return vals.reshape(len(lines), cols).astype(dtype)
 
 
-def read_ogb(root: Path | str, name: str, symmetrize: bool = True) -> Graph:
+def read_ogb(root: Path | str, name: str, symmetrize: bool = True, coalesce: bool = False) -> Graph:
     """OGB node-property-prediction directory: ``raw/edge.csv.gz``, ``raw/node-feat.csv.gz``,
-    ``raw/node-label.csv.gz``, ``split/<type>/{train,valid,test}.csv.gz``. Symmetrised by default.
+    ``raw/node-label.csv.gz``, ``split/<type>/{train,valid,test}.csv.gz``. Symmetrised by default; repeated edges
+    are multi-edges unless ``coalesce``.
 
     ``root`` may be the dataset directory itself or hold it as ``<name>`` or ``<name with _ for ->``.
     """
@@ -423,6 +434,7 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True) -> Graph:
     g = Graph.from_edge_index(
         ei,
         n,
+        coalesce=coalesce,
         x=torch.from_numpy(feats),
         y=torch.from_numpy(labels.astype(np.int64)),
         train_mask=masks[0],

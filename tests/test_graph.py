@@ -79,7 +79,7 @@ def test_symmetrize_keeps_multiplicity_without_doubling() -> None:
         ({"x": torch.tensor([[0.0], [float("inf")], [1.0]])}, "NaN or inf"),
         ({"x": torch.zeros(3, 2, dtype=torch.float64)}, "float32"),
         ({"y": torch.tensor([0, 1, 3]), "num_classes": 3}, "labels must lie in"),
-        ({"y": torch.tensor([0, -1, 1])}, "labels must lie in"),
+        ({"y": torch.tensor([0, -2, 1])}, "labels must lie in"),
         ({"y": torch.tensor([0, 1])}, "labels have shape"),
         ({"y": torch.tensor([0, 1, 0]), "train_mask": torch.tensor([True, False])}, "one entry per vertex"),
         ({"train_mask": torch.tensor([1, 0, 0])}, "bool"),
@@ -184,3 +184,36 @@ def test_block_transpose_built_by_a_stable_sort_equals_the_csc_conversion() -> N
         assert torch.equal(b.t_weight, csc.values())
         x = torch.rand(num_dst, 3, generator=gen)
         assert torch.allclose(b.adj_t() @ x, b.adj().to_dense().T @ x, atol=1e-6)
+
+
+def test_unlabelled_vertices_allowed_outside_every_mask() -> None:
+    ei = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    y = torch.tensor([0, -1, 2, -1])
+    g = Graph.from_edge_index(ei, 4, y=y, train_mask=torch.tensor([True, False, True, False]))
+    assert g.num_classes == 3  # -1 is not a class
+    with pytest.raises(GraphError, match=r"val_mask selects 2 unlabelled vertices \(label -1\), the first is vertex 1"):
+        Graph.from_edge_index(ei, 4, y=y, val_mask=torch.tensor([False, True, True, True]))
+
+
+@pytest.mark.parametrize("engine", ["inmemory", "offload", "minibatch"])
+def test_unlabelled_vertices_outside_the_masks_change_no_loss(engine: str) -> None:
+    """Engines read labels through the masks only: turning every unmasked label into -1 leaves each epoch's loss
+    and accuracies as they were."""
+    from dataclasses import replace
+
+    from gnnscale import TrainConfig, train
+    from gnnscale.graph.generators import csbm
+
+    g = csbm(nodes=300, features=8, seed=0)
+    test = g.test_mask.clone()
+    test[::3] = False  # a third of the test vertices leave every mask ...
+    g = replace(g, test_mask=test)
+    outside = ~(g.train_mask | g.val_mask | g.test_mask)
+    y = g.y.clone()
+    y[outside] = -1  # ... and lose their labels
+    unlabelled = replace(g, y=y)
+    assert int(outside.sum()) > 50 and unlabelled.num_classes == g.num_classes
+    cfg = TrainConfig(engine=engine, epochs=3, hidden=8, seed=1)
+    want, got = train(g, cfg, "cpu").history, train(unlabelled, cfg, "cpu").history
+    for key in ("loss", "train_acc", "val_acc", "test_acc"):
+        assert [r[key] for r in got] == [r[key] for r in want], key

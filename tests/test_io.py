@@ -137,6 +137,13 @@ def test_ogb_reader(tmp_path: Path) -> None:
     assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (4, 6, 2, 2)
     assert g.x[0].tolist() == [0.5, 1.0] and g.train_mask.tolist() == [True, True, False, False]
     assert load_dataset("ogb:ogbn-tiny:symmetrize=0", root=tmp_path).num_edges == 3
+    write(base / "raw" / "node-label.csv.gz", ["0", "1", "nan", "0"])  # unlabelled vertex 2, in valid
+    with pytest.raises(GraphError, match=r"val_mask selects 1 unlabelled vertices \(label -1\)"):
+        load_dataset("ogb:ogbn-tiny", root=tmp_path)
+    write(base / "split" / "random" / "valid.csv.gz", ["3"])
+    write(base / "split" / "random" / "test.csv.gz", [])
+    g = load_dataset("ogb:ogbn-tiny", root=tmp_path)
+    assert g.y.tolist() == [0, 1, -1, 0] and g.num_classes == 2 and not bool(g.test_mask.any())
 
 
 def test_planetoid_cora() -> None:

@@ -33,15 +33,16 @@ def random_split(
 def per_class_split(
     y: np.ndarray, train_per_class: int, val_per_class: int, rng: np.random.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``train_per_class`` / ``val_per_class`` random vertices of every class; the rest is test (Shchur et al.)."""
+    """``train_per_class`` / ``val_per_class`` random vertices of every class; the rest is test (Shchur et al.).
+    Unlabelled vertices (label ``-1``) are in no split."""
     n = y.shape[0]
     train = np.zeros(n, dtype=bool)
     val = np.zeros(n, dtype=bool)
-    for c in np.unique(y):
+    for c in np.unique(y[y >= 0]):
         idx = rng.permutation(np.flatnonzero(y == c))
         train[idx[:train_per_class]] = True
         val[idx[train_per_class : train_per_class + val_per_class]] = True
-    test = ~(train | val)
+    test = ~(train | val) & (y >= 0)
     return torch.from_numpy(train), torch.from_numpy(val), torch.from_numpy(test)
 
 

@@ -39,7 +39,8 @@ class Graph:
     x: Tensor | None = None
     """``[num_nodes, num_features]`` float32 features; may be backed by a memory-mapped file."""
     y: Tensor | None = None
-    """``[num_nodes]`` int64 labels in ``[0, num_classes)``."""
+    """``[num_nodes]`` int64 labels in ``[0, num_classes)``, or ``-1`` for an unlabelled vertex (the OGB/PyG
+    convention), allowed only outside every mask."""
     train_mask: Tensor | None = None
     val_mask: Tensor | None = None
     test_mask: Tensor | None = None
@@ -47,7 +48,7 @@ class Graph:
     """``[num_edges]`` float32 weight of each in-edge, in CSR order; ``None`` means all ones."""
     name: str = "graph"
     num_classes: int | None = None
-    """Number of classes; inferred as ``y.max() + 1`` when omitted."""
+    """Number of classes; inferred as ``y.max() + 1`` when omitted (so ``-1`` labels do not count)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (dataset spec, generator parameters); saved by :func:`gnnscale.graph.io.save`."""
 
@@ -124,6 +125,7 @@ class Graph:
                 if not bool(torch.isfinite(self.x[start : start + _CHECK_ROWS]).all()):
                     last = min(n, start + _CHECK_ROWS) - 1
                     raise GraphError(f"features contain NaN or inf (in rows {start}..{last})")
+        unlabelled = False
         if self.y is not None:
             if self.y.shape != (n,):
                 raise GraphError(f"labels have shape {tuple(self.y.shape)}, expected ({n},)")
@@ -133,8 +135,9 @@ class Graph:
             if c is None or c < 1:
                 raise GraphError(f"num_classes must be >= 1, got {c}")
             lo, hi = int(self.y.min()), int(self.y.max())
-            if lo < 0 or hi >= c:
-                raise GraphError(f"labels must lie in [0, {c}), found {lo if lo < 0 else hi}")
+            if lo < -1 or hi >= c:
+                raise GraphError(f"labels must lie in [0, {c}) or be -1 (unlabelled), found {lo if lo < -1 else hi}")
+            unlabelled = lo < 0
         for mname in MASK_NAMES:
             m = getattr(self, mname)
             if m is None:
@@ -145,6 +148,12 @@ class Graph:
                 raise GraphError(f"{mname} has length {m.numel()}, expected {n} (one entry per vertex)")
             if self.y is None and bool(m.any()):
                 raise GraphError(f"{mname} selects vertices but the graph has no labels")
+            if unlabelled and self.y is not None:
+                k = int((self.y[m] < 0).sum())
+                if k:
+                    first = int(torch.nonzero(m & (self.y < 0))[0])
+                    raise GraphError(f"{mname} selects {k} unlabelled vertices (label -1), the first is vertex "
+                                     f"{first}; a mask may select labelled vertices only")
 
     # ---------------------------------------------------------- constructors
     @classmethod

@@ -414,8 +414,7 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True, coalesce: boo
         raise DatasetError(f"{raw}/edge.csv: expected 2 columns, got {ei.shape[0]}")
     feats = _read_csv(find(raw / "node-feat"), np.float32)
     labels = _read_csv(find(raw / "node-label"), np.float64).reshape(-1)
-    if np.isnan(labels).any():
-        raise DatasetError(f"{raw}/node-label: unlabelled (NaN) vertices are not supported")
+    labels[np.isnan(labels)] = -1  # unlabelled: allowed outside the split (the Graph checks the masks)
     n = feats.shape[0]
     nn_file = raw / "num-node-list.csv.gz"
     if nn_file.exists():

@@ -224,3 +224,22 @@ def test_edgelist_bad_lines_are_named(tmp_path: Path, body: str, option: str, me
     f.write_text(body)
     with pytest.raises(DatasetError, match=message):
         load_dataset(f"edgelist:{f}{option}")
+
+
+@pytest.mark.parametrize("layout", [".", "raw", "Cora/raw", "cora/raw", "CORA"])
+def test_planetoid_found_in_pyg_layouts(tmp_path: Path, layout: str) -> None:
+    src = need_file("planetoid/ind.cora.x").parent
+    (tmp_path / layout).mkdir(parents=True, exist_ok=True)
+    for f in src.glob("ind.cora.*"):
+        (tmp_path / layout / f.name).symlink_to(f)
+    assert load_dataset("planetoid:cora", root=tmp_path).num_nodes == 2708
+    assert load_dataset("planetoid:Cora", root=tmp_path).num_edges == 10556
+
+
+def test_planetoid_error_lists_every_place_looked(tmp_path: Path) -> None:
+    (tmp_path / "CiteSeer").mkdir()
+    with pytest.raises(DatasetError, match="not found") as err:
+        load_dataset("planetoid:citeseer", root=tmp_path)
+    msg = str(err.value)
+    for place in ("", "/raw", "/citeseer/raw", "/CiteSeer/raw", "/citeseer,", "/CiteSeer)"):
+        assert f"{tmp_path}{place}" in msg, place

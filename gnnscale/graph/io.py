@@ -121,6 +121,23 @@ def open_dir(path: Path | str) -> Graph:
 
 
 # --------------------------------------------------------------------------------------------- readers
+def find_planetoid(root: Path | str, name: str) -> Path:
+    """The folder holding ``ind.<name>.x``: ``root`` itself, or PyG's layouts ``root/raw`` and
+    ``root/<Name>/raw`` (and ``root/<Name>``), the dataset folder's name matched case-insensitively (PyG writes
+    ``Cora``, ``CiteSeer``, ``PubMed``). Raises DatasetError listing every folder looked in."""
+    root = Path(root)
+    stem = name.lower()
+    named = [root / name]
+    if root.is_dir():
+        named += sorted(p for p in root.iterdir() if p.is_dir() and p.name.lower() == stem and p.name != name)
+    candidates = [root, root / "raw", *(d / "raw" for d in named), *named]
+    for c in candidates:
+        if (c / f"ind.{stem}.x").is_file():
+            return c
+    looked = ", ".join(map(str, candidates))
+    raise DatasetError(f"Planetoid files ind.{stem}.* not found (looked in {looked}); pass --root DIR")
+
+
 def read_planetoid(root: Path | str, name: str, normalize: bool = True, coalesce: bool = True) -> Graph:
     """Planetoid pickles ``ind.<name>.*`` (the GCN reference format), standard split.
 

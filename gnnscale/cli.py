@@ -454,7 +454,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     print(f"name        {st['name']}")
     print(f"nodes       {st['nodes']:,}")
-    print(f"edges       {st['edges']:,} (directed, in-neighbour CSR; {st['self_loops']:,} self-loops)")
+    print(f"edges       {st['edges']:,} (directed, in-neighbour CSR; {st['self_loops']:,} self-loops, "
+          f"{st['duplicate_edges']:,} duplicates kept as multi-edges{', weighted' if st['weighted'] else ''})")
     print(f"features    {st['features']}")
     print(f"classes     {st['classes']}")
     for d in ("in_degree", "out_degree"):

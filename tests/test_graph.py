@@ -23,11 +23,49 @@ def test_from_edge_index_builds_in_neighbour_csr() -> None:
     assert st["self_loops"] == 2 and st["isolated_nodes"] == 1 and st["train_mask"] == 2
 
 
-def test_duplicates_merge_and_weights_sum() -> None:
+def test_duplicates_kept_unless_coalesced_and_weights_sum() -> None:
     ei = torch.tensor([[0, 0, 1], [1, 1, 0]])
-    g = Graph.from_edge_index(ei, 2, edge_weight=torch.tensor([1.0, 2.0, 5.0]))
+    g = Graph.from_edge_index(ei, 2, edge_weight=torch.tensor([1.0, 2.0, 5.0]), coalesce=True)
     assert g.num_edges == 2 and g.edge_weight.tolist() == [5.0, 3.0]
-    assert Graph.from_edge_index(ei, 2, coalesce=False).num_edges == 3
+    kept = Graph.from_edge_index(ei, 2)
+    assert kept.num_edges == 3 and kept.stats()["duplicate_edges"] == 1 and g.stats()["duplicate_edges"] == 0
+
+
+def test_every_entry_point_keeps_multi_edges_alike(tmp_path) -> None:  # noqa: ANN001
+    """0->1 three times and 1->2 once: four edges through every entry point, one through each with coalesce."""
+    from torch_geometric.data import Data
+
+    from gnnscale.graph import io
+    from gnnscale.graph.datasets import load_dataset
+
+    ei = torch.tensor([[0, 0, 0, 1], [1, 1, 1, 2]])
+    f = tmp_path / "e.txt"
+    f.write_text("0 1\n0 1\n0 1\n1 2\n")
+    adj = sp.coo_matrix((np.ones(4), (ei[0].numpy(), ei[1].numpy())), shape=(3, 3))
+    built = {
+        "from_edge_index": lambda c: Graph.from_edge_index(ei, 3, coalesce=c),
+        "from_pyg": lambda c: Graph.from_pyg(Data(edge_index=ei, num_nodes=3, x=None), coalesce=c),
+        "from_scipy": lambda c: Graph.from_scipy(adj, coalesce=c),
+        "edgelist": lambda c: load_dataset(f"edgelist:{f}:features=0,classes=0,coalesce={int(c)}"),
+        "edgelist_fn": lambda c: io.read_edgelist(f, features=0, classes=0, coalesce=c),
+    }
+    for name, make in built.items():
+        g, c = make(False), make(True)
+        assert (g.num_edges, g.stats()["duplicate_edges"]) == (4, 2), name
+        assert (c.num_edges, c.stats()["duplicate_edges"]) == (2, 0), name
+        assert g.edge_index().tolist() == [[0, 0, 0, 1], [1, 1, 1, 2]], name
+
+
+def test_symmetrize_keeps_multiplicity_without_doubling() -> None:
+    # 0->1 twice, 1->0 once, 1->2 once: 0->1 x2, 1->0 x2 (max of both counts), 1->2 and 2->1 once
+    g = Graph.from_edge_index(torch.tensor([[0, 0, 1, 1], [1, 1, 0, 2]]), 3).symmetrize()
+    assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (0, 1), (1, 0), (1, 0), (1, 2), (2, 1)]
+    again = g.symmetrize()
+    assert torch.equal(again.indptr, g.indptr) and torch.equal(again.indices, g.indices)  # idempotent
+    w = Graph.from_edge_index(torch.tensor([[0, 1, 1], [1, 0, 2]]), 3, edge_weight=torch.tensor([2.0, 5.0, 3.0]))
+    ws = w.symmetrize()
+    got = {tuple(e): x for e, x in zip(ws.edge_index().t().tolist(), ws.edge_weight.tolist(), strict=True)}
+    assert got == {(0, 1): 5.0, (1, 0): 5.0, (1, 2): 3.0, (2, 1): 3.0}  # a pair given both ways: the larger
 
 
 @pytest.mark.parametrize(
@@ -41,7 +79,7 @@ def test_duplicates_merge_and_weights_sum() -> None:
         ({"x": torch.tensor([[0.0], [float("inf")], [1.0]])}, "NaN or inf"),
         ({"x": torch.zeros(3, 2, dtype=torch.float64)}, "float32"),
         ({"y": torch.tensor([0, 1, 3]), "num_classes": 3}, "labels must lie in"),
-        ({"y": torch.tensor([0, -1, 1])}, "labels must lie in"),
+        ({"y": torch.tensor([0, -2, 1])}, "labels must lie in"),
         ({"y": torch.tensor([0, 1])}, "labels have shape"),
         ({"y": torch.tensor([0, 1, 0]), "train_mask": torch.tensor([True, False])}, "one entry per vertex"),
         ({"train_mask": torch.tensor([1, 0, 0])}, "bool"),
@@ -146,3 +184,36 @@ def test_block_transpose_built_by_a_stable_sort_equals_the_csc_conversion() -> N
         assert torch.equal(b.t_weight, csc.values())
         x = torch.rand(num_dst, 3, generator=gen)
         assert torch.allclose(b.adj_t() @ x, b.adj().to_dense().T @ x, atol=1e-6)
+
+
+def test_unlabelled_vertices_allowed_outside_every_mask() -> None:
+    ei = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    y = torch.tensor([0, -1, 2, -1])
+    g = Graph.from_edge_index(ei, 4, y=y, train_mask=torch.tensor([True, False, True, False]))
+    assert g.num_classes == 3  # -1 is not a class
+    with pytest.raises(GraphError, match=r"val_mask selects 2 unlabelled vertices \(label -1\), the first is vertex 1"):
+        Graph.from_edge_index(ei, 4, y=y, val_mask=torch.tensor([False, True, True, True]))
+
+
+@pytest.mark.parametrize("engine", ["inmemory", "offload", "minibatch"])
+def test_unlabelled_vertices_outside_the_masks_change_no_loss(engine: str) -> None:
+    """Engines read labels through the masks only: turning every unmasked label into -1 leaves each epoch's loss
+    and accuracies as they were."""
+    from dataclasses import replace
+
+    from gnnscale import TrainConfig, train
+    from gnnscale.graph.generators import csbm
+
+    g = csbm(nodes=300, features=8, seed=0)
+    test = g.test_mask.clone()
+    test[::3] = False  # a third of the test vertices leave every mask ...
+    g = replace(g, test_mask=test)
+    outside = ~(g.train_mask | g.val_mask | g.test_mask)
+    y = g.y.clone()
+    y[outside] = -1  # ... and lose their labels
+    unlabelled = replace(g, y=y)
+    assert int(outside.sum()) > 50 and unlabelled.num_classes == g.num_classes
+    cfg = TrainConfig(engine=engine, epochs=3, hidden=8, seed=1)
+    want, got = train(g, cfg, "cpu").history, train(unlabelled, cfg, "cpu").history
+    for key in ("loss", "train_acc", "val_acc", "test_acc"):
+        assert [r[key] for r in got] == [r[key] for r in want], key

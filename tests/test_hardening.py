@@ -18,6 +18,7 @@ from gnnscale.cli import main
 from gnnscale.errors import GraphError, TrainingError
 from gnnscale.graph import io
 from gnnscale.graph.generators import csbm
+from gnnscale.graph.graph import Graph
 
 SMALL = "csbm:nodes=300,avg_degree=4,features=8"
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,7 +231,13 @@ def test_info_statistics_stream_over_edge_slabs(monkeypatch: pytest.MonkeyPatch)
         want_out = torch.bincount(g.indices.long(), minlength=g.num_nodes)
         full = g.stats()
         monkeypatch.setattr(graph_mod, "_STAT_EDGES", 3)
+        want_dups = g.duplicate_edges()
         assert g.num_self_loops() == want_loops and torch.equal(g.out_degree(), want_out)
+        assert g.duplicate_edges() == want_dups
         assert g.stats() == full
         monkeypatch.undo()
     assert tiny_graph().num_self_loops() == 2
+    multi = Graph.from_edge_index(torch.tensor([[0, 0, 0, 1, 2, 2], [1, 1, 1, 2, 0, 0]]), 3)
+    for slab in (1, 2, 3, 1 << 22):
+        monkeypatch.setattr(graph_mod, "_STAT_EDGES", slab)
+        assert multi.duplicate_edges() == 3, slab

@@ -137,6 +137,13 @@ def test_ogb_reader(tmp_path: Path) -> None:
     assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (4, 6, 2, 2)
     assert g.x[0].tolist() == [0.5, 1.0] and g.train_mask.tolist() == [True, True, False, False]
     assert load_dataset("ogb:ogbn-tiny:symmetrize=0", root=tmp_path).num_edges == 3
+    write(base / "raw" / "node-label.csv.gz", ["0", "1", "nan", "0"])  # unlabelled vertex 2, in valid
+    with pytest.raises(GraphError, match=r"val_mask selects 1 unlabelled vertices \(label -1\)"):
+        load_dataset("ogb:ogbn-tiny", root=tmp_path)
+    write(base / "split" / "random" / "valid.csv.gz", ["3"])
+    write(base / "split" / "random" / "test.csv.gz", [])
+    g = load_dataset("ogb:ogbn-tiny", root=tmp_path)
+    assert g.y.tolist() == [0, 1, -1, 0] and g.num_classes == 2 and not bool(g.test_mask.any())
 
 
 def test_planetoid_cora() -> None:
@@ -172,3 +179,67 @@ def test_edgelist_web_cnr_and_convert(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "cnr" / "meta.json").read_text())
     assert meta["num_edges"] == 3216152
     assert load_dataset(str(tmp_path / "cnr")).equals(g)
+
+
+def test_edgelist_third_column_is_a_weight_not_more_ids(tmp_path: Path) -> None:
+    """Read by column: `0 1 7` is the edge 0->1 of weight 7, not the ids 0, 1, 7 re-paired across lines."""
+    f = tmp_path / "w.txt"
+    f.write_text("0 1 7\n1 2 9\n2 3 4\n3 0 1\n")
+    g = load_dataset(f"edgelist:{f}:features=1")
+    assert (g.num_nodes, g.num_edges) == (4, 4)
+    assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    ew = {tuple(e): w for e, w in zip(g.edge_index().t().tolist(), g.edge_weight.tolist(), strict=True)}
+    assert ew == {(0, 1): 7.0, (1, 2): 9.0, (2, 3): 4.0, (3, 0): 1.0}
+    assert "column 3" in g.meta["edge_weight"]
+    assert load_dataset(f"edgelist:{f}:weights=0").edge_weight is None
+    (tmp_path / "three.txt").write_text("0 1 7\n1 2 9\n2 3 4\n")  # was "odd number of ids"
+    assert load_dataset(f"edgelist:{tmp_path / 'three.txt'}").num_edges == 3
+
+
+def test_edgelist_commas_and_inline_comments(tmp_path: Path) -> None:
+    f = tmp_path / "c.csv"
+    f.write_text("# Nodes: 5\n0,1  # first\n1, 2\n# middle comment\n% matrix-market style\n2 ,3 # 50%\n")
+    g = load_dataset(f"edgelist:{f}:features=1")
+    assert (g.num_nodes, g.num_edges, g.edge_weight) == (5, 3, None)
+    assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (1, 2), (2, 3)]
+    f.write_text("0,1,1.5  # a\n1,2,0.5\n# c\n2,3,2\n")
+    g = load_dataset(f"edgelist:{f}:features=1")
+    assert sorted(g.edge_weight.tolist()) == [0.5, 1.5, 2.0]
+
+
+@pytest.mark.parametrize(("body", "option", "message"), [
+    ("0 1\n1 2 5\n", "", r"line 2: 3 columns where line 1 has 2: '1 2 5'"),
+    ("# h\n0 1\n\n1 2 3 4\n", "", r"line 4: 4 columns where line 2 has 2: '1 2 3 4'"),
+    ("0 1 2 3\n", "", r"line 1: expected 'src dst' or 'src dst weight', got 4 columns: '0 1 2 3'"),
+    ("7\n", "", r"line 1: expected 'src dst' or 'src dst weight', got 1 columns"),
+    ("0 1\n1 x\n", "", r"line 2: non-integer vertex id: '1 x'"),
+    ("0 1 2\n1 2 heavy\n", "", r"line 2: non-numeric edge weight: '1 2 heavy'"),
+    ("0 1 2\n1 2 nan\n", "", r"line 2: edge weight is NaN or inf"),
+    ("0 1\n2 -3\n", "", r"line 2: negative vertex id -3"),
+    ("0 1\n1 2\n", ":weights=1", r"weights=1 but the file has 2 columns"),
+    ("# only a comment\n\n", "", r"no edges found"),
+])
+def test_edgelist_bad_lines_are_named(tmp_path: Path, body: str, option: str, message: str) -> None:
+    f = tmp_path / "bad.txt"
+    f.write_text(body)
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(f"edgelist:{f}{option}")
+
+
+@pytest.mark.parametrize("layout", [".", "raw", "Cora/raw", "cora/raw", "CORA"])
+def test_planetoid_found_in_pyg_layouts(tmp_path: Path, layout: str) -> None:
+    src = need_file("planetoid/ind.cora.x").parent
+    (tmp_path / layout).mkdir(parents=True, exist_ok=True)
+    for f in src.glob("ind.cora.*"):
+        (tmp_path / layout / f.name).symlink_to(f)
+    assert load_dataset("planetoid:cora", root=tmp_path).num_nodes == 2708
+    assert load_dataset("planetoid:Cora", root=tmp_path).num_edges == 10556
+
+
+def test_planetoid_error_lists_every_place_looked(tmp_path: Path) -> None:
+    (tmp_path / "CiteSeer").mkdir()
+    with pytest.raises(DatasetError, match="not found") as err:
+        load_dataset("planetoid:citeseer", root=tmp_path)
+    msg = str(err.value)
+    for place in ("", "/raw", "/citeseer/raw", "/CiteSeer/raw", "/citeseer,", "/CiteSeer)"):
+        assert f"{tmp_path}{place}" in msg, place

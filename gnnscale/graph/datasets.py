@@ -115,9 +115,7 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0) -> Gr
         if kind == "planetoid":
             if arg.lower() not in PLANETOID_NAMES:
                 raise DatasetError(f"unknown Planetoid dataset {arg!r}; choose one of {', '.join(PLANETOID_NAMES)}")
-            base = Path(root_s or ".")
-            if not (base / f"ind.{arg.lower()}.x").exists():
-                raise DatasetError(f"Planetoid files ind.{arg.lower()}.* not found in {base} (pass --root DIR)")
+            base = io.find_planetoid(Path(root_s or "."), arg)
             g = io.read_planetoid(base, arg, **_options(io.read_planetoid, opt_text, ("name",)))
         elif kind == "npz":
             g = io.read_npz(_resolve(arg, root_s), **{"seed": seed, **_options(io.read_npz, opt_text)})

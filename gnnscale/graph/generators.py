@@ -33,15 +33,16 @@ def random_split(
 def per_class_split(
     y: np.ndarray, train_per_class: int, val_per_class: int, rng: np.random.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``train_per_class`` / ``val_per_class`` random vertices of every class; the rest is test (Shchur et al.)."""
+    """``train_per_class`` / ``val_per_class`` random vertices of every class; the rest is test (Shchur et al.).
+    Unlabelled vertices (label ``-1``) are in no split."""
     n = y.shape[0]
     train = np.zeros(n, dtype=bool)
     val = np.zeros(n, dtype=bool)
-    for c in np.unique(y):
+    for c in np.unique(y[y >= 0]):
         idx = rng.permutation(np.flatnonzero(y == c))
         train[idx[:train_per_class]] = True
         val[idx[train_per_class : train_per_class + val_per_class]] = True
-    test = ~(train | val)
+    test = ~(train | val) & (y >= 0)
     return torch.from_numpy(train), torch.from_numpy(val), torch.from_numpy(test)
 
 
@@ -120,6 +121,7 @@ def csbm(
     return Graph.from_edge_index(
         ei,
         nodes,
+        coalesce=True,  # a simple graph: pairs drawn twice are one edge
         x=torch.from_numpy(x),
         y=torch.from_numpy(y.astype(np.int64)),
         train_mask=tr,
@@ -265,6 +267,7 @@ def kronecker(
     return Graph.from_edge_index(
         ei,
         n,
+        coalesce=True,  # a simple graph: R-MAT draws popular pairs many times, kept once
         x=torch.from_numpy(x),
         y=torch.from_numpy(y),
         train_mask=tr,

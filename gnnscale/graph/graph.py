@@ -29,6 +29,9 @@ class Graph:
 
     Construct with :meth:`from_edge_index`, :meth:`from_scipy` or :meth:`from_pyg` rather than directly; the
     constructor validates whatever it is given and raises :class:`~gnnscale.errors.GraphError` on bad input.
+
+    Duplicate edges: every entry point keeps multi-edges as given (an edge listed three times is three in-edges,
+    as in PyG's ``edge_index``) unless asked to ``coalesce``; :meth:`stats` counts them (``duplicate_edges``).
     """
 
     indptr: Tensor
@@ -38,7 +41,8 @@ class Graph:
     x: Tensor | None = None
     """``[num_nodes, num_features]`` float32 features; may be backed by a memory-mapped file."""
     y: Tensor | None = None
-    """``[num_nodes]`` int64 labels in ``[0, num_classes)``."""
+    """``[num_nodes]`` int64 labels in ``[0, num_classes)``, or ``-1`` for an unlabelled vertex (the OGB/PyG
+    convention), allowed only outside every mask."""
     train_mask: Tensor | None = None
     val_mask: Tensor | None = None
     test_mask: Tensor | None = None
@@ -46,7 +50,7 @@ class Graph:
     """``[num_edges]`` float32 weight of each in-edge, in CSR order; ``None`` means all ones."""
     name: str = "graph"
     num_classes: int | None = None
-    """Number of classes; inferred as ``y.max() + 1`` when omitted."""
+    """Number of classes; inferred as ``y.max() + 1`` when omitted (so ``-1`` labels do not count)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (dataset spec, generator parameters); saved by :func:`gnnscale.graph.io.save`."""
 
@@ -142,6 +146,7 @@ class Graph:
                     last = min(n, start + _CHECK_ROWS) - 1
                     raise GraphError(f"features contain NaN or inf: first at row {row}, column {col} ({value}); "
                                      f"{int(bad.sum())} bad row(s) among rows {start}..{last}")
+        unlabelled = False
         if self.y is not None:
             if self.y.shape != (n,):
                 raise GraphError(f"labels have shape {tuple(self.y.shape)}, expected ({n},)")
@@ -151,8 +156,9 @@ class Graph:
             if c is None or c < 1:
                 raise GraphError(f"num_classes must be >= 1, got {c}")
             lo, hi = int(self.y.min()), int(self.y.max())
-            if lo < 0 or hi >= c:
-                raise GraphError(f"labels must lie in [0, {c}), found {lo if lo < 0 else hi}")
+            if lo < -1 or hi >= c:
+                raise GraphError(f"labels must lie in [0, {c}) or be -1 (unlabelled), found {lo if lo < -1 else hi}")
+            unlabelled = lo < 0
         for mname in MASK_NAMES:
             m = getattr(self, mname)
             if m is None:
@@ -163,6 +169,12 @@ class Graph:
                 raise GraphError(f"{mname} has length {m.numel()}, expected {n} (one entry per vertex)")
             if self.y is None and bool(m.any()):
                 raise GraphError(f"{mname} selects vertices but the graph has no labels")
+            if unlabelled and self.y is not None:
+                k = int((self.y[m] < 0).sum())
+                if k:
+                    first = int(torch.nonzero(m & (self.y < 0))[0])
+                    raise GraphError(f"{mname} selects {k} unlabelled vertices (label -1), the first is vertex "
+                                     f"{first}; a mask may select labelled vertices only")
 
     # ---------------------------------------------------------- constructors
     @classmethod
@@ -172,7 +184,7 @@ class Graph:
         num_nodes: int | None = None,
         *,
         edge_weight: Tensor | np.ndarray | None = None,
-        coalesce: bool = True,
+        coalesce: bool = False,
         **data: Any,
     ) -> Graph:
         """Build from ``[2, E]`` COO edges ``(source, destination)``.
@@ -181,7 +193,8 @@ class Graph:
             edge_index: edges, PyG convention (row 0 = source, row 1 = destination).
             num_nodes: number of vertices; defaults to ``max id + 1`` (or the feature rows when given).
             edge_weight: optional ``[E]`` weights.
-            coalesce: merge duplicate edges (summing their weights). Without it, duplicates stay as multi-edges.
+            coalesce: merge duplicate edges (summing their weights), like PyG's ``coalesce``. Without it (the
+                default, as in every entry point), duplicates stay as multi-edges.
             **data: ``x``, ``y``, masks, ``name``, ``num_classes``, ``meta`` as for :class:`Graph`.
         """
         ei = torch.as_tensor(np.asarray(edge_index) if isinstance(edge_index, np.ndarray) else edge_index)
@@ -206,18 +219,22 @@ class Graph:
         return cls(indptr=indptr, indices=indices, edge_weight=w, **data)
 
     @classmethod
-    def from_scipy(cls, adj: sp.spmatrix | sp.sparray, *, weighted: bool = False, **data: Any) -> Graph:
-        """Build from a square scipy sparse adjacency where ``adj[u, v] != 0`` is the edge ``u -> v``."""
+    def from_scipy(
+        cls, adj: sp.spmatrix | sp.sparray, *, weighted: bool = False, coalesce: bool = False, **data: Any
+    ) -> Graph:
+        """Build from a square scipy sparse adjacency where ``adj[u, v] != 0`` is the edge ``u -> v``; repeated
+        entries of a COO/CSR matrix are multi-edges unless ``coalesce``."""
         if adj.ndim != 2 or adj.shape[0] != adj.shape[1]:
             raise GraphError(f"adjacency must be square, got shape {adj.shape}")
         coo = sp.coo_matrix(adj)
         ei = np.vstack([coo.row, coo.col]).astype(np.int64)
         w = coo.data.astype(np.float32) if weighted else None
-        return cls.from_edge_index(ei, adj.shape[0], edge_weight=w, **data)
+        return cls.from_edge_index(ei, adj.shape[0], edge_weight=w, coalesce=coalesce, **data)
 
     @classmethod
-    def from_pyg(cls, data: Any, name: str = "pyg") -> Graph:
-        """Build from a ``torch_geometric.data.Data`` (edge_index, x, y, train/val/test masks, edge_weight)."""
+    def from_pyg(cls, data: Any, name: str = "pyg", coalesce: bool = False) -> Graph:
+        """Build from a ``torch_geometric.data.Data`` (edge_index, x, y, train/val/test masks, edge_weight);
+        multi-edges are kept unless ``coalesce``."""
         ew = getattr(data, "edge_weight", None)
         kw: dict[str, Any] = {
             "x": None if data.x is None else data.x.float().contiguous(),
@@ -226,7 +243,7 @@ class Graph:
         }
         for mname in MASK_NAMES:
             kw[mname] = getattr(data, mname, None)
-        return cls.from_edge_index(data.edge_index, int(data.num_nodes), edge_weight=ew, coalesce=False, **kw)
+        return cls.from_edge_index(data.edge_index, int(data.num_nodes), edge_weight=ew, coalesce=coalesce, **kw)
 
     def to_pyg(self) -> Any:
         """Convert to a ``torch_geometric.data.Data`` with the same vertex order."""
@@ -249,12 +266,52 @@ class Graph:
 
     # ------------------------------------------------------------ transforms
     def symmetrize(self) -> Graph:
-        """Return the undirected version: every edge in both directions, duplicates merged."""
+        """Return the undirected version: every edge in both directions.
+
+        An edge already present in both directions is not doubled: ``u -> v`` appears ``max(c(u,v), c(v,u))``
+        times, where ``c`` counts the copies given, so a simple graph stays simple and multi-edges stay as many.
+        A pair given both ways keeps the larger weight of each matched copy.
+        """
         ei = self.edge_index()
-        both = torch.cat([ei, ei.flip(0)], dim=1)
-        w = None if self.edge_weight is None else torch.cat([self.edge_weight, self.edge_weight])
-        indptr, indices, w = _coo_to_csr(both[0], both[1], self.num_nodes, w, coalesce=True, reduce="max")
+        n = self.num_nodes
+        keys = []
+        for side in (ei, ei.flip(0)):
+            key, perm = torch.sort(side[1] * n + side[0], stable=True)
+            keys.append((key, _rank_in_run(key), perm))
+        key = torch.cat([keys[0][0], keys[1][0]])
+        rank = torch.cat([keys[0][1], keys[1][1]])
+        w = None
+        if self.edge_weight is not None:
+            w = torch.cat([self.edge_weight[keys[0][2]], self.edge_weight[keys[1][2]]])
+        order = torch.sort(rank, stable=True).indices  # order by (key, rank): rank first, then key, stably
+        order = order[torch.sort(key[order], stable=True).indices]
+        key, rank = key[order], rank[order]
+        first = torch.ones(key.numel(), dtype=torch.bool)
+        first[1:] = (key[1:] != key[:-1]) | (rank[1:] != rank[:-1])  # one copy of each (edge, copy number)
+        if w is not None:
+            w = w[order]
+            group = torch.cumsum(first, 0) - 1
+            w = torch.full((int(first.sum()),), -float("inf")).scatter_reduce(0, group, w, reduce="amax")
+        key = key[first]
+        dst = torch.div(key, n, rounding_mode="floor")
+        indptr, indices, w = _coo_to_csr(key - dst * n, dst, n, w, coalesce=False)
         return replace(self, indptr=indptr, indices=indices, edge_weight=w)
+
+    def duplicate_edges(self) -> int:
+        """Number of edges that repeat an earlier ``(source, destination)`` pair (0 for a simple graph)."""
+        n, ip, dups, row = self.num_nodes, self.indptr, 0, 0
+        while row < n:  # slabs of whole rows (a duplicate repeats a pair within its destination's row)
+            e0 = int(ip[row])
+            stop = min(n, max(row + 1, int(torch.searchsorted(ip, e0 + _STAT_EDGES, right=True)) - 1))
+            e1 = int(ip[stop])
+            if e1 - e0 > 1:
+                dst = torch.repeat_interleave(torch.arange(stop - row), ip[row + 1 : stop + 1] - ip[row:stop])
+                key = dst * n + self.indices[e0:e1].long()
+                if bool((key[1:] < key[:-1]).any()):  # rows not sorted by source: sort
+                    key = torch.sort(key).values
+                dups += int((key[1:] == key[:-1]).sum())
+            row = stop
+        return dups
 
     def with_indices_dtype(self, dtype: torch.dtype) -> Graph:
         """Same graph with ``indices`` stored as int32 (half the memory) or int64."""
@@ -298,6 +355,8 @@ class Graph:
             "features": self.num_features,
             "classes": self.num_classes,
             "self_loops": self_loops,
+            "duplicate_edges": self.duplicate_edges(),
+            "weighted": self.edge_weight is not None,
             "isolated_nodes": int(((din == 0) & (dout == 0)).sum()),
             "in_degree": desc(din),
             "out_degree": desc(dout),
@@ -341,6 +400,14 @@ def csr_rows(indptr: Tensor, nnz: int | None = None) -> Tensor:
     counts = indptr[1:] - indptr[:-1]
     return torch.repeat_interleave(torch.arange(counts.numel(), device=indptr.device), counts,
                                    output_size=int(indptr[-1]) if nnz is None else nnz)
+
+
+def _rank_in_run(key: Tensor) -> Tensor:
+    """``[E]`` for sorted ``key``: how many equal keys precede each entry (0 for the first copy of an edge)."""
+    pos = torch.arange(key.numel())
+    start = torch.ones(key.numel(), dtype=torch.bool)
+    start[1:] = key[1:] != key[:-1]
+    return pos - torch.cummax(torch.where(start, pos, 0), 0).values
 
 
 def _coo_to_csr(

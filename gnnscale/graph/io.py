@@ -157,10 +157,29 @@ def open_dir(path: Path | str) -> Graph:
 
 
 # --------------------------------------------------------------------------------------------- readers
-def read_planetoid(root: Path | str, name: str, normalize: bool = True) -> Graph:
+def find_planetoid(root: Path | str, name: str) -> Path:
+    """The folder holding ``ind.<name>.x``: ``root`` itself, or PyG's layouts ``root/raw`` and
+    ``root/<Name>/raw`` (and ``root/<Name>``), the dataset folder's name matched case-insensitively (PyG writes
+    ``Cora``, ``CiteSeer``, ``PubMed``). Raises DatasetError listing every folder looked in."""
+    root = Path(root)
+    stem = name.lower()
+    named = [root / name]
+    if root.is_dir():
+        named += sorted(p for p in root.iterdir() if p.is_dir() and p.name.lower() == stem and p.name != name)
+    candidates = [root, root / "raw", *(d / "raw" for d in named), *named]
+    for c in candidates:
+        if (c / f"ind.{stem}.x").is_file():
+            return c
+    looked = ", ".join(map(str, candidates))
+    raise DatasetError(f"Planetoid files ind.{stem}.* not found (looked in {looked}); pass --root DIR")
+
+
+def read_planetoid(root: Path | str, name: str, normalize: bool = True, coalesce: bool = True) -> Graph:
     """Planetoid pickles ``ind.<name>.*`` (the GCN reference format), standard split.
 
-    Features are row-normalised as in the GCN reference code unless ``normalize`` is false.
+    Features are row-normalised as in the GCN reference code unless ``normalize`` is false. The pickled adjacency
+    lists some edges twice (Cora: 10,858 entries, 10,556 distinct); they are merged, as PyG's ``Planetoid`` does,
+    unless ``coalesce`` is false.
     """
     root = Path(root)
     name = name.lower()
@@ -204,6 +223,7 @@ def read_planetoid(root: Path | str, name: str, normalize: bool = True) -> Graph
     return Graph.from_edge_index(
         ei,
         n,
+        coalesce=coalesce,
         x=torch.from_numpy(feats.astype(np.float32)),
         y=torch.from_numpy(labels),
         train_mask=torch.from_numpy(masks[0]),
@@ -213,8 +233,11 @@ def read_planetoid(root: Path | str, name: str, normalize: bool = True) -> Graph
     )
 
 
-def read_npz(path: Path | str, seed: int = 0, train_per_class: int = 20, val_per_class: int = 30) -> Graph:
-    """gnn-benchmark npz (raw files of PyG's Amazon/Coauthor): symmetrised, seeded per-class split."""
+def read_npz(
+    path: Path | str, seed: int = 0, train_per_class: int = 20, val_per_class: int = 30, coalesce: bool = False
+) -> Graph:
+    """gnn-benchmark npz (raw files of PyG's Amazon/Coauthor): symmetrised, seeded per-class split. Repeated
+    adjacency entries are multi-edges unless ``coalesce``."""
     path = Path(path)
     with reading(path), np.load(path, allow_pickle=False) as d:
         n = int(d["adj_shape"][0])
@@ -233,6 +256,7 @@ def read_npz(path: Path | str, seed: int = 0, train_per_class: int = 20, val_per
     tr, va, te = per_class_split(labels, train_per_class, val_per_class, np.random.default_rng(seed))
     g = Graph.from_scipy(
         adj,
+        coalesce=coalesce,
         x=torch.from_numpy(feats.astype(np.float32)),
         y=torch.from_numpy(labels),
         train_mask=tr,
@@ -247,19 +271,121 @@ _NODES_HEADER = re.compile(r"nodes:?\s*(\d+)", re.IGNORECASE)
 _UNDIRECTED = re.compile(r"\bundirected\b", re.IGNORECASE)
 
 
+def _strip_comments(text: str) -> tuple[str, list[str]]:
+    """``(text with comments blanked, comment lines)``: a line starting with ``#`` or ``%`` is a comment line, and
+    ``#`` starts a comment anywhere. Newlines are kept, so line numbers stay right. Scans with ``str.find`` (one
+    Python step per comment, not per line)."""
+    keep: list[str] = []
+    headers: list[str] = []
+    pos = 0
+    for i in sorted(_find_all(text, "#") + _find_all(text, "%")):
+        if i < pos:
+            continue  # inside a comment already removed
+        start = text.rfind("\n", 0, i) + 1
+        if text[i] == "%" and start != i:
+            continue  # '%' is a comment only at the start of a line
+        end = text.find("\n", i)
+        end = len(text) if end < 0 else end
+        if start == i:
+            headers.append(text[i:end])
+        keep.append(text[pos:i])
+        pos = end
+    keep.append(text[pos:])
+    return "".join(keep), headers
+
+
+def _find_all(text: str, ch: str) -> list[int]:
+    """Positions of ``ch`` in ``text``; for ``#``, only the first of each line (the rest is comment)."""
+    out, i = [], text.find(ch)
+    while i >= 0:
+        out.append(i)
+        i = text.find(ch, text.find("\n", i) + 1 or len(text)) if ch == "#" else text.find(ch, i + 1)
+    return out
+
+
+def _tokens_per_line(text: str) -> np.ndarray:
+    """``[lines]`` number of whitespace-separated tokens on each line of ``text`` (which ends in ``\\n``),
+    vectorised over the bytes (no Python loop per line)."""
+    b = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
+    space = b <= 32  # ASCII control characters and blank: what str.split() splits on, and a few it keeps
+    starts = np.flatnonzero(~space[1:] & space[:-1]) + 1  # a token starts where a non-space follows a space
+    if b.size and not space[0]:
+        starts = np.concatenate([[0], starts])
+    before = np.searchsorted(starts, np.flatnonzero(b == 10))  # tokens before each newline
+    return np.diff(before, prepend=0)
+
+
+def _bad_line(path: Path, text: str, i: int, why: str) -> DatasetError:
+    line = text.split("\n")[i]  # error path only
+    return DatasetError(f"{path}: line {i + 1}: {why}: {line.strip()!r}")
+
+
+def _parse_columns(
+    path: Path, text: str, weights: bool | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``([2, E] int64 ids, [E] float32 weights or None)`` from the data lines of an edge list (comments blanked,
+    so line ``i`` of ``text`` is line ``i + 1`` of the file). Two columns are ``src dst``; a third is an edge weight."""
+    counts = _tokens_per_line(text)
+    tokens = text.split()
+    if counts.sum() != len(tokens):  # non-ASCII whitespace: count the slow way
+        counts = np.array([len(ln.split()) for ln in text.split("\n")[:-1]], dtype=np.int64)
+    data = np.flatnonzero(counts)
+    if data.size == 0:
+        raise DatasetError(f"{path}: no edges found")
+    cols = int(counts[data[0]])
+    if cols not in (2, 3):
+        raise _bad_line(path, text, int(data[0]), f"expected 'src dst' or 'src dst weight', got {cols} columns")
+    odd = data[counts[data] != cols]
+    if odd.size:
+        i = int(odd[0])
+        raise _bad_line(path, text, i, f"{int(counts[i])} columns where line {int(data[0]) + 1} has {cols}")
+    if weights and cols == 2:
+        raise DatasetError(f"{path}: weights=1 but the file has 2 columns (src dst); a weight is a third column")
+
+    def column(j: int, dtype: type, what: str) -> np.ndarray:
+        try:
+            return np.array(tokens[j::cols], dtype=dtype)
+        except ValueError:
+            for i in data:  # error path only: find the first bad line
+                try:
+                    np.array(text.split("\n")[i].split()[j], dtype=dtype)
+                except ValueError:
+                    raise _bad_line(path, text, int(i), what) from None
+            raise
+
+    ids = np.stack([column(0, np.int64, "non-integer vertex id"), column(1, np.int64, "non-integer vertex id")])
+    w = None
+    if cols == 3 and weights is not False:
+        w = column(2, np.float64, "non-numeric edge weight").astype(np.float32)
+    if ids.min() < 0:
+        i = int(data[int(np.flatnonzero((ids < 0).any(0))[0])])
+        raise _bad_line(path, text, i, f"negative vertex id {ids.min()}")
+    if w is not None and not np.isfinite(w).all():
+        i = int(data[int(np.flatnonzero(~np.isfinite(w))[0])])
+        raise _bad_line(path, text, i, "edge weight is NaN or inf")
+    return ids, w
+
+
 def read_edgelist(
     path: Path | str,
     features: int = 64,
     classes: int = 16,
     seed: int = 0,
     symmetrize: bool | None = None,
+    weights: bool | None = None,
+    coalesce: bool = False,
 ) -> Graph:
-    """SNAP-style edge list (plain or .gz): ``#``/``%`` comment lines, then ``src dst`` per line (0-based ids).
+    """SNAP-style edge list (plain or .gz), read by column: ``#``/``%`` comment lines, then ``src dst`` or
+    ``src dst weight`` per line (0-based ids), separated by whitespace or commas; ``#`` starts a comment anywhere.
 
-    A header comment such as ``# Nodes: 81306`` sets the vertex count (keeping isolated vertices); otherwise it
-    is ``max id + 1``. A header comment calling the graph *undirected* (SNAP's ``# Undirected graph: ...``) means
-    each edge is listed once: the graph is symmetrised, unless ``symmetrize`` is given (``True``/``False`` always
-    win). Features, labels and a 25/50/25 split are random and seeded, as for ``kronecker``.
+    Every data line must have the same number of columns, two or three; anything else is an error naming the line.
+    A third column is a numeric edge weight, used unless ``weights`` is false (``weights=1`` requires it); the
+    graph's ``meta["edge_weight"]`` says where the weights came from. A header comment such as ``# Nodes: 81306``
+    sets the vertex count (keeping isolated vertices); otherwise it is ``max id + 1``. A header comment calling the
+    graph *undirected* (SNAP's ``# Undirected graph: ...``) means each edge is listed once: the graph is
+    symmetrised, unless ``symmetrize`` is given (``True``/``False`` always win). An edge listed twice is two
+    edges (a multi-edge) unless ``coalesce`` merges them (summing weights). Features, labels and a 25/50/25 split
+    are random and seeded, as for ``kronecker``.
     """
     path = Path(path)
     declared = 0
@@ -267,26 +393,18 @@ def read_edgelist(
     with reading(path):
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as fh:  # type: ignore[operator]
-            body: list[str] = []
-            for line in fh:
-                if line.startswith(("#", "%")):
-                    m = _NODES_HEADER.search(line)
-                    if m:
-                        declared = max(declared, int(m.group(1)))
-                    undirected = undirected or _UNDIRECTED.search(line) is not None
-                    continue
-                body.append(line)
-        tokens = " ".join(body).split()
-        if len(tokens) % 2:
-            raise DatasetError(f"{path}: odd number of ids; every line must be 'src dst'")
-        try:
-            ids = np.array(tokens, dtype=np.int64).reshape(-1, 2).T
-        except ValueError as exc:
-            raise DatasetError(f"{path}: non-integer vertex id ({str(exc).split(':')[-1].strip()})") from exc
-    if ids.size == 0:
-        raise DatasetError(f"{path}: no edges found")
-    if ids.min() < 0:
-        raise DatasetError(f"{path}: negative vertex id {ids.min()}")
+            text = fh.read()
+        text, headers = _strip_comments(text)
+        for line in headers:
+            m = _NODES_HEADER.search(line)
+            if m:
+                declared = max(declared, int(m.group(1)))
+            undirected = undirected or _UNDIRECTED.search(line) is not None
+        if "," in text:
+            text = text.replace(",", " ")
+        if not text.endswith("\n"):
+            text += "\n"
+        ids, w = _parse_columns(path, text, weights)
     n = max(declared, int(ids.max()) + 1)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, features), dtype=np.float32) if features > 0 else None
@@ -295,6 +413,8 @@ def read_edgelist(
     g = Graph.from_edge_index(
         ids,
         n,
+        coalesce=coalesce,
+        edge_weight=None if w is None else torch.from_numpy(w),
         x=None if x is None else torch.from_numpy(x),
         y=y,
         train_mask=masks[0],
@@ -302,6 +422,7 @@ def read_edgelist(
         test_mask=masks[2],
         num_classes=classes if classes > 0 else None,
         name=path.name.split(".")[0],
+        meta={} if w is None else {"edge_weight": f"column 3 of {path.name}"},
     )
     return g.symmetrize() if (undirected if symmetrize is None else symmetrize) else g
 
@@ -320,9 +441,10 @@ def _read_csv(path: Path, dtype: type) -> np.ndarray:
         return vals.reshape(len(lines), cols).astype(dtype)
 
 
-def read_ogb(root: Path | str, name: str, symmetrize: bool = True) -> Graph:
+def read_ogb(root: Path | str, name: str, symmetrize: bool = True, coalesce: bool = False) -> Graph:
     """OGB node-property-prediction directory: ``raw/edge.csv.gz``, ``raw/node-feat.csv.gz``,
-    ``raw/node-label.csv.gz``, ``split/<type>/{train,valid,test}.csv.gz``. Symmetrised by default.
+    ``raw/node-label.csv.gz``, ``split/<type>/{train,valid,test}.csv.gz``. Symmetrised by default; repeated edges
+    are multi-edges unless ``coalesce``.
 
     ``root`` may be the dataset directory itself or hold it as ``<name>`` or ``<name with _ for ->``.
     """
@@ -345,8 +467,7 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True) -> Graph:
         raise DatasetError(f"{raw}/edge.csv: expected 2 columns, got {ei.shape[0]}")
     feats = _read_csv(find(raw / "node-feat"), np.float32)
     labels = _read_csv(find(raw / "node-label"), np.float64).reshape(-1)
-    if np.isnan(labels).any():
-        raise DatasetError(f"{raw}/node-label: unlabelled (NaN) vertices are not supported")
+    labels[np.isnan(labels)] = -1  # unlabelled: allowed outside the split (the Graph checks the masks)
     n = feats.shape[0]
     nn_file = raw / "num-node-list.csv.gz"
     if nn_file.exists():
@@ -365,6 +486,7 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True) -> Graph:
     g = Graph.from_edge_index(
         ei,
         n,
+        coalesce=coalesce,
         x=torch.from_numpy(feats),
         y=torch.from_numpy(labels.astype(np.int64)),
         train_mask=masks[0],

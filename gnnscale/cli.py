@@ -48,11 +48,11 @@ def _add_plan_dir(p: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from gnnscale import __version__
+    from gnnscale.config import ALL_MODELS
     from gnnscale.engines import ENGINES
     from gnnscale.partition import CHUNKERS, PARTITION_METHODS
     from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
     from gnnscale.store import GATHER_METHODS
-    from gnnscale.train import ALL_MODELS
 
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
     parser.add_argument("--version", action="version", version=f"gnnscale {__version__}")

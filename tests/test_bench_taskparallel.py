@@ -16,9 +16,9 @@ import torch
 
 from gnnscale import load_dataset
 from gnnscale.cli import main as cli_main
+from gnnscale.config import TrainConfig
 from gnnscale.graph.graph import Graph
 from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
-from gnnscale.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

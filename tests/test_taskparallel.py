@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gnnscale.cli import main
+from gnnscale.config import TrainConfig
 from gnnscale.engines import InMemoryEngine, TaskParallelEngine, select_engine
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, normalized_csr
@@ -21,7 +22,6 @@ from gnnscale.nn.decoupled import DecoupledGNN
 from gnnscale.nn.model import build_model
 from gnnscale.plan.taskparallel import model_times, plan_taskparallel, replication_factor
 from gnnscale.testing import only_cuda
-from gnnscale.train import TrainConfig
 
 CPU = torch.device("cpu")
 

@@ -15,7 +15,7 @@ from gnnscale.errors import EngineError
 from gnnscale.graph.graph import Graph
 
 if TYPE_CHECKING:
-    from gnnscale.train import TrainConfig
+    from gnnscale.config import TrainConfig
 
 ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "taskparallel": TaskParallelEngine,
                                     "offload": OffloadEngine, "minibatch": MiniBatchEngine}

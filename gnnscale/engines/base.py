@@ -12,7 +12,7 @@ from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
 
 if TYPE_CHECKING:
-    from gnnscale.train import TrainConfig
+    from gnnscale.config import TrainConfig
 
 
 class Engine(ABC):

@@ -14,7 +14,7 @@ from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import available_device_bytes, estimate_inmemory_bytes, format_bytes
 
 if TYPE_CHECKING:
-    from gnnscale.train import TrainConfig
+    from gnnscale.config import TrainConfig
 
 
 class InMemoryEngine(Engine):

@@ -48,7 +48,7 @@ from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.global_store import GlobalMemoryStore, StoreReader
 
 if TYPE_CHECKING:
-    from gnnscale.train import TrainConfig
+    from gnnscale.config import TrainConfig
 
 T = TypeVar("T")
 

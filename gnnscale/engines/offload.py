@@ -65,7 +65,7 @@ from gnnscale.plan.offload import OffloadPlan, describe, plan_offload
 from gnnscale.store import default_gather_method, gather_rows, scatter_add_rows, triton_available
 
 if TYPE_CHECKING:
-    from gnnscale.train import TrainConfig
+    from gnnscale.config import TrainConfig
 
 T = TypeVar("T")
 

@@ -56,7 +56,7 @@ from gnnscale.plan.memory import LiveBytesCounter, format_bytes, replica_baselin
 from gnnscale.plan.taskparallel import Stage, TaskPlan, epoch_subgraphs, plan_taskparallel
 
 if TYPE_CHECKING:
-    from gnnscale.train import TrainConfig
+    from gnnscale.config import TrainConfig
 
 QUEUE_DEPTH = 2
 """Subgraphs a T stage may run ahead of the stage it feeds."""

@@ -14,7 +14,7 @@ from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 
 if TYPE_CHECKING:
-    from gnnscale.train import TrainConfig
+    from gnnscale.config import TrainConfig
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}

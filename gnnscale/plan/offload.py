@@ -52,7 +52,7 @@ from gnnscale.partition.plan import (
 from gnnscale.plan.memory import available_device_bytes, format_bytes
 
 if TYPE_CHECKING:
-    from gnnscale.train import TrainConfig
+    from gnnscale.config import TrainConfig
 
 SAFETY = 1.25
 MAX_CHUNKS_PER_PARTITION = 1024

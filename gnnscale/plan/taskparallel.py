@@ -31,7 +31,7 @@ from gnnscale.graph.graph import Graph
 from gnnscale.plan.memory import available_device_bytes, format_bytes
 
 if TYPE_CHECKING:
-    from gnnscale.train import TrainConfig
+    from gnnscale.config import TrainConfig
 
 SAFETY = 1.25
 DEPENDENCY_MODES = ("exact", "skip")

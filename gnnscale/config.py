@@ -1,0 +1,149 @@
+"""``TrainConfig``: what to train and how, shared by the training loop and every engine.
+
+It lives apart from :mod:`gnnscale.train` so that engines and planners import it without importing the loop
+that drives them (``train`` sits above ``engines``; nothing below it imports it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gnnscale.errors import ConfigError
+from gnnscale.nn.decoupled import DECOUPLED_MODELS
+from gnnscale.nn.model import MODELS
+from gnnscale.partition import PARTITION_METHODS
+
+ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
+"""Every ``--model`` name: the layer stacks and the decoupled models."""
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """What to train and how; devices are arguments of :func:`train`, not config."""
+
+    model: str = "gcn"
+    """Layer type: one of ``gcn``, ``sage``, ``gat``, ``gin``, ``mlp``, or a decoupled model (NeutronTask Eq. 4):
+    ``dgcn``, ``dgat``."""
+    layers: int = 2
+    """Number of layers (the last one outputs class scores)."""
+    hidden: int = 64
+    """Hidden width (for GAT, the total over heads: each head has ``hidden // heads``)."""
+    heads: int = 4
+    """Attention heads of GAT's hidden layers."""
+    dropout: float = 0.5
+    """Drop probability before every layer (keyed by vertex, so identical in every engine)."""
+    lr: float = 0.01
+    """Adam learning rate."""
+    weight_decay: float = 5e-4
+    """Adam L2 weight decay."""
+    epochs: int = 100
+    """Training epochs (one full-graph step each)."""
+    seed: int = 0
+    """Seeds initial weights and dropout masks."""
+    engine: str = "auto"
+    """Engine name, or ``auto`` for the first engine with no reason against it."""
+    memory_budget: int | None = None
+    """Device memory the engine may use, in bytes; ``None``: what is free on the device."""
+    partitions: int = 1
+    """Offload: level-1 partitions ``m`` (HongTu schedules one per GPU; on one device they run in turn)."""
+    chunks: int | None = None
+    """Offload: destination chunks per partition ``n``; ``None``: the planner picks the fewest that fit."""
+    partition_method: str = "metis"
+    """Offload: ``metis``, ``random`` or ``range`` level-1 partitioning."""
+    gather: str = "auto"
+    """Offload: how chunk rows reach the device: ``index_select`` (CPU gather + async copy), ``uva`` (Triton
+    kernel reading pinned host memory) or ``auto``."""
+    plan_dir: str | None = None
+    """Where partition plans are saved and reused; ``None``: the user cache (``gnnscale.partition``)."""
+    devices: tuple[str, ...] | None = None
+    """Offload: devices the partitions run on (partition ``i`` on ``devices[i % len(devices)]``), one thread each.
+    Mini-batch: one trainer per device, each training its share of every batch. ``None``: the training device.
+    The first is the training device."""
+    dedup: str = "full"
+    """Offload: ``none`` (every chunk loads its rows), ``reuse`` (rows shared with the partition's previous chunk
+    stay on the device) or ``full`` (HongTu: each batch's rows loaded once, shared between partitions, reused)."""
+    chunker: str = "range"
+    """Offload: ``range`` (edge-balanced id ranges, HongTu's), ``metis`` (METIS sub-partitions: fewer shared rows,
+    less balanced) or ``auto`` (both, the lower Eq. 4 cost; METIS runs once per chunk count and is saved)."""
+    reorganize: str = "auto"
+    """Offload: reorder chunks into batches by Algorithm 4: ``on``, ``off`` or ``auto`` (when it lowers Eq. 4)."""
+    batch_size: int = 1024
+    """Mini-batch: seed vertices per batch."""
+    fanouts: tuple[int, ...] | None = None
+    """Mini-batch: neighbours sampled per hop, the first for the seeds' hop (-1: all); ``None``: 15,10 for two
+    layers, else 10 per layer."""
+    eval_fanouts: tuple[int, ...] | None = None
+    """Mini-batch: sampled evaluation with these fanouts; ``None``: layer-wise full-neighbour inference."""
+    gpu_graph_ratio: float | None = None
+    """Mini-batch: fraction of vertices (hottest first) whose neighbour lists live on the devices; ``None``: as
+    many as half the device budget holds (topology first, then features: XGNN §4.3)."""
+    gpu_feature_ratio: float | None = None
+    """Mini-batch: fraction of vertices (hottest first) whose features live on the devices; ``None``: see above."""
+    dependency: str = "exact"
+    """Task-parallel: ``exact`` (every T task finishes before the first P task: the in-memory model exactly) or
+    ``skip`` (NeutronTask Algorithm 1: edges from subgraphs later in this epoch's shuffled order are skipped, and
+    P tasks start as soon as their subgraph's T tasks are done)."""
+    subgraphs: int | None = None
+    """Task-parallel: subgraphs ``S`` per epoch; ``None``: the fewest (at least 2) that fit ``memory_budget``."""
+    t_devices: int | None = None
+    """Task-parallel: devices for the T tasks (``N_t``); ``None``: the scheduling model (Eqs. 7-8) decides."""
+    hotness: str = "degree"
+    """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
+    of a few sampled batches)."""
+
+    def __post_init__(self) -> None:
+        from gnnscale.engines import ENGINES
+        from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
+        from gnnscale.partition.plan import CHUNKERS
+        from gnnscale.store import GATHER_METHODS
+
+        checks = [
+            (self.model in ALL_MODELS, f"unknown model {self.model!r}; choose one of {', '.join(ALL_MODELS)}"),
+            (self.layers >= 1, f"--layers must be >= 1, got {self.layers}"),
+            (self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}"),
+            (self.heads >= 1, f"--heads must be >= 1, got {self.heads}"),
+            (0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1), got {self.dropout}"),
+            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
+            (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
+            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
+            (self.engine == "auto" or self.engine in ENGINES,
+             f"unknown engine {self.engine!r}; choose auto or one of {', '.join(ENGINES)}"),
+            (self.memory_budget is None or self.memory_budget > 0, "--gpu-memory must be positive"),
+            (self.partitions >= 1, f"--partitions must be >= 1, got {self.partitions}"),
+            (self.chunks is None or self.chunks >= 1, f"--chunks must be >= 1, got {self.chunks}"),
+            (self.partition_method in PARTITION_METHODS,
+             f"unknown partition method {self.partition_method!r}; choose one of {', '.join(PARTITION_METHODS)}"),
+            (self.gather in ("auto", *GATHER_METHODS),
+             f"unknown gather method {self.gather!r}; choose auto or one of {', '.join(GATHER_METHODS)}"),
+            (self.dedup in DEDUP_MODES, f"unknown --dedup {self.dedup!r}; choose one of {', '.join(DEDUP_MODES)}"),
+            (self.chunker in ("auto", *CHUNKERS),
+             f"unknown --chunker {self.chunker!r}; choose auto or one of {', '.join(CHUNKERS)}"),
+            (self.reorganize in REORGANIZE_MODES,
+             f"unknown --reorganize {self.reorganize!r}; choose one of {', '.join(REORGANIZE_MODES)}"),
+            (self.devices is None or len(self.devices) >= 1, "--devices needs at least one device"),
+            (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.engine != "minibatch" or self.fanouts is None or len(self.fanouts) == self.layers,
+             f"--fanouts has {len(self.fanouts or ())} value(s) for {self.layers} layers; give one per layer"),
+            (self.engine != "minibatch" or self.eval_fanouts is None or len(self.eval_fanouts) == self.layers,
+             f"--eval-fanouts has {len(self.eval_fanouts or ())} value(s) for {self.layers} layers"),
+            (self.fanouts is None or all(f >= 1 or f == -1 for f in self.fanouts),
+             f"--fanouts must be positive (or -1 for all neighbours), got {self.fanouts}"),
+            (self.eval_fanouts is None or all(f >= 1 or f == -1 for f in self.eval_fanouts),
+             f"--eval-fanouts must be positive (or -1 for all neighbours), got {self.eval_fanouts}"),
+            (self.gpu_graph_ratio is None or 0.0 <= self.gpu_graph_ratio <= 1.0,
+             f"--gpu-graph-ratio must be in [0, 1], got {self.gpu_graph_ratio}"),
+            (self.dependency in ("exact", "skip"),
+             f"unknown --dependency {self.dependency!r}; choose exact or skip"),
+            (self.subgraphs is None or self.subgraphs >= 1, f"--subgraphs must be >= 1, got {self.subgraphs}"),
+            (self.t_devices is None or self.t_devices >= 1, f"--t-devices must be >= 1, got {self.t_devices}"),
+            (self.hotness in ("degree", "presample"),
+             f"unknown --hotness {self.hotness!r}; choose degree or presample"),
+            (self.gpu_feature_ratio is None or 0.0 <= self.gpu_feature_ratio <= 1.0,
+             f"--gpu-feature-ratio must be in [0, 1], got {self.gpu_feature_ratio}"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+        if self.model == "gat" and self.layers > 1 and self.hidden % self.heads:
+            raise ConfigError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads}) for GAT")

@@ -202,35 +202,49 @@ def render_png(panels: Sequence[Panel], out: str | os.PathLike[str], *, dpi: int
         raise ConfigError("nothing to draw: no panels")
     ncols = 2 if len(panels) > 1 else 1
     nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(6.0 * ncols, 3.6 * nrows), dpi=dpi)
+    # the last panel (counters: many lines) with many lines gets its legend below it, three names a row, in
+    # room added at the foot of the figure; another panel with many lines gets a two-column legend inside
+    many = 6
+    foot = math.ceil(len(panels[-1].series) / 3) if len(panels[-1].series) > many else 0
+    fig = Figure(figsize=(6.0 * ncols, 3.6 * nrows + 0.25 * foot + (0.3 if foot else 0.0)), dpi=dpi)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    grid = fig.add_gridspec(nrows, ncols)
+    # an odd last panel takes the whole row: room for a long legend beside it
+    cells = [grid[k // ncols, k % ncols] for k in range(len(panels))]
+    if len(panels) % ncols:
+        cells[-1] = grid[nrows - 1, :]
+    nruns = 1 + max((s.run for p in panels for s in p.series), default=0)
     colors = [f"C{k}" for k in range(10)]
     styles = ["-", "--", ":", "-."]
-    for ax, panel in zip(axes, panels, strict=False):
+    for cell, panel in zip(cells, panels, strict=True):
+        ax = fig.add_subplot(cell)
         parts = list(dict.fromkeys(s.part for s in panel.series))
+        here = list(dict.fromkeys(s.run for s in panel.series))  # runs with a line in this panel
         for s in panel.series:
             k = parts.index(s.part)
             if panel.color_by == "run":
                 color, style = colors[s.run % 10], styles[k % 4]
             else:
-                color, style = colors[k % 10], styles[s.run % 4]
-            ax.plot(s.x, s.y, style, color=color, label=s.name, marker="o", markersize=2.5, linewidth=1.3)
+                color, style = colors[k % 10], styles[here.index(s.run) % 4]
+            # earlier runs drawn wider, so a later run that matches one (same losses) leaves it visible as a halo
+            wide = (nruns - 1 - s.run) / max(nruns - 1, 1)
+            ax.plot(s.x, s.y, style, color=color, label=s.name, marker="o", markersize=2.5 + 2.5 * wide,
+                    linewidth=1.2 + 2.0 * wide, alpha=0.55 if wide else 0.9)
         ax.set_title(panel.title)
         ax.set_xlabel("epoch")
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
-        if panel.series:
-            ax.legend(fontsize="small", ncol=2 if len(panel.series) > 6 else 1)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
+        if panel is panels[-1] and foot:
+            ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+        elif panel.series:
+            ax.legend(fontsize="small" if len(panel.series) <= many else "x-small", ncol=1 + (len(panel.series) > many))
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=dpi)
+            fig.savefig(fh, format="png", dpi=dpi, pil_kwargs={"optimize": True})
         honour_umask(tmp)
         os.replace(tmp, out)
     except BaseException:

@@ -163,3 +163,15 @@ def test_missing_file_and_no_runs(tmp_path: Path) -> None:
         build_panels([])
     with pytest.raises(GnnscaleError):
         markdown([])
+
+
+@pytest.mark.skipif(not _compat.WITH_MATPLOTLIB, reason="matplotlib not installed")
+def test_render_png_many_counters_legend_below(tmp_path: Path) -> None:
+    counters = {f"c{k}_bytes": 1_000_000 * (k + 1) for k in range(7)}
+    records = [{"epoch": e, "loss": 1.0, "train_acc": 0.5, "val_acc": 0.5, "test_acc": 0.5, "epoch_time_s": 0.1,
+                "peak_device_bytes": 2**20, **counters} for e in (1, 2)]
+    panels = build_panels([read_run(_write(tmp_path / "many.jsonl", records))])
+    assert len(panels[-1].series) == 7
+    data = render_png(panels, tmp_path / "many.png").read_bytes()
+    # three legend rows (7 names, 3 a row) below the last panel: 10.8 + 0.75 + 0.3 inches at 100 dpi
+    assert int.from_bytes(data[20:24], "big") == 1185

@@ -18,6 +18,8 @@ warnings.filterwarnings("ignore", message="An issue occurred while importing")
 WITH_PYG = importlib.util.find_spec("torch_geometric") is not None
 WITH_PYMETIS = importlib.util.find_spec("pymetis") is not None
 WITH_TQDM = importlib.util.find_spec("tqdm") is not None
+# run reports (gnnscale.report) draw PNGs with it; the pip extra is gnnscale[report]
+WITH_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 def require(module: str, pip_name: str | None = None) -> Any:

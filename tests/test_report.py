@@ -1,0 +1,177 @@
+"""Run reports: reading metrics files, the panels built from them, Markdown and the PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from gnnscale import _compat
+from gnnscale.errors import ConfigError, DatasetError, GnnscaleError
+from gnnscale.report import Run, build_panels, markdown, read_run, render_png
+
+# a finished offload run: three epochs with engine counters (one that never moved anything), then a summary
+OFFLOAD = [
+    {"epoch": 1, "loss": 1.6, "train_acc": 0.3, "val_acc": 0.25, "test_acc": 0.2, "epoch_time_s": 0.5,
+     "peak_device_bytes": 2 * 2**20, "h2d_bytes": 4_000_000, "d2h_bytes": 2_000_000, "h2d_topology_bytes": 0,
+     "rows_h2d": 100, "device_peak_bytes": [2 * 2**20]},
+    {"epoch": 2, "loss": 1.2, "train_acc": 0.6, "val_acc": 0.55, "test_acc": 0.5, "epoch_time_s": 0.4,
+     "peak_device_bytes": 3 * 2**20, "h2d_bytes": 4_000_000, "d2h_bytes": 2_000_000, "h2d_topology_bytes": 0,
+     "rows_h2d": 100, "device_peak_bytes": [3 * 2**20]},
+    {"epoch": 3, "loss": 0.9, "train_acc": 0.8, "val_acc": 0.5, "test_acc": 0.6, "epoch_time_s": 0.4,
+     "peak_device_bytes": 3 * 2**20, "h2d_bytes": 4_000_000, "d2h_bytes": None, "h2d_topology_bytes": 0,
+     "rows_h2d": 100, "device_peak_bytes": [3 * 2**20]},
+    {"summary": True, "engine": "offload", "device": "cpu", "model": "gcn", "dataset": "tiny", "epochs": 3,
+     "best_val_acc": 0.55, "best_by": "val", "best_epoch": 2, "test_acc_at_best_val": 0.5, "final_test_acc": 0.6,
+     "config": {"partitions": 2}},
+]
+# an interrupted in-memory run: two epochs, nulls where nothing was measured, no summary
+INTERRUPTED = [
+    {"epoch": 1, "loss": 1.5, "train_acc": 0.4, "val_acc": 0.35, "test_acc": 0.3, "epoch_time_s": 0.2,
+     "peak_device_bytes": None},
+    {"epoch": 2, "loss": None, "train_acc": 0.5, "val_acc": 0.45, "test_acc": None, "epoch_time_s": 0.2,
+     "peak_device_bytes": 2**20},
+]
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> list[Run]:
+    return [read_run(_write(tmp_path / "off.jsonl", OFFLOAD)), read_run(_write(tmp_path / "cut.jsonl", INTERRUPTED))]
+
+
+def test_read_run_labels_and_summary(runs: list[Run]) -> None:
+    off, cut = runs
+    assert off.label == "offload/gcn/tiny/p2" and off.summary is not None and len(off.records) == 3
+    assert cut.label == "cut" and cut.summary is None and len(cut.records) == 2  # no summary: the file stem
+
+
+def test_build_panels_series_names_and_lengths(runs: list[Run]) -> None:
+    panels = build_panels(runs)
+    got = {p.title: [(s.name, len(s.x), len(s.y)) for s in p.series] for p in panels}
+    off, cut = "offload/gcn/tiny/p2", "cut"
+    assert list(got) == ["loss", "accuracy", "epoch time", "peak device memory", "moved per epoch"]
+    assert got["loss"] == [(off, 3, 3), (cut, 2, 2)]
+    assert got["accuracy"] == [(f"{off} train", 3, 3), (f"{off} val", 3, 3), (f"{off} test", 3, 3),
+                               (f"{cut} train", 2, 2), (f"{cut} val", 2, 2), (f"{cut} test", 2, 2)]
+    assert got["epoch time"] == [(off, 3, 3), (cut, 2, 2)]
+    assert got["peak device memory"] == [(off, 3, 3), (cut, 2, 2)]
+    # peaks are memory, not movement; an all-zero counter and row counts (not bytes) stay out
+    assert got["moved per epoch"] == [(f"{off} h2d_bytes", 3, 3), (f"{off} d2h_bytes", 3, 3)]
+
+
+def test_build_panels_values_units_and_null_gaps(runs: list[Run]) -> None:
+    panels = {p.title: p for p in build_panels(runs)}
+    loss_cut = panels["loss"].series[1]
+    assert loss_cut.x == [1, 2] and loss_cut.y[0] == 1.5 and math.isnan(loss_cut.y[1])
+    assert math.isnan(panels["accuracy"].series[5].y[1])  # cut test_acc at epoch 2
+    assert panels["accuracy"].series[1].y == [0.25, 0.55, 0.5]
+    peak_off, peak_cut = panels["peak device memory"].series
+    assert peak_off.y == [2.0, 3.0, 3.0]  # MiB
+    assert math.isnan(peak_cut.y[0]) and peak_cut.y[1] == 1.0
+    h2d, d2h = panels["moved per epoch"].series
+    assert h2d.y == [4.0, 4.0, 4.0]  # MB
+    assert d2h.y[:2] == [2.0, 2.0] and math.isnan(d2h.y[2])
+
+
+def test_no_moved_panel_without_counters(tmp_path: Path) -> None:
+    panels = build_panels([read_run(_write(tmp_path / "cut.jsonl", INTERRUPTED))])
+    assert [p.title for p in panels] == ["loss", "accuracy", "epoch time", "peak device memory"]
+
+
+def test_same_label_runs_get_their_file_names(tmp_path: Path) -> None:
+    a = read_run(_write(tmp_path / "a.jsonl", OFFLOAD))
+    b = read_run(_write(tmp_path / "b.jsonl", OFFLOAD))
+    names = [s.name for s in build_panels([a, b])[0].series]
+    assert names == ["offload/gcn/tiny/p2 (a)", "offload/gcn/tiny/p2 (b)"]
+
+
+def test_markdown_rows_and_closing_lines(runs: list[Run]) -> None:
+    md = markdown(runs)
+    assert "### offload/gcn/tiny/p2" in md and "### cut" in md
+    assert "| 2 | 1.2000 | 0.6000 | 0.5500 | 0.5000 | 0.400 | 3.0 |" in md
+    assert "| 1 | 1.5000 | 0.4000 | 0.3500 | 0.3000 | 0.200 | n/a |" in md
+    assert "| 2 | n/a | 0.5000 | 0.4500 | n/a | 0.200 | 1.0 |" in md
+    table_rows = [ln for ln in md.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert len(table_rows) == 5
+    assert "best epoch 2" in md and "test accuracy 0.5000 at best val" in md
+    assert "interrupted after 2 epoch record(s): best val accuracy 0.4500 at epoch 2" in md
+
+
+@pytest.mark.skipif(not _compat.WITH_MATPLOTLIB, reason="matplotlib not installed")
+def test_render_png_writes_a_png_atomically(runs: list[Run], tmp_path: Path) -> None:
+    out = tmp_path / "report.png"
+    old = os.umask(0o027)
+    try:
+        assert render_png(build_panels(runs), out) == out
+    finally:
+        os.umask(old)
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 20_000  # five panels of lines and legends, not an empty canvas
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1200, 1080)  # 2 columns x 3 rows of 6.0 x 3.6 inches at 100 dpi
+    assert out.stat().st_mode & 0o777 == 0o640  # the umask's mode, not tempfile's 0600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.jsonl", "off.jsonl", "report.png"]  # no temp left
+
+
+@pytest.mark.skipif(not _compat.WITH_MATPLOTLIB, reason="matplotlib not installed")
+def test_render_png_bad_out(runs: list[Run], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        render_png(build_panels(runs), tmp_path / "nope" / "r.png")
+    with pytest.raises(ConfigError, match="is a directory"):
+        render_png(build_panels(runs), tmp_path)
+
+
+def test_render_png_without_matplotlib_names_the_extra(runs: list[Run], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_compat, "WITH_MATPLOTLIB", False)
+    with pytest.raises(ConfigError, match=r"pip install gnnscale\[report\]"):
+        render_png(build_panels(runs), tmp_path / "r.png")
+    assert not (tmp_path / "r.png").exists()
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"epoch": 1, "loss": 1.0}', "{not json"], r"bad\.jsonl:2: not JSON"),
+    (['{"epoch": 1, "loss": 1.0}', "", "[1, 2]"], r"bad\.jsonl:3: expected a JSON object"),
+    (['{"loss": 1.0}'], r"bad\.jsonl:1: an epoch record needs an integer 'epoch'"),
+    (['{"epoch": 1, "loss": "high"}'], r"bad\.jsonl:1: 'loss' should be a number or null"),
+    (['{"epoch": 1, "h2d_bytes": "lots"}'], r"bad\.jsonl:1: 'h2d_bytes' should be a number or null"),
+    (['{"summary": true, "engine": "inmemory"}'], r"bad\.jsonl: no epoch records"),
+    ([], r"bad\.jsonl: no epoch records"),
+    (['{"epoch": 1}', '{"summary": true}', '{"epoch": 2}'], r"bad\.jsonl:3: a record after the summary"),
+])
+def test_bad_file_raises_dataset_error_naming_the_line(tmp_path: Path, lines: list[str], message: str) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(ln + "\n" for ln in lines))
+    with pytest.raises(DatasetError, match=message) as info:
+        read_run(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file_and_no_runs(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="no such metrics file"):
+        read_run(tmp_path / "absent.jsonl")
+    with pytest.raises(GnnscaleError):
+        build_panels([])
+    with pytest.raises(GnnscaleError):
+        markdown([])
+
+
+@pytest.mark.skipif(not _compat.WITH_MATPLOTLIB, reason="matplotlib not installed")
+def test_render_png_many_counters_legend_below(tmp_path: Path) -> None:
+    counters = {f"c{k}_bytes": 1_000_000 * (k + 1) for k in range(7)}
+    records = [{"epoch": e, "loss": 1.0, "train_acc": 0.5, "val_acc": 0.5, "test_acc": 0.5, "epoch_time_s": 0.1,
+                "peak_device_bytes": 2**20, **counters} for e in (1, 2)]
+    panels = build_panels([read_run(_write(tmp_path / "many.jsonl", records))])
+    assert len(panels[-1].series) == 7
+    data = render_png(panels, tmp_path / "many.png").read_bytes()
+    # three legend rows (7 names, 3 a row) below the last panel: 10.8 + 0.75 + 0.3 inches at 100 dpi
+    assert int.from_bytes(data[20:24], "big") == 1185

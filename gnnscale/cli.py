@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
     parser.add_argument("--version", action="version", version=f"gnnscale {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,partition,info,convert}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,partition,info,report,convert}")
 
     t = sub.add_parser("train", help="train a model and report accuracy")
     _add_dataset_args(t, required=False)
@@ -152,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     i.set_defaults(func=cmd_info)
 
+    r = sub.add_parser("report", help="plot or tabulate one or more metrics files (loss, accuracy, time, memory, "
+                                      "bytes moved per epoch)")
+    r.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="metrics files written by 'train --metrics'")
+    r.add_argument("--out", metavar="FILE", help="PNG to write (needed for --format png)")
+    r.add_argument("--format", choices=["png", "md"], default="png",
+                   help="png: a figure of panels, runs overlaid (needs matplotlib); md: Markdown tables on stdout "
+                        "(default png)")
+    r.set_defaults(func=cmd_report)
     c = sub.add_parser("convert", help="write a dataset in gnnscale's memory-mappable directory format")
     _add_dataset_args(c, required=True)
     c.add_argument("--out", required=True, metavar="DIR", help="new directory to create")
@@ -467,6 +475,20 @@ def cmd_info(args: argparse.Namespace) -> int:
     b = st["bytes"]
     print(f"memory      {format_bytes(b['total'])} total: topology {format_bytes(b['topology'])}, "
           f"features {format_bytes(b['features'])}, labels+masks {format_bytes(b['labels'] + b['masks'])}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gnnscale.report import build_panels, markdown, read_run, render_png
+
+    runs = [read_run(p) for p in args.runs]
+    if args.format == "md":
+        print(markdown(runs))
+        return 0
+    if not args.out:
+        raise ConfigError("report --format png needs --out FILE.png (or use --format md)")
+    out = render_png(build_panels(runs), args.out)
+    print(f"wrote {out}: {len(runs)} run(s)")
     return 0
 
 

@@ -175,3 +175,22 @@ def test_render_png_many_counters_legend_below(tmp_path: Path) -> None:
     data = render_png(panels, tmp_path / "many.png").read_bytes()
     # three legend rows (7 names, 3 a row) below the last panel: 10.8 + 0.75 + 0.3 inches at 100 dpi
     assert int.from_bytes(data[20:24], "big") == 1185
+
+
+def test_cli_report_png_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gnnscale.cli import main
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert main(["train", "--dataset", "csbm:nodes=300,features=8", "--epochs", "3", "--quiet", "--metrics",
+                 str(a)]) == 0
+    assert main(["train", "--dataset", "csbm:nodes=300,features=8", "--epochs", "2", "--engine", "offload",
+                 "--partitions", "2", "--quiet", "--metrics", str(b)]) == 0
+    capsys.readouterr()
+    png = tmp_path / "r.png"
+    assert main(["report", str(a), str(b), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wrote" in capsys.readouterr().out
+    assert main(["report", str(a), str(b), "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert md.count("| 1 |") >= 2 and "offload" in md
+    assert main(["report", str(a)]) == 2  # png without --out
+    assert capsys.readouterr().err.startswith("error: report --format png needs --out")

@@ -120,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "sets the chunks per subgraph (default: the P group size)")
     tp.add_argument("--t-devices", type=int, metavar="N",
                     help="devices of --devices that run the T tasks (default: the scheduling model, Eqs. 7-8)")
+    ck = t.add_argument_group("checkpoints")
+    ck.add_argument("--checkpoint", metavar="DIR",
+                    help="keep DIR/checkpoint.pt (model, optimiser, epoch, best epoch, records, engine state), "
+                         "written atomically every --checkpoint-every epochs and after the last")
+    ck.add_argument("--checkpoint-every", type=int, default=1, metavar="N", help="epochs between checkpoints "
+                    "(default 1)")
+    ck.add_argument("--resume", action="store_true",
+                    help="go on from --checkpoint DIR if it holds a checkpoint (same model settings; --epochs is "
+                         "the total); the metrics file continues the old run's")
     t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     t.set_defaults(func=cmd_train)
@@ -264,6 +273,7 @@ def _warm_imports() -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from gnnscale.checkpoint import check_checkpoint_args
     from gnnscale.graph.datasets import load_dataset
     from gnnscale.plan.memory import parse_budget
     from gnnscale.train import TrainConfig, check_trainable, resolve_devices, train
@@ -279,6 +289,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness, dependency=args.dependency,
         subgraphs=args.subgraphs, t_devices=args.t_devices,
     )
+    check_checkpoint_args(args.checkpoint, args.checkpoint_every, args.resume)
     device = resolve_devices(config, args.device)
     if args.device == "auto" and not config.devices and device.type == "cpu":
         print("no CUDA device found: training on CPU (--device cpu says so and silences this)")
@@ -319,7 +330,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             steps = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in ready.items() if k != "ready_s")
             print(f"ready to train in {ready['ready_s']:.1f}s ({steps})", flush=True)
 
-        result = train(graph, config, device, on_epoch=on_epoch, on_start=on_start, timings=timings)
+        def on_resume(history: list[dict[str, Any]]) -> None:
+            print(f"resuming from {args.checkpoint} after epoch {history[-1]['epoch'] if history else 0}")
+            bar.update(len(history))
+            for rec in history:  # the metrics file continues the old run's (rewritten from the checkpoint)
+                if writer:
+                    writer.write(rec)
+
+        result = train(graph, config, device, on_epoch=on_epoch, on_start=on_start, timings=timings,
+                       checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                       on_resume=on_resume)
         bar.close()
         s = result.summary
         print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} epochs "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from gnnscale.checkpoint import check_checkpoint_args, check_resumable, load_checkpoint, save_checkpoint
 from gnnscale.config import TrainConfig
 from gnnscale.engines.base import Engine
 from gnnscale.errors import ConfigError, GraphError, TrainingError
@@ -117,6 +119,10 @@ def train(
     on_epoch: Callable[[EpochRecord], None] | None = None,
     on_start: Callable[[Engine, dict[str, list[str]], dict[str, float]], None] | None = None,
     timings: dict[str, float] | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    checkpoint_every: int = 1,
+    resume: bool = False,
+    on_resume: Callable[[list[EpochRecord]], None] | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on ``graph`` with the selected engine; same seed and device -> same metrics.
 
@@ -128,6 +134,12 @@ def train(
         on_start: called before the first epoch with the engine, the engines ``auto`` rejected (and why) and the
             seconds each preparation step took (``ready_s`` their total): the CLI prints the plan there.
         timings: seconds of steps the caller ran before (``load_s``), reported with the engine's own.
+        checkpoint: a folder for ``checkpoint.pt`` (:mod:`gnnscale.checkpoint`), written every
+            ``checkpoint_every`` epochs and after the last one.
+        resume: go on from the checkpoint in ``checkpoint`` when there is one (the epochs it holds are not
+            trained again, and ``on_epoch`` is not called for them); a config that changes the model is refused.
+        on_resume: called with the checkpoint's epoch records before the first new epoch (a metrics file
+            continues from them).
 
     Raises:
         GnnscaleError: bad config, unusable graph, or no engine fits; the message says which.
@@ -138,6 +150,10 @@ def train(
     start = time.perf_counter()
     dev = resolve_devices(config, device)
     check_trainable(graph)
+    check_checkpoint_args(checkpoint, checkpoint_every, resume)
+    saved = load_checkpoint(checkpoint) if resume and checkpoint is not None else None
+    if saved is not None:
+        check_resumable(saved, config, graph.name, graph.num_nodes)
     engine_cls, rejected = select_engine(graph, config, dev)
     assert graph.num_classes is not None
     model = build_model(
@@ -162,7 +178,24 @@ def train(
     best: EpochRecord | None = None
     best_state: dict[str, torch.Tensor] = {}
     best_by = "val" if graph.val_mask is not None and bool(graph.val_mask.any()) else "train"
-    for epoch in range(1, config.epochs + 1):
+    first = 1
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        engine.optimizer.load_state_dict(saved["optimizer"])
+        engine.load_state_dict(saved["engine"])
+        history, best, best_state = saved["history"], saved["best"], saved["best_state"]
+        first = saved["epoch"] + 1
+        if on_resume is not None:
+            on_resume(history)
+
+    def save(epoch: int) -> None:
+        assert checkpoint is not None
+        save_checkpoint(checkpoint, {
+            "epoch": epoch, "config": asdict(config), "dataset": graph.name, "num_nodes": graph.num_nodes,
+            "engine_name": engine_cls.name, "model": model.state_dict(), "optimizer": engine.optimizer.state_dict(),
+            "engine": engine.state_dict(), "history": history, "best": best, "best_state": best_state})
+
+    for epoch in range(first, config.epochs + 1):
         reset_peak_device_bytes(dev)
         t0 = time.perf_counter()
         stats = engine.train_epoch(epoch)
@@ -188,6 +221,8 @@ def train(
         if best is None or (val is not None and val > best["_val"]):
             best = {"_val": val, "epoch": epoch, "test_acc": record["test_acc"]}
             best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        if checkpoint is not None and (epoch % checkpoint_every == 0 or epoch == config.epochs):
+            save(epoch)  # before the epoch is reported: a record seen means its checkpoint is on disk
         if on_epoch is not None:
             on_epoch(record)
     assert best is not None
@@ -207,6 +242,7 @@ def train(
         "timings": {**ready, "epoch_s": sum(r["epoch_time_s"] for r in history) / len(history)},
         "engine_detail": engine.describe(),
         "config": asdict(config),
+        "resumed_from_epoch": first - 1 if saved is not None else None,
     }
     return TrainResult(model=model, history=history, summary=summary, engine=engine_cls.name, rejected=rejected,
                        best_state=best_state)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -53,6 +53,18 @@ class Engine(ABC):
     @abstractmethod
     def evaluate(self) -> dict[str, float | None]:
         """Accuracy on ``train``/``val``/``test`` masks without dropout: ``{"train_acc", "val_acc", "test_acc"}``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Engine state a checkpoint must keep besides the model and optimiser (empty by default: the engines'
+        dropout masks, epoch permutations and samples are keyed by (seed, epoch), so nothing else carries over
+        between epochs). An engine with state across epochs returns it here and takes it in
+        :meth:`load_state_dict`."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state_dict` returned (after the model's and optimiser's state are loaded)."""
+        if state:
+            raise ValueError(f"engine {self.name} keeps no state, but the checkpoint has {sorted(state)}")
 
     def describe(self) -> str:
         """One line about how this engine runs (its plan), for the CLI and the summary record; may be empty."""

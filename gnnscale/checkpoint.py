@@ -1,0 +1,114 @@
+"""Checkpoints: everything a run needs to go on after it dies, written so that a crash mid-write never costs the
+previous one (temporary file in the same folder, fsync, rename, fsync of the folder).
+
+A checkpoint holds the model and optimiser state, the epoch, the best-epoch bookkeeping and weights, the epoch
+records so far (a resumed run's metrics file continues the old one), the config, and what the engine declares in
+:meth:`gnnscale.engines.base.Engine.state_dict`. Dropout masks and sampling are keyed by (seed, epoch), so the
+epochs after a resume are the epochs an uninterrupted run would have trained.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gnnscale.config import TrainConfig
+from gnnscale.errors import ConfigError
+from gnnscale.fsutil import honour_umask
+
+FORMAT = "gnnscale-checkpoint"
+VERSION = 1
+FILE = "checkpoint.pt"
+
+MODEL_FIELDS = ("model", "layers", "hidden", "heads", "dropout", "lr", "weight_decay", "seed")
+"""Config fields that define what is learned: a resume that changes one of them is refused. The engine and its
+settings may change (every engine trains the same model)."""
+
+
+def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / FILE
+
+
+def check_checkpoint_args(directory: str | os.PathLike[str] | None, every: int, resume: bool) -> None:
+    """The checkpoint flags on their own (before any data loads): a folder for --resume, a positive interval, and
+    no silent overwrite of an existing checkpoint."""
+    if every < 1:
+        raise ConfigError(f"--checkpoint-every must be >= 1, got {every}")
+    if directory is None:
+        if resume:
+            raise ConfigError("--resume needs --checkpoint DIR (the folder to resume from)")
+        return
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise ConfigError(f"--checkpoint {d} is a file, not a folder")
+    if not resume and checkpoint_path(d).exists():
+        raise ConfigError(f"--checkpoint {d} already holds a checkpoint; add --resume to go on from it, or give "
+                          "another folder")
+
+
+def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``directory/checkpoint.pt`` atomically; the previous checkpoint stays whole until the
+    new one is on disk."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{FILE}.", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save({"format": FORMAT, "version": VERSION, **state}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        honour_umask(tmp)
+        os.replace(tmp, d / FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:  # the rename itself survives a power cut once the folder is synced
+        dfd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    for stale in d.glob(f".{FILE}.*.tmp"):  # what a killed writer left
+        stale.unlink(missing_ok=True)
+    return d / FILE
+
+
+def load_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The checkpoint in ``directory``, or ``None`` when there is none yet."""
+    path = checkpoint_path(directory)
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same user-facing problem
+        raise ConfigError(f"--resume: {path} is not a readable checkpoint ({type(exc).__name__})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigError(f"--resume: {path} is not a gnnscale checkpoint")
+    if state.get("version") != VERSION:
+        raise ConfigError(f"--resume: {path} has checkpoint version {state.get('version')}; this gnnscale reads "
+                          f"{VERSION}")
+    return state
+
+
+def check_resumable(state: dict[str, Any], config: TrainConfig, dataset: str, num_nodes: int) -> None:
+    """Refuse a resume whose config would train a different model, or on another graph (one line naming the
+    differing fields)."""
+    old = state["config"]
+    new = asdict(config)
+    diff = [f"--{k.replace('_', '-')} {old.get(k)} -> {new[k]}" for k in MODEL_FIELDS if old.get(k) != new[k]]
+    if diff:
+        raise ConfigError(f"--resume: the checkpoint trained a different model ({'; '.join(diff)}); use the "
+                          "checkpoint's settings or a new --checkpoint folder")
+    if (state["dataset"], state["num_nodes"]) != (dataset, num_nodes):
+        raise ConfigError(f"--resume: the checkpoint was trained on {state['dataset']} ({state['num_nodes']:,} "
+                          f"vertices), not {dataset} ({num_nodes:,})")
+    if state["epoch"] >= config.epochs:
+        raise ConfigError(f"--resume: the checkpoint already has {state['epoch']} epochs; raise --epochs above it "
+                          "to train on")

@@ -4,6 +4,7 @@ from gnnscale import _compat  # noqa: F401  (warning filters, optional-dependenc
 from gnnscale.errors import ConfigError, DatasetError, EngineError, GnnscaleError, GraphError
 from gnnscale.graph import Block, Graph
 from gnnscale.graph.datasets import load_dataset
+from gnnscale.predict import load_model, predict, save_model
 from gnnscale.train import TrainConfig, TrainResult, train
 
 __version__ = "0.1.0"
@@ -20,5 +21,8 @@ __all__ = [
     "TrainResult",
     "__version__",
     "load_dataset",
+    "load_model",
+    "predict",
+    "save_model",
     "train",
 ]

@@ -51,19 +51,19 @@ def check_checkpoint_args(directory: str | os.PathLike[str] | None, every: int, 
                           "another folder")
 
 
-def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) -> Path:
-    """Write ``state`` to ``directory/checkpoint.pt`` atomically; the previous checkpoint stays whole until the
-    new one is on disk."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{FILE}.", suffix=".tmp", dir=d)
+def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``torch.save(obj)`` to ``path`` through a temporary sibling, fsync and rename (and an fsync of the folder):
+    ``path`` holds the old content or the new, never half of one. Temporaries a killed writer left are removed."""
+    path = Path(path)
+    d = path.parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=d)
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save({"format": FORMAT, "version": VERSION, **state}, fh)
+            torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
         honour_umask(tmp)
-        os.replace(tmp, d / FILE)
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -75,9 +75,17 @@ def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) ->
             os.close(dfd)
     except OSError:
         pass
-    for stale in d.glob(f".{FILE}.*.tmp"):  # what a killed writer left
+    for stale in d.glob(f".{path.name}.*.tmp"):  # what a killed writer left
         stale.unlink(missing_ok=True)
-    return d / FILE
+    return path
+
+
+def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``directory/checkpoint.pt`` atomically; the previous checkpoint stays whole until the
+    new one is on disk."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    return atomic_save({"format": FORMAT, "version": VERSION, **state}, d / FILE)
 
 
 def load_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:

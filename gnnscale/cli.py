@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
     parser.add_argument("--version", action="version", version=f"gnnscale {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,partition,info,report,convert}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,predict,partition,info,report,convert}")
 
     t = sub.add_parser("train", help="train a model and report accuracy")
     _add_dataset_args(t, required=False)
@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--resume", action="store_true",
                     help="go on from --checkpoint DIR if it holds a checkpoint (same model settings; --epochs is "
                          "the total); the metrics file continues the old run's")
+    ck.add_argument("--save-model", metavar="PATH",
+                    help="write the model at its best epoch (the weights the reported test accuracy comes from) "
+                         "for 'gnnscale predict' and gnnscale.load_model; --checkpoint DIR also keeps DIR/model.pt")
     t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     t.set_defaults(func=cmd_train)
@@ -161,6 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     i.set_defaults(func=cmd_info)
 
+    pr = sub.add_parser("predict", help="predict every vertex's class with a saved model")
+    _add_dataset_args(pr, required=True)
+    pr.add_argument("--model", required=True, metavar="PATH", help="a model written by 'train --save-model'")
+    pr.add_argument("--out", required=True, metavar="FILE", help="predicted labels: .npy, .pt or .csv")
+    pr.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    pr.add_argument("--engine", choices=["auto", *ENGINES], default="auto",
+                    help="inference path: auto, or an engine (offload predicts chunk by chunk under --gpu-memory)")
+    pr.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
+                    help="device memory the engine may use (default: what is free)")
+    pr.add_argument("--devices", metavar="LIST", help="comma-separated devices for multi-device engines")
+    pr.add_argument("--partitions", type=int, default=1, help="offload: level-1 partitions (default 1)")
+    pr.set_defaults(func=cmd_predict)
     r = sub.add_parser("report", help="plot or tabulate one or more metrics files (loss, accuracy, time, memory, "
                                       "bytes moved per epoch)")
     r.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="metrics files written by 'train --metrics'")
@@ -290,6 +305,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         subgraphs=args.subgraphs, t_devices=args.t_devices,
     )
     check_checkpoint_args(args.checkpoint, args.checkpoint_every, args.resume)
+    if args.save_model and (Path(args.save_model).is_dir() or not Path(args.save_model).parent.is_dir()):
+        raise ConfigError(f"--save-model {args.save_model}: give a file path in an existing folder")
     device = resolve_devices(config, args.device)
     if args.device == "auto" and not config.devices and device.type == "cpu":
         print("no CUDA device found: training on CPU (--device cpu says so and silences this)")
@@ -356,6 +373,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"measured vs {last['predicted_t_s']:.3g}s predicted by Eq. 5; P tasks {last['p_forward_s']:.3f}s "
                   f"vs {last['predicted_p_s']:.3g}s by Eq. 6 (with recomputation and backward: T "
                   f"{last['t_busy_s']:.3f}s, P {last['p_busy_s']:.3f}s)")
+        if args.save_model:
+            from gnnscale.predict import save_model
+
+            print(f"saved the epoch-{s['best_epoch']} model to "
+                  f"{save_model(args.save_model, result.model, config, graph, result.best_state)}")
         if writer:
             writer.write(s)
     finally:
@@ -495,6 +517,29 @@ def cmd_info(args: argparse.Namespace) -> int:
     b = st["bytes"]
     print(f"memory      {format_bytes(b['total'])} total: topology {format_bytes(b['topology'])}, "
           f"features {format_bytes(b['features'])}, labels+masks {format_bytes(b['labels'] + b['masks'])}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from gnnscale.graph.datasets import load_dataset
+    from gnnscale.plan.memory import parse_budget
+    from gnnscale.predict import OUTPUT_SUFFIXES, load_model, predict, write_predictions
+
+    out = Path(args.out)
+    if out.suffix not in OUTPUT_SUFFIXES or not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: give a .npy, .pt or .csv file in an existing folder")
+    model, config = load_model(args.model)
+    options: dict[str, Any] = {"engine": args.engine, "partitions": args.partitions,
+                               "devices": _device_list(args.devices),
+                               "memory_budget": None if args.gpu_memory is None else parse_budget(args.gpu_memory)}
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    pred = predict(g, (model, config), args.device, **options)
+    write_predictions(out, pred)
+    line = f"wrote {out}: {pred.numel():,} predicted labels"
+    if g.y is not None and g.test_mask is not None and bool(g.test_mask.any()):
+        acc = float((pred[g.test_mask] == g.y[g.test_mask]).float().mean())
+        line += f"; test accuracy {acc:.4f}"
+    print(line)
     return 0
 
 

@@ -8,6 +8,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -190,6 +191,10 @@ def train(
 
     def save(epoch: int) -> None:
         assert checkpoint is not None
+        from gnnscale.predict import save_model
+
+        Path(checkpoint).mkdir(parents=True, exist_ok=True)
+        save_model(Path(checkpoint) / "model.pt", model, config, graph, best_state)
         save_checkpoint(checkpoint, {
             "epoch": epoch, "config": asdict(config), "dataset": graph.name, "num_nodes": graph.num_nodes,
             "engine_name": engine_cls.name, "model": model.state_dict(), "optimizer": engine.optimizer.state_dict(),

@@ -54,6 +54,12 @@ class Engine(ABC):
     def evaluate(self) -> dict[str, float | None]:
         """Accuracy on ``train``/``val``/``test`` masks without dropout: ``{"train_acc", "val_acc", "test_acc"}``."""
 
+    def predict(self) -> Tensor:
+        """``[N]`` int64: every vertex's predicted class, in the graph's vertex order, without dropout -- through
+        the engine's own inference path (chunked, layer-wise or pipelined), so whatever trains under a memory
+        budget also predicts under it."""
+        raise NotImplementedError(f"engine {self.name} does not predict")
+
     def state_dict(self) -> dict[str, Any]:
         """Engine state a checkpoint must keep besides the model and optimiser (empty by default: the engines'
         dropout masks, epoch permutations and samples are keyed by (seed, epoch), so nothing else carries over

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from gnnscale.engines.base import Engine
 from gnnscale.graph.block import Block
@@ -59,3 +60,7 @@ class InMemoryEngine(Engine):
     def evaluate(self) -> dict[str, float | None]:
         self.model.eval()
         return self.accuracies(self.model(self.block, self.x), self.y, self.masks)
+
+    def predict(self) -> Tensor:
+        self.model.eval()
+        return self.model(self.block, self.x).argmax(dim=-1).cpu()

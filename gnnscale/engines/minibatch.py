@@ -301,6 +301,15 @@ class MiniBatchEngine(Engine):
         self.model.eval()
         if self.config.eval_fanouts is not None:
             return self._sampled_eval(tuple(self.config.eval_fanouts))
+        return self.accuracies(self._layerwise(), self.y.cpu(), self.masks)
+
+    def predict(self) -> Tensor:
+        """Exact layer-wise inference over full neighbourhoods (``--eval-fanouts`` only changes evaluation)."""
+        self.model.eval()
+        return self._layerwise().argmax(dim=-1)
+
+    def _layerwise(self) -> Tensor:
+        """``[N, C]`` outputs: layer by layer, every vertex, full neighbourhoods, in batches."""
         n = self.graph.num_nodes
         size = max(self.config.batch_size, EVAL_BATCH)
         h: Tensor | None = None
@@ -319,7 +328,7 @@ class MiniBatchEngine(Engine):
             h = out
         assert h is not None
         self.store.reset_stats()
-        return self.accuracies(h, self.y.cpu(), self.masks)
+        return h
 
     def _sampled_eval(self, fanouts: tuple[int, ...]) -> dict[str, float | None]:
         pred = torch.full((self.graph.num_nodes,), -1, dtype=torch.int64)

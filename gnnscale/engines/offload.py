@@ -804,6 +804,16 @@ class OffloadEngine(Engine):
     # ------------------------------------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
+        return self.accuracies(self._infer(), self.y, self.masks)
+
+    def predict(self) -> Tensor:
+        pred = self._infer().cpu()
+        out = torch.empty_like(pred)
+        out[self.plan.partition.perm] = pred  # new id i is vertex perm[i]
+        return out
+
+    def _infer(self) -> Tensor:
+        """``[N]`` predicted classes in the engine's vertex order, chunk by chunk as in training."""
         self.model.eval()
         self._sync_replicas()
         L = len(self.model.layers)
@@ -819,7 +829,7 @@ class OffloadEngine(Engine):
             w.io.store(pred, c.lo, out.argmax(dim=-1))
 
         self._pass(lambda w: self._sweep(w, lambda c: self._dst(w, c, dst_src), body, src=src), src=src)
-        return self.accuracies(pred, self.y, self.masks)
+        return pred
 
     def describe(self) -> str:
         return describe(self.plan)

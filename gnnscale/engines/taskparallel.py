@@ -654,6 +654,9 @@ class TaskParallelEngine(Engine):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
+        return self.accuracies(self.predict(), self.y, self.masks)
+
+    def predict(self) -> Tensor:
         self.model.eval()
         self.replicas.sync()
         self._start(0, False)
@@ -666,7 +669,7 @@ class TaskParallelEngine(Engine):
         finally:
             for r in self.runners:
                 r.clear_epoch()
-        return self.accuracies(pred, self.y, self.masks)
+        return pred
 
     def describe(self) -> str:
         text = self.plan.describe(self.dgat) + f"; --dependency {self.config.dependency}"

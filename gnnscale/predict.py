@@ -1,0 +1,120 @@
+"""Saved models and predictions: ``save_model`` / ``load_model`` and ``predict`` on any graph with the features
+and classes the model was trained for, through an engine's own inference path (so a graph that trains under a
+memory budget also predicts under it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gnnscale.checkpoint import atomic_save
+from gnnscale.config import TrainConfig
+from gnnscale.errors import ConfigError, GraphError
+from gnnscale.graph.graph import Graph
+from gnnscale.nn.model import GNN, build_model
+
+FORMAT = "gnnscale-model"
+VERSION = 1
+OUTPUT_SUFFIXES = (".npy", ".pt", ".csv")
+
+
+def save_model(path: str | os.PathLike[str], model: GNN, config: TrainConfig, graph: Graph,
+               state: dict[str, Tensor] | None = None) -> Path:
+    """Write ``model`` (or the weights ``state``, e.g. ``TrainResult.best_state``) with what rebuilds it: the
+    config and the graph's feature and class counts. Atomic."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--save-model {path} is a directory")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--save-model {path}: directory {path.parent} does not exist")
+    weights = {k: v.detach().cpu() for k, v in (state or model.state_dict()).items()}
+    return atomic_save({"format": FORMAT, "version": VERSION, "config": asdict(config),
+                        "num_features": graph.num_features, "num_classes": graph.num_classes,
+                        "dataset": graph.name, "state_dict": weights}, path)
+
+
+def load_model(path: str | os.PathLike[str]) -> tuple[GNN, TrainConfig]:
+    """The model saved at ``path`` (on CPU, eval mode) and the config it was trained with."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--model {path}: no such file")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same user-facing problem
+        raise ConfigError(f"--model {path} is not a readable model file ({type(exc).__name__})") from None
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        raise ConfigError(f"--model {path} is not a gnnscale model (write one with train --save-model)")
+    if saved.get("version") != VERSION:
+        raise ConfigError(f"--model {path} has model format version {saved.get('version')}; this gnnscale reads "
+                          f"{VERSION}")
+    config = TrainConfig(**saved["config"])
+    model = build_model(config.model, saved["num_features"], config.hidden, saved["num_classes"],
+                        layers=config.layers, dropout=config.dropout, heads=config.heads, seed=config.seed)
+    model.load_state_dict(saved["state_dict"])
+    model.num_features, model.num_classes = saved["num_features"], saved["num_classes"]  # type: ignore[assignment]
+    return model.eval(), config
+
+
+def predict(graph: Graph, model: str | os.PathLike[str] | tuple[GNN, TrainConfig], device: str | torch.device = "auto",
+            **engine_options: Any) -> Tensor:
+    """``[N]`` int64 predicted class of every vertex of ``graph``.
+
+    Args:
+        model: a file written by :func:`save_model` (``train --save-model``), or ``(model, config)``.
+        engine_options: :class:`TrainConfig` fields for the engine (``engine``, ``memory_budget``, ``devices``,
+            ``partitions``, ...); the model's own fields come from its config.
+    """
+    from gnnscale.engines import select_engine
+    from gnnscale.train import resolve_devices
+
+    net, config = load_model(model) if isinstance(model, (str, os.PathLike)) else model
+    want = getattr(net, "num_features", graph.num_features), getattr(net, "num_classes", graph.num_classes)
+    if graph.x is None or (graph.num_features, graph.num_classes) != want:
+        raise GraphError(f"the model takes {want[0]} features and {want[1]} classes; {graph.name} has "
+                         f"{graph.num_features} features and {graph.num_classes} classes")
+    config = replace(config, **engine_options)
+    dev = resolve_devices(config, device)
+    engine_cls, _ = select_engine(graph, config, dev)
+    engine = engine_cls(graph, net, config, dev)
+    try:
+        with torch.no_grad():
+            return engine.predict().cpu()
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+
+
+def write_predictions(path: str | os.PathLike[str], pred: Tensor) -> Path:
+    """``pred`` to ``.npy``, ``.pt`` or ``.csv`` (``vertex,label`` rows) by the file's extension, atomically."""
+    path = Path(path)
+    if path.suffix not in OUTPUT_SUFFIXES:
+        raise ConfigError(f"--out {path}: give a file ending in {', '.join(OUTPUT_SUFFIXES)}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--out {path}: directory {path.parent} does not exist")
+    import tempfile
+
+    from gnnscale.fsutil import honour_umask
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        if path.suffix == ".npy":
+            np.save(tmp, pred.numpy())
+        elif path.suffix == ".pt":
+            torch.save(pred, tmp)
+        else:
+            rows = np.stack([np.arange(pred.numel()), pred.numpy()], axis=1)
+            np.savetxt(tmp, rows, fmt="%d", delimiter=",", header="vertex,label", comments="")
+        honour_umask(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

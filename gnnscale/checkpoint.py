@@ -10,7 +10,6 @@ epochs after a resume are the epochs an uninterrupted run would have trained.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import torch
 
 from gnnscale.config import TrainConfig
 from gnnscale.errors import ConfigError
-from gnnscale.fsutil import honour_umask
+from gnnscale.fsutil import atomic_file
 
 FORMAT = "gnnscale-checkpoint"
 VERSION = 1
@@ -52,32 +51,10 @@ def check_checkpoint_args(directory: str | os.PathLike[str] | None, every: int, 
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save(obj)`` to ``path`` through a temporary sibling, fsync and rename (and an fsync of the folder):
-    ``path`` holds the old content or the new, never half of one. Temporaries a killed writer left are removed."""
-    path = Path(path)
-    d = path.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        honour_umask(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # the rename itself survives a power cut once the folder is synced
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-    for stale in d.glob(f".{path.name}.*.tmp"):  # what a killed writer left
-        stale.unlink(missing_ok=True)
-    return path
+    """``torch.save(obj)`` to ``path`` durably and atomically (:func:`gnnscale.fsutil.atomic_file`)."""
+    with atomic_file(path, durable=True) as fh:
+        torch.save(obj, fh)
+    return Path(path)
 
 
 def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) -> Path:

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
 def current_umask() -> int:
@@ -32,3 +36,35 @@ def honour_umask(path: Path | str) -> None:
             os.chmod(child, (0o777 if child.is_dir() else 0o666) & ~mask)
     else:
         os.chmod(path, 0o666 & ~mask)
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike[str], *, durable: bool = False) -> Iterator[BinaryIO]:
+    """Write ``path`` through a hidden temporary sibling that is renamed onto it when the ``with`` body ends, so
+    ``path`` holds the old content or the new, never part of one (and nothing is left when the body fails). The
+    file gets the umask's permissions. ``durable``: fsync the file before the rename and the folder after (a
+    checkpoint must survive a power cut); temporaries a killed writer left beside ``path`` are removed then."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        honour_umask(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if durable:
+        try:
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)

@@ -98,23 +98,14 @@ def write_predictions(path: str | os.PathLike[str], pred: Tensor) -> Path:
         raise ConfigError(f"--out {path}: give a file ending in {', '.join(OUTPUT_SUFFIXES)}")
     if not path.parent.is_dir():
         raise ConfigError(f"--out {path}: directory {path.parent} does not exist")
-    import tempfile
+    from gnnscale.fsutil import atomic_file
 
-    from gnnscale.fsutil import honour_umask
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as fh:
         if path.suffix == ".npy":
-            np.save(tmp, pred.numpy())
+            np.save(fh, pred.numpy())
         elif path.suffix == ".pt":
-            torch.save(pred, tmp)
+            torch.save(pred, fh)
         else:
             rows = np.stack([np.arange(pred.numel()), pred.numpy()], axis=1)
-            np.savetxt(tmp, rows, fmt="%d", delimiter=",", header="vertex,label", comments="")
-        honour_umask(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            np.savetxt(fh, rows, fmt="%d", delimiter=",", header="vertex,label", comments="")
     return path

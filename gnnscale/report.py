@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any, Literal
 
 from gnnscale import _compat
 from gnnscale.errors import ConfigError, DatasetError
-from gnnscale.fsutil import honour_umask
+from gnnscale.fsutil import atomic_file
 
 MIB = 2**20
 MB = 1e6
@@ -241,15 +240,8 @@ def render_png(panels: Sequence[Panel], out: str | os.PathLike[str], *, dpi: int
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=dpi, pil_kwargs={"optimize": True})
-        honour_umask(tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(out) as fh:
+        fig.savefig(fh, format="png", dpi=dpi, pil_kwargs={"optimize": True})
     return out
 
 

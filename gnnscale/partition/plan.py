@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import torch
 from torch import Tensor
 
 from gnnscale.errors import ConfigError
-from gnnscale.fsutil import honour_umask
+from gnnscale.fsutil import atomic_file
 from gnnscale.graph.graph import Graph, _coo_to_csr
 
 PARTITION_METHODS = ("metis", "random", "range")
@@ -251,16 +250,9 @@ class PartitionPlan:
         meta = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "method": self.method,
                 "partitions": self.partitions, "chunks": self.chunks, "seed": self.seed, "graph_key": self.graph_key,
                 "chunker": self.chunker}
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, perm=self.perm.numpy(), part_ptr=self.part_ptr.numpy(),
-                         chunk_ptr=self.chunk_ptr.numpy(), meta=np.array(json.dumps(meta)))
-            honour_umask(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path) as fh:
+            np.savez(fh, perm=self.perm.numpy(), part_ptr=self.part_ptr.numpy(), chunk_ptr=self.chunk_ptr.numpy(),
+                     meta=np.array(json.dumps(meta)))
         return path
 
     @classmethod

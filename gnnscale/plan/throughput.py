@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from gnnscale.fsutil import honour_umask
+from gnnscale.fsutil import atomic_file
 from gnnscale.partition.dedup import Throughput
 
 ROWS, WIDTH, REPEATS = 1 << 16, 64, 3
@@ -131,10 +130,7 @@ def compute_rates(device: torch.device) -> tuple[float, float]:
 def _save(path: Path, saved: dict[str, object]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".throughput.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(saved, fh, indent=1)
-        honour_umask(tmp)
-        os.replace(tmp, path)
+        with atomic_file(path) as fh:
+            fh.write(json.dumps(saved, indent=1).encode())
     except OSError:
         pass  # an unwritable cache only costs a re-measurement next time

@@ -88,3 +88,93 @@ def drm_decide(times: StageTimes) -> Decision:
     if fastest == "Accel" or (fastest == "SA" and second == "Accel"):
         return _balance_work(t, "TC", "Accel", bottleneck)
     return _balance_thread(t, fastest, bottleneck)
+
+
+# ------------------------------------------------------------------------------------------- performance model
+S_FEAT = 4
+"""Bytes per feature value (float32), Eqs. 7-8, 11, 13's ``S_feat``."""
+
+
+@dataclass(frozen=True)
+class TrainerModel:
+    """What Eqs. 10-12 need of one trainer: the bandwidth its aggregation reads at (host memory for a CPU trainer,
+    device memory for an accelerator), its multiply-accumulate rate (``N x freq``), and whether aggregation and
+    update overlap (``⊕ = max``, a pipelined kernel) or follow each other (``⊕ = +``, a CPU)."""
+
+    bandwidth: float
+    macs_per_s: float
+    pipelined: bool = False
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """One trainer's mini-batch, input side first: ``dims[0]`` input features, ``dims[l]`` layer ``l``'s output
+    width (``L = len(dims) - 1`` layers); layer ``l`` aggregates ``edges[l - 1]`` edges into ``vertices[l - 1]``
+    destinations, and ``input_vertices`` rows of features are loaded (``|V^0|``)."""
+
+    dims: tuple[int, ...]
+    edges: tuple[int, ...]
+    vertices: tuple[int, ...]
+    input_vertices: int
+
+    def __post_init__(self) -> None:
+        L = len(self.dims) - 1
+        if L < 1 or len(self.edges) != L or len(self.vertices) != L:
+            raise ValueError(f"a batch of {L} layers needs {L} edge and vertex counts, got {self.edges}, "
+                             f"{self.vertices}")
+
+
+def t_load(batches: list[BatchShape], ddr_bandwidth: float) -> float:
+    """Eq. 7: every trainer's input features read from host memory."""
+    return sum(b.input_vertices * b.dims[0] * S_FEAT for b in batches) / ddr_bandwidth
+
+
+def t_trans(batch: BatchShape, pcie_bandwidth: float) -> float:
+    """Eq. 8: one accelerator's input features over PCIe."""
+    return batch.input_vertices * batch.dims[0] * S_FEAT / pcie_bandwidth
+
+
+def t_aggregate(batch: BatchShape, layer: int, trainer: TrainerModel) -> float:
+    """Eq. 11 for layer ``layer`` (1-based): its edges' source rows (its input width) read at the trainer's
+    bandwidth."""
+    return batch.edges[layer - 1] * batch.dims[layer - 1] * S_FEAT / trainer.bandwidth
+
+
+def t_update(batch: BatchShape, layer: int, trainer: TrainerModel) -> float:
+    """Eq. 12: the layer's multiply-accumulates, ``|V^l| x f_in x f_out``, at ``N x freq``."""
+    return batch.vertices[layer - 1] * batch.dims[layer - 1] * batch.dims[layer] / trainer.macs_per_s
+
+
+def t_trainer(batch: BatchShape, trainer: TrainerModel) -> float:
+    """Eq. 10: forward over every layer, then backward: layer 1's update only (no gradient for the input
+    features) and every later layer's aggregation and update; ``⊕`` is ``max`` for a pipelined trainer."""
+    L = len(batch.dims) - 1
+
+    def both(l: int) -> float:
+        a, u = t_aggregate(batch, l, trainer), t_update(batch, l, trainer)
+        return max(a, u) if trainer.pipelined else a + u
+
+    forward = sum(both(l) for l in range(1, L + 1))
+    backward = t_update(batch, 1, trainer) + sum(both(l) for l in range(2, L + 1))
+    return forward + backward
+
+
+def t_sync(dims: tuple[int, ...], pcie_bandwidth: float) -> float:
+    """Eq. 13: the model's weights over PCIe twice (gathered, then scattered back)."""
+    return 2 * sum(dims[l - 1] * dims[l] for l in range(1, len(dims))) * S_FEAT / pcie_bandwidth
+
+
+def t_prop(batches: list[BatchShape], trainers: list[TrainerModel], pcie_bandwidth: float) -> float:
+    """Eq. 9: the slowest trainer, then the gradient synchronisation."""
+    return max(t_trainer(b, t) for b, t in zip(batches, trainers, strict=True)) + t_sync(batches[0].dims,
+                                                                                         pcie_bandwidth)
+
+
+def t_execution(t_samp: float, t_load_s: float, t_trans_s: float, t_prop_s: float) -> float:
+    """Eq. 6: the pipeline's iteration time is its slowest stage's."""
+    return max(t_samp, t_load_s, t_trans_s, t_prop_s)
+
+
+def mteps(batches: list[BatchShape], t_execution_s: float) -> float:
+    """Eq. 5: edges traversed by every trainer in an iteration, per second, in millions."""
+    return sum(sum(b.edges) for b in batches) / t_execution_s / 1e6

@@ -1,4 +1,4 @@
-"""HyScale-GNN's Algorithm 1 (dynamic resource management) as a decision table: every branch."""
+"""HyScale-GNN planning pieces: Algorithm 1 (dynamic resource management) as a decision table, every branch, and the performance model (Eqs. 5-13) against hand calculations."""
 
 from __future__ import annotations
 
@@ -52,3 +52,41 @@ def test_a_machine_without_accelerator_stages() -> None:
 def test_ties_are_broken_in_a_fixed_order() -> None:
     assert drm_decide(T()).bottleneck == "SA"  # every stage equal: the first of STAGES
     assert drm_decide(T(SA=None, Tran=None, TA=None)).bottleneck == "SC"
+
+
+def test_performance_model_equations_5_to_13_by_hand() -> None:
+    from gnnscale.plan.hybrid import (
+        BatchShape,
+        TrainerModel,
+        mteps,
+        t_aggregate,
+        t_execution,
+        t_load,
+        t_prop,
+        t_sync,
+        t_trainer,
+        t_trans,
+        t_update,
+    )
+
+    b = BatchShape(dims=(100, 16, 4), edges=(1000, 200), vertices=(300, 50), input_vertices=900)
+    cpu = TrainerModel(bandwidth=1e9, macs_per_s=1e10)
+    fpga = TrainerModel(bandwidth=4e9, macs_per_s=1e10, pipelined=True)
+    assert t_load([b, b], 1e9) == pytest.approx(2 * 900 * 100 * 4 / 1e9)  # Eq. 7: both trainers' features
+    assert t_trans(b, 5e8) == pytest.approx(900 * 100 * 4 / 5e8)  # Eq. 8
+    a1, a2 = 1000 * 100 * 4 / 1e9, 200 * 16 * 4 / 1e9  # Eq. 11: 4e-4, 1.28e-5
+    u1, u2 = 300 * 100 * 16 / 1e10, 50 * 16 * 4 / 1e10  # Eq. 12: 4.8e-5, 3.2e-7
+    assert (t_aggregate(b, 1, cpu), t_aggregate(b, 2, cpu)) == pytest.approx((a1, a2))
+    assert (t_update(b, 1, cpu), t_update(b, 2, cpu)) == pytest.approx((u1, u2))
+    # Eq. 10 on a CPU (⊕ = +): forward a1+u1 + a2+u2, backward u1 + a2+u2
+    assert t_trainer(b, cpu) == pytest.approx((a1 + u1 + a2 + u2) + (u1 + a2 + u2))
+    # pipelined (⊕ = max), aggregation at 4x the bandwidth
+    a1f, a2f = a1 / 4, a2 / 4
+    assert t_trainer(b, fpga) == pytest.approx(max(a1f, u1) + max(a2f, u2) + u1 + max(a2f, u2))
+    sync = 2 * (100 * 16 + 16 * 4) * 4 / 5e8  # Eq. 13
+    assert t_sync(b.dims, 5e8) == pytest.approx(sync)
+    assert t_prop([b, b], [cpu, fpga], 5e8) == pytest.approx(t_trainer(b, cpu) + sync)  # Eq. 9: the slowest
+    assert t_execution(1e-3, 2e-3, 5e-4, 1e-4) == 2e-3  # Eq. 6
+    assert mteps([b, b], 2e-3) == pytest.approx(2 * 1200 / 2e-3 / 1e6)  # Eq. 5
+    with pytest.raises(ValueError, match="needs 2 edge and vertex counts"):
+        BatchShape(dims=(100, 16, 4), edges=(1000,), vertices=(300, 50), input_vertices=900)

@@ -1,4 +1,5 @@
-"""HyScale-GNN planning pieces: Algorithm 1 (dynamic resource management) as a decision table, every branch, and the performance model (Eqs. 5-13) against hand calculations."""
+"""HyScale-GNN planning pieces: Algorithm 1 (dynamic resource management) as a decision table, every branch,
+and the performance model (Eqs. 5-13) against hand calculations."""
 
 from __future__ import annotations
 

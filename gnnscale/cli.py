@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument("--gpu-feature-ratio", type=float, metavar="R",
                     help="fraction of vertices, hottest first, whose features live on the devices (default: what "
                          "the rest of half of --gpu-memory holds after the topology)")
+    mb.add_argument("--shares", metavar="LIST",
+                    help="fraction of every global batch each --devices trainer takes, e.g. 0.2,0.8 for a CPU "
+                         "beside a GPU (each in (0, 1), summing to 1; default equal)")
     mb.add_argument("--hotness", choices=["degree", "presample"], default="degree",
                     help="rank vertices for device memory by out-degree or by access counts of a few sampled "
                          "batches (default degree)")
@@ -258,8 +261,8 @@ ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
     "--gather": ("offload",), "--dedup": ("offload",), "--chunker": ("offload",), "--reorganize": ("offload",),
     "--plan-dir": ("offload",), "--batch-size": ("minibatch",), "--fanouts": ("minibatch",),
     "--eval-fanouts": ("minibatch",), "--gpu-graph-ratio": ("minibatch",), "--gpu-feature-ratio": ("minibatch",),
-    "--hotness": ("minibatch",), "--dependency": ("taskparallel",), "--subgraphs": ("taskparallel",),
-    "--t-devices": ("taskparallel",), "--heads": ("gat",),
+    "--hotness": ("minibatch",), "--shares": ("minibatch",), "--dependency": ("taskparallel",),
+    "--subgraphs": ("taskparallel",), "--t-devices": ("taskparallel",), "--heads": ("gat",),
 }
 
 
@@ -278,6 +281,15 @@ def ignored_flags(args: argparse.Namespace, engine: str) -> list[str]:
         elif engine not in users:
             out.append(flag)
     return out
+
+
+def _float_list(flag: str, text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers such as 0.25,0.75") from None
 
 
 def _warm_imports() -> None:
@@ -302,7 +314,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         reorganize=args.reorganize, batch_size=args.batch_size, fanouts=_int_list("--fanouts", args.fanouts),
         eval_fanouts=_int_list("--eval-fanouts", args.eval_fanouts), gpu_graph_ratio=args.gpu_graph_ratio,
         gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness, dependency=args.dependency,
-        subgraphs=args.subgraphs, t_devices=args.t_devices,
+        subgraphs=args.subgraphs, t_devices=args.t_devices, shares=_float_list("--shares", args.shares),
     )
     check_checkpoint_args(args.checkpoint, args.checkpoint_every, args.resume)
     if args.save_model and (Path(args.save_model).is_dir() or not Path(args.save_model).parent.is_dir()):

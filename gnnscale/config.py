@@ -87,6 +87,10 @@ class TrainConfig:
     """Task-parallel: subgraphs ``S`` per epoch; ``None``: the fewest (at least 2) that fit ``memory_budget``."""
     t_devices: int | None = None
     """Task-parallel: devices for the T tasks (``N_t``); ``None``: the scheduling model (Eqs. 7-8) decides."""
+    shares: tuple[float, ...] | None = None
+    """Mini-batch: the fraction of every global batch each trainer (``devices[i]``) takes, in (0, 1) and summing to
+    1; ``None``: equal shares. Unequal devices (a CPU beside a GPU) want unequal shares; what is learned does not
+    change, keyed sampling makes a step on any split equal one step on the whole batch."""
     hotness: str = "degree"
     """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
     of a few sampled batches)."""
@@ -137,6 +141,13 @@ class TrainConfig:
              f"unknown --dependency {self.dependency!r}; choose exact or skip"),
             (self.subgraphs is None or self.subgraphs >= 1, f"--subgraphs must be >= 1, got {self.subgraphs}"),
             (self.t_devices is None or self.t_devices >= 1, f"--t-devices must be >= 1, got {self.t_devices}"),
+            (self.shares is None or all(0.0 < s < 1.0 for s in self.shares) or self.shares == (1.0,),
+             f"--shares must each lie in (0, 1), got {self.shares}"),
+            (self.shares is None or abs(sum(self.shares) - 1.0) < 1e-6,
+             f"--shares must sum to 1, got {self.shares} (sum {sum(self.shares or ()):.6g})"),
+            (self.shares is None or len(self.shares) == len(self.devices or ("",)),
+             f"--shares gives {len(self.shares or ())} fraction(s) for {len(self.devices or ('',))} device(s); give "
+             "one per --devices entry"),
             (self.hotness in ("degree", "presample"),
              f"unknown --hotness {self.hotness!r}; choose degree or presample"),
             (self.gpu_feature_ratio is None or 0.0 <= self.gpu_feature_ratio <= 1.0,

@@ -11,6 +11,7 @@ import torch
 
 from gnnscale import TrainConfig, load_dataset
 from gnnscale.engines import MiniBatchEngine
+from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, normalized_csr
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
@@ -319,3 +320,39 @@ def test_cuda_staging_buffer_is_pinned_once_and_reused() -> None:
         assert g.x is not None
         assert torch.equal(store.features(ids).cpu(), g.x[ids.cpu()])
     assert store.stats.staging_allocs == 1
+
+
+@pytest.mark.parametrize("shares", [(0.2, 0.8), (0.5, 0.125, 0.375)])
+def test_unequal_shares_split_each_batch_and_train_the_same_step(shares: tuple[float, ...]) -> None:
+    """A trainer on a faster device takes a larger share of every global batch; keyed sampling keeps the step the
+    union batch's, whatever the split (the base of hybrid CPU + accelerator training)."""
+    g = csbm(nodes=400, features=12, avg_degree=10, seed=5)
+    kw: dict[str, Any] = dict(model="sage", batch_size=4096)
+    loss1, grad1 = _first_step(_engine(g, 1, **kw))
+    eng = _engine(g, len(shares), shares=shares, **kw)
+    grads: list[torch.Tensor] = []
+    step = eng.optimizer.step
+
+    def capture(*a: Any, **k: Any) -> Any:
+        grads.extend(p.grad.clone() for p in eng.model.parameters())  # type: ignore[union-attr]
+        return step(*a, **k)
+
+    eng.optimizer.step = capture  # type: ignore[method-assign]
+    stats = eng.train_epoch(1)
+    assert stats["loss"] == pytest.approx(loss1, rel=1e-5, abs=1e-7)
+    for a, b in zip(grad1, grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    n = int(g.train_mask.sum())  # type: ignore[union-attr]
+    bounds = [round(n * c) for c in torch.cumsum(torch.tensor(shares, dtype=torch.float64), 0).tolist()]
+    assert stats["trainer_seeds"] == [b - a for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+    assert sum(stats["trainer_sampled_edges"]) == stats["sampled_edges"]
+
+
+@pytest.mark.parametrize(("shares", "message"), [
+    ((0.0, 1.0), "must each lie in \\(0, 1\\)"),
+    ((0.5, 0.6), "must sum to 1"),
+    ((0.5, 0.25, 0.25), "3 fraction\\(s\\) for 2 device"),
+])
+def test_bad_shares_are_refused(shares: tuple[float, ...], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(engine="minibatch", devices=("cpu", "cpu"), shares=shares)

@@ -241,10 +241,19 @@ class MiniBatchEngine(Engine):
         """Per trainer, its contiguous share of each global batch of ``size`` seeds, on its device (the epoch's
         seeds are copied to each device once, not per batch)."""
         out = []
+        shares = self.config.shares
+        cum = None if shares is None else torch.cumsum(torch.tensor(shares, dtype=torch.float64), 0)[:-1]
         for t in self.trainers:
             on = seeds.to(t.device)
-            out.append([torch.tensor_split(on[i : i + size], len(self.trainers))[t.index]
-                        for i in range(0, seeds.numel(), size)])
+            parts = []
+            for i in range(0, seeds.numel(), size):
+                batch = on[i : i + size]
+                if cum is None:
+                    parts.append(torch.tensor_split(batch, len(self.trainers))[t.index])
+                else:  # trainer t takes seeds [round(n * c_{t-1}), round(n * c_t)) of the batch
+                    bounds = torch.round(cum * batch.numel()).long().tolist()
+                    parts.append(torch.tensor_split(batch, bounds)[t.index])
+            out.append(parts)
         return out
 
     # ------------------------------------------------------------------------------------------------ training
@@ -260,7 +269,8 @@ class MiniBatchEngine(Engine):
         self.store.reset_stats()
         streams = [self._batches(t, parts[t.index], self.fanouts, key) for t in self.trainers]
         loss_sum = [torch.zeros((), device=t.device) for t in self.trainers]  # no host sync per batch
-        counters = [dict.fromkeys(("sample_s", "extract_s", "train_s", "sampled_edges"), 0.0) for _ in self.trainers]
+        counters = [dict.fromkeys(("sample_s", "extract_s", "train_s", "sampled_edges", "seeds"), 0.0)
+                    for _ in self.trainers]
 
         def step(t: _Trainer, total: int) -> None:
             batch = next(streams[t.index])
@@ -268,6 +278,7 @@ class MiniBatchEngine(Engine):
             c["sample_s"] += batch.sample_s
             c["extract_s"] += batch.extract_s
             c["sampled_edges"] += sum(b.num_edges for b in batch.blocks)
+            c["seeds"] += batch.seeds.numel()
             if batch.seeds.numel() == 0:  # fewer seeds than trainers: nothing to add
                 return
             t0 = time.perf_counter()
@@ -294,6 +305,9 @@ class MiniBatchEngine(Engine):
         for k in counters[0]:
             out[k] = sum(c[k] for c in counters)
         out["sampled_edges"] = int(out["sampled_edges"])
+        out["trainer_seeds"] = [int(c["seeds"]) for c in counters]  # type: ignore[assignment]
+        out["trainer_sampled_edges"] = [int(c["sampled_edges"]) for c in counters]  # type: ignore[assignment]
+        del out["seeds"]
         return {**out, **stats.metrics()}
 
     @torch.no_grad()

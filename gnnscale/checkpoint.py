@@ -65,21 +65,27 @@ def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) ->
     return atomic_save({"format": FORMAT, "version": VERSION, **state}, d / FILE)
 
 
+def load_versioned(path: Path, fmt: str, version: int, kind: str, what: str, hint: str = "") -> dict[str, Any]:
+    """A dict written by :func:`atomic_save` with ``format`` ``fmt`` and ``version``: anything else (unreadable,
+    another kind of file, another version) is one :class:`ConfigError` starting with ``what`` (the flag and path).
+    """
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same user-facing problem
+        raise ConfigError(f"{what} is not a readable {kind} file ({type(exc).__name__})") from None
+    if not isinstance(obj, dict) or obj.get("format") != fmt:
+        raise ConfigError(f"{what} is not a gnnscale {kind}{hint}")
+    if obj.get("version") != version:
+        raise ConfigError(f"{what} has {kind} format version {obj.get('version')}; this gnnscale reads {version}")
+    return obj
+
+
 def load_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The checkpoint in ``directory``, or ``None`` when there is none yet."""
     path = checkpoint_path(directory)
     if not path.exists():
         return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same user-facing problem
-        raise ConfigError(f"--resume: {path} is not a readable checkpoint ({type(exc).__name__})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ConfigError(f"--resume: {path} is not a gnnscale checkpoint")
-    if state.get("version") != VERSION:
-        raise ConfigError(f"--resume: {path} has checkpoint version {state.get('version')}; this gnnscale reads "
-                          f"{VERSION}")
-    return state
+    return load_versioned(path, FORMAT, VERSION, "checkpoint", f"--resume: {path}")
 
 
 def check_resumable(state: dict[str, Any], config: TrainConfig, dataset: str, num_nodes: int) -> None:

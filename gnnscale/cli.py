@@ -246,13 +246,15 @@ def _device_list(text: str | None) -> tuple[str, ...] | None:
     return items
 
 
-def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+def _num_list(flag: str, text: str | None, kind: type[float] | type[int], example: str) -> Any:
+    """``a,b,c`` as a tuple of ``kind``; ``None`` stays ``None``; anything else is one error naming the flag."""
     if text is None:
         return None
     try:
-        return tuple(int(v) for v in text.split(","))
+        return tuple(kind(v) for v in text.split(","))
     except ValueError:
-        raise ConfigError(f"{flag} {text!r}: give comma-separated integers such as 15,10") from None
+        what = "integers" if kind is int else "numbers"
+        raise ConfigError(f"{flag} {text!r}: give comma-separated {what} such as {example}") from None
 
 
 # the flags only some engines read (``--devices`` and ``--gpu-memory`` matter to several, so they are not listed)
@@ -283,15 +285,6 @@ def ignored_flags(args: argparse.Namespace, engine: str) -> list[str]:
     return out
 
 
-def _float_list(flag: str, text: str | None) -> tuple[float, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers such as 0.25,0.75") from None
-
-
 def _warm_imports() -> None:
     with contextlib.suppress(Exception):
         importlib.import_module("torch._dynamo")
@@ -311,10 +304,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
         partitions=args.partitions, chunks=args.chunks, partition_method=args.partition_method, gather=args.gather,
         plan_dir=args.plan_dir, devices=_device_list(args.devices), dedup=args.dedup, chunker=args.chunker,
-        reorganize=args.reorganize, batch_size=args.batch_size, fanouts=_int_list("--fanouts", args.fanouts),
-        eval_fanouts=_int_list("--eval-fanouts", args.eval_fanouts), gpu_graph_ratio=args.gpu_graph_ratio,
-        gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness, dependency=args.dependency,
-        subgraphs=args.subgraphs, t_devices=args.t_devices, shares=_float_list("--shares", args.shares),
+        reorganize=args.reorganize, batch_size=args.batch_size,
+        fanouts=_num_list("--fanouts", args.fanouts, int, "15,10"),
+        eval_fanouts=_num_list("--eval-fanouts", args.eval_fanouts, int, "15,10"),
+        gpu_graph_ratio=args.gpu_graph_ratio, gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness,
+        dependency=args.dependency, subgraphs=args.subgraphs, t_devices=args.t_devices,
+        shares=_num_list("--shares", args.shares, float, "0.25,0.75"),
     )
     check_checkpoint_args(args.checkpoint, args.checkpoint_every, args.resume)
     if args.save_model and (Path(args.save_model).is_dir() or not Path(args.save_model).parent.is_dir()):

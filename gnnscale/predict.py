@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gnnscale.checkpoint import atomic_save
+from gnnscale.checkpoint import atomic_save, load_versioned
 from gnnscale.config import TrainConfig
 from gnnscale.errors import ConfigError, GraphError
 from gnnscale.graph.graph import Graph
@@ -44,15 +44,7 @@ def load_model(path: str | os.PathLike[str]) -> tuple[GNN, TrainConfig]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--model {path}: no such file")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same user-facing problem
-        raise ConfigError(f"--model {path} is not a readable model file ({type(exc).__name__})") from None
-    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-        raise ConfigError(f"--model {path} is not a gnnscale model (write one with train --save-model)")
-    if saved.get("version") != VERSION:
-        raise ConfigError(f"--model {path} has model format version {saved.get('version')}; this gnnscale reads "
-                          f"{VERSION}")
+    saved = load_versioned(path, FORMAT, VERSION, "model", f"--model {path}", " (write one with train --save-model)")
     config = TrainConfig(**saved["config"])
     model = build_model(config.model, saved["num_features"], config.hidden, saved["num_classes"],
                         layers=config.layers, dropout=config.dropout, heads=config.heads, seed=config.seed)

@@ -40,8 +40,8 @@ def _engine(g: Graph, trainers: int = 1, **kw: Any) -> MiniBatchEngine:
 # ------------------------------------------------------------------------------------------------ trainers
 
 
-def _first_step(eng: MiniBatchEngine) -> tuple[float, list[torch.Tensor]]:
-    """The epoch's loss and the master's gradients at its (only) optimiser step."""
+def _first_epoch(eng: MiniBatchEngine) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """The first epoch's record and the master's gradients at its (only) optimiser step."""
     grads: list[torch.Tensor] = []
     step = eng.optimizer.step
 
@@ -50,8 +50,13 @@ def _first_step(eng: MiniBatchEngine) -> tuple[float, list[torch.Tensor]]:
         return step(*a, **k)
 
     eng.optimizer.step = capture  # type: ignore[method-assign]
-    loss = eng.train_epoch(1)["loss"]
-    return loss, grads
+    return eng.train_epoch(1), grads
+
+
+def _first_step(eng: MiniBatchEngine) -> tuple[float, list[torch.Tensor]]:
+    """The epoch's loss and the master's gradients at its (only) optimiser step."""
+    stats, grads = _first_epoch(eng)
+    return stats["loss"], grads
 
 
 @pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
@@ -329,16 +334,7 @@ def test_unequal_shares_split_each_batch_and_train_the_same_step(shares: tuple[f
     g = csbm(nodes=400, features=12, avg_degree=10, seed=5)
     kw: dict[str, Any] = dict(model="sage", batch_size=4096)
     loss1, grad1 = _first_step(_engine(g, 1, **kw))
-    eng = _engine(g, len(shares), shares=shares, **kw)
-    grads: list[torch.Tensor] = []
-    step = eng.optimizer.step
-
-    def capture(*a: Any, **k: Any) -> Any:
-        grads.extend(p.grad.clone() for p in eng.model.parameters())  # type: ignore[union-attr]
-        return step(*a, **k)
-
-    eng.optimizer.step = capture  # type: ignore[method-assign]
-    stats = eng.train_epoch(1)
+    stats, grads = _first_epoch(_engine(g, len(shares), shares=shares, **kw))
     assert stats["loss"] == pytest.approx(loss1, rel=1e-5, abs=1e-7)
     for a, b in zip(grad1, grads, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)

@@ -91,6 +91,12 @@ class TrainConfig:
     """Mini-batch: the fraction of every global batch each trainer (``devices[i]``) takes, in (0, 1) and summing to
     1; ``None``: equal shares. Unequal devices (a CPU beside a GPU) want unequal shares; what is learned does not
     change, keyed sampling makes a step on any split equal one step on the whole batch."""
+    drm: str = "on"
+    """Hybrid: HyScale-GNN's dynamic resource management (Algorithm 1) after every iteration, ``on`` or ``off``
+    (the split and threads stay as they start)."""
+    threads: tuple[int, ...] | None = None
+    """Hybrid: threads of the CPU sampler, the feature loader and the CPU trainer; ``None``: half the cores to
+    the trainer, the rest split between the other two (one each at least)."""
     hotness: str = "degree"
     """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
     of a few sampled batches)."""
@@ -127,7 +133,7 @@ class TrainConfig:
              f"unknown --reorganize {self.reorganize!r}; choose one of {', '.join(REORGANIZE_MODES)}"),
             (self.devices is None or len(self.devices) >= 1, "--devices needs at least one device"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
-            (self.engine != "minibatch" or self.fanouts is None or len(self.fanouts) == self.layers,
+            (self.engine not in ("minibatch", "hybrid") or self.fanouts is None or len(self.fanouts) == self.layers,
              f"--fanouts has {len(self.fanouts or ())} value(s) for {self.layers} layers; give one per layer"),
             (self.engine != "minibatch" or self.eval_fanouts is None or len(self.eval_fanouts) == self.layers,
              f"--eval-fanouts has {len(self.eval_fanouts or ())} value(s) for {self.layers} layers"),
@@ -148,6 +154,7 @@ class TrainConfig:
             (self.shares is None or len(self.shares) == len(self.devices or ("",)),
              f"--shares gives {len(self.shares or ())} fraction(s) for {len(self.devices or ('',))} device(s); give "
              "one per --devices entry"),
+            (self.drm in ("on", "off"), f"unknown --drm {self.drm!r}; choose on or off"),
             (self.hotness in ("degree", "presample"),
              f"unknown --hotness {self.hotness!r}; choose degree or presample"),
             (self.gpu_feature_ratio is None or 0.0 <= self.gpu_feature_ratio <= 1.0,
@@ -156,5 +163,34 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        if self.engine == "hybrid":
+            self._check_hybrid()
         if self.model == "gat" and self.layers > 1 and self.hidden % self.heads:
             raise ConfigError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads}) for GAT")
+
+    def _check_hybrid(self) -> None:
+        """The hybrid engine's devices (a CPU among them, none twice) and threads (no more than the cores)."""
+        import os
+
+        from gnnscale.plan.hybrid import check_threads
+
+        if self.devices is not None:
+            names = [_canonical_device(d) for d in self.devices]
+            if not any(n.startswith("cpu") for n in names):
+                raise ConfigError(f"--devices {','.join(self.devices)} has no CPU: the hybrid engine trains on the "
+                                  "CPU beside the accelerators; add cpu (e.g. --devices cpu,cuda:0)")
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ConfigError(f"--devices {','.join(self.devices)} lists {', '.join(repeated)} more than once; "
+                                  "the hybrid engine runs one trainer per device (cpu:1, cpu:2, ... stand in for "
+                                  "accelerators on a machine without one)")
+        if self.threads is not None:
+            why = check_threads(self.threads, os.cpu_count() or 1)
+            if why:
+                raise ConfigError(why)
+
+
+def _canonical_device(name: str) -> str:
+    """``cpu`` and ``cpu:0`` (``cuda`` and ``cuda:0``) name one device."""
+    name = name.strip().lower()
+    return f"{name}:0" if name in ("cpu", "cuda") else name

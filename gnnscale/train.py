@@ -66,6 +66,8 @@ def resolve_devices(config: TrainConfig, device: str | torch.device) -> torch.de
     devs = [resolve_device(d) for d in config.devices]
     if any(d.type == "cuda" and d.index is None for d in devs):
         raise ConfigError("--devices takes explicit devices: cpu, or cuda:0,cuda:1,...")
+    if config.engine == "hybrid":  # CPU and accelerators together; the synchronizer (the master model) on the CPU
+        return next(d for d in devs if d.type == "cpu")
     if len({d.type for d in devs}) > 1:
         raise ConfigError(f"--devices mixes CPU and CUDA devices ({', '.join(config.devices)}); use one kind")
     if not (isinstance(device, str) and device == "auto") and resolve_device(device) != devs[0]:

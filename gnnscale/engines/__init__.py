@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gnnscale.engines.base import Engine
+from gnnscale.engines.hybrid import HybridEngine
 from gnnscale.engines.inmemory import InMemoryEngine
 from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.engines.offload import OffloadEngine
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
 
 ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "taskparallel": TaskParallelEngine,
-                                    "offload": OffloadEngine, "minibatch": MiniBatchEngine}
+                                    "offload": OffloadEngine, "minibatch": MiniBatchEngine,
+                                    "hybrid": HybridEngine}
 """Registry, in the priority order ``--engine auto`` tries them."""
 
 
@@ -42,5 +44,6 @@ def select_engine(
 
 
 __all__ = [
-    "ENGINES", "Engine", "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine", "select_engine",
+    "ENGINES", "Engine", "HybridEngine", "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine",
+    "select_engine",
 ]

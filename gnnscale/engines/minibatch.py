@@ -44,7 +44,7 @@ from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.sample import CSRTopology, sample_blocks, sample_key
+from gnnscale.sample import CSRTopology, Topology, sample_blocks, sample_key
 from gnnscale.store.global_store import GlobalMemoryStore, StoreReader
 
 if TYPE_CHECKING:
@@ -322,6 +322,14 @@ class MiniBatchEngine(Engine):
         self.model.eval()
         return self._layerwise().argmax(dim=-1)
 
+    def _eval_topology(self) -> Topology:
+        """What inference samples from: the store (through the training device's reader)."""
+        return self.store
+
+    def _eval_features(self, src: Tensor) -> Tensor:
+        """Input rows of ``src`` for inference, on the training device."""
+        return self.store.features(src)
+
     def _layerwise(self) -> Tensor:
         """``[N, C]`` outputs: layer by layer, every vertex, full neighbourhoods, in batches."""
         n = self.graph.num_nodes
@@ -331,10 +339,10 @@ class MiniBatchEngine(Engine):
             out = None
             for lo in range(0, n, size):
                 dst = torch.arange(lo, min(lo + size, n), device=self.device)
-                block = sample_blocks(self.store, dst, (-1,))[0]
+                block = sample_blocks(self._eval_topology(), dst, (-1,))[0]
                 src = block.src_ids
                 assert src is not None
-                x = self.store.features(src) if h is None else h[src.cpu()].to(self.device)
+                x = self._eval_features(src) if h is None else h[src.cpu()].to(self.device)
                 y = layer(block, self.model.layer_input(i, x, block.row_ids(), None)).cpu()
                 if out is None:
                     out = torch.empty(n, y.shape[1])

@@ -17,20 +17,24 @@ from gnnscale.nn.model import GNN
 
 
 class Replicas:
-    """``models[0]`` is the master (the model passed in, on ``devices[0]``), ``models[i]`` its replica on
-    ``devices[i]``."""
+    """``models[master]`` is the master (the model passed in, on ``devices[master]``), ``models[i]`` its replica
+    on ``devices[i]``."""
 
-    def __init__(self, model: GNN, devices: list[torch.device]):
+    def __init__(self, model: GNN, devices: list[torch.device], master: int = 0):
         self.devices = list(devices)
-        self.models = [model] + [copy.deepcopy(model).to(d) for d in self.devices[1:]]
+        self.master = master
+        self.models = [model if i == master else copy.deepcopy(model).to(d) for i, d in enumerate(self.devices)]
+
+    def _replicas(self) -> list[GNN]:
+        return [m for i, m in enumerate(self.models) if i != self.master]
 
     def __len__(self) -> int:
         return len(self.models)
 
     def sync(self) -> None:
         """Replicas take the master's parameters and train/eval mode; their gradients are cleared."""
-        master = self.models[0]
-        for replica in self.models[1:]:
+        master = self.models[self.master]
+        for replica in self._replicas():
             with torch.no_grad():
                 for p, q in zip(master.parameters(), replica.parameters(), strict=True):
                     q.copy_(p)
@@ -39,8 +43,8 @@ class Replicas:
 
     def reduce(self) -> None:
         """Sum the replicas' parameter gradients into the master's (a replica without a gradient adds nothing)."""
-        for replica in self.models[1:]:
-            for p, q in zip(self.models[0].parameters(), replica.parameters(), strict=True):
+        for replica in self._replicas():
+            for p, q in zip(self.models[self.master].parameters(), replica.parameters(), strict=True):
                 if q.grad is None:
                     continue
                 g = q.grad.to(p.device)

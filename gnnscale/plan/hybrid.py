@@ -9,8 +9,16 @@ applies its decisions.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from gnnscale.graph.block import Block
+    from gnnscale.sample.neighbor import Topology
 
 STAGES = ("SA", "SC", "Load", "TC", "Accel")
 """Sampling on the accelerator, sampling on the CPU, feature loading, training on the CPU, and the accelerator
@@ -178,3 +186,320 @@ def t_execution(t_samp: float, t_load_s: float, t_trans_s: float, t_prop_s: floa
 def mteps(batches: list[BatchShape], t_execution_s: float) -> float:
     """Eq. 5: edges traversed by every trainer in an iteration, per second, in millions."""
     return sum(sum(b.edges) for b in batches) / t_execution_s / 1e6
+
+
+# ------------------------------------------------------------------------------------------- threads and work
+THREAD_STAGES = {"SC": "sampler", "Load": "loader", "TC": "trainer"}
+"""Algorithm 1's CPU stages and the thread pool each one owns."""
+
+
+@dataclass(frozen=True)
+class Threads:
+    """The CPU's threads: the CPU sampler's, the feature loader's and the CPU trainer's (``--threads S,L,T``)."""
+
+    sampler: int
+    loader: int
+    trainer: int
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.sampler, self.loader, self.trainer)
+
+    def move(self, src: str, dst: str) -> Threads | None:
+        """One thread from stage ``src`` to stage ``dst`` (Algorithm 1's names); ``None`` when ``src`` has one
+        thread left or either is not a CPU stage."""
+        if src not in THREAD_STAGES or dst not in THREAD_STAGES or src == dst:
+            return None
+        counts = {name: getattr(self, name) for name in THREAD_STAGES.values()}
+        if counts[THREAD_STAGES[src]] <= 1:
+            return None
+        counts[THREAD_STAGES[src]] -= 1
+        counts[THREAD_STAGES[dst]] += 1
+        return Threads(**counts)
+
+
+def default_threads(cores: int) -> Threads:
+    """Half the cores to the CPU trainer, the rest split between the sampler and the loader; one each at least
+    (so three threads share fewer than three cores)."""
+    trainer = max(1, cores // 2)
+    sampler = max(1, (cores - trainer) // 2)
+    return Threads(sampler, max(1, cores - trainer - sampler), trainer)
+
+
+def check_threads(threads: tuple[int, ...], cores: int) -> str | None:
+    """Why ``--threads`` cannot run on ``cores`` cores, or ``None``."""
+    if len(threads) != 3:
+        return f"--threads takes three counts (sampler, loader, CPU trainer), got {len(threads)}"
+    if any(t < 1 for t in threads):
+        return f"--threads must each be >= 1, got {','.join(map(str, threads))}"
+    if max(threads) > cores or sum(threads) > max(cores, 3):
+        return (f"--threads {','.join(map(str, threads))} asks for {sum(threads)} threads, more than this "
+                f"machine's {cores} cores (they share them: the sum may be at most {max(cores, 3)})")
+    return None
+
+
+def rebalance(split: list[float], busy: list[float], seeds: list[int], *, min_share: float,
+              tolerance: float) -> list[float] | None:
+    """*balance work*: new shares of the global batch under which every trainer's measured time per seed
+    (``busy[g] / seeds[g]``) gives the same time, the fast trainers taking work from the slow ones; ``None`` when
+    the times already lie within ``tolerance`` of each other. A trainer with no seeds keeps its share; none falls
+    below ``min_share``."""
+    measured = [g for g in range(len(split)) if seeds[g] > 0 and busy[g] > 0]
+    if len(measured) < 2:
+        return None
+    times = [busy[g] for g in measured]
+    if max(times) <= (1 + tolerance) * min(times):
+        return None
+    speed = {g: seeds[g] / busy[g] for g in measured}  # seeds per second
+    free = sum(split[g] for g in measured)  # the measured trainers' shares are redistributed among themselves
+    total_speed = sum(speed.values())
+    new = list(split)
+    for g in measured:
+        new[g] = max(min_share, free * speed[g] / total_speed)
+    scale = free / sum(new[g] for g in measured)
+    for g in measured:
+        new[g] *= scale
+    return new
+
+
+# ------------------------------------------------------------------------------------------- stage predictions
+@dataclass(frozen=True)
+class SamplingTable:
+    """Seconds to sample a batch of ``size`` seeds cut into ``threads`` shares sampled at once on ``threads``
+    threads, measured at a few of each (§V: sampling is measured, not modelled); with the batch's shape."""
+
+    sizes: tuple[int, ...]
+    threads: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]
+    """``seconds[i][j]``: ``threads[i]`` threads, ``sizes[j]`` seeds."""
+    shapes: tuple[BatchShape, ...]
+    """The sampled batch at each of ``sizes`` (averaged)."""
+
+    def predict(self, size: float, threads: int) -> float:
+        """Linear in the batch size between the measured ones (through zero below the smallest, proportional
+        above the largest), at the largest measured thread count not above ``threads``."""
+        if size <= 0:
+            return 0.0
+        i = max((k for k, t in enumerate(self.threads) if t <= threads), default=0)
+        return _interp(size, self.sizes, self.seconds[i])
+
+    def shape(self, size: float, dims: tuple[int, ...]) -> BatchShape:
+        """The batch expected for ``size`` seeds: each count interpolated like :meth:`predict`."""
+        def at(values: list[float]) -> int:
+            return max(0, int(round(_interp(size, self.sizes, tuple(values)))))
+
+        L = len(dims) - 1
+        return BatchShape(dims=dims, input_vertices=at([s.input_vertices for s in self.shapes]),
+                          edges=tuple(at([s.edges[l] for s in self.shapes]) for l in range(L)),
+                          vertices=tuple(at([s.vertices[l] for s in self.shapes]) for l in range(L)))
+
+
+def _interp(x: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
+    if x <= xs[0]:
+        return ys[0] * x / xs[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys, strict=True), zip(xs[1:], ys[1:], strict=True), strict=False):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1] * x / xs[-1]
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """Measured figures of one trainer's device for Eqs. 7-13 (per thread on a CPU: the CPU stages' threads
+    scale them): gather bandwidth from host memory (Eq. 7), aggregation bandwidth (Eq. 11: a sparse
+    aggregation's source-row bytes per second), multiply-accumulates per second (Eq. 12) and the link from host
+    memory (Eq. 8, 13; ``inf`` for a CPU stand-in: nothing crosses a bus)."""
+
+    gather: float
+    aggregate: float
+    macs: float
+    link: float
+    per_thread: bool
+
+
+@dataclass
+class HybridModel:
+    """HyScale-GNN's performance model (§V) for one machine, model and graph: predicts each stage's seconds per
+    iteration for a split and thread assignment, and picks the initial split."""
+
+    dims: tuple[int, ...]
+    cpu_sampling: SamplingTable
+    gpu_sampling: SamplingTable | None
+    rates: list[DeviceRates]
+    """Per trainer (``--devices`` order)."""
+    cpu_index: int
+    gpu_sampled: list[bool]
+    cores: int
+
+    def _trainer(self, g: int, threads: Threads) -> TrainerModel:
+        r = self.rates[g]
+        k = min(threads.trainer, self.cores) if r.per_thread else 1
+        return TrainerModel(bandwidth=r.aggregate * k, macs_per_s=r.macs * k, pipelined=False)
+
+    def stage_times(self, batch: int, split: list[float], threads: Threads) -> dict[str, float]:
+        """Seconds per iteration of each stage for a global batch of ``batch`` seeds: ``SC``, ``SA``, ``Load``,
+        ``Tran`` (the slowest accelerator's), ``TC``, ``TA`` (the slowest accelerator trainer), ``sync`` and
+        ``iteration`` (Eq. 6, where the CPU stages also cannot use more cores than there are)."""
+        G = len(split)
+        sizes = [s * batch for s in split]
+        cpu_sampled = [g for g in range(G) if not self.gpu_sampled[g]]
+        shapes = [self.cpu_sampling.shape(sizes[g], self.dims) for g in range(G)]
+        sc = self.cpu_sampling.predict(sum(sizes[g] for g in cpu_sampled), min(threads.sampler, len(cpu_sampled)))
+        sa = max((self.gpu_sampling.predict(sizes[g], 1) for g in range(G) if self.gpu_sampled[g]
+                  and self.gpu_sampling is not None), default=0.0)
+        host = self.rates[self.cpu_index]
+        load = t_load(shapes, host.gather * min(threads.loader, self.cores))
+        accel = [g for g in range(G) if g != self.cpu_index]
+        trans = {g: t_trans(shapes[g], self.rates[g].link) for g in accel}
+        train = {g: t_trainer(shapes[g], self._trainer(g, threads)) if sizes[g] > 0 else 0.0 for g in range(G)}
+        link = min((self.rates[g].link for g in accel), default=float("inf"))
+        sync = t_sync(self.dims, link if link != float("inf") else host.gather)
+        prop = max(train.values()) + sync
+        # every stage on the CPU shares its cores (the paper's CPU has 128; ours may have 2): the iteration
+        # takes at least the CPU's busy core-seconds over the cores
+        cpu_work = (sc * max(1, min(threads.sampler, len(cpu_sampled))) + load * threads.loader
+                    + sum(train[g] * (threads.trainer if self.rates[g].per_thread else 0) for g in range(G)))
+        iteration = max(t_execution(max(sc, sa), load, max(trans.values(), default=0.0), prop),
+                        cpu_work / self.cores)
+        return {"SC": sc, "SA": sa, "Load": load, "Tran": max(trans.values(), default=0.0),
+                "TC": train[self.cpu_index], "TA": max((train[g] for g in accel), default=0.0), "sync": sync,
+                "iteration": iteration}
+
+    def epoch_time(self, num_train: int, batch: int, split: list[float], threads: Threads) -> float:
+        """Every iteration's Eq. 6, plus filling the pipeline (the first batch's sampling, loading and
+        transfer)."""
+        full, rest = divmod(num_train, batch)
+        t = self.stage_times(batch, split, threads)
+        total = full * t["iteration"] + (self.stage_times(rest, split, threads)["iteration"] if rest else 0.0)
+        return total + max(t["SC"], t["SA"]) + t["Load"] + t["Tran"]
+
+    def initial_split(self, batch: int, threads: Threads, min_share: float = 0.0) -> list[float]:
+        """Shares that give every trainer the same predicted time (an accelerator's with its transfer, as
+        Algorithm 1 bundles them): each trainer's share in proportion to its predicted seeds per second."""
+        G = len(self.rates)
+        if G == 1:
+            return [1.0]
+        t = []
+        for g in range(G):
+            shape = self.cpu_sampling.shape(batch, self.dims)
+            busy = t_trainer(shape, self._trainer(g, threads))
+            if g != self.cpu_index:
+                busy = max(busy, t_trans(shape, self.rates[g].link))
+            t.append(max(busy, 1e-12))
+        speed = [1 / x for x in t]
+        split = [max(min_share, s / sum(speed)) for s in speed]
+        return [s / sum(split) for s in split]
+
+
+# ------------------------------------------------------------------------------------------- measurements
+SAMPLE_REPEATS = 3
+"""Runs per table entry (the median is kept)."""
+
+
+def batch_shape(blocks: list[Block], dims: tuple[int, ...]) -> BatchShape:
+    """The counts of Eqs. 5-12 of one sampled batch (``blocks[0]`` the input layer)."""
+    return BatchShape(dims=dims, edges=tuple(b.num_edges for b in blocks),
+                      vertices=tuple(b.num_dst for b in blocks), input_vertices=blocks[0].num_src)
+
+
+def measure_sampling(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims: tuple[int, ...],
+                     batch: int, max_threads: int, key: int = 0) -> SamplingTable:
+    """The sampling-time table: a batch of each of ``batch / 4``, ``batch / 2`` and ``batch`` seeds (drawn from
+    ``ids`` on ``ids``' device), cut into ``k`` shares sampled at once on ``k`` threads, for ``k`` in 1, 2, 4, ...
+    up to ``max_threads``; the median of :data:`SAMPLE_REPEATS` runs after a warm-up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gnnscale.sample import sample_blocks
+
+    n = ids.numel()
+    sizes = tuple(sorted({max(1, min(n, s)) for s in (batch // 4, batch // 2, batch)}))
+    threads = tuple(k for k in (1, 2, 4, 8, 16, 32) if k <= max(1, max_threads))
+    gen = torch.Generator().manual_seed(key)
+    order = torch.randperm(n, generator=gen).to(ids.device)
+    seconds = []
+    shapes: dict[int, list[BatchShape]] = {s: [] for s in sizes}
+    cuda = ids.device.type == "cuda"
+    for k in threads:
+        row = []
+        with ThreadPoolExecutor(k) as pool:
+            for s in sizes:
+                runs = []
+                for r in range(SAMPLE_REPEATS + 1):
+                    seeds = ids[order[(r * s) % max(1, n - s + 1):][:s]]
+                    parts = [p for p in torch.tensor_split(seeds, k) if p.numel()]
+                    if cuda:
+                        torch.cuda.synchronize(ids.device)
+                    t0 = time.perf_counter()
+                    out = list(pool.map(lambda p: sample_blocks(topo, p, fanouts, key), parts))
+                    if cuda:
+                        torch.cuda.synchronize(ids.device)
+                    if r:
+                        runs.append(time.perf_counter() - t0)
+                    if k == 1 and r:
+                        shapes[s].append(batch_shape(out[0], dims))
+                row.append(sorted(runs)[len(runs) // 2])
+        seconds.append(tuple(row))
+
+    def mean(bs: list[BatchShape]) -> BatchShape:
+        L = len(dims) - 1
+        return BatchShape(dims=dims, input_vertices=round(sum(b.input_vertices for b in bs) / len(bs)),
+                          edges=tuple(round(sum(b.edges[l] for b in bs) / len(bs)) for l in range(L)),
+                          vertices=tuple(round(sum(b.vertices[l] for b in bs) / len(bs)) for l in range(L)))
+
+    return SamplingTable(sizes, threads, tuple(seconds), tuple(mean(shapes[s]) for s in sizes))
+
+
+def measure_rates(device: torch.device) -> DeviceRates:
+    """Eqs. 7-13's figures for ``device``, measured the way the stages run: on a CPU with one thread (the
+    stages' threads scale them); a GPU's link is the host-row gather onto it (pinned staging, async copy)."""
+    from gnnscale.plan.throughput import _rate, throughput
+
+    gen = torch.Generator().manual_seed(0)
+    rows, width, edges = 1 << 16, 64, 1 << 18
+    cpu = device.type == "cpu"
+    before = torch.get_num_threads()
+    if cpu:
+        torch.set_num_threads(1)
+    try:
+        host = torch.randn(2 * rows, width, generator=gen)
+        idx = torch.randperm(2 * rows, generator=gen)[:rows]
+        gather = _rate(lambda: host.index_select(0, idx), rows * width * 4, torch.device("cpu"))
+        dst = rows // 2
+        crow = torch.arange(0, edges + 1, edges // dst)
+        col = torch.randint(0, rows, (edges,), generator=gen)
+        adj = torch.sparse_csr_tensor(crow, col, torch.ones(edges), (dst, rows)).to(device)
+        x = host[:rows].to(device)
+        aggregate = _rate(lambda: adj @ x, edges * width * 4, device)
+        a = torch.randn(1 << 14, 128, generator=gen).to(device)
+        w = torch.randn(128, 128, generator=gen).to(device)
+        macs = _rate(lambda: a @ w, (1 << 14) * 128 * 128, device)
+    finally:
+        torch.set_num_threads(before)
+    link = float("inf") if cpu else throughput([device]).hd
+    return DeviceRates(gather=gather, aggregate=aggregate, macs=macs, link=link, per_thread=cpu)
+
+
+def device_rates(device: torch.device) -> DeviceRates:
+    """:func:`measure_rates`, measured once per machine and cached beside the other throughputs (key
+    ``hybrid:<device name>``)."""
+    import json
+
+    from gnnscale.plan.throughput import _name, _save, cache_file
+
+    key = f"hybrid:{_name(device)}"
+    path = cache_file()
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    saved = saved if isinstance(saved, dict) else {}
+    entry = saved.get(key)
+    names = ("gather", "aggregate", "macs", "link")
+    if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) and entry[k] > 0 for k in names):
+        cpu = device.type == "cpu"
+        return DeviceRates(float(entry["gather"]), float(entry["aggregate"]), float(entry["macs"]),
+                           float("inf") if cpu else float(entry["link"]), per_thread=cpu)
+    r = measure_rates(device)
+    saved[key] = {"gather": r.gather, "aggregate": r.aggregate, "macs": r.macs,
+                  "link": r.link if r.link != float("inf") else 1e300}
+    _save(path, saved)
+    return r

@@ -46,6 +46,15 @@ def _add_plan_dir(p: Any) -> None:
                         "~/.cache/gnnscale/plans)")
 
 
+def _add_hybrid_args(p: Any) -> None:
+    p.add_argument("--drm", choices=["on", "off"], default="on",
+                   help="dynamic resource management (Algorithm 1): after each iteration move seeds between the "
+                        "CPU and accelerator trainers, or threads between the CPU stages (default on)")
+    p.add_argument("--threads", metavar="S,L,T",
+                   help="threads of the CPU sampler, the feature loader and the CPU trainer, at most the cores in "
+                        "all (default: half the cores to the trainer, the rest split)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gnnscale import __version__
     from gnnscale.config import ALL_MODELS
@@ -56,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
     parser.add_argument("--version", action="version", version=f"gnnscale {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,predict,partition,info,report,convert}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{train,predict,partition,plan,info,report,convert}")
 
     t = sub.add_parser("train", help="train a model and report accuracy")
     _add_dataset_args(t, required=False)
@@ -113,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument("--hotness", choices=["degree", "presample"], default="degree",
                     help="rank vertices for device memory by out-degree or by access counts of a few sampled "
                          "batches (default degree)")
+    hy = t.add_argument_group("hybrid engine (HyScale-GNN; also reads the minibatch flags above)")
+    _add_hybrid_args(hy)
     tp = t.add_argument_group("taskparallel engine (NeutronTask; models dgcn, dgat)")
     tp.add_argument("--dependency", choices=["exact", "skip"], default="exact",
                     help="exact: every T task before the first P task (the in-memory model exactly); skip: "
@@ -139,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     t.set_defaults(func=cmd_train)
 
-    pa = sub.add_parser("partition", help="two-level partition a graph, print its statistics, save the plan")
+    pa = sub.add_parser("partition", aliases=["plan"],
+                        help="plan without training: two-level partition (offload), task assignment "
+                             "(taskparallel) or pipeline prediction (hybrid)")
     _add_dataset_args(pa, required=True)
     pa.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
     pa.add_argument("--chunks", type=int, default=1, help="destination chunks per partition n (default 1)")
@@ -147,14 +161,23 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--chunker", choices=CHUNKERS, default="range",
                     help="level-2 splitter: range (edge-balanced) or metis (fewer shared rows); default range")
     _add_plan_dir(pa)
-    pa.add_argument("--engine", choices=["offload", "taskparallel"], default="offload",
+    pa.add_argument("--engine", choices=["offload", "taskparallel", "hybrid"], default="offload",
                     help="offload: the two-level plan (default); taskparallel: the task assignment, per-device "
                          "memory estimate and replication factors (with --model, --layers, --hidden, --devices, "
-                         "--t-devices, --subgraphs, --gpu-memory)")
-    pa.add_argument("--model", choices=["dgcn", "dgat"], default="dgcn", help="taskparallel: decoupled model")
-    pa.add_argument("--layers", type=int, default=2, help="taskparallel: layers (default 2)")
-    pa.add_argument("--hidden", type=int, default=64, help="taskparallel: hidden width (default 64)")
-    pa.add_argument("--devices", metavar="LIST", help="taskparallel: devices (default: cpu)")
+                         "--t-devices, --subgraphs, --gpu-memory); hybrid: the performance model's initial split "
+                         "and per-stage times (with --model, --layers, --hidden, --devices, --batch-size, "
+                         "--fanouts, --shares, --threads)")
+    pa.add_argument("--model", choices=list(ALL_MODELS),
+                    help="taskparallel: decoupled model (default dgcn); hybrid: layer type (default gcn)")
+    pa.add_argument("--layers", type=int, default=2, help="taskparallel, hybrid: layers (default 2)")
+    pa.add_argument("--hidden", type=int, default=64, help="taskparallel, hybrid: hidden width (default 64)")
+    pa.add_argument("--devices", metavar="LIST",
+                    help="taskparallel: devices (default: cpu); hybrid: cpu and the accelerators (default: cpu and "
+                         "every GPU)")
+    pa.add_argument("--batch-size", type=int, default=1024, help="hybrid: seeds per global batch (default 1024)")
+    pa.add_argument("--fanouts", metavar="LIST", help="hybrid: neighbours per hop (default 15,10 for 2 layers)")
+    pa.add_argument("--shares", metavar="LIST", help="hybrid: the split to predict (default: the model's)")
+    pa.add_argument("--threads", metavar="S,L,T", help="hybrid: sampler, loader, CPU trainer threads")
     pa.add_argument("--t-devices", type=int, metavar="N", help="taskparallel: devices for the T tasks")
     pa.add_argument("--subgraphs", type=int, metavar="S", help="taskparallel: subgraphs per epoch")
     pa.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
@@ -261,9 +284,10 @@ def _num_list(flag: str, text: str | None, kind: type[float] | type[int], exampl
 ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
     "--partitions": ("offload",), "--chunks": ("offload", "taskparallel"), "--partition-method": ("offload",),
     "--gather": ("offload",), "--dedup": ("offload",), "--chunker": ("offload",), "--reorganize": ("offload",),
-    "--plan-dir": ("offload",), "--batch-size": ("minibatch",), "--fanouts": ("minibatch",),
-    "--eval-fanouts": ("minibatch",), "--gpu-graph-ratio": ("minibatch",), "--gpu-feature-ratio": ("minibatch",),
-    "--hotness": ("minibatch",), "--shares": ("minibatch",), "--dependency": ("taskparallel",),
+    "--plan-dir": ("offload",), "--batch-size": ("minibatch", "hybrid"), "--fanouts": ("minibatch", "hybrid"),
+    "--eval-fanouts": ("minibatch", "hybrid"), "--gpu-graph-ratio": ("minibatch", "hybrid"),
+    "--gpu-feature-ratio": ("minibatch",), "--hotness": ("minibatch",), "--shares": ("minibatch", "hybrid"),
+    "--drm": ("hybrid",), "--threads": ("hybrid",), "--dependency": ("taskparallel",),
     "--subgraphs": ("taskparallel",), "--t-devices": ("taskparallel",), "--heads": ("gat",),
 }
 
@@ -309,7 +333,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         eval_fanouts=_num_list("--eval-fanouts", args.eval_fanouts, int, "15,10"),
         gpu_graph_ratio=args.gpu_graph_ratio, gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness,
         dependency=args.dependency, subgraphs=args.subgraphs, t_devices=args.t_devices,
-        shares=_num_list("--shares", args.shares, float, "0.25,0.75"),
+        shares=_num_list("--shares", args.shares, float, "0.25,0.75"), drm=args.drm,
+        threads=_num_list("--threads", args.threads, int, "1,1,2"),
     )
     check_checkpoint_args(args.checkpoint, args.checkpoint_every, args.resume)
     if args.save_model and (Path(args.save_model).is_dir() or not Path(args.save_model).parent.is_dir()):
@@ -380,6 +405,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"measured vs {last['predicted_t_s']:.3g}s predicted by Eq. 5; P tasks {last['p_forward_s']:.3f}s "
                   f"vs {last['predicted_p_s']:.3g}s by Eq. 6 (with recomputation and backward: T "
                   f"{last['t_busy_s']:.3f}s, P {last['p_busy_s']:.3f}s)")
+        if s.get("engine_report"):
+            _print_stage_table(s["engine_report"])
         if args.save_model:
             from gnnscale.predict import save_model
 
@@ -393,6 +420,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_stage_table(report: dict[str, Any]) -> None:
+    """The hybrid engine's predicted and measured seconds per iteration, stage by stage (last epoch)."""
+    pred, meas = report["predicted"], report["measured"]
+    print(f"per-stage seconds per iteration, last epoch (split {', '.join(f'{x:.3f}' for x in report['split'])}, "
+          f"threads {','.join(map(str, report['threads']))}):")
+    print(f"  {'stage':<8}{'predicted':>11}{'measured':>11}")
+    for k in ("SC", "SA", "Load", "Tran", "TC", "TA", "sync"):
+        print(f"  {k:<8}{pred.get(k, 0.0):>11.4f}{meas.get(k, 0.0):>11.4f}")
+    print(f"  {'epoch':<8}{pred['epoch_s']:>11.3f}{meas['epoch_s']:>11.3f}")
+
+
 # ------------------------------------------------------------------------------------------- partition
 def cmd_partition(args: argparse.Namespace) -> int:
     import time
@@ -403,6 +441,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     if args.engine == "taskparallel":
         return _partition_taskparallel(args)
+    if args.engine == "hybrid":
+        return _plan_hybrid(args)
     for flag, value in (("--partitions", args.partitions), ("--chunks", args.chunks)):
         if value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
@@ -441,6 +481,58 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_hybrid(args: argparse.Namespace) -> int:
+    """``gnnscale plan --engine hybrid``: HyScale-GNN's performance model (§V) for this machine, graph and model:
+    the initial split, each stage's predicted seconds per iteration, the epoch time and MTEPS, without training."""
+    import torch
+
+    from gnnscale.engines.hybrid import HybridEngine
+    from gnnscale.graph.datasets import load_dataset
+    from gnnscale.nn.model import build_model
+    from gnnscale.train import TrainConfig, check_trainable, resolve_devices
+
+    config = TrainConfig(model=args.model or "gcn", layers=args.layers, hidden=args.hidden, engine="hybrid",
+                         devices=_device_list(args.devices), batch_size=args.batch_size, seed=args.seed,
+                         fanouts=_num_list("--fanouts", args.fanouts, int, "15,10"),
+                         shares=_num_list("--shares", args.shares, float, "0.25,0.75"),
+                         threads=_num_list("--threads", args.threads, int, "1,1,2"))
+    device = resolve_devices(config, "auto")
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    check_trainable(g)
+    reasons = HybridEngine.not_supported_reasons(g, config, device)
+    if reasons:
+        raise ConfigError(f"the hybrid engine cannot train {g.name}: {'; '.join(reasons)}")
+    assert g.num_classes is not None
+    model = build_model(config.model, g.num_features, config.hidden, g.num_classes, layers=config.layers,
+                        dropout=config.dropout, heads=config.heads, seed=config.seed)
+    engine = HybridEngine(g, model, config, device)
+    n = int(engine.train_ids.numel())
+    t = engine.perf.stage_times(config.batch_size, engine.split, engine.threads)
+    epoch = engine.perf.epoch_time(n, config.batch_size, engine.split, engine.threads)
+    shapes = [engine.perf.cpu_sampling.shape(s * config.batch_size, engine.perf.dims) for s in engine.split]
+    from gnnscale.plan.hybrid import mteps
+
+    st = {"dataset": g.name, "engine": "hybrid", "model": config.model,
+          "devices": [str(d) for d in engine.devices], "split": engine.split,
+          "threads": list(engine.threads.as_tuple()), "batch_size": config.batch_size,
+          "fanouts": list(engine.fanouts), "stages_s": t, "iterations": -(-n // config.batch_size),
+          "epoch_s": epoch, "mteps": mteps(shapes, t["iteration"]) if t["iteration"] > 0 else None}
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    print(f"dataset     {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {n:,} training vertices")
+    print(f"trainers    {', '.join(str(d) for d in engine.devices)} (CPU trainer "
+          f"{engine.devices[engine.cpu_index]})")
+    print(f"split       {', '.join(f'{s:.3f}' for s in engine.split)} of each batch of {config.batch_size} "
+          f"({'--shares' if config.shares else 'equal predicted trainer times'})")
+    print(f"threads     sampler {engine.threads.sampler}, loader {engine.threads.loader}, CPU trainer "
+          f"{engine.threads.trainer} of {torch.get_num_threads()} intra-op threads")
+    print("per iteration (s): " + "  ".join(f"{k} {v:.4f}" for k, v in t.items()))
+    print(f"epoch       {st['iterations']} iterations, {epoch:.3f}s predicted; "
+          f"{st['mteps'] or 0:.2f} MTEPS (Eq. 5)")
+    return 0
+
+
 def _partition_taskparallel(args: argparse.Namespace) -> int:
     """``gnnscale partition --engine taskparallel``: the task assignment, per-device estimates and the replication
     factor of the P group against data parallelism over METIS parts of the same count."""
@@ -452,7 +544,7 @@ def _partition_taskparallel(args: argparse.Namespace) -> int:
     from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
     from gnnscale.train import TrainConfig, resolve_devices
 
-    config = TrainConfig(model=args.model, layers=args.layers, hidden=args.hidden, engine="taskparallel",
+    config = TrainConfig(model=args.model or "dgcn", layers=args.layers, hidden=args.hidden, engine="taskparallel",
                          devices=_device_list(args.devices or "cpu"), t_devices=args.t_devices,
                          subgraphs=args.subgraphs, chunks=None if args.chunks == 1 else args.chunks, seed=args.seed,
                          memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory))

@@ -248,6 +248,7 @@ def train(
         "total_time_s": time.perf_counter() - start,
         "timings": {**ready, "epoch_s": sum(r["epoch_time_s"] for r in history) / len(history)},
         "engine_detail": engine.describe(),
+        "engine_report": engine.report(),
         "config": asdict(config),
         "resumed_from_epoch": first - 1 if saved is not None else None,
     }

@@ -72,6 +72,11 @@ class Engine(ABC):
         if state:
             raise ValueError(f"engine {self.name} keeps no state, but the checkpoint has {sorted(state)}")
 
+    def report(self) -> dict[str, Any]:
+        """What the engine reports once, in the summary record (``engine_report``): e.g. predicted against
+        measured stage times; empty by default."""
+        return {}
+
     def describe(self) -> str:
         """One line about how this engine runs (its plan), for the CLI and the summary record; may be empty."""
         return ""

@@ -55,6 +55,7 @@ from gnnscale.plan.hybrid import (
     HybridModel,
     StageTimes,
     Threads,
+    batch_shape,
     default_threads,
     device_rates,
     drm_decide,
@@ -71,6 +72,8 @@ if TYPE_CHECKING:
 DRM_TOLERANCE = 0.05
 """DRM leaves the work split alone while the trainers' times are within this fraction of each other: measured
 times are noisy, and moving seeds back and forth costs more than it gains."""
+CALIBRATION_RUNS = 3
+"""Forward and backward passes per trainer that calibrate Eq. 10 (after one that warms up; the fastest kept)."""
 MIN_SHARE_SEEDS = 1
 """Seeds every trainer keeps in a full batch under DRM (a trainer with none could not be measured)."""
 
@@ -158,9 +161,11 @@ class HybridEngine(MiniBatchEngine):
         difference), a slower device simulated without taking cores from the others."""
         self.trainer_pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="gnnscale-trainer")
         self.version = 0
+        self.warm = False
         self.drm_log: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         self.perf = self._performance_model(cores)
+        self._calibrate()
         self.timings["model_s"] = time.perf_counter() - t0
         if config.shares is not None:
             self.split = list(config.shares)
@@ -187,6 +192,29 @@ class HybridEngine(MiniBatchEngine):
         rates = [device_rates(d if d.type == "cuda" else torch.device("cpu")) for d in self.devices]
         return HybridModel(dims=dims, cpu_sampling=cpu_table, gpu_sampling=gpu_table, rates=rates,
                            cpu_index=self.cpu_index, gpu_sampled=list(self.gpu_sampler), cores=cores)
+
+    def _calibrate(self) -> None:
+        """One batch through the stages, every trainer on an equal share at once (twice: the first warms up),
+        to scale Eq. 10 by what each trainer's forward and backward measures (:meth:`HybridModel.calibrate`)."""
+        size = min(self.config.batch_size, self.train_ids.numel())
+        G = len(self.devices)
+        seeds = self.train_ids[self._order(0)[:size]]
+        it = _Iteration(0, size, self._cut(seeds, [1 / G] * G), self.version)
+        it = self._transfer(self._load(self._sample(it, sample_key(self.config.seed, 0))))
+        before = torch.get_num_threads()
+        try:
+            runs = [[r[0] for r in self.trainer_pool.map(
+                functools.partial(self._propagate, it=it, se=(self.config.seed, 0)), range(G))]
+                for _ in range(CALIBRATION_RUNS + 1)]
+            times = [min(run[g] for run in runs[1:]) for g in range(G)]
+        finally:
+            torch.set_num_threads(before)
+            self.model.zero_grad(set_to_none=True)
+            self.replicas.sync()
+        dims = self.perf.dims
+        shapes = [batch_shape(it.blocks[g], dims) if it.parts[g].numel() else
+                  self.perf.cpu_sampling.shape(1, dims) for g in range(G)]
+        self.perf.calibrate(times, shapes, self.threads)
 
     def describe(self) -> str:
         names = ", ".join(f"{d}{' (CPU trainer)' if g == self.cpu_index else ''}" for g, d in enumerate(self.devices))
@@ -382,6 +410,7 @@ class HybridEngine(MiniBatchEngine):
         edges = sum(edges_per)
         self.measured = {k: v / max(iters, 1) for k, v in stage_sum.items()}
         self.measured["epoch_s"] = epoch_s
+        self.measured["iteration"] = epoch_s / max(iters, 1)
         self.perf.gpu_sampled = list(self.gpu_sampler)
         self.predicted = self.perf.stage_times(self.config.batch_size, self.split, self.threads)
         self.predicted["epoch_s"] = self.perf.epoch_time(n, self.config.batch_size, self.split, self.threads)
@@ -403,7 +432,8 @@ class HybridEngine(MiniBatchEngine):
     def _drm(self, it: _Iteration, times: list[float]) -> Decision:
         """Algorithm 1 on iteration ``it``'s stage times, applied; nothing while ``it`` predates the last
         decision (its share and threads were fixed before that decision took effect)."""
-        if it.version != self.version:
+        if it.version != self.version or self.warm is False:
+            self.warm = True  # the run's first iteration warms up (allocations, lazy set-up): not measured
             return Decision("none")
         has_accel = len(self.devices) > 1
         gpu = [g for g in range(len(self.devices)) if self.gpu_sampler[g]]

@@ -10,7 +10,7 @@ applies its decisions.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -307,7 +307,7 @@ class DeviceRates:
     """Measured figures of one trainer's device for Eqs. 7-13 (per thread on a CPU: the CPU stages' threads
     scale them): gather bandwidth from host memory (Eq. 7), aggregation bandwidth (Eq. 11: a sparse
     aggregation's source-row bytes per second), multiply-accumulates per second (Eq. 12) and the link from host
-    memory (Eq. 8, 13; ``inf`` for a CPU stand-in: nothing crosses a bus)."""
+    memory (Eq. 8, 13; for a CPU stand-in, a copy within host memory)."""
 
     gather: float
     aggregate: float
@@ -329,11 +329,28 @@ class HybridModel:
     cpu_index: int
     gpu_sampled: list[bool]
     cores: int
+    calibration: list[float] = field(default_factory=list)
+    """Per trainer: measured over Eq. 10's seconds on one batch (:meth:`calibrate`); 1 until measured."""
 
     def _trainer(self, g: int, threads: Threads) -> TrainerModel:
         r = self.rates[g]
         k = min(threads.trainer, self.cores) if r.per_thread else 1
         return TrainerModel(bandwidth=r.aggregate * k, macs_per_s=r.macs * k, pipelined=False)
+
+    def trainer_time(self, g: int, shape: BatchShape, threads: Threads) -> float:
+        """Eq. 10 for trainer ``g`` on ``shape``, times its calibration."""
+        k = self.calibration[g] if g < len(self.calibration) else 1.0
+        return k * t_trainer(shape, self._trainer(g, threads))
+
+    def calibrate(self, measured: list[float], shapes: list[BatchShape], threads: Threads) -> None:
+        """Scale each trainer's Eq. 10 to one measured forward and backward of its layers on ``shapes`` (the
+        trainers running at once, as they do in training). Eq. 10 counts the aggregation's bytes and the update's
+        multiply-accumulates; a framework's kernels add launches, activations, dropout and the loss, which the
+        paper leaves out (§VI-C) and which dominate small CPU batches: the ratio carries them."""
+        self.calibration = []
+        for g, (m, shape) in enumerate(zip(measured, shapes, strict=True)):
+            eq10 = t_trainer(shape, self._trainer(g, threads))
+            self.calibration.append(m / eq10 if m > 0 and eq10 > 0 else 1.0)
 
     def stage_times(self, batch: int, split: list[float], threads: Threads) -> dict[str, float]:
         """Seconds per iteration of each stage for a global batch of ``batch`` seeds: ``SC``, ``SA``, ``Load``,
@@ -350,9 +367,8 @@ class HybridModel:
         load = t_load(shapes, host.gather * min(threads.loader, self.cores))
         accel = [g for g in range(G) if g != self.cpu_index]
         trans = {g: t_trans(shapes[g], self.rates[g].link) for g in accel}
-        train = {g: t_trainer(shapes[g], self._trainer(g, threads)) if sizes[g] > 0 else 0.0 for g in range(G)}
-        link = min((self.rates[g].link for g in accel), default=float("inf"))
-        sync = t_sync(self.dims, link if link != float("inf") else host.gather)
+        train = {g: self.trainer_time(g, shapes[g], threads) if sizes[g] > 0 else 0.0 for g in range(G)}
+        sync = t_sync(self.dims, min((self.rates[g].link for g in accel), default=host.link))
         prop = max(train.values()) + sync
         # every stage on the CPU shares its cores (the paper's CPU has 128; ours may have 2): the iteration
         # takes at least the CPU's busy core-seconds over the cores
@@ -381,7 +397,7 @@ class HybridModel:
         t = []
         for g in range(G):
             shape = self.cpu_sampling.shape(batch, self.dims)
-            busy = t_trainer(shape, self._trainer(g, threads))
+            busy = self.trainer_time(g, shape, threads)
             if g != self.cpu_index:
                 busy = max(busy, t_trans(shape, self.rates[g].link))
             t.append(max(busy, 1e-12))
@@ -472,9 +488,10 @@ def measure_rates(device: torch.device) -> DeviceRates:
         a = torch.randn(1 << 14, 128, generator=gen).to(device)
         w = torch.randn(128, 128, generator=gen).to(device)
         macs = _rate(lambda: a @ w, (1 << 14) * 128 * 128, device)
+        # a CPU stand-in for an accelerator "transfers" by a copy in host memory
+        link = _rate(lambda: host.clone(), host.numel() * 4, device) if cpu else throughput([device]).hd
     finally:
         torch.set_num_threads(before)
-    link = float("inf") if cpu else throughput([device]).hd
     return DeviceRates(gather=gather, aggregate=aggregate, macs=macs, link=link, per_thread=cpu)
 
 
@@ -495,11 +512,9 @@ def device_rates(device: torch.device) -> DeviceRates:
     entry = saved.get(key)
     names = ("gather", "aggregate", "macs", "link")
     if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) and entry[k] > 0 for k in names):
-        cpu = device.type == "cpu"
         return DeviceRates(float(entry["gather"]), float(entry["aggregate"]), float(entry["macs"]),
-                           float("inf") if cpu else float(entry["link"]), per_thread=cpu)
+                           float(entry["link"]), per_thread=device.type == "cpu")
     r = measure_rates(device)
-    saved[key] = {"gather": r.gather, "aggregate": r.aggregate, "macs": r.macs,
-                  "link": r.link if r.link != float("inf") else 1e300}
+    saved[key] = {"gather": r.gather, "aggregate": r.aggregate, "macs": r.macs, "link": r.link}
     _save(path, saved)
     return r

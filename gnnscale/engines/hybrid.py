@@ -69,9 +69,12 @@ from gnnscale.store.global_store import GlobalMemoryStore
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
 
-DRM_TOLERANCE = 0.05
+DRM_TOLERANCE = 0.1
 """DRM leaves the work split alone while the trainers' times are within this fraction of each other: measured
 times are noisy, and moving seeds back and forth costs more than it gains."""
+SPEED_SMOOTHING = 0.5
+"""Weight of the newest iteration in each trainer's smoothed speed (what *balance work* splits by): one
+iteration's times are noisy, a speed is a property of the device."""
 CALIBRATION_RUNS = 3
 """Forward and backward passes per trainer that calibrate Eq. 10 (after one that warms up; the fastest kept)."""
 MIN_SHARE_SEEDS = 1
@@ -162,6 +165,10 @@ class HybridEngine(MiniBatchEngine):
         self.trainer_pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="gnnscale-trainer")
         self.version = 0
         self.warm = False
+        self.step = 0
+        self.speeds: list[float | None] = [None] * len(self.devices)
+        """Per trainer, seeds per second, smoothed over the iterations (:data:`SPEED_SMOOTHING`)."""
+        """Iterations trained so far in this run (DRM's log counts in them)."""
         self.drm_log: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         self.perf = self._performance_model(cores)
@@ -376,7 +383,7 @@ class HybridEngine(MiniBatchEngine):
         stages = [("sampler", lambda it: self._sample(it, key)), ("loader", self._load),
                   ("transfer", self._transfer)]
         try:
-            with Pipeline(self._iterations(epoch), stages, depth=1) as pipe:
+            with Pipeline(self._iterations(epoch), stages, depth=1, handoff=True) as pipe:
                 for it in pipe:
                     self.optimizer.zero_grad(set_to_none=True)
                     results = list(self.trainer_pool.map(functools.partial(self._propagate, it=it, se=se), range(G)))
@@ -399,6 +406,7 @@ class HybridEngine(MiniBatchEngine):
                         edges_per[g] += sum(b.num_edges for b in it.blocks[g])
                         bytes_to[g] += it.bytes_to[g] if it.bytes_to else 0
                     iters += 1
+                    self.step += 1
                     if self.config.drm == "on":
                         d = self._drm(it, times)
                         work_moves += d.kind == "work"
@@ -432,8 +440,16 @@ class HybridEngine(MiniBatchEngine):
     def _drm(self, it: _Iteration, times: list[float]) -> Decision:
         """Algorithm 1 on iteration ``it``'s stage times, applied; nothing while ``it`` predates the last
         decision (its share and threads were fixed before that decision took effect)."""
-        if it.version != self.version or self.warm is False:
+        if self.warm is False:
             self.warm = True  # the run's first iteration warms up (allocations, lazy set-up): not measured
+            return Decision("none")
+        busy = self._busy(it, times)
+        for g, p in enumerate(it.parts):  # every trainer's speed, smoothed over the iterations
+            if p.numel() and busy[g] > 0:
+                v = p.numel() / busy[g]
+                old = self.speeds[g]
+                self.speeds[g] = v if old is None else SPEED_SMOOTHING * v + (1 - SPEED_SMOOTHING) * old
+        if it.version != self.version:
             return Decision("none")
         has_accel = len(self.devices) > 1
         gpu = [g for g in range(len(self.devices)) if self.gpu_sampler[g]]
@@ -441,37 +457,51 @@ class HybridEngine(MiniBatchEngine):
                         Tran=it.times["Tran"] if has_accel else None, TA=it.times["TA"] if has_accel else None,
                         SA=it.times["SA"] if gpu else None)
         d = drm_decide(st)
-        applied = self._apply(d, it, times)
-        self.drm_log.append({"iteration": it.index, "decision": d.kind, "src": d.src, "dst": d.dst,
-                             "applied": applied, "split": list(self.split)})
-        return d if applied else Decision("none", bottleneck=d.bottleneck)
+        done = self._apply(d, it, times)
+        self.drm_log.append({"step": self.step, "iteration": it.index, "bottleneck": d.bottleneck,
+                             "decision": d.kind, "src": d.src, "dst": d.dst,
+                             "applied": None if done is None else done.kind, "split": list(self.split),
+                             "threads": list(self.threads.as_tuple())})
+        return done if done is not None else Decision("none", bottleneck=d.bottleneck)
 
-    def _apply(self, d: Decision, it: _Iteration, times: list[float]) -> bool:
+    def _busy(self, it: _Iteration, times: list[float]) -> list[float]:
+        """Each trainer's seconds in iteration ``it``; an accelerator's bundles its transfer (Algorithm 1,
+        line 1: ``T_Accel = max(T_Tran, T_TA)``)."""
+        return [max(times[g], it.transfer_s[g]) if g != self.cpu_index else times[g]
+                for g in range(len(self.devices))]
+
+    def _apply(self, d: Decision, it: _Iteration, times: list[float]) -> Decision | None:
+        """Carry out ``d``; the decision carried out, or ``None``. A thread move with no thread to give (the donor
+        has one) speeds the bottleneck up the other way Algorithm 1 knows: its work moves to its counterpart
+        (the CPU trainer's to the accelerators, the CPU sampler's to the GPU samplers), where there is one."""
+        if d.kind == "thread":
+            moved = self.threads.move(d.src, d.dst)  # type: ignore[arg-type]
+            if moved is not None:
+                self.threads = moved
+                self.version += 1
+                return d
+            other = {"TC": "Accel", "SC": "SA"}.get(d.dst or "")
+            if other is None:
+                return None
+            d = Decision("work", d.dst, other, d.bottleneck)
         if d.kind == "work" and {d.src, d.dst} == {"TC", "Accel"}:
-            # the accelerator's time bundles its transfer (Algorithm 1, line 1)
-            busy = [max(times[g], it.transfer_s[g]) if g != self.cpu_index else times[g]
-                    for g in range(len(self.devices))]
             seeds = [int(p.numel()) for p in it.parts]
-            new = rebalance(self.split, busy, seeds, min_share=MIN_SHARE_SEEDS / self.config.batch_size,
-                            tolerance=DRM_TOLERANCE)
+            new = rebalance(self.split, self._busy(it, times), seeds,
+                            min_share=MIN_SHARE_SEEDS / self.config.batch_size, tolerance=DRM_TOLERANCE,
+                            speeds=self.speeds)
             if new is None:
-                return False
+                return None
             self.split = new
         elif d.kind == "work":  # SC <-> SA: one accelerator's sampling moves between the CPU and its device
             cuda = [g for g in range(len(self.devices)) if self.devices[g].type == "cuda"]
             movable = [g for g in cuda if self.gpu_sampler[g] == (d.dst == "SC")]
             if not movable:
-                return False
+                return None
             self.gpu_sampler[movable[0]] = d.dst == "SA"
-        elif d.kind == "thread":
-            moved = self.threads.move(d.src, d.dst)  # type: ignore[arg-type]
-            if moved is None:
-                return False
-            self.threads = moved
         else:
-            return False
+            return None
         self.version += 1
-        return True
+        return d
 
     # ------------------------------------------------------------------------------------------------ inference
     def _eval_topology(self) -> Topology:

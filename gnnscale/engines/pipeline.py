@@ -4,8 +4,11 @@
 ``k`` takes what stage ``k - 1`` produced, applies its function, and hands the result on through a queue of
 ``depth`` items, so while the consumer works on item ``i``, the last stage holds ``i + 1`` and the one before it
 ``i + 2``: the two-stage prefetching of HyScale-GNN (feature loading of batch ``i + 2`` and data transfer of batch
-``i + 1`` overlap the training of batch ``i``). An exception in a stage reaches the consumer; closing the pipeline
-(or leaving a ``with`` block) stops every thread, even one blocked on a full queue.
+``i + 1`` overlap the training of batch ``i``). A stage works on its next item only once the one it handed on has
+been taken; with ``handoff=True`` it also takes its next input only then (a hand-over: each stage holds one item,
+so the consumer is at most one item per stage ahead, Figure 7's depth). An exception in a stage reaches the
+consumer; closing the pipeline (or leaving a ``with`` block) stops every thread, even one blocked on a full
+queue.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ class _Failure:
 class Pipeline:
     """Iterate to get the last stage's outputs, in order."""
 
-    def __init__(self, items: Iterable[Any], stages: list[tuple[str, Callable[[Any], Any]]], depth: int = 1):
+    def __init__(self, items: Iterable[Any], stages: list[tuple[str, Callable[[Any], Any]]], depth: int = 1,
+                 handoff: bool = False):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.stop = threading.Event()
+        self.handoff = handoff
         self.queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=depth) for _ in stages]
         self.threads = []
         for k, (name, fn) in enumerate(stages):
@@ -51,6 +56,14 @@ class Pipeline:
                 continue
         return False
 
+    def _handed_over(self, q: queue.Queue[Any]) -> bool:
+        """Wait until the item just put into ``q`` is taken (or the pipeline stops): a stage holds one item at a
+        time, so the consumer's lookahead is one item per stage."""
+        with q.all_tasks_done:
+            while q.unfinished_tasks and not self.stop.is_set():
+                q.all_tasks_done.wait(_POLL_S)
+        return not self.stop.is_set()
+
     def _drain(self, q: queue.Queue[Any]) -> Iterator[Any]:
         """The items of an upstream queue until its end (a failure upstream is passed on as it is)."""
         while not self.stop.is_set():
@@ -58,6 +71,7 @@ class Pipeline:
                 item = q.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
+            q.task_done()
             if item is _END:
                 return
             yield item
@@ -69,6 +83,8 @@ class Pipeline:
                     return
                 if not self._put(out, item if isinstance(item, _Failure) else fn(item)):
                     return
+                if self.handoff and not self._handed_over(out):
+                    return
             self._put(out, _END)
         except BaseException as exc:  # handed to the consumer, which raises it
             self._put(out, _Failure(exc))
@@ -77,6 +93,7 @@ class Pipeline:
         last = self.queues[-1]
         while True:
             item = last.get()
+            last.task_done()
             if item is _END:
                 return
             if isinstance(item, _Failure):

@@ -238,18 +238,19 @@ def check_threads(threads: tuple[int, ...], cores: int) -> str | None:
 
 
 def rebalance(split: list[float], busy: list[float], seeds: list[int], *, min_share: float,
-              tolerance: float) -> list[float] | None:
-    """*balance work*: new shares of the global batch under which every trainer's measured time per seed
-    (``busy[g] / seeds[g]``) gives the same time, the fast trainers taking work from the slow ones; ``None`` when
-    the times already lie within ``tolerance`` of each other. A trainer with no seeds keeps its share; none falls
-    below ``min_share``."""
+              tolerance: float, speeds: list[float | None] | None = None) -> list[float] | None:
+    """*balance work*: new shares of the global batch under which every trainer, at its speed in seeds per second
+    (``speeds``, e.g. smoothed over iterations, else this iteration's ``seeds[g] / busy[g]``), takes the same
+    time: the fast trainers take work from the slow ones. ``None`` when the times those speeds give this split
+    already lie within ``tolerance`` of each other. A trainer with no seeds keeps its share; none falls below
+    ``min_share``."""
     measured = [g for g in range(len(split)) if seeds[g] > 0 and busy[g] > 0]
     if len(measured) < 2:
         return None
-    times = [busy[g] for g in measured]
+    speed = {g: (speeds[g] or seeds[g] / busy[g]) if speeds is not None else seeds[g] / busy[g] for g in measured}
+    times = [seeds[g] / speed[g] for g in measured]  # what the (smoothed) speeds say this split costs
     if max(times) <= (1 + tolerance) * min(times):
         return None
-    speed = {g: seeds[g] / busy[g] for g in measured}  # seeds per second
     free = sum(split[g] for g in measured)  # the measured trainers' shares are redistributed among themselves
     total_speed = sum(speed.values())
     new = list(split)

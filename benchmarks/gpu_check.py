@@ -24,11 +24,15 @@ others still run:
 * ``taskparallel``: ``benchmarks/taskparallel.py`` on a Kronecker graph (scale 18): dgcn with its T and P tasks on
   two device threads of the one GPU (each its own stream) against the offload engine (gcn, ``--dedup none``) and
   the in-memory engine: epoch time and per-device peaks; replication factors for 2/4/8/16 METIS parts.
+* ``hybrid``: ``benchmarks/hybrid.py`` on a 500,000-vertex csbm graph: GraphSAGE with the CPU trainer alone and
+  beside the GPU (``cpu,cuda:0``): predicted against measured stage and epoch times, the split and MTEPS; a sweep
+  of static CPU shares against DRM.
 
 Output, within the device tool's return limits (at most 8 files, no sub-folders): ``summary.md`` (a table per step
 with the key figures and the exact commands), ``steps.jsonl`` (one line per step: status, return code, seconds,
-command, the step's figures), ``gather.jsonl`` / ``offload.jsonl`` / ``minibatch.jsonl`` / ``taskparallel.jsonl``
-(the benchmarks' own records) and ``run.log`` (every step's output). The summary is printed at the end as well.
+command, the step's figures), ``gather.jsonl`` / ``offload.jsonl`` / ``minibatch.jsonl`` / ``taskparallel.jsonl`` /
+``hybrid.jsonl`` (the benchmarks' own records) and ``run.log`` (every step's output). The summary is printed at
+the end as well.
 
 ``--dry-run`` runs the same steps on CPU with tiny sizes (a 2,000-vertex graph, one epoch, the test step only
 collecting the tests) and prints the commands the GPU run would use, so the driver is exercised by the test suite
@@ -62,6 +66,8 @@ DATASET = "csbm:nodes=2449029,avg_degree=50,features=100,classes=47,communities=
 DRY_SIZES = {"nodes": "2000", "avg_degree": "10", "features": "16", "classes": "4", "communities": "8"}
 TP_DATASET = "kronecker:scale=18,edgefactor=16"  # the task-parallel step's graph (262,144 vertices)
 TP_DRY_DATASET = "csbm:nodes=2000,features=16"
+HY_DATASET = "csbm:nodes=500000,avg_degree=20,features=100,classes=47"  # the hybrid step's graph
+HY_DRY_DATASET = "csbm:nodes=2000,features=16,train=0.5"
 XGNN_EPOCH_S = 0.3  # XGNN's mini-batch epoch time at products scale, the goal of the minibatch step
 DEADLINE_S = 530.0  # the whole run, on the device's 10-minute limit per command
 
@@ -73,7 +79,7 @@ REQUIRED = [("torch", "torch", "everything"), ("numpy", "numpy", "gnnscale"), ("
             ("pytest_timeout", "pytest-timeout", "tests step (a deadlocked pipeline fails instead of hanging)")]
 OPTIONAL = [("triton", "triton", "UVA gather kernel"), ("cupy", "cupy", "informative only")]
 FILES = ("summary.md", "steps.jsonl", "gather.jsonl", "offload.jsonl", "minibatch.jsonl", "taskparallel.jsonl",
-         "run.log")
+         "hybrid.jsonl", "run.log")
 LOG_CAP = 4 << 20  # bytes of one step's output kept in run.log (the device tool returns files up to 16 MiB)
 H2D_PARTS = ("h2d_row_bytes", "h2d_topology_bytes", "h2d_index_bytes")
 
@@ -233,16 +239,28 @@ def build_steps(args: argparse.Namespace, out: Path, python: str, spec: str) -> 
     taskparallel = [*py, str(BENCH / "taskparallel.py"), *dev, "--devices", "cpu,cpu" if dry else "cuda:0,cuda:0",
                     "--dataset", TP_DRY_DATASET if dry else TP_DATASET, "--parts", "2" if dry else "2,4,8,16",
                     "--warmup", "1", "--repeats", "1" if dry else "3", "--out", str(out / "taskparallel.jsonl")]
+    # the CPU trainer beside the GPU: the model's prediction per stage, a static sweep and DRM
+    hybrid = [*py, str(BENCH / "hybrid.py"), "--datasets", HY_DRY_DATASET if dry else HY_DATASET,
+              "--drm-dataset", HY_DRY_DATASET if dry else HY_DATASET, "--model-devices",
+              "cpu;cpu,cpu:1" if dry else "cpu;cpu,cuda:0", "--drm-devices", "cpu,cpu:1" if dry else "cpu,cuda:0",
+              "--slowdown", "3" if dry else "1", "--sweep", "0.2,0.5" if dry else "0.02,0.05,0.1,0.2",
+              "--hidden", "16" if dry else "256", "--fanouts", "5,5" if dry else "25,10",
+              "--batch-size", "64" if dry else "1024", "--warmup", "0" if dry else "1", "--epochs", "1",
+              "--drm-epochs", "1" if dry else "2", "--out", str(out / "hybrid.jsonl")]
+    if dry:
+        hybrid += ["--threads", "1"]
     return [
         Step("env", 30, [*py, str(Path(__file__).resolve()), "--probe-env"], what="device, versions, PCIe link"),
-        Step("tests", 120, tests, what="the CUDA tests of every engine (pytest --cuda-only)"),
-        Step("gather", 80, gather, "gather.jsonl", "host -> GPU row gathers: bulk, index_select, UVA; GB/s"),
-        Step("offload", 150, offload, "offload.jsonl",
+        Step("tests", 110, tests, what="the CUDA tests of every engine (pytest --cuda-only)"),
+        Step("gather", 70, gather, "gather.jsonl", "host -> GPU row gathers: bulk, index_select, UVA; GB/s"),
+        Step("offload", 130, offload, "offload.jsonl",
              "offload engine at 6 and 24 GiB vs in-memory and PyG GCNConv on sparse adj_t"),
-        Step("minibatch", 110, minibatch, "minibatch.jsonl",
+        Step("minibatch", 100, minibatch, "minibatch.jsonl",
              f"mini-batch engine epoch time (goal {XGNN_EPOCH_S} s, XGNN)"),
         Step("taskparallel", 40, taskparallel, "taskparallel.jsonl",
              "task-parallel engine (dgcn, T and P on two streams) vs offload and in-memory; replication factors"),
+        Step("hybrid", 50, hybrid, "hybrid.jsonl",
+             "hybrid engine (CPU + GPU trainers): predicted vs measured stages, static splits vs DRM, MTEPS"),
     ]
 
 
@@ -442,9 +460,23 @@ def summarize_taskparallel(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def summarize_hybrid(records: list[dict[str, Any]]) -> list[str]:
+    rows = [[r["devices"], ", ".join(f"{s:.3f}" for s in r["split"]), _f(r["predicted_epoch_s"]),
+             _f(r["measured_epoch_s"]), _f(100 * r["error"], "+.1f"), _f(r.get("mteps"), ".1f"),
+             _f(r["hybrid_over_minibatch"], ".2f")] for r in records if r.get("kind") == "model"]
+    lines = _table(["devices", "split", "predicted epoch (s)", "measured (s)", "error %", "MTEPS",
+                    "/ minibatch"], rows)
+    for r in (r for r in records if r.get("kind") == "drm"):
+        sweep = ", ".join(f"{k}: {v:.3f}" for k, v in r["sweep"].items())
+        lines += ["", f"static CPU shares (s per epoch): {sweep}; DRM from 0.5 settled by iteration "
+                      f"{r['settled_iteration']} at CPU share {r['drm_final_share']:.3f}, last epoch "
+                      f"{r['drm_epoch_times'][-1]:.3f} s = {r['drm_last_over_best']:.2f}x the best static split"]
+    return lines
+
+
 SUMMARIZERS: dict[str, Callable[[list[dict[str, Any]]], list[str]]] = {
     "gather": summarize_gather, "offload": summarize_offload, "minibatch": summarize_minibatch,
-    "taskparallel": summarize_taskparallel}
+    "taskparallel": summarize_taskparallel, "hybrid": summarize_hybrid}
 
 
 def write_summary(out: Path, steps: list[Step], header: list[str]) -> str:

@@ -3,7 +3,8 @@ static splits, with one trainer made slower.
 
     .venv/bin/python benchmarks/hybrid.py --threads 1
     .venv/bin/python benchmarks/hybrid.py --threads 1 --parts model --datasets csbm:nodes=50000,features=128
-    PYTHONPATH=. python3 benchmarks/hybrid.py --devices cpu,cuda:0 --datasets csbm:nodes=2450000,avg_degree=50,...
+    PYTHONPATH=. python3 benchmarks/hybrid.py --model-devices 'cpu;cpu,cuda:0' --drm-devices cpu,cuda:0 \
+        --slowdown 1 --datasets csbm:nodes=500000,avg_degree=20,features=100,classes=47 --hidden 256
 
 **Model** (``--parts model``): per dataset (``--datasets``, default ego-twitter symmetrised and a csbm graph) and per
 device list (``--model-devices``, default ``cpu`` and ``cpu,cpu:1``: the CPU trainer alone, and beside a CPU
@@ -84,7 +85,7 @@ def model_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, 
     for devs in args.model_devices.split(";"):
         cfg = TrainConfig(engine="hybrid", devices=tuple(_list(devs)), drm="off", **base)
         eng = _engine(HybridEngine, g, cfg)
-        times, _ = _epochs(eng, args.warmup, args.epochs)
+        times, recs = _epochs(eng, args.warmup, args.epochs)
         n = int(eng.train_ids.numel())
         pred = eng.perf.stage_times(cfg.batch_size, eng.split, eng.threads)
         pred_epoch = eng.perf.epoch_time(n, cfg.batch_size, eng.split, eng.threads)
@@ -95,7 +96,9 @@ def model_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, 
                "calibration": eng.perf.calibration, "predicted": pred, "measured": dict(meas),
                "predicted_epoch_s": pred_epoch, "measured_epoch_s": measured_epoch, "epoch_times": times,
                "error": pred_epoch / measured_epoch - 1, "minibatch_epoch_s": statistics.median(mb_times),
-               "hybrid_over_minibatch": measured_epoch / statistics.median(mb_times)}
+               "hybrid_over_minibatch": measured_epoch / statistics.median(mb_times),
+               "mteps": statistics.median(r["mteps"] for r in recs), "accel_bytes": recs[-1]["accel_bytes"],
+               "trainer_seeds": recs[-1]["trainer_seeds"]}
         rows.append(row)
         print(f"\n{spec} on {devs}: split {', '.join(f'{s:.3f}' for s in eng.split)}, threads "
               f"{','.join(map(str, eng.threads.as_tuple()))}, Eq. 10 calibration "
@@ -104,14 +107,15 @@ def model_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, 
         for k in STAGES:
             print(f"| {k} | {pred.get(k, 0.0):.4f} | {meas.get(k, 0.0):.4f} |")
         print(f"| epoch | {pred_epoch:.3f} | {measured_epoch:.3f} (error {100 * row['error']:+.1f}%) |")
-        print(f"mini-batch engine, same batches: {row['minibatch_epoch_s']:.3f} s per epoch "
+        print(f"{row['mteps']:.2f} MTEPS; mini-batch engine, same batches: {row['minibatch_epoch_s']:.3f} s per epoch "
               f"(hybrid/minibatch {row['hybrid_over_minibatch']:.2f}x)")
     return rows
 
 
 def drm_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     base = {"model": args.model, "hidden": args.hidden, "batch_size": args.batch_size,
-            "fanouts": tuple(int(f) for f in _list(args.fanouts)), "seed": args.seed, "devices": ("cpu", "cpu:1")}
+            "fanouts": tuple(int(f) for f in _list(args.fanouts)), "seed": args.seed,
+            "devices": tuple(_list(args.drm_devices))}
     rows: list[dict[str, Any]] = []
     sweep = {}
     for share in (float(s) for s in _list(args.sweep)):
@@ -138,7 +142,7 @@ def drm_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, An
            "settled_iteration": settled, "iterations_per_epoch": per_epoch,
            "drm_last_over_best": times[-1] / sweep[best]}
     rows.append(row)
-    print(f"\nDRM from 0.50/0.50 (CPU trainer {args.slowdown}x slower): applied decisions "
+    print(f"\nDRM on {args.drm_devices} from 0.50/0.50 (CPU trainer {args.slowdown}x slower): applied decisions "
           f"{[(i, kind, s) for i, kind, _, _, s in row['drm_decisions']]}")
     print(f"settled by iteration {settled} (epoch of {per_epoch}); CPU share {final:.3f} vs best static {best:.2f}; "
           f"epoch times {', '.join(f'{t:.3f}' for t in times)} s; last/best static "
@@ -160,15 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs per configuration (median)")
     ap.add_argument("--sweep", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="static CPU shares")
-    ap.add_argument("--slowdown", type=float, default=3.0, help="how much slower the CPU trainer is made")
+    ap.add_argument("--drm-devices", default="cpu,cpu:1", help="the DRM part's two devices, the CPU trainer first")
+    ap.add_argument("--slowdown", type=float, default=3.0,
+                    help="how much slower the CPU trainer is made (1: as it is, e.g. beside a real GPU)")
     ap.add_argument("--drm-epochs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads before anything runs")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads before anything runs (default: torch's; 1 on a shared CPU box)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
     os.environ.setdefault("GNNSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="gnnscale-bench-"))
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     parts = _list(args.parts)
     common = environment(torch.device("cpu"))
     print(f"device {common['device_name']}; torch {torch.__version__}, gnnscale {common['gnnscale_rev']}; "

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
-STEPS = ["env", "tests", "gather", "offload", "minibatch", "taskparallel"]
+STEPS = ["env", "tests", "gather", "offload", "minibatch", "taskparallel", "hybrid"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_dry_run_reports_every_step_ok(dry_run: tuple[Path, str]) -> None:
     assert by["env"]["env"]["torch"] and "csbm_options" in by["env"]["env"]
     assert by["tests"]["counts"]["collected"] >= 1  # the CUDA tests, collected (run on a GPU)
     assert "--cuda-only" in by["tests"]["command"]
-    for name in ("offload", "minibatch", "taskparallel"):
+    for name in ("offload", "minibatch", "taskparallel", "hybrid"):
         assert by[name]["records"] >= 2 and by[name]["records_not_ok"] == 0, by[name]
     assert "packages (needed by):" in stdout and "pymetis" in stdout
 
@@ -67,6 +67,12 @@ def test_dry_run_records_and_summary(dry_run: tuple[Path, str]) -> None:
     minibatch = [r for r in records if r["kind"] == "engine"]
     assert [r["gpu_feature_ratio"] for r in minibatch] == [0.25, 1.0]
     assert all(r["status"] == "ok" and r["median_epoch_s"] > 0 and r["model"] == "sage" for r in minibatch)
+
+    hy = [json.loads(line) for line in (out / "hybrid.jsonl").read_text().splitlines()]
+    assert [r["devices"] for r in hy if r["kind"] == "model"] == ["cpu", "cpu,cpu:1"]
+    assert all(r["predicted_epoch_s"] > 0 and r["measured_epoch_s"] > 0 for r in hy if r["kind"] == "model")
+    drm = [r for r in hy if r["kind"] == "drm"]
+    assert len(drm) == 1 and {float(k) for k in drm[0]["sweep"]} == {0.2, 0.5}
 
     summary = (out / "summary.md").read_text()
     for name in STEPS:

@@ -339,7 +339,10 @@ class HybridEngine(MiniBatchEngine):
         size = self.config.batch_size
         for i, lo in enumerate(range(0, seeds.numel(), size)):
             batch = seeds[lo : lo + size]
-            yield _Iteration(i, batch.numel(), self._cut(batch, self.split), self.version)
+            # the version first: a decision landing between the two reads then leaves the iteration labelled
+            # with the older version, which DRM skips (never a new version on an old split)
+            version = self.version
+            yield _Iteration(i, batch.numel(), self._cut(batch, self.split), version)
 
     def _propagate(self, g: int, it: _Iteration, se: tuple[int, int]) -> tuple[float, Tensor | None]:
         """Trainer ``g``'s forward and backward on its share; its seconds and its share of the batch's loss."""

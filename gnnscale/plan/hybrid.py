@@ -252,13 +252,18 @@ def rebalance(split: list[float], busy: list[float], seeds: list[int], *, min_sh
     if max(times) <= (1 + tolerance) * min(times):
         return None
     free = sum(split[g] for g in measured)  # the measured trainers' shares are redistributed among themselves
-    total_speed = sum(speed.values())
     new = list(split)
+    floored: set[int] = set()
+    while True:  # shares in proportion to speed; one below the floor is held at it and the rest re-split
+        rest = [g for g in measured if g not in floored]
+        room = free - min_share * len(floored)
+        total = sum(speed[g] for g in rest)
+        low = [g for g in rest if room * speed[g] / total < min_share]
+        if not low or len(low) == len(rest):
+            break
+        floored.update(low)
     for g in measured:
-        new[g] = max(min_share, free * speed[g] / total_speed)
-    scale = free / sum(new[g] for g in measured)
-    for g in measured:
-        new[g] *= scale
+        new[g] = min_share if g in floored else room * speed[g] / total
     return new
 
 

@@ -41,6 +41,7 @@ from gnnscale.plan.hybrid import (
     check_threads,
     default_threads,
     device_rates,
+    fit_cost,
     measure_sampling,
     rebalance,
     t_execution,
@@ -508,14 +509,26 @@ def test_rebalance_equalises_the_trainers_times() -> None:
     assert max(times) == pytest.approx(min(times))
 
 
-def test_rebalance_splits_by_the_given_speeds() -> None:
-    """Smoothed speeds (seeds per second) replace this iteration's: equal times now, yet trainer 1 is known to
-    be 3x faster; a trainer without a smoothed speed yet uses this iteration's."""
+def test_rebalance_splits_by_the_given_cost_models() -> None:
+    """Fitted cost models replace this iteration's seconds per seed: equal times now, yet trainer 1 is known to
+    be 3x faster; a trainer without a model uses this iteration's; a fixed part shifts the balance."""
     assert rebalance([.5, .5], [1.0, 1.0], [50, 50], min_share=0.0, tolerance=0.05,
-                     speeds=[10.0, 30.0]) == pytest.approx([.25, .75])
+                     costs=[(0.0, 0.1), (0.0, 1 / 30)]) == pytest.approx([.25, .75])
     assert rebalance([.5, .5], [1.0, 3.0], [50, 50], min_share=0.0, tolerance=0.05,
-                     speeds=[None, 50 / 9]) == pytest.approx([.9, .1])
-    assert rebalance([.25, .75], [1.0, 1.0], [25, 75], min_share=0.0, tolerance=0.05, speeds=[25.0, 75.0]) is None
+                     costs=[None, (0.0, 9 / 50)]) == pytest.approx([.9, .1])
+    assert rebalance([.25, .75], [1.0, 1.0], [25, 75], min_share=0.0, tolerance=0.05,
+                     costs=[(0.0, 1 / 25), (0.0, 1 / 75)]) is None
+    # trainer 0: 0.5 s + 0.01 s/seed, trainer 1: 0.02 s/seed; 100 seeds: 0.5 + 0.01 n = 0.02 (100 - n) -> n = 50
+    new = rebalance([.8, .2], [1.3, 0.4], [80, 20], min_share=0.0, tolerance=0.05,
+                    costs=[(0.5, 0.01), (0.0, 0.02)])
+    assert new == pytest.approx([.5, .5])
+
+
+def test_fit_cost_separates_the_fixed_part_from_the_part_per_seed() -> None:
+    assert fit_cost([(10, 1.2), (20, 1.4), (40, 1.8)]) == pytest.approx((1.0, 0.02))
+    assert fit_cost([(50, 1.0), (52, 1.1)]) == pytest.approx((0.0, 2.1 / 102))  # seeds hardly vary: through zero
+    assert fit_cost([(10, 2.0), (40, 1.0)]) == pytest.approx((0.0, 3.0 / 50))  # a negative slope is no cost
+    assert fit_cost([]) is None
 
 
 def test_rebalance_leaves_times_within_the_tolerance_alone() -> None:

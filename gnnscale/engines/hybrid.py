@@ -59,6 +59,7 @@ from gnnscale.plan.hybrid import (
     default_threads,
     device_rates,
     drm_decide,
+    fit_cost,
     measure_sampling,
     rebalance,
 )
@@ -72,9 +73,11 @@ if TYPE_CHECKING:
 DRM_TOLERANCE = 0.1
 """DRM leaves the work split alone while the trainers' times are within this fraction of each other: measured
 times are noisy, and moving seeds back and forth costs more than it gains."""
-SPEED_SMOOTHING = 0.5
-"""Weight of the newest iteration in each trainer's smoothed speed (what *balance work* splits by): one
-iteration's times are noisy, a speed is a property of the device."""
+COST_SAMPLES = 12
+"""Iterations each trainer's cost model (``seconds = a + b * seeds``, what *balance work* splits by) is fitted
+over: one iteration's times are noisy, and the samples span the last few splits, which is what separates the
+fixed part of a trainer's time from the part per seed (a share's sampled neighbourhood grows less than its seeds,
+so seconds per seed alone would move too much work, then too little)."""
 CALIBRATION_RUNS = 3
 """Forward and backward passes per trainer that calibrate Eq. 10 (after one that warms up; the fastest kept)."""
 MIN_SHARE_SEEDS = 1
@@ -160,14 +163,17 @@ class HybridEngine(MiniBatchEngine):
         cores = os.cpu_count() or 1
         self.threads = Threads(*config.threads) if config.threads else default_threads(cores)
         self.slowdown = [1.0] * len(self.devices)
-        """Benchmark hook: trainer ``g``'s propagation takes ``slowdown[g]`` times as long (it sleeps the
-        difference), a slower device simulated without taking cores from the others."""
+        """Benchmark hook: trainer ``g``'s propagation takes ``slowdown[g]`` times its work (it sleeps
+        ``slowdown[g] - 1`` times the CPU time its thread spent: with one intra-op thread, the work itself and not
+        the waits for a core), a slower device simulated without taking cores from the others."""
         self.trainer_pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="gnnscale-trainer")
         self.version = 0
         self.warm = False
         self.step = 0
-        self.speeds: list[float | None] = [None] * len(self.devices)
-        """Per trainer, seeds per second, smoothed over the iterations (:data:`SPEED_SMOOTHING`)."""
+        self.iteration_s: list[float] = []
+        """The last epoch's seconds per iteration (wall time between the ends of consecutive iterations)."""
+        self.samples: list[list[tuple[int, float]]] = [[] for _ in self.devices]
+        """Per trainer, its last :data:`COST_SAMPLES` iterations' seeds and seconds."""
         """Iterations trained so far in this run (DRM's log counts in them)."""
         self.drm_log: list[dict[str, Any]] = []
         t0 = time.perf_counter()
@@ -356,7 +362,7 @@ class HybridEngine(MiniBatchEngine):
             consumer.wait_event(ev)
         if g == self.cpu_index:
             torch.set_num_threads(self.threads.trainer)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         x = it.x[g]
         assert x is not None
         h = x
@@ -367,9 +373,10 @@ class HybridEngine(MiniBatchEngine):
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         elapsed = time.perf_counter() - t0
-        if self.slowdown[g] > 1.0:
-            time.sleep((self.slowdown[g] - 1.0) * elapsed)
-            elapsed *= self.slowdown[g]
+        if self.slowdown[g] > 1.0:  # the work's CPU time again (f - 1) times, not the waits for a shared core
+            extra = (self.slowdown[g] - 1.0) * (time.thread_time() - cpu0)
+            time.sleep(extra)
+            elapsed += extra
         return elapsed, loss.detach().to("cpu") * it.total
 
     def train_epoch(self, epoch: int) -> dict[str, Any]:
@@ -382,7 +389,8 @@ class HybridEngine(MiniBatchEngine):
         stage_sum = dict.fromkeys(("SC", "SA", "Load", "Tran", "TC", "TA", "sync"), 0.0)
         trainer_s, seeds_per, edges_per, bytes_to = [0.0] * G, [0] * G, [0] * G, [0] * G
         loss_sum, iters, work_moves, thread_moves = 0.0, 0, 0, 0
-        t_epoch = time.perf_counter()
+        t_epoch = t_last = time.perf_counter()
+        self.iteration_s = []
         stages = [("sampler", lambda it: self._sample(it, key)), ("loader", self._load),
                   ("transfer", self._transfer)]
         try:
@@ -409,6 +417,9 @@ class HybridEngine(MiniBatchEngine):
                         edges_per[g] += sum(b.num_edges for b in it.blocks[g])
                         bytes_to[g] += it.bytes_to[g] if it.bytes_to else 0
                     iters += 1
+                    now = time.perf_counter()
+                    self.iteration_s.append(now - t_last)  # wall time from the previous iteration's end
+                    t_last = now
                     self.step += 1
                     if self.config.drm == "on":
                         d = self._drm(it, times)
@@ -447,11 +458,9 @@ class HybridEngine(MiniBatchEngine):
             self.warm = True  # the run's first iteration warms up (allocations, lazy set-up): not measured
             return Decision("none")
         busy = self._busy(it, times)
-        for g, p in enumerate(it.parts):  # every trainer's speed, smoothed over the iterations
+        for g, p in enumerate(it.parts):  # every trainer's recent (seeds, seconds), for its cost model
             if p.numel() and busy[g] > 0:
-                v = p.numel() / busy[g]
-                old = self.speeds[g]
-                self.speeds[g] = v if old is None else SPEED_SMOOTHING * v + (1 - SPEED_SMOOTHING) * old
+                self.samples[g] = [*self.samples[g], (int(p.numel()), busy[g])][-COST_SAMPLES:]
         if it.version != self.version:
             return Decision("none")
         has_accel = len(self.devices) > 1
@@ -491,7 +500,7 @@ class HybridEngine(MiniBatchEngine):
             seeds = [int(p.numel()) for p in it.parts]
             new = rebalance(self.split, self._busy(it, times), seeds,
                             min_share=MIN_SHARE_SEEDS / self.config.batch_size, tolerance=DRM_TOLERANCE,
-                            speeds=self.speeds)
+                            costs=[fit_cost(x) for x in self.samples])
             if new is None:
                 return None
             self.split = new

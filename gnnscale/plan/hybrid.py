@@ -237,33 +237,60 @@ def check_threads(threads: tuple[int, ...], cores: int) -> str | None:
     return None
 
 
+Cost = tuple[float, float]
+"""A trainer's seconds per iteration as ``a + b * seeds``: a fixed part (launches, the loss, the optimiser's
+hand-over) and a part per seed."""
+
+
+def fit_cost(samples: list[tuple[int, float]]) -> Cost | None:
+    """``(a, b)`` of ``seconds = a + b * seeds`` by least squares over ``(seeds, seconds)`` samples; through zero
+    (``a = 0``) when the seed counts hardly vary (within 10%) or the fit is not a cost (negative part); ``None``
+    without a sample."""
+    pts = [(n, t) for n, t in samples if n > 0 and t > 0]
+    if not pts:
+        return None
+    ns = [n for n, _ in pts]
+    proportional = (0.0, sum(t for _, t in pts) / sum(ns))
+    if max(ns) <= 1.1 * min(ns):
+        return proportional
+    mn = sum(ns) / len(ns)
+    mt = sum(t for _, t in pts) / len(pts)
+    b = sum((n - mn) * (t - mt) for n, t in pts) / sum((n - mn) ** 2 for n in ns)
+    a = mt - b * mn
+    return (a, b) if a >= 0 and b > 0 else proportional
+
+
 def rebalance(split: list[float], busy: list[float], seeds: list[int], *, min_share: float,
-              tolerance: float, speeds: list[float | None] | None = None) -> list[float] | None:
-    """*balance work*: new shares of the global batch under which every trainer, at its speed in seeds per second
-    (``speeds``, e.g. smoothed over iterations, else this iteration's ``seeds[g] / busy[g]``), takes the same
-    time: the fast trainers take work from the slow ones. ``None`` when the times those speeds give this split
-    already lie within ``tolerance`` of each other. A trainer with no seeds keeps its share; none falls below
-    ``min_share``."""
+              tolerance: float, costs: list[Cost | None] | None = None) -> list[float] | None:
+    """*balance work*: new shares of the global batch under which every trainer takes the same time, the fast
+    ones taking work from the slow ones. A trainer's time is its cost model (``costs[g]``, fitted over
+    iterations by :func:`fit_cost`) or, without one, this iteration's seconds per seed (``busy[g] / seeds[g]``).
+    ``None`` when the times the models give this split already lie within ``tolerance`` of each other. A trainer
+    with no seeds keeps its share; none falls below ``min_share``."""
     measured = [g for g in range(len(split)) if seeds[g] > 0 and busy[g] > 0]
     if len(measured) < 2:
         return None
-    speed = {g: (speeds[g] or seeds[g] / busy[g]) if speeds is not None else seeds[g] / busy[g] for g in measured}
-    times = [seeds[g] / speed[g] for g in measured]  # what the (smoothed) speeds say this split costs
+    cost = {g: (costs[g] if costs is not None and costs[g] is not None else None) or (0.0, busy[g] / seeds[g])
+            for g in measured}
+    times = [cost[g][0] + cost[g][1] * seeds[g] for g in measured]  # what the models say this split costs
     if max(times) <= (1 + tolerance) * min(times):
         return None
     free = sum(split[g] for g in measured)  # the measured trainers' shares are redistributed among themselves
-    new = list(split)
+    total = sum(seeds[g] for g in measured)  # ... as seeds of this batch
+    floor = min_share * total / free
     floored: set[int] = set()
-    while True:  # shares in proportion to speed; one below the floor is held at it and the rest re-split
+    while True:  # equal time T over the trainers not held at the floor: sum (T - a) / b = their seeds
         rest = [g for g in measured if g not in floored]
-        room = free - min_share * len(floored)
-        total = sum(speed[g] for g in rest)
-        low = [g for g in rest if room * speed[g] / total < min_share]
+        left = total - floor * len(floored)
+        t = (left + sum(cost[g][0] / cost[g][1] for g in rest)) / sum(1 / cost[g][1] for g in rest)
+        n = {g: (t - cost[g][0]) / cost[g][1] for g in rest}
+        low = [g for g in rest if n[g] < floor]
         if not low or len(low) == len(rest):
             break
         floored.update(low)
+    new = list(split)
     for g in measured:
-        new[g] = min_share if g in floored else room * speed[g] / total
+        new[g] = free * (floor if g in floored else n[g]) / total
     return new
 
 

@@ -527,6 +527,7 @@ def test_rebalance_splits_by_the_given_cost_models() -> None:
 def test_fit_cost_separates_the_fixed_part_from_the_part_per_seed() -> None:
     assert fit_cost([(10, 1.2), (20, 1.4), (40, 1.8)]) == pytest.approx((1.0, 0.02))
     assert fit_cost([(50, 1.0), (52, 1.1)]) == pytest.approx((0.0, 2.1 / 102))  # seeds hardly vary: through zero
+    assert fit_cost([(50, 1.0), (140, 1.9)]) == pytest.approx((0.0, 2.9 / 190))  # under COST_SPREAD apart
     assert fit_cost([(10, 2.0), (40, 1.0)]) == pytest.approx((0.0, 3.0 / 50))  # a negative slope is no cost
     assert fit_cost([]) is None
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -78,8 +79,8 @@ COST_SAMPLES = 12
 over: one iteration's times are noisy, and the samples span the last few splits, which is what separates the
 fixed part of a trainer's time from the part per seed (a share's sampled neighbourhood grows less than its seeds,
 so seconds per seed alone would move too much work, then too little)."""
-CALIBRATION_RUNS = 3
-"""Forward and backward passes per trainer that calibrate Eq. 10 (after one that warms up; the fastest kept)."""
+CALIBRATION_RUNS = 8
+"""Pipelined iterations that calibrate the model at set-up (after one that warms up; their median is kept)."""
 MIN_SHARE_SEEDS = 1
 """Seeds every trainer keeps in a full batch under DRM (a trainer with none could not be measured)."""
 
@@ -207,27 +208,41 @@ class HybridEngine(MiniBatchEngine):
                            cpu_index=self.cpu_index, gpu_sampled=list(self.gpu_sampler), cores=cores)
 
     def _calibrate(self) -> None:
-        """One batch through the stages, every trainer on an equal share at once (twice: the first warms up),
-        to scale Eq. 10 by what each trainer's forward and backward measures (:meth:`HybridModel.calibrate`)."""
+        """A few iterations through the real pipeline (every trainer on an equal share, gradients discarded; the
+        first warms up): each trainer's measured forward and backward scales its Eq. 10, and the measured
+        iteration scales Eq. 6 (:meth:`HybridModel.calibrate`)."""
         size = min(self.config.batch_size, self.train_ids.numel())
         G = len(self.devices)
+        equal = [1 / G] * G
         seeds = self.train_ids[self._order(0)[:size]]
-        it = _Iteration(0, size, self._cut(seeds, [1 / G] * G), self.version)
-        it = self._transfer(self._load(self._sample(it, sample_key(self.config.seed, 0))))
+        items = (_Iteration(i, size, self._cut(seeds, equal), self.version) for i in range(CALIBRATION_RUNS + 1))
+        key = sample_key(self.config.seed, 0)
+        stages = [("sampler", lambda it: self._sample(it, key)), ("loader", self._load),
+                  ("transfer", self._transfer)]
         before = torch.get_num_threads()
+        runs, walls = [], []
+        last: _Iteration | None = None
         try:
-            runs = [[r[0] for r in self.trainer_pool.map(
-                functools.partial(self._propagate, it=it, se=(self.config.seed, 0)), range(G))]
-                for _ in range(CALIBRATION_RUNS + 1)]
-            times = [min(run[g] for run in runs[1:]) for g in range(G)]
+            with Pipeline(items, stages, depth=1, handoff=True) as pipe:
+                t_last = time.perf_counter()
+                for it in pipe:
+                    runs.append([r[0] for r in self.trainer_pool.map(
+                        functools.partial(self._propagate, it=it, se=(self.config.seed, 0)), range(G))])
+                    self.model.zero_grad(set_to_none=True)
+                    self.replicas.sync()
+                    now = time.perf_counter()
+                    walls.append(now - t_last)
+                    t_last, last = now, it
         finally:
             torch.set_num_threads(before)
             self.model.zero_grad(set_to_none=True)
             self.replicas.sync()
+        assert last is not None
+        times = [statistics.median(run[g] for run in runs[1:]) for g in range(G)]
         dims = self.perf.dims
-        shapes = [batch_shape(it.blocks[g], dims) if it.parts[g].numel() else
+        shapes = [batch_shape(last.blocks[g], dims) if last.parts[g].numel() else
                   self.perf.cpu_sampling.shape(1, dims) for g in range(G)]
-        self.perf.calibrate(times, shapes, self.threads)
+        self.perf.calibrate(times, shapes, self.threads, statistics.median(walls[1:]), size, equal)
 
     def describe(self) -> str:
         names = ", ".join(f"{d}{' (CPU trainer)' if g == self.cpu_index else ''}" for g, d in enumerate(self.devices))

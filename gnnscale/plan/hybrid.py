@@ -242,16 +242,21 @@ Cost = tuple[float, float]
 hand-over) and a part per seed."""
 
 
+COST_SPREAD = 3.0
+"""The least ratio of a trainer's largest to smallest sampled seed count for :func:`fit_cost` to fit a fixed
+part: closer counts make the slope mostly noise."""
+
+
 def fit_cost(samples: list[tuple[int, float]]) -> Cost | None:
     """``(a, b)`` of ``seconds = a + b * seeds`` by least squares over ``(seeds, seconds)`` samples; through zero
-    (``a = 0``) when the seed counts hardly vary (within 10%) or the fit is not a cost (negative part); ``None``
-    without a sample."""
+    (``a = 0``) when the seed counts vary too little to tell the parts apart (less than :data:`COST_SPREAD`
+    times) or the fit is not a cost (a negative part); ``None`` without a sample."""
     pts = [(n, t) for n, t in samples if n > 0 and t > 0]
     if not pts:
         return None
     ns = [n for n, _ in pts]
     proportional = (0.0, sum(t for _, t in pts) / sum(ns))
-    if max(ns) <= 1.1 * min(ns):
+    if max(ns) < COST_SPREAD * min(ns):
         return proportional
     mn = sum(ns) / len(ns)
     mt = sum(t for _, t in pts) / len(pts)
@@ -364,6 +369,8 @@ class HybridModel:
     cores: int
     calibration: list[float] = field(default_factory=list)
     """Per trainer: measured over Eq. 10's seconds on one batch (:meth:`calibrate`); 1 until measured."""
+    pipeline_factor: float = 1.0
+    """Measured over modelled seconds per iteration (:meth:`calibrate`), at least 1; 1 until measured."""
 
     def _trainer(self, g: int, threads: Threads) -> TrainerModel:
         r = self.rates[g]
@@ -375,15 +382,23 @@ class HybridModel:
         k = self.calibration[g] if g < len(self.calibration) else 1.0
         return k * t_trainer(shape, self._trainer(g, threads))
 
-    def calibrate(self, measured: list[float], shapes: list[BatchShape], threads: Threads) -> None:
-        """Scale each trainer's Eq. 10 to one measured forward and backward of its layers on ``shapes`` (the
-        trainers running at once, as they do in training). Eq. 10 counts the aggregation's bytes and the update's
-        multiply-accumulates; a framework's kernels add launches, activations, dropout and the loss, which the
-        paper leaves out (§VI-C) and which dominate small CPU batches: the ratio carries them."""
+    def calibrate(self, measured: list[float], shapes: list[BatchShape], threads: Threads,
+                  iteration: float | None = None, batch: int = 0, split: list[float] | None = None) -> None:
+        """Scale each trainer's Eq. 10 to its measured forward and backward on ``shapes`` (``measured``: the
+        trainers running at once, inside the pipeline, as in training), and Eq. 6 to a measured ``iteration``
+        (seconds per iteration of the pipeline at ``batch`` and ``split``). Eq. 10 counts the aggregation's bytes
+        and the update's multiply-accumulates; a framework's kernels add launches, activations, dropout and the
+        loss, which the paper leaves out (§VI-C) and which dominate small CPU batches. Eq. 6 takes the slowest
+        stage; the hand-over between stages, the synchronizer and stages sharing a few cores (and Python's
+        interpreter lock) add to it: the ratios carry both."""
         self.calibration = []
         for g, (m, shape) in enumerate(zip(measured, shapes, strict=True)):
             eq10 = t_trainer(shape, self._trainer(g, threads))
             self.calibration.append(m / eq10 if m > 0 and eq10 > 0 else 1.0)
+        self.pipeline_factor = 1.0
+        if iteration is not None and split is not None:
+            modelled = self.stage_times(batch, split, threads)["iteration"]
+            self.pipeline_factor = max(1.0, iteration / modelled) if modelled > 0 else 1.0
 
     def stage_times(self, batch: int, split: list[float], threads: Threads) -> dict[str, float]:
         """Seconds per iteration of each stage for a global batch of ``batch`` seeds: ``SC``, ``SA``, ``Load``,
@@ -407,8 +422,8 @@ class HybridModel:
         # takes at least the CPU's busy core-seconds over the cores
         cpu_work = (sc * max(1, min(threads.sampler, len(cpu_sampled))) + load * threads.loader
                     + sum(train[g] * (threads.trainer if self.rates[g].per_thread else 0) for g in range(G)))
-        iteration = max(t_execution(max(sc, sa), load, max(trans.values(), default=0.0), prop),
-                        cpu_work / self.cores)
+        iteration = self.pipeline_factor * max(t_execution(max(sc, sa), load, max(trans.values(), default=0.0),
+                                                           prop), cpu_work / self.cores)
         return {"SC": sc, "SA": sa, "Load": load, "Tran": max(trans.values(), default=0.0),
                 "TC": train[self.cpu_index], "TA": max((train[g] for g in accel), default=0.0), "sync": sync,
                 "iteration": iteration}

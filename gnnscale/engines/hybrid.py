@@ -168,6 +168,7 @@ class HybridEngine(MiniBatchEngine):
         ``slowdown[g] - 1`` times the CPU time its thread spent: with one intra-op thread, the work itself and not
         the waits for a core), a slower device simulated without taking cores from the others."""
         self.trainer_pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="gnnscale-trainer")
+        self.pools: dict[str, tuple[int, ThreadPoolExecutor]] = {}
         self.version = 0
         self.warm = False
         self.step = 0
@@ -260,6 +261,16 @@ class HybridEngine(MiniBatchEngine):
         bounds = torch.round(cum * batch.numel()).long().tolist()
         return list(torch.tensor_split(batch, bounds))
 
+    def _pool(self, stage: str, threads: int) -> ThreadPoolExecutor:
+        """The stage's worker threads, kept across iterations; new ones when DRM changes their count."""
+        have = self.pools.get(stage)
+        if have is None or have[0] != threads:
+            if have is not None:
+                have[1].shutdown(wait=False)
+            have = (threads, ThreadPoolExecutor(threads, thread_name_prefix=f"gnnscale-{stage}"))
+            self.pools[stage] = have
+        return have[1]
+
     def _sample(self, it: _Iteration, key: int) -> _Iteration:
         """Stage 1: the CPU sampler's shares on ``threads.sampler`` threads; each GPU sampler's on its device."""
         G = len(self.devices)
@@ -288,8 +299,7 @@ class HybridEngine(MiniBatchEngine):
         for th in gpu_threads:
             th.start()
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(min(self.threads.sampler, max(len(on_cpu), 1))) as pool:
-            list(pool.map(cpu, on_cpu))
+        list(self._pool("sampler", min(self.threads.sampler, max(len(on_cpu), 1))).map(cpu, on_cpu))
         it.times["SC"] = time.perf_counter() - t0 if on_cpu else 0.0
         for th in gpu_threads:
             th.join()
@@ -316,8 +326,7 @@ class HybridEngine(MiniBatchEngine):
             torch.index_select(self.host_x, 0, job[0], out=job[1])
 
         if self.threads.loader > 1 and len(jobs) > 1:
-            with ThreadPoolExecutor(self.threads.loader) as pool:
-                list(pool.map(gather, jobs))
+            list(self._pool("loader", self.threads.loader).map(gather, jobs))
         else:
             for job in jobs:
                 gather(job)

@@ -246,7 +246,7 @@ def build_steps(args: argparse.Namespace, out: Path, python: str, spec: str) -> 
               "--slowdown", "3" if dry else "1", "--sweep", "0.2,0.5" if dry else "0.02,0.05,0.1,0.2",
               "--hidden", "16" if dry else "256", "--fanouts", "5,5" if dry else "25,10",
               "--batch-size", "64" if dry else "1024", "--warmup", "0" if dry else "1", "--epochs", "1",
-              "--drm-epochs", "1" if dry else "2", "--out", str(out / "hybrid.jsonl")]
+              "--drm-epochs", "2", "--repeats", "1", "--out", str(out / "hybrid.jsonl")]
     if dry:
         hybrid += ["--threads", "1"]
     return [

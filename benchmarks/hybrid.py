@@ -116,19 +116,8 @@ def model_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, 
     return rows
 
 
-def drm_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    base = {"model": args.model, "hidden": args.hidden, "batch_size": args.batch_size,
-            "fanouts": tuple(int(f) for f in _list(args.fanouts)), "seed": args.seed,
-            "devices": tuple(_list(args.drm_devices))}
-    rows: list[dict[str, Any]] = []
-    sweep = {}
-    for share in (float(s) for s in _list(args.sweep)):
-        eng = _engine(HybridEngine, g, TrainConfig(engine="hybrid", drm="off", shares=(share, 1 - share), **base))
-        eng.slowdown = [args.slowdown, 1.0]
-        times, _ = _epochs(eng, args.warmup, args.epochs)
-        sweep[share] = statistics.median(times)
-        print(f"static split {share:.2f}/{1 - share:.2f}: {sweep[share]:.3f} s per epoch", flush=True)
-    best = min(sweep, key=lambda s: sweep[s])
+def _drm_run(g: Graph, base: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """One DRM run from an equal split: its epoch times, decisions, where and when it settled."""
     eng = _engine(HybridEngine, g, TrainConfig(engine="hybrid", drm="on", shares=(0.5, 0.5), **base))
     eng.slowdown = [args.slowdown, 1.0]
     times, recs, first = [], [], []
@@ -138,32 +127,67 @@ def drm_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, An
         times.append(time.perf_counter() - t0)
         if e == 1:
             first = list(eng.iteration_s)
-    # the acceptance's reading: from iteration SETTLE_AFTER + 1 of the first epoch on, the pace of an epoch
-    after = first[SETTLE_AFTER:]
-    pace = statistics.mean(after) * len(first) if after else float("nan")
     applied = [d for d in eng.drm_log if d["applied"]]
     final = eng.split[0]
-    settled = 0
+    settled = 0  # the first iteration from which the CPU share stays within 0.03 of where it ends
     for d in applied:
         if abs(d["split"][0] - final) >= 0.03:
             settled = d["step"] + 1
-    per_epoch = recs[0]["batches"]
-    row = {"kind": "drm", "dataset": spec, "graph": g.name, "slowdown": args.slowdown, "sweep": sweep,
-           "best_static_share": best, "best_static_epoch_s": sweep[best], "drm_epoch_times": times,
-           "drm_final_share": final, "drm_decisions": [(d["step"], d["applied"], d["src"], d["dst"],
-                                                         round(d["split"][0], 4)) for d in applied],
-           "settled_iteration": settled, "iterations_per_epoch": per_epoch,
-           "drm_last_over_best": times[-1] / sweep[best], "first_epoch_iteration_s": first,
-           "paced_epoch_after_settle_s": pace, "paced_over_best": pace / sweep[best]}
-    rows.append(row)
-    print(f"\nDRM on {args.drm_devices} from 0.50/0.50 (CPU trainer {args.slowdown}x slower): applied decisions "
-          f"{[(i, kind, s) for i, kind, _, _, s in row['drm_decisions']]}")
-    print(f"settled by iteration {settled} (epoch of {per_epoch}); CPU share {final:.3f} vs best static {best:.2f}; "
-          f"epoch times {', '.join(f'{t:.3f}' for t in times)} s; last/best static "
-          f"{row['drm_last_over_best']:.3f}")
-    print(f"epoch 1 from iteration {SETTLE_AFTER + 1} on: {statistics.mean(after) if after else float('nan'):.4f} "
-          f"s per iteration, an epoch's pace {pace:.3f} s = {row['paced_over_best']:.3f}x the best static split")
-    return rows
+    after = first[SETTLE_AFTER:]  # epoch 1 from iteration SETTLE_AFTER + 1 on, at an epoch's pace
+    return {"epoch_times": times, "settled_epochs_s": statistics.median(times[1:] or times),
+            "final_share": final, "settled_iteration": settled, "iterations_per_epoch": recs[0]["batches"],
+            "decisions": [(d["step"], d["applied"], round(d["split"][0], 4)) for d in applied],
+            "first_epoch_iteration_s": first,
+            "paced_epoch_after_settle_s": statistics.mean(after) * len(first) if after else None}
+
+
+def drm_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--repeats`` rounds of the static sweep and a DRM run, interleaved (the 2-core box drifts by 10-20%
+    between minutes); per split the median over rounds, DRM's settled epochs (its epochs after the first) too."""
+    base = {"model": args.model, "hidden": args.hidden, "batch_size": args.batch_size,
+            "fanouts": tuple(int(f) for f in _list(args.fanouts)), "seed": args.seed,
+            "devices": tuple(_list(args.drm_devices))}
+    shares = [float(x) for x in _list(args.sweep)]
+    sweeps: dict[float, list[float]] = {x: [] for x in shares}
+    runs = []
+    for r in range(args.repeats):
+        for share in shares:
+            eng = _engine(HybridEngine, g, TrainConfig(engine="hybrid", drm="off", shares=(share, 1 - share),
+                                                       **base))
+            eng.slowdown = [args.slowdown, 1.0]
+            times, _ = _epochs(eng, args.warmup, args.epochs)
+            sweeps[share].append(statistics.median(times))
+            print(f"round {r + 1}: static split {share:.2f}/{1 - share:.2f}: {sweeps[share][-1]:.3f} s per epoch",
+                  flush=True)
+        runs.append(_drm_run(g, base, args))
+        d = runs[-1]
+        print(f"round {r + 1}: DRM from 0.50: decisions {[(i, s) for i, _, s in d['decisions']]}; settled by "
+              f"iteration {d['settled_iteration']} at CPU share {d['final_share']:.3f}; epochs "
+              f"{', '.join(f'{t:.3f}' for t in d['epoch_times'])} s", flush=True)
+    sweep = {x: statistics.median(v) for x, v in sweeps.items()}
+    best = min(sweep, key=lambda x: sweep[x])
+    drm_s = statistics.median(d["settled_epochs_s"] for d in runs)
+    paced_runs = [d["paced_epoch_after_settle_s"] for d in runs if d["paced_epoch_after_settle_s"] is not None]
+    paced = statistics.median(paced_runs) if paced_runs else float("nan")
+    row = {"kind": "drm", "dataset": spec, "graph": g.name, "devices": args.drm_devices, "slowdown": args.slowdown,
+           "repeats": args.repeats, "sweep": sweep, "sweep_rounds": sweeps, "best_static_share": best,
+           "best_static_epoch_s": sweep[best], "drm_runs": runs, "drm_settled_epoch_s": drm_s,
+           "drm_over_best": drm_s / sweep[best], "paced_over_best": paced / sweep[best],
+           "settled_iterations": [d["settled_iteration"] for d in runs],
+           "final_shares": [d["final_share"] for d in runs],
+           # for the gpu-check summary
+           "drm_final_share": statistics.median(d["final_share"] for d in runs),
+           "settled_iteration": statistics.median(d["settled_iteration"] for d in runs),
+           "drm_epoch_times": runs[-1]["epoch_times"], "drm_last_over_best": drm_s / sweep[best]}
+    print(f"\nDRM on {args.drm_devices}, CPU trainer {args.slowdown}x slower, median of {args.repeats} round(s):")
+    print("| CPU share | " + " | ".join(f"{x:.2f}" for x in shares) + " | DRM |")
+    print("|---" * (len(shares) + 2) + "|")
+    print("| s per epoch | " + " | ".join(f"{sweep[x]:.3f}" for x in shares) + f" | {drm_s:.3f} |")
+    print(f"best static {best:.2f} at {sweep[best]:.3f} s; DRM settled (epochs 2..) {drm_s:.3f} s = "
+          f"{row['drm_over_best']:.3f}x; settled by iterations {row['settled_iterations']} at CPU shares "
+          f"{', '.join(f'{x:.3f}' for x in row['final_shares'])}; epoch 1 after iteration {SETTLE_AFTER} at an "
+          f"epoch's pace: {row['paced_over_best']:.3f}x the best static")
+    return [row]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slowdown", type=float, default=3.0,
                     help="how much slower the CPU trainer is made (1: as it is, e.g. beside a real GPU)")
     ap.add_argument("--drm-epochs", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of the DRM part (sweep and DRM interleaved)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads before anything runs (default: torch's; 1 on a shared CPU box)")

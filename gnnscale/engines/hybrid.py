@@ -74,11 +74,11 @@ if TYPE_CHECKING:
 DRM_TOLERANCE = 0.1
 """DRM leaves the work split alone while the trainers' times are within this fraction of each other: measured
 times are noisy, and moving seeds back and forth costs more than it gains."""
-COST_SAMPLES = 12
+COST_SAMPLES = 4
 """Iterations each trainer's cost model (``seconds = a + b * seeds``, what *balance work* splits by) is fitted
-over: one iteration's times are noisy, and the samples span the last few splits, which is what separates the
-fixed part of a trainer's time from the part per seed (a share's sampled neighbourhood grows less than its seeds,
-so seconds per seed alone would move too much work, then too little)."""
+over: about one decision's worth (DRM decides at most every few iterations, the pipeline's depth), so the model
+follows the split it measures (a share's sampled neighbourhood grows less than its seeds: seconds per seed
+measured at an old split mislead) while one noisy iteration does not decide alone."""
 CALIBRATION_RUNS = 8
 """Pipelined iterations that calibrate the model at set-up (after one that warms up; their median is kept)."""
 MIN_SHARE_SEEDS = 1
@@ -172,11 +172,11 @@ class HybridEngine(MiniBatchEngine):
         self.version = 0
         self.warm = False
         self.step = 0
+        """Iterations trained so far in this run (DRM's log counts in them)."""
         self.iteration_s: list[float] = []
         """The last epoch's seconds per iteration (wall time between the ends of consecutive iterations)."""
         self.samples: list[list[tuple[int, float]]] = [[] for _ in self.devices]
         """Per trainer, its last :data:`COST_SAMPLES` iterations' seeds and seconds."""
-        """Iterations trained so far in this run (DRM's log counts in them)."""
         self.drm_log: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         self.perf = self._performance_model(cores)

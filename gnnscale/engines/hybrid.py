@@ -80,7 +80,9 @@ over: about one decision's worth (DRM decides at most every few iterations, the 
 follows the split it measures (a share's sampled neighbourhood grows less than its seeds: seconds per seed
 measured at an old split mislead) while one noisy iteration does not decide alone."""
 CALIBRATION_RUNS = 8
-"""Pipelined iterations that calibrate the model at set-up (after one that warms up; their median is kept)."""
+"""Pipelined iterations that calibrate the model at set-up (their median is kept)."""
+CALIBRATION_WARMUP = 2
+"""Pipelined iterations before those, not measured (first touches of the features, the allocator's growth)."""
 MIN_SHARE_SEEDS = 1
 """Seeds every trainer keeps in a full batch under DRM (a trainer with none could not be measured)."""
 
@@ -210,13 +212,14 @@ class HybridEngine(MiniBatchEngine):
 
     def _calibrate(self) -> None:
         """A few iterations through the real pipeline (every trainer on an equal share, gradients discarded; the
-        first warms up): each trainer's measured forward and backward scales its Eq. 10, and the measured
-        iteration scales Eq. 6 (:meth:`HybridModel.calibrate`)."""
+        first :data:`CALIBRATION_WARMUP` not measured): each trainer's measured forward and backward scales its
+        Eq. 10, and the measured iteration scales Eq. 6 (:meth:`HybridModel.calibrate`)."""
         size = min(self.config.batch_size, self.train_ids.numel())
         G = len(self.devices)
         equal = [1 / G] * G
         seeds = self.train_ids[self._order(0)[:size]]
-        items = (_Iteration(i, size, self._cut(seeds, equal), self.version) for i in range(CALIBRATION_RUNS + 1))
+        items = (_Iteration(i, size, self._cut(seeds, equal), self.version)
+                 for i in range(CALIBRATION_WARMUP + CALIBRATION_RUNS))
         key = sample_key(self.config.seed, 0)
         stages = [("sampler", lambda it: self._sample(it, key)), ("loader", self._load),
                   ("transfer", self._transfer)]
@@ -239,11 +242,11 @@ class HybridEngine(MiniBatchEngine):
             self.model.zero_grad(set_to_none=True)
             self.replicas.sync()
         assert last is not None
-        times = [statistics.median(run[g] for run in runs[1:]) for g in range(G)]
+        times = [statistics.median(run[g] for run in runs[CALIBRATION_WARMUP:]) for g in range(G)]
         dims = self.perf.dims
         shapes = [batch_shape(last.blocks[g], dims) if last.parts[g].numel() else
                   self.perf.cpu_sampling.shape(1, dims) for g in range(G)]
-        self.perf.calibrate(times, shapes, self.threads, statistics.median(walls[1:]), size, equal)
+        self.perf.calibrate(times, shapes, self.threads, statistics.median(walls[CALIBRATION_WARMUP:]), size, equal)
 
     def describe(self) -> str:
         names = ", ".join(f"{d}{' (CPU trainer)' if g == self.cpu_index else ''}" for g, d in enumerate(self.devices))

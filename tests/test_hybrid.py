@@ -178,6 +178,37 @@ def test_a_whole_run_with_drm_off_equals_the_minibatch_engines(devices: tuple[st
     assert all(r["split"] == list(shares) and r["drm_work_moves"] == 0 for r in got)
 
 
+def test_an_accelerator_sampling_its_own_share_trains_the_same_and_moves_no_topology() -> None:
+    """The GPU sampler's path (SA), run by a CPU stand-in: the accelerator samples its share itself, so the
+    losses stay the mini-batch engine's, SA is timed, and only its features cross to it (no topology bytes)."""
+    g = csbm(nodes=600, features=12, avg_degree=8, seed=5)
+    kw: dict[str, Any] = dict(batch_size=64, shares=(0.4, 0.6), drm="off")
+    ref = _minibatch(g, batch_size=64)
+    ref_loss = ref.train_epoch(1)["loss"]
+    by_sampler = {}
+    for on_gpu in (False, True):
+        eng = _hybrid(g, **kw)
+        eng.gpu_sampler = [False, on_gpu]
+        moved = []
+        transfer = eng._transfer
+
+        def spy(it: Any, transfer: Any = transfer, moved: list[int] = moved) -> Any:
+            x = it.x[1]
+            moved.append(x.numel() * x.element_size())
+            return transfer(it)
+
+        eng._transfer = spy  # type: ignore[method-assign]
+        rec = eng.train_epoch(1)
+        assert rec["loss"] == pytest.approx(ref_loss, rel=1e-5)
+        by_sampler[on_gpu] = rec
+        if on_gpu:
+            assert rec["gpu_sampled"] == [1] and rec["sa_s"] > 0
+            assert rec["accel_bytes"] == [sum(moved)]  # features only: the blocks were made where they train
+        else:
+            assert rec["gpu_sampled"] == [] and rec["sa_s"] == 0 and rec["accel_bytes"][0] > sum(moved)
+    assert by_sampler[True]["trainer_sampled_edges"] == by_sampler[False]["trainer_sampled_edges"]
+
+
 def test_drm_changes_the_split_between_iterations_and_the_losses_stay_the_minibatch_engines() -> None:
     """Keyed sampling makes any split exact: the split DRM moves mid-epoch changes nothing that is learned."""
     g = csbm(nodes=1200, features=12, avg_degree=10, seed=5)

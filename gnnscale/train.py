@@ -60,8 +60,14 @@ def resolve_device(spec: str | torch.device) -> torch.device:
 
 
 def resolve_devices(config: TrainConfig, device: str | torch.device) -> torch.device:
-    """The training device; with ``config.devices`` (validated here, all CPU or all CUDA), their first."""
+    """The training device; with ``config.devices`` (validated here, all CPU or all CUDA), their first. The hybrid
+    engine's is always the CPU (its synchronizer and master model live there)."""
     if not config.devices:
+        if config.engine == "hybrid":
+            if not (isinstance(device, str) and device == "auto") and resolve_device(device).type != "cpu":
+                raise ConfigError(f"--device {device}: the hybrid engine trains on the CPU and the accelerators "
+                                  "together; name them with --devices (e.g. --devices cpu,cuda:0)")
+            return torch.device("cpu")
         return resolve_device(device)
     devs = [resolve_device(d) for d in config.devices]
     if any(d.type == "cuda" and d.index is None for d in devs):

@@ -921,3 +921,17 @@ def test_hybrid_accuracy_on_amazon_computers_matches_the_minibatch_engine() -> N
         acc[name] = eng.evaluate()["test_acc"]
     assert acc["minibatch"] > 0.7, acc  # it learned (10 classes)
     assert abs(acc["hybrid"] - acc["minibatch"]) <= 0.01, acc
+
+
+def test_the_hybrid_engines_training_device_is_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The synchronizer and master model live on the CPU: with or without --devices, even where a GPU would be
+    --device auto's pick (CUDA faked present), and wherever the CPU stands in the list."""
+    from gnnscale.train import resolve_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_devices(_config(engine="hybrid"), "auto") == torch.device("cpu")
+    assert resolve_devices(_config(engine="minibatch"), "auto") == torch.device("cuda")
+    assert resolve_devices(_config(engine="hybrid", devices=("cuda:0", "cpu")), "auto") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="--devices"):
+        resolve_devices(_config(engine="hybrid"), "cuda:0")

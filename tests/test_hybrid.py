@@ -233,28 +233,19 @@ def test_drm_changes_the_split_between_iterations_and_the_losses_stay_the_miniba
 # ------------------------------------------------------------------------------------------------ DRM
 
 
-def test_drm_moves_seeds_from_a_slow_cpu_trainer_to_the_accelerator() -> None:
-    """``slowdown[0] = 4``: the CPU trainer's propagation takes 4x as long (it sleeps the difference). DRM moves
-    seeds to the accelerator: its share falls, and the next epoch's seeds follow."""
+@pytest.mark.parametrize("slow", [0, 1], ids=["slow-cpu-trainer", "slow-accelerator"])
+def test_drm_moves_seeds_from_a_slow_trainer_to_the_other(slow: int) -> None:
+    """``slowdown[slow] = 4``: that trainer's propagation takes 4x as long (it sleeps the difference). DRM moves
+    seeds to the other trainer: the slow one's share falls, and the next epoch's seeds follow."""
     g = csbm(nodes=4000, features=64, avg_degree=10, seed=5)
     eng = _hybrid(g, hidden=128, batch_size=40, drm="on", shares=(0.5, 0.5))
-    eng.slowdown[0] = 4.0
+    eng.slowdown[slow] = 4.0
     first = eng.train_epoch(1)
     second = eng.train_epoch(2)
+    fast = 1 - slow
     assert first["drm_work_moves"] + second["drm_work_moves"] >= 1, eng.drm_log
-    assert eng.split[0] < 0.5, eng.drm_log
-    assert second["trainer_seeds"][0] < second["trainer_seeds"][1], (second, eng.drm_log)
-
-
-def test_drm_moves_seeds_from_a_slow_accelerator_to_the_cpu_trainer() -> None:
-    g = csbm(nodes=4000, features=64, avg_degree=10, seed=5)
-    eng = _hybrid(g, hidden=128, batch_size=40, drm="on", shares=(0.5, 0.5))
-    eng.slowdown[1] = 4.0
-    first = eng.train_epoch(1)
-    second = eng.train_epoch(2)
-    assert first["drm_work_moves"] + second["drm_work_moves"] >= 1, eng.drm_log
-    assert eng.split[0] > 0.5, eng.drm_log
-    assert second["trainer_seeds"][1] < second["trainer_seeds"][0], (second, eng.drm_log)
+    assert eng.split[slow] < 0.5, eng.drm_log
+    assert second["trainer_seeds"][slow] < second["trainer_seeds"][fast], (second, eng.drm_log)
 
 
 def test_a_cpu_trainer_bottleneck_with_no_thread_to_give_moves_seeds() -> None:

@@ -48,7 +48,6 @@ from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
-from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.plan.hybrid import (
     Decision,
@@ -121,13 +120,7 @@ class HybridEngine(MiniBatchEngine):
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         if config.engine != "hybrid":
             return ["trains on sampled neighbourhoods; choose it with --engine hybrid"]
-        fanouts = config.fanouts or default_fanouts(config.layers)
-        reasons = []
-        if config.model in DECOUPLED_MODELS:
-            reasons.append(f"{config.model} is a decoupled model: train it with --engine inmemory or taskparallel")
-        if len(fanouts) != config.layers:
-            reasons.append(f"--fanouts has {len(fanouts)} values for {config.layers} layers")
-        return reasons
+        return cls.sampling_reasons(config)
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         # the mini-batch engine's set-up is not reused: the store and trainers differ (features stay in host

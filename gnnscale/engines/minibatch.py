@@ -102,6 +102,11 @@ class MiniBatchEngine(Engine):
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         if config.engine != "minibatch":
             return ["samples neighbourhoods instead of training on the full graph; choose it with --engine minibatch"]
+        return cls.sampling_reasons(config)
+
+    @staticmethod
+    def sampling_reasons(config: TrainConfig) -> list[str]:
+        """Why sampled training (this engine, or one built on it) cannot train ``config``'s model."""
         fanouts = config.fanouts or default_fanouts(config.layers)
         reasons = []
         if config.model in DECOUPLED_MODELS:

@@ -546,23 +546,13 @@ def measure_rates(device: torch.device) -> DeviceRates:
 def device_rates(device: torch.device) -> DeviceRates:
     """:func:`measure_rates`, measured once per machine and cached beside the other throughputs (key
     ``hybrid:<device name>``)."""
-    import json
+    from gnnscale.plan.throughput import _name, cached
 
-    from gnnscale.plan.throughput import _name, _save, cache_file
-
-    key = f"hybrid:{_name(device)}"
-    path = cache_file()
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    saved = saved if isinstance(saved, dict) else {}
-    entry = saved.get(key)
     names = ("gather", "aggregate", "macs", "link")
-    if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) and entry[k] > 0 for k in names):
-        return DeviceRates(float(entry["gather"]), float(entry["aggregate"]), float(entry["macs"]),
-                           float(entry["link"]), per_thread=device.type == "cpu")
-    r = measure_rates(device)
-    saved[key] = {"gather": r.gather, "aggregate": r.aggregate, "macs": r.macs, "link": r.link}
-    _save(path, saved)
-    return r
+
+    def measure() -> dict[str, float]:
+        r = measure_rates(device)
+        return {"gather": r.gather, "aggregate": r.aggregate, "macs": r.macs, "link": r.link}
+
+    e = cached(f"hybrid:{_name(device)}", names, measure)
+    return DeviceRates(e["gather"], e["aggregate"], e["macs"], e["link"], per_thread=device.type == "cpu")

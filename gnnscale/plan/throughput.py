@@ -77,21 +77,12 @@ def measure(devices: list[torch.device]) -> Throughput:
 
 def throughput(devices: list[torch.device]) -> Throughput:
     """The cached measurement for ``devices``, measuring (and saving) it the first time."""
-    key = ",".join(_name(d) for d in devices[:2])
-    path = cache_file()
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    entry = saved.get(key) if isinstance(saved, dict) else None
-    fields = ("hd", "dd", "ru")
-    if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) and entry[k] > 0 for k in fields):
-        return Throughput(float(entry["hd"]), float(entry["dd"]), float(entry["ru"]))
-    tp = measure(devices)
-    saved = saved if isinstance(saved, dict) else {}
-    saved[key] = {"hd": tp.hd, "dd": tp.dd, "ru": tp.ru}
-    _save(path, saved)
-    return tp
+    def fresh() -> dict[str, float]:
+        tp = measure(devices)
+        return {"hd": tp.hd, "dd": tp.dd, "ru": tp.ru}
+
+    e = cached(",".join(_name(d) for d in devices[:2]), ("hd", "dd", "ru"), fresh)
+    return Throughput(e["hd"], e["dd"], e["ru"])
 
 
 def measure_compute(device: torch.device) -> tuple[float, float]:
@@ -110,7 +101,14 @@ def measure_compute(device: torch.device) -> tuple[float, float]:
 def compute_rates(device: torch.device) -> tuple[float, float]:
     """:func:`measure_compute`'s ``(flops, bandwidth)`` for ``device``, measured once per machine and cached beside
     the transfer throughputs (key ``compute:<device name>``)."""
-    key = f"compute:{_name(device)}"
+    entry = cached(f"compute:{_name(device)}", ("flops", "bandwidth"),
+                   lambda: dict(zip(("flops", "bandwidth"), measure_compute(device), strict=True)))
+    return entry["flops"], entry["bandwidth"]
+
+
+def cached(key: str, fields: tuple[str, ...], measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``fields`` of the entry ``key`` of the throughput cache; measured by ``measure`` (and saved) when the
+    entry is missing or any field is not a positive number."""
     path = cache_file()
     try:
         saved = json.loads(path.read_text())
@@ -118,13 +116,12 @@ def compute_rates(device: torch.device) -> tuple[float, float]:
         saved = {}
     saved = saved if isinstance(saved, dict) else {}
     entry = saved.get(key)
-    if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) and entry[k] > 0
-                                       for k in ("flops", "bandwidth")):
-        return float(entry["flops"]), float(entry["bandwidth"])
-    flops, bandwidth = measure_compute(device)
-    saved[key] = {"flops": flops, "bandwidth": bandwidth}
+    if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) and entry[k] > 0 for k in fields):
+        return {k: float(entry[k]) for k in fields}
+    fresh = {k: float(v) for k, v in measure().items()}
+    saved[key] = fresh
     _save(path, saved)
-    return flops, bandwidth
+    return fresh
 
 
 def _save(path: Path, saved: dict[str, object]) -> None:

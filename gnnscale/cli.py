@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gnnscale import progress
-from gnnscale.errors import ConfigError, GnnscaleError
+from gnnscale.distributed import current as current_comm
+from gnnscale.errors import ConfigError, GnnscaleError, RankFailure
 
 USAGE_ERROR = 2
 
@@ -57,7 +58,7 @@ def _add_hybrid_args(p: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from gnnscale import __version__
-    from gnnscale.config import ALL_MODELS
+    from gnnscale.config import ALL_MODELS, STRATEGIES
     from gnnscale.engines import ENGINES
     from gnnscale.partition import CHUNKERS, PARTITION_METHODS
     from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
@@ -135,12 +136,31 @@ def build_parser() -> argparse.ArgumentParser:
                          "sets the chunks per subgraph (default: the P group size)")
     tp.add_argument("--t-devices", type=int, metavar="N",
                     help="devices of --devices that run the T tasks (default: the scheduling model, Eqs. 7-8)")
+    ds = t.add_argument_group("distributed engine (torchrun, or --ranks)")
+    ds.add_argument("--ranks", type=int, metavar="R",
+                    help="start R ranks on this machine (without torchrun; under torchrun: the job's size)")
+    ds.add_argument("--strategy", choices=list(STRATEGIES), default="micrograph",
+                    help="micrograph: the model moves to the features (HopGNN, default); model-centric: the "
+                         "features move to the model (DistDGL)")
+    ds.add_argument("--pregather", choices=["on", "off"], default="on",
+                    help="micrograph: fetch an iteration's remote features in one exchange (default on)")
+    ds.add_argument("--merge", default="auto", metavar="off|auto|K",
+                    help="micrograph: time-step merging: auto (from epoch 2, while epochs get faster; default), "
+                         "off, or K merges")
+    ds.add_argument("--timeout", type=float, default=180.0, metavar="S",
+                    help="seconds a collective may wait before the job stops (default 180)")
+    ds.add_argument("--plan", metavar="FILE",
+                    help="a partition plan (gnnscale partition --partitions R) with one part per rank; default: "
+                         "partition with --partition-method, reusing a saved plan")
     ck = t.add_argument_group("checkpoints")
     ck.add_argument("--checkpoint", metavar="DIR",
                     help="keep DIR/checkpoint.pt (model, optimiser, epoch, best epoch, records, engine state), "
                          "written atomically every --checkpoint-every epochs and after the last")
     ck.add_argument("--checkpoint-every", type=int, default=1, metavar="N", help="epochs between checkpoints "
                     "(default 1)")
+    ck.add_argument("--checkpoint-iterations", type=int, default=0, metavar="N",
+                    help="distributed: also checkpoint every N iterations within an epoch (default 0: at epoch "
+                         "ends only)")
     ck.add_argument("--resume", action="store_true",
                     help="go on from --checkpoint DIR if it holds a checkpoint (same model settings; --epochs is "
                          "the total); the metrics file continues the old run's")
@@ -335,10 +355,32 @@ def cmd_train(args: argparse.Namespace) -> int:
         dependency=args.dependency, subgraphs=args.subgraphs, t_devices=args.t_devices,
         shares=_num_list("--shares", args.shares, float, "0.25,0.75"), drm=args.drm,
         threads=_num_list("--threads", args.threads, int, "1,1,2"),
+        ranks=args.ranks, strategy=args.strategy, pregather=args.pregather, merge=args.merge, timeout=args.timeout,
+        plan=args.plan,
     )
     check_checkpoint_args(args.checkpoint, args.checkpoint_every, args.resume)
     if args.save_model and (Path(args.save_model).is_dir() or not Path(args.save_model).parent.is_dir()):
         raise ConfigError(f"--save-model {args.save_model}: give a file path in an existing folder")
+    if args.checkpoint_iterations and args.checkpoint is None:
+        raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
+    rank = 0
+    if config.engine == "distributed":
+        from gnnscale.distributed.launch import launched
+
+        if not launched():
+            if args.ranks is None:
+                raise ConfigError("--engine distributed runs as a job of ranks: start it with torchrun (torchrun "
+                                  "--nproc-per-node R -m gnnscale train --engine distributed ...) or give --ranks R "
+                                  "to start R ranks on this machine")
+            if args.metrics:
+                _MetricsWriter(args.metrics)  # a bad path fails here, before any rank starts
+            from gnnscale.distributed.launch import run_ranks
+
+            return run_ranks(args.argv, args.ranks)
+        rank = int(os.environ["RANK"])
+        if rank != 0:  # rank 0 reports; the others speak only of their own failures (stderr)
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the rest of this rank's life
+            args.metrics, args.save_model, args.quiet = None, None, True
     device = resolve_devices(config, args.device)
     if args.device == "auto" and not config.devices and device.type == "cpu":
         print("no CUDA device found: training on CPU (--device cpu says so and silences this)")
@@ -387,8 +429,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                     writer.write(rec)
 
         result = train(graph, config, device, on_epoch=on_epoch, on_start=on_start, timings=timings,
-                       checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                       on_resume=on_resume)
+                       checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                       checkpoint_iterations=args.checkpoint_iterations, resume=args.resume, on_resume=on_resume)
         bar.close()
         s = result.summary
         print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} epochs "
@@ -417,6 +459,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         if writer:
             writer.close()
+        comm = current_comm()
+        if comm is not None:
+            comm.close()
     return 0
 
 
@@ -694,6 +739,20 @@ def _on_sigint(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _rank_error(msg: str) -> None:
+    """In a distributed job, leave this rank's error where its peers look when it is gone."""
+    comm = current_comm()
+    if comm is not None:
+        comm.record_error(msg)
+
+
+def _quiet_rank() -> bool:
+    """A rank other than 0 started by ``--ranks``: bad input is found by every rank alike, and rank 0 says it."""
+    from gnnscale.distributed.launch import LAUNCHED_BY
+
+    return bool(os.environ.get(LAUNCHED_BY)) and os.environ.get("RANK", "0") != "0"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gnnscale`` command; returns the exit status."""
     import signal
@@ -705,25 +764,36 @@ def main(argv: list[str] | None = None) -> int:
         previous = (signal.signal(signal.SIGTERM, _on_sigterm), signal.signal(signal.SIGINT, _on_sigint))
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         return int(args.func(args))
     except GnnscaleError as exc:
         msg = " ".join(str(exc).split())
-        print(f"error: {msg}", file=sys.stderr)
+        _rank_error(msg)
+        if not _quiet_rank():
+            print(f"error: {msg}", file=sys.stderr)
         return USAGE_ERROR
+    except RankFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
     except _Terminated:
-        print("error: terminated", file=sys.stderr)
+        comm = current_comm()
+        if comm is not None:  # a launcher stopping this rank because another failed: name that one
+            print(f"error: {comm.failure('a stop by the launcher')}", file=sys.stderr)
+        else:
+            print("error: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     except BrokenPipeError:
         # the reader went away (gnnscale info ... | head): stop quietly, as Unix tools do
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
-    except Exception:
+    except Exception as exc:
         signum = _SIGNALLED.get("signal")
         if signum is None:
+            _rank_error(f"{type(exc).__name__}: {exc}")
             raise
         # a signal's exception, rewrapped by an extension module on its way up
         print(f"error: {'interrupted' if signum == signal.SIGINT else 'terminated'}", file=sys.stderr)

@@ -14,6 +14,8 @@ from gnnscale.nn.model import MODELS
 from gnnscale.partition import PARTITION_METHODS
 
 ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
+STRATEGIES = ("micrograph", "model-centric")
+"""``--strategy`` of the distributed engine."""
 """Every ``--model`` name: the layer stacks and the decoupled models."""
 
 
@@ -97,6 +99,22 @@ class TrainConfig:
     threads: tuple[int, ...] | None = None
     """Hybrid: threads of the CPU sampler, the feature loader and the CPU trainer; ``None``: half the cores to
     the trainer, the rest split between the other two (one each at least)."""
+    ranks: int | None = None
+    """Distributed: ranks to start on this machine (``--ranks``); ``None``: the job's, from torchrun."""
+    strategy: str = "micrograph"
+    """Distributed: ``micrograph`` (HopGNN: the model moves to the features) or ``model-centric`` (DistDGL: the
+    features move to the model)."""
+    pregather: str = "on"
+    """Distributed, micrograph: fetch an iteration's remote features in one exchange before its first time step
+    (HopGNN §5.2), ``on`` or ``off`` (each time step fetches its own)."""
+    merge: str = "auto"
+    """Distributed, micrograph: time-step merging (HopGNN §5.3): ``auto`` (one merge more per epoch from epoch 2
+    while epochs get faster), ``off``, or a number of merges."""
+    timeout: float = 180.0
+    """Distributed: seconds a collective may wait before the job is declared failed."""
+    plan: str | None = None
+    """Distributed: a partition plan file (``gnnscale partition``) with one part per rank; ``None``: partition
+    (METIS by default) or reuse the saved plan."""
     hotness: str = "degree"
     """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
     of a few sampled batches)."""
@@ -133,7 +151,8 @@ class TrainConfig:
              f"unknown --reorganize {self.reorganize!r}; choose one of {', '.join(REORGANIZE_MODES)}"),
             (self.devices is None or len(self.devices) >= 1, "--devices needs at least one device"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
-            (self.engine not in ("minibatch", "hybrid") or self.fanouts is None or len(self.fanouts) == self.layers,
+            (self.engine not in ("minibatch", "hybrid", "distributed") or self.fanouts is None
+             or len(self.fanouts) == self.layers,
              f"--fanouts has {len(self.fanouts or ())} value(s) for {self.layers} layers; give one per layer"),
             (self.engine != "minibatch" or self.eval_fanouts is None or len(self.eval_fanouts) == self.layers,
              f"--eval-fanouts has {len(self.eval_fanouts or ())} value(s) for {self.layers} layers"),
@@ -157,6 +176,13 @@ class TrainConfig:
             (self.drm in ("on", "off"), f"unknown --drm {self.drm!r}; choose on or off"),
             (self.hotness in ("degree", "presample"),
              f"unknown --hotness {self.hotness!r}; choose degree or presample"),
+            (self.ranks is None or self.ranks >= 1, f"--ranks must be >= 1, got {self.ranks}"),
+            (self.strategy in STRATEGIES,
+             f"unknown --strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}"),
+            (self.pregather in ("on", "off"), f"unknown --pregather {self.pregather!r}; choose on or off"),
+            (self.merge in ("off", "auto") or (self.merge.isdigit() and int(self.merge) >= 0),
+             f"unknown --merge {self.merge!r}; choose off, auto or a number of merges"),
+            (self.timeout > 0, f"--timeout must be > 0 seconds, got {self.timeout}"),
             (self.gpu_feature_ratio is None or 0.0 <= self.gpu_feature_ratio <= 1.0,
              f"--gpu-feature-ratio must be in [0, 1], got {self.gpu_feature_ratio}"),
         ]

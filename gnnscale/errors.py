@@ -30,3 +30,8 @@ class EngineError(GnnscaleError):
 
 class TrainingError(GnnscaleError):
     """Training cannot go on (a loss that is no longer finite); the message says what to try."""
+
+
+class RankFailure(RuntimeError):
+    """A peer rank of a distributed job died, raised or hung: the job cannot go on. The message names the rank.
+    Not bad input: the CLI prints it as one ``error:`` line with exit status 1."""

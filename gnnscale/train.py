@@ -130,6 +130,7 @@ def train(
     timings: dict[str, float] | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 1,
+    checkpoint_iterations: int = 0,
     resume: bool = False,
     on_resume: Callable[[list[EpochRecord]], None] | None = None,
 ) -> TrainResult:
@@ -145,6 +146,8 @@ def train(
         timings: seconds of steps the caller ran before (``load_s``), reported with the engine's own.
         checkpoint: a folder for ``checkpoint.pt`` (:mod:`gnnscale.checkpoint`), written every
             ``checkpoint_every`` epochs and after the last one.
+        checkpoint_iterations: also every this many iterations within an epoch (engines that checkpoint mid-epoch:
+            the distributed one); 0: at epoch ends only.
         resume: go on from the checkpoint in ``checkpoint`` when there is one (the epochs it holds are not
             trained again, and ``on_epoch`` is not called for them); a config that changes the model is refused.
         on_resume: called with the checkpoint's epoch records before the first new epoch (a metrics file
@@ -160,6 +163,10 @@ def train(
     dev = resolve_devices(config, device)
     check_trainable(graph)
     check_checkpoint_args(checkpoint, checkpoint_every, resume)
+    if checkpoint_iterations < 0:
+        raise ConfigError(f"--checkpoint-iterations must be >= 0, got {checkpoint_iterations}")
+    if checkpoint_iterations and checkpoint is None:
+        raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
     saved = load_checkpoint(checkpoint) if resume and checkpoint is not None else None
     if saved is not None:
         check_resumable(saved, config, graph.name, graph.num_nodes)
@@ -199,6 +206,8 @@ def train(
 
     def save(epoch: int) -> None:
         assert checkpoint is not None
+        if not engine.is_primary:  # one writer per job (the ranks of a distributed job hold the same state)
+            return
         from gnnscale.predict import save_model
 
         Path(checkpoint).mkdir(parents=True, exist_ok=True)
@@ -207,6 +216,17 @@ def train(
             "epoch": epoch, "config": asdict(config), "dataset": graph.name, "num_nodes": graph.num_nodes,
             "engine_name": engine_cls.name, "model": model.state_dict(), "optimizer": engine.optimizer.state_dict(),
             "engine": engine.state_dict(), "history": history, "best": best, "best_state": best_state})
+
+    if checkpoint_iterations:
+        if not hasattr(engine, "on_iteration"):
+            raise ConfigError(f"--checkpoint-iterations: the {engine_cls.name} engine checkpoints at epoch ends only "
+                              "(--checkpoint-every)")
+
+        def save_within(epoch: int, done: int) -> None:
+            if done % checkpoint_iterations == 0:
+                save(epoch - 1)  # epoch - 1 epochs are whole; the engine's state holds this one's progress
+
+        engine.on_iteration = save_within  # type: ignore[attr-defined]
 
     for epoch in range(first, config.epochs + 1):
         reset_peak_device_bytes(dev)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gnnscale.engines.base import Engine
+from gnnscale.engines.distributed import DistributedEngine
 from gnnscale.engines.hybrid import HybridEngine
 from gnnscale.engines.inmemory import InMemoryEngine
 from gnnscale.engines.minibatch import MiniBatchEngine
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "taskparallel": TaskParallelEngine,
                                     "offload": OffloadEngine, "minibatch": MiniBatchEngine,
-                                    "hybrid": HybridEngine}
+                                    "hybrid": HybridEngine, "distributed": DistributedEngine}
 """Registry, in the priority order ``--engine auto`` tries them."""
 
 
@@ -44,6 +45,7 @@ def select_engine(
 
 
 __all__ = [
-    "ENGINES", "Engine", "HybridEngine", "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine",
+    "ENGINES", "DistributedEngine", "Engine", "HybridEngine",
+    "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine",
     "select_engine",
 ]

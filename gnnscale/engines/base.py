@@ -34,6 +34,12 @@ class Engine(ABC):
         self.model.to(device)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
+    @property
+    def is_primary(self) -> bool:
+        """Whether this process reports and writes (checkpoints, saved models): always, except on the ranks
+        other than 0 of a distributed job."""
+        return True
+
     @classmethod
     def not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         """Why this engine cannot run this graph/model/budget on ``device``; empty when it can."""

@@ -1,0 +1,420 @@
+"""Distributed mini-batch training on torch.distributed: model-centric (DistDGL) or feature-centric (HopGNN).
+
+A job runs ``R`` ranks (torchrun, or ``gnnscale train --ranks R``). The graph is partitioned into ``R`` parts
+(METIS by default, a saved plan reused; ``--plan FILE`` names one): every rank keeps the features of its own part
+only (:class:`~gnnscale.store.partitioned.PartitionedFeatures`) and the whole topology (replicated: sampling
+needs no communication; it costs each rank ``8 (N + 1) + 8 E`` bytes of CSR, or less for a memory-mapped
+on-disk graph, whose pages are shared by the ranks of a machine).
+
+An *iteration* trains ``R`` mini-batches of ``--batch-size`` seeds, one per model (rank ``d``'s model trains
+batch ``d``, DistDGL's per-trainer batch): the epoch's shuffle (a function of seed and epoch, the mini-batch
+engine's) cut into global batches of ``R x --batch-size``, each split into ``R`` parts. Gradients of all ``R``
+models are summed (each loss is its seeds' summed loss over the global batch's size) and every rank takes the
+same optimiser step, so an iteration equals one step of the single-process mini-batch engine on the global
+batch. Sampling is keyed by ``(seed, epoch, hop, vertex)``: a micrograph is the same wherever it is sampled.
+
+Strategies (``--strategy``):
+
+- ``model-centric``: each rank samples its batch and fetches the input features it lacks from their owners in
+  one batched, de-duplicated exchange (:meth:`Comm.exchange`); gradients are all-reduced.
+- ``micrograph`` (HopGNN §5.1, the default): roots are grouped by home rank; at time step ``t`` model ``d`` is on
+  rank ``(d + t) % R`` and trains the micrographs of its roots homed there, then migrates (parameters and
+  accumulated gradients, point to point) to the next rank. After the last step the gradients are all-reduced
+  and every rank steps. ``--pregather on`` (§5.2) fetches the remote features of a rank's whole iteration in one
+  de-duplicated exchange before its first step; off, every step fetches its own. ``--merge`` (§5.3) removes time
+  steps (:mod:`gnnscale.distributed.schedule`).
+
+Counters (rank 0's record, summed over ranks; seconds are summed over ranks too): ``remote_rows`` and
+``remote_bytes`` (feature rows received from other ranks), ``needed_rows`` and ``local_rows`` (input rows of the
+trained batches or micrographs, and how many were this rank's: ``local_hit_rate``), ``migration_bytes``,
+``time_steps`` (per iteration, mean), ``sample_s``, ``fetch_s``, ``train_s``, ``migrate_s``, ``sync_s``; per rank
+``rank_feature_bytes`` (its part of the features) and ``rank_cache_peak_bytes`` (its largest set of fetched
+rows held at once: one iteration's with pre-gathering).
+
+Testing hook: ``GNNSCALE_FAULT=RANK:EPOCH:ITERATION:kill|raise`` makes that rank SIGKILL itself (or raise) as
+that iteration (0-based) starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
+from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
+from gnnscale.engines.base import Engine
+from gnnscale.engines.minibatch import EVAL_BATCH, MiniBatchEngine, default_fanouts
+from gnnscale.errors import ConfigError
+from gnnscale.graph.block import Block
+from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.nn.model import GNN
+from gnnscale.partition.plan import PartitionPlan, graph_fingerprint, load_or_partition
+from gnnscale.sample import CSRTopology, sample_blocks, sample_key
+from gnnscale.store.partitioned import PartitionedFeatures
+
+if TYPE_CHECKING:
+    from gnnscale.config import TrainConfig
+
+SUMMED = ("loss_sum", "remote_rows", "remote_bytes", "needed_rows", "local_rows", "migration_bytes", "time_steps",
+          "iterations", "sample_s", "fetch_s", "train_s", "migrate_s", "sync_s", "sampled_edges")
+"""Per-epoch counters, summed over ranks (in this order in the reduced vector)."""
+
+
+def owner_of(plan: PartitionPlan) -> Tensor:
+    """``[N]`` int64: the partition (rank) of every vertex under ``plan``."""
+    owner = torch.empty(plan.num_nodes, dtype=torch.int64)
+    for p in range(plan.partitions):
+        owner[plan.perm[int(plan.part_ptr[p]) : int(plan.part_ptr[p + 1])]] = p
+    return owner
+
+
+class DistributedEngine(Engine):
+    """One rank of a distributed job: its part of the features, a model replica, and the strategy's iteration."""
+
+    name = "distributed"
+
+    @classmethod
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+        if config.engine != "distributed":
+            return ["runs as a job of ranks; choose it with --engine distributed (under torchrun, or --ranks R)"]
+        return MiniBatchEngine.sampling_reasons(config)
+
+    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+        super().__init__(graph, model, config, device)
+        self.comm = Comm.setup(device, config.timeout)
+        self.rank, self.world = self.comm.rank, self.comm.world
+        if config.ranks is not None and config.ranks != self.world:
+            raise ConfigError(f"--ranks {config.ranks} disagrees with the job's {self.world} ranks (torchrun's "
+                              "--nproc-per-node x --nnodes); give one of them")
+        if self.world > graph.num_nodes:
+            raise ConfigError(f"{self.world} ranks are more than the graph's {graph.num_nodes} vertices: every rank "
+                              "needs a part; use fewer ranks")
+        self.fanouts = tuple(config.fanouts or default_fanouts(config.layers))
+        self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
+        self.train_ids = torch.nonzero(self.masks["train_mask"]).view(-1)
+        t0 = time.perf_counter()
+        self.owner, self.plan_path = self._partition()
+        self.timings["partition_s"] = time.perf_counter() - t0
+        assert graph.x is not None and graph.y is not None
+        self.features = PartitionedFeatures(graph.x, self.owner, self.rank, device)
+        self.topo = CSRTopology.from_graph(graph, model.adjacency)
+        self.y = graph.y.to(device)
+        self.merge = MergeController(config.merge, self.world)
+        self.on_iteration: Callable[[int, int], None] | None = None
+        """Called after every optimiser step with ``(epoch, iterations done)`` (iteration checkpoints)."""
+        self._progress: dict[str, Any] | None = None
+        self._resume: dict[str, Any] | None = None
+        self._cache_peak = 0
+        with torch.no_grad():  # every replica starts from rank 0's weights (they are seeded alike; make sure)
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            self.comm.broadcast(flat, 0, "initial weights")
+            self._unflatten(flat, grads=False)
+
+    @property
+    def is_primary(self) -> bool:
+        return self.rank == 0
+
+    # ----------------------------------------------------------------------------------------------- set-up
+    def _partition(self) -> tuple[Tensor, str | None]:
+        """Every vertex's rank: from ``--plan``, or rank 0 partitions (reusing a saved plan) and broadcasts."""
+        cfg, g = self.config, self.graph
+        if cfg.plan is not None:
+            if not os.path.isfile(cfg.plan):
+                raise ConfigError(f"--plan {cfg.plan}: no such file (write one with gnnscale partition "
+                                  f"--partitions {self.world} --dataset ...)")
+            plan = PartitionPlan.load(cfg.plan)
+            if plan.partitions != self.world:
+                raise ConfigError(f"--plan {cfg.plan} has {plan.partitions} partitions for {self.world} ranks; "
+                                  "partition the graph into one part per rank")
+            if plan.num_nodes != g.num_nodes or plan.graph_key != graph_fingerprint(g):
+                raise ConfigError(f"--plan {cfg.plan} was made for another graph ({plan.num_nodes:,} vertices), not "
+                                  f"{g.name} ({g.num_nodes:,}); partition this graph")
+            return owner_of(plan), cfg.plan
+        owner = torch.empty(g.num_nodes, dtype=torch.int64)
+        path = None
+        if self.rank == 0:
+            plan, where, _ = load_or_partition(g, self.world, 1, cfg.partition_method, cfg.seed, cfg.plan_dir)
+            owner = owner_of(plan)
+            path = None if where is None else str(where)
+        self.comm.barrier("partitioning", SETUP_TIMEOUT)  # the others wait for rank 0's partitioner
+        self.comm.broadcast(owner, 0, "partition")
+        return owner, path
+
+    def describe(self) -> str:
+        c = self.config
+        parts = torch.bincount(self.owner, minlength=self.world).tolist()
+        how = (c.strategy if c.strategy == "model-centric" else
+               f"micrograph (pre-gathering {c.pregather}, merging {c.merge})")
+        backend = "gloo" if self.device.type == "cpu" else "nccl"
+        return (f"distributed: {self.world} ranks ({self.device.type}, {backend}), "
+                f"{how}; batch {c.batch_size} per rank, fanouts {','.join(map(str, self.fanouts))}; "
+                f"{c.partition_method} parts of {min(parts):,}-{max(parts):,} vertices, features of "
+                f"{self.features.nbytes / 2**20:.1f} MiB on rank {self.rank}")
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _order(self, epoch: int) -> Tensor:
+        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch)
+        return torch.randperm(self.train_ids.numel(), generator=gen)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return list(self.model.parameters())
+
+    def _flat(self, grads: bool) -> Tensor:
+        ps = self._params()
+        parts = [p.detach().reshape(-1) for p in ps]
+        if grads:
+            parts += [p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1) for p in ps]
+        return torch.cat(parts)
+
+    def _unflatten(self, flat: Tensor, grads: bool) -> None:
+        ps = self._params()
+        n = sum(p.numel() for p in ps)
+        with torch.no_grad():
+            off = 0
+            for p in ps:
+                p.copy_(flat[off : off + p.numel()].view_as(p))
+                off += p.numel()
+            if grads:
+                for p in ps:
+                    p.grad = flat[off : off + p.numel()].view_as(p).clone()
+                    off += p.numel()
+        assert off == (2 * n if grads else n)
+
+    def _fetch(self, ids: Tensor, c: dict[str, float]) -> tuple[Tensor, Tensor]:
+        """The remote ones of ``ids`` (sorted, de-duplicated) and their rows, in one exchange (collective)."""
+        t0 = time.perf_counter()
+        ids = torch.unique(ids)
+        remote = ids[self.owner[ids] != self.rank]
+        rows = self.comm.exchange(remote, self.owner, self.features.local, self.features.width,
+                                  self.features.rows.dtype)
+        c["remote_rows"] += remote.numel()
+        c["remote_bytes"] += rows.numel() * rows.element_size()
+        c["fetch_s"] += time.perf_counter() - t0
+        self._cache_peak = max(self._cache_peak, rows.numel() * rows.element_size())
+        return remote, rows
+
+    def _inputs(self, src: Tensor, cache: tuple[Tensor, Tensor], c: dict[str, float]) -> Tensor:
+        """Feature rows of ``src``: this rank's own, the rest from ``cache`` (rows fetched before)."""
+        x = torch.empty((src.numel(), self.features.width), dtype=self.features.rows.dtype, device=self.device)
+        mine = self.owner[src] == self.rank
+        x[mine] = self.features.local(src[mine])
+        rem = src[~mine]
+        if rem.numel():
+            pos = torch.searchsorted(cache[0], rem)
+            x[~mine] = cache[1][pos]
+        c["needed_rows"] += src.numel()
+        c["local_rows"] += int(mine.sum())
+        return x
+
+    def _sample(self, seeds: Tensor, key: int, c: dict[str, float]) -> list[Block]:
+        t0 = time.perf_counter()
+        blocks = sample_blocks(self.topo, seeds, self.fanouts, key)
+        c["sample_s"] += time.perf_counter() - t0
+        c["sampled_edges"] += sum(b.num_edges for b in blocks)
+        return blocks
+
+    def _train(self, blocks: list[Block], x: Tensor, seeds: Tensor, total: int, se: tuple[int, int],
+               c: dict[str, float]) -> None:
+        """Forward and backward of ``seeds``' micrographs; gradients add to the hosted model's."""
+        if seeds.numel() == 0:
+            return
+        t0 = time.perf_counter()
+        h = x
+        for i, (layer, block) in enumerate(zip(self.model.block_layers, blocks, strict=True)):
+            h = layer(block, self.model.layer_input(i, h, block.row_ids(), se))
+        loss = F.cross_entropy(h, self.y[seeds], reduction="sum") / total
+        loss.backward()
+        c["loss_sum"] += float(loss.detach()) * total
+        c["train_s"] += time.perf_counter() - t0
+
+    # ----------------------------------------------------------------------------------------- iterations
+    def _model_centric(self, parts: list[Tensor], total: int, key: int, se: tuple[int, int],
+                       c: dict[str, float]) -> None:
+        seeds = parts[self.rank]
+        blocks = self._sample(seeds, key, c)
+        src = blocks[0].src_ids
+        assert src is not None
+        cache = self._fetch(src, c)
+        self._train(blocks, self._inputs(src, cache, c), seeds, total, se, c)
+        c["time_steps"] += 1
+
+    def _micrograph(self, parts: list[Tensor], total: int, key: int, se: tuple[int, int],
+                    c: dict[str, float]) -> None:
+        sched = build_schedule(home_groups(parts, self.owner, self.world), self.merge.merges)
+        mine = [sched.roots_on(self.rank, k) for k in range(sched.steps)]
+        blocks: list[list[Block] | None] = [None] * sched.steps
+        cache: tuple[Tensor, Tensor] | None = None
+        if self.config.pregather == "on":  # §5.2: the whole iteration's remote rows in one exchange
+            blocks = [self._sample(r, key, c) for r in mine]
+            srcs = [b[0].src_ids for b in blocks if b is not None and b[0].src_ids is not None]
+            cache = self._fetch(torch.cat(srcs) if srcs else torch.empty(0, dtype=torch.int64), c)
+        for k in range(sched.steps):
+            bk = blocks[k] if blocks[k] is not None else self._sample(mine[k], key, c)
+            assert bk is not None
+            src = bk[0].src_ids
+            assert src is not None
+            step_cache = cache if cache is not None else self._fetch(src, c)
+            self._train(bk, self._inputs(src, step_cache, c), mine[k], total, se, c)
+            blocks[k] = None  # the step's intermediate data is dropped; only the gradients go on
+            if k + 1 < sched.steps:  # migrate: this model to rank + hop, the next one from rank - hop
+                t0 = time.perf_counter()
+                hop = sched.hop(k)
+                out = self._flat(grads=True)
+                into = torch.empty_like(out)
+                self.comm.send_recv(out, (self.rank + hop) % self.world, into, (self.rank - hop) % self.world)
+                self._unflatten(into, grads=True)
+                c["migration_bytes"] += out.numel() * out.element_size()
+                c["migrate_s"] += time.perf_counter() - t0
+        c["time_steps"] += sched.steps
+
+    def _sync(self, c: dict[str, float]) -> None:
+        """Sum every model's gradients over the ranks and take one optimiser step on each."""
+        t0 = time.perf_counter()
+        ps = self._params()
+        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
+                          for p in ps])
+        self.comm.all_reduce(flat, "sum", "gradient all-reduce")
+        off = 0
+        for p in ps:
+            p.grad = flat[off : off + p.numel()].view_as(p)
+            off += p.numel()
+        self.optimizer.step()
+        c["sync_s"] += time.perf_counter() - t0
+
+    def _fault(self, epoch: int, it: int) -> None:
+        spec = os.environ.get("GNNSCALE_FAULT")
+        if not spec:
+            return
+        rank, ep, when, kind = spec.split(":")
+        if (int(rank), int(ep), int(when)) == (self.rank, epoch, it):
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"fault injected at epoch {epoch}, iteration {it} (GNNSCALE_FAULT)")
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        self.model.train()
+        cfg = self.config
+        se, key = (cfg.seed, epoch), sample_key(cfg.seed, epoch)
+        seeds = self.train_ids[self._order(epoch)]
+        size = cfg.batch_size * self.world
+        starts = list(range(0, seeds.numel(), size))
+        c = dict.fromkeys(SUMMED, 0.0)
+        first = 0
+        if self._resume is not None and self._resume["epoch"] == epoch:
+            first, c = self._resume["iteration"], dict(self._resume["counters"])
+        self._resume = None
+        self._cache_peak = 0
+        t_start = time.perf_counter()
+        for it in range(first, len(starts)):
+            self._fault(epoch, it)
+            batch = seeds[starts[it] : starts[it] + size]
+            parts = list(torch.tensor_split(batch, self.world))
+            self.optimizer.zero_grad(set_to_none=True)
+            if cfg.strategy == "model-centric":
+                self._model_centric(parts, batch.numel(), key, se, c)
+            else:
+                self._micrograph(parts, batch.numel(), key, se, c)
+            self._sync(c)
+            c["iterations"] += 1
+            if self.on_iteration is not None and it + 1 < len(starts):
+                self._progress = {"epoch": epoch, "iteration": it + 1, "counters": dict(c)}
+                self.on_iteration(epoch, it + 1)
+                self._progress = None
+        elapsed = torch.tensor([time.perf_counter() - t_start], dtype=torch.float64)
+        self.comm.all_reduce(elapsed, "max", "epoch time")
+        self.merge.epoch_done(epoch, float(elapsed))
+        vec = torch.tensor([c[k] for k in SUMMED], dtype=torch.float64)
+        self.comm.all_reduce(vec, "sum", "counters")
+        per_rank = torch.zeros(2, self.world, dtype=torch.float64)
+        per_rank[:, self.rank] = torch.tensor([self.features.nbytes, self._cache_peak], dtype=torch.float64)
+        self.comm.all_reduce(per_rank, "sum", "counters")
+        s = dict(zip(SUMMED, vec.tolist(), strict=True))
+        iters = max(s.pop("iterations"), 1.0) / self.world
+        out: dict[str, Any] = {"loss": s.pop("loss_sum") / seeds.numel(), "batches": len(starts), "ranks": self.world,
+                               "strategy": cfg.strategy}
+        for k in ("remote_rows", "needed_rows", "local_rows", "sampled_edges"):
+            out[k] = int(s.pop(k))
+        out["remote_bytes"] = int(s.pop("remote_bytes"))
+        out["migration_bytes"] = int(s.pop("migration_bytes"))
+        out["local_hit_rate"] = out["local_rows"] / out["needed_rows"] if out["needed_rows"] else None
+        out["time_steps"] = s.pop("time_steps") / self.world / iters
+        out.update(s)  # the seconds
+        out["merges"] = self.merge.history[-1][1]
+        out["rank_feature_bytes"] = [int(v) for v in per_rank[0].tolist()]
+        out["rank_cache_peak_bytes"] = [int(v) for v in per_rank[1].tolist()]
+        return out
+
+    # --------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"merge": self.merge.state_dict(), "ranks": self.world}
+        if self._progress is not None:
+            state["progress"] = self._progress
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("ranks", self.world) != self.world:
+            raise ConfigError(f"--resume: the checkpoint was written by {state['ranks']} ranks, this job has "
+                              f"{self.world}; resume with --ranks {state['ranks']}")
+        self.merge.load_state_dict(state.get("merge", {}))
+        self._resume = state.get("progress")
+
+    # --------------------------------------------------------------------------------------------- inference
+    @torch.no_grad()
+    def _layerwise(self) -> Tensor:
+        """``[n_own, C]``: this rank's vertices' exact outputs, layer by layer over full neighbourhoods; each
+        layer's remote input rows come in one exchange with their owners."""
+        own = self.features.own
+        blocks = [sample_blocks(self.topo, own[lo : lo + EVAL_BATCH], (-1,))[0]
+                  for lo in range(0, own.numel(), EVAL_BATCH)]
+        need = torch.unique(torch.cat([b.src_ids for b in blocks if b.src_ids is not None]
+                                      or [torch.empty(0, dtype=torch.int64)]))
+        remote = need[self.owner[need] != self.rank]
+        h = self.features.rows
+        for i, layer in enumerate(self.model.block_layers):
+            table = h
+
+            def serve(req: Tensor, table: Tensor = table) -> Tensor:
+                return table[self.features.local_index[req.cpu()].to(table.device)]
+
+            halo = self.comm.exchange(remote, self.owner, serve, table.shape[1], table.dtype, "inference")
+            outs = []
+            for b in blocks:
+                src = b.src_ids
+                assert src is not None
+                x = torch.empty((src.numel(), table.shape[1]), dtype=table.dtype, device=self.device)
+                mine = self.owner[src] == self.rank
+                x[mine] = table[self.features.local_index[src[mine]]]
+                x[~mine] = halo[torch.searchsorted(remote, src[~mine])]
+                outs.append(layer(b, self.model.layer_input(i, x, b.row_ids(), None)))
+            h = torch.cat(outs)  # every rank holds a part (partitions are never empty)
+        return h
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float | None]:
+        self.model.eval()
+        pred = self._layerwise().argmax(-1)
+        own = self.features.own
+        counts = torch.zeros(2, len(MASK_NAMES), dtype=torch.float64)
+        for j, m in enumerate(MASK_NAMES):
+            mask = self.masks.get(m)
+            if mask is None:
+                continue
+            sel = mask[own]
+            counts[0, j] = float((pred[sel] == self.y[own][sel]).sum())
+            counts[1, j] = float(sel.sum())
+        self.comm.all_reduce(counts, "sum", "evaluation")
+        return {m.replace("_mask", "_acc"): (float(counts[0, j] / counts[1, j]) if counts[1, j] > 0 else None)
+                for j, m in enumerate(MASK_NAMES)}
+
+    def predict(self) -> Tensor:
+        self.model.eval()
+        pred = torch.zeros(self.graph.num_nodes, dtype=torch.int64)
+        pred[self.features.own] = self._layerwise().argmax(-1)
+        return self.comm.all_reduce(pred, "sum", "prediction")  # every vertex is one rank's: the rest add 0

@@ -374,6 +374,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                                   "to start R ranks on this machine")
             if args.metrics:
                 _MetricsWriter(args.metrics)  # a bad path fails here, before any rank starts
+            if args.plan is not None:
+                from gnnscale.engines.distributed import load_rank_plan
+
+                load_rank_plan(args.plan, args.ranks)
             from gnnscale.distributed.launch import run_ranks
 
             return run_ranks(args.argv, args.ranks)
@@ -459,9 +463,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         if writer:
             writer.close()
-        comm = current_comm()
-        if comm is not None:
-            comm.close()
+    comm = current_comm()
+    if comm is not None:  # a failed job keeps it: main names the failed rank through it
+        comm.close()
     return 0
 
 

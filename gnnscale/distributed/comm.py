@@ -49,7 +49,7 @@ class Comm:
     device: torch.device
     timeout: timedelta
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("collectives", "sent_bytes", "received_bytes"), 0.0))
+        ("collectives", "exchanges", "migrations", "sent_bytes", "received_bytes"), 0.0))
     _heartbeat: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -207,6 +207,7 @@ class Comm:
         """Rows of ``ids`` (``[k]``, de-duplicated, none owned by this rank) from their owners, in ``ids``'
         order: one batched request per peer (the ids), one batched reply (the rows). Every rank must call it
         together, with or without ids. ``serve(req)`` gives this rank's rows of the ids its peers asked for."""
+        self.counters["exchanges"] += 1
         dev = self.device
         ids = ids.to(dev)
         dest = owner[ids].to(dev)
@@ -226,6 +227,7 @@ class Comm:
 
     def send_recv(self, send: Tensor, to: int, recv: Tensor, frm: int, what: str = "model migration") -> None:
         """Send ``send`` to rank ``to`` while receiving ``recv`` from rank ``frm`` (point to point)."""
+        self.counters["migrations"] += 1
         ops = [dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, frm)]
         with self.guard(what):
             for req in dist.batch_isend_irecv(ops):

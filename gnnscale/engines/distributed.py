@@ -29,7 +29,8 @@ Counters (rank 0's record, summed over ranks; seconds are summed over ranks too)
 trained batches or micrographs, and how many were this rank's: ``local_hit_rate``), ``migration_bytes``,
 ``time_steps`` (per iteration, mean), ``sample_s``, ``fetch_s``, ``train_s``, ``migrate_s``, ``sync_s``; per rank
 ``rank_feature_bytes`` (its part of the features) and ``rank_cache_peak_bytes`` (its largest set of fetched
-rows held at once: one iteration's with pre-gathering).
+rows held at once: one iteration's with pre-gathering) and ``rank_rss_bytes`` (its resident memory at the epoch's
+end).
 
 Testing hook: ``GNNSCALE_FAULT=RANK:EPOCH:ITERATION:kill|raise`` makes that rank SIGKILL itself (or raise) as
 that iteration (0-based) starts.
@@ -56,6 +57,7 @@ from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
 from gnnscale.partition.plan import PartitionPlan, graph_fingerprint, load_or_partition
+from gnnscale.plan.memory import proc_kib
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.partitioned import PartitionedFeatures
 
@@ -73,6 +75,19 @@ def owner_of(plan: PartitionPlan) -> Tensor:
     for p in range(plan.partitions):
         owner[plan.perm[int(plan.part_ptr[p]) : int(plan.part_ptr[p + 1])]] = p
     return owner
+
+
+def load_rank_plan(path: str, ranks: int) -> PartitionPlan:
+    """The partition plan of ``--plan``, which must exist and have one part per rank (its graph is checked by
+    the engine)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--plan {path}: no such file (write one with gnnscale partition --partitions {ranks} "
+                          "--dataset ...)")
+    plan = PartitionPlan.load(path)
+    if plan.partitions != ranks:
+        raise ConfigError(f"--plan {path} has {plan.partitions} partitions for {ranks} ranks; partition the graph "
+                          "into one part per rank")
+    return plan
 
 
 class DistributedEngine(Engine):
@@ -126,13 +141,7 @@ class DistributedEngine(Engine):
         """Every vertex's rank: from ``--plan``, or rank 0 partitions (reusing a saved plan) and broadcasts."""
         cfg, g = self.config, self.graph
         if cfg.plan is not None:
-            if not os.path.isfile(cfg.plan):
-                raise ConfigError(f"--plan {cfg.plan}: no such file (write one with gnnscale partition "
-                                  f"--partitions {self.world} --dataset ...)")
-            plan = PartitionPlan.load(cfg.plan)
-            if plan.partitions != self.world:
-                raise ConfigError(f"--plan {cfg.plan} has {plan.partitions} partitions for {self.world} ranks; "
-                                  "partition the graph into one part per rank")
+            plan = load_rank_plan(cfg.plan, self.world)
             if plan.num_nodes != g.num_nodes or plan.graph_key != graph_fingerprint(g):
                 raise ConfigError(f"--plan {cfg.plan} was made for another graph ({plan.num_nodes:,} vertices), not "
                                   f"{g.name} ({g.num_nodes:,}); partition this graph")
@@ -274,8 +283,8 @@ class DistributedEngine(Engine):
                 c["migrate_s"] += time.perf_counter() - t0
         c["time_steps"] += sched.steps
 
-    def _sync(self, c: dict[str, float]) -> None:
-        """Sum every model's gradients over the ranks and take one optimiser step on each."""
+    def _reduce(self, c: dict[str, float]) -> None:
+        """Sum every model's gradients over the ranks (one all-reduce of one flat buffer)."""
         t0 = time.perf_counter()
         ps = self._params()
         flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
@@ -285,8 +294,36 @@ class DistributedEngine(Engine):
         for p in ps:
             p.grad = flat[off : off + p.numel()].view_as(p)
             off += p.numel()
-        self.optimizer.step()
         c["sync_s"] += time.perf_counter() - t0
+
+    def _iteration(self, batch: Tensor, key: int, se: tuple[int, int], c: dict[str, float]) -> None:
+        """One iteration up to the summed gradients: ``R`` mini-batches of ``batch`` by the strategy."""
+        parts = list(torch.tensor_split(batch, self.world))
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.config.strategy == "model-centric":
+            self._model_centric(parts, batch.numel(), key, se, c)
+        else:
+            self._micrograph(parts, batch.numel(), key, se, c)
+        self._reduce(c)
+
+    def _batches(self, epoch: int) -> list[Tensor]:
+        """The epoch's global batches (``R x --batch-size`` seeds each, the last one shorter)."""
+        seeds = self.train_ids[self._order(epoch)]
+        size = self.config.batch_size * self.world
+        return [seeds[i : i + size] for i in range(0, seeds.numel(), size)]
+
+    def iteration_gradients(self, epoch: int, iteration: int) -> tuple[float, list[Tensor], dict[str, float]]:
+        """Iteration ``iteration`` (0-based) of ``epoch`` without its optimiser step: the global batch's mean
+        loss, the summed gradients (one per parameter) and the counters. Every rank must call it together."""
+        self.model.train()
+        c = dict.fromkeys(SUMMED, 0.0)
+        batch = self._batches(epoch)[iteration]
+        self._iteration(batch, sample_key(self.config.seed, epoch), (self.config.seed, epoch), c)
+        loss = torch.tensor([c["loss_sum"]], dtype=torch.float64)
+        self.comm.all_reduce(loss, "sum", "loss")
+        grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self._params()]
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(loss) / batch.numel(), grads, c
 
     def _fault(self, epoch: int, it: int) -> None:
         spec = os.environ.get("GNNSCALE_FAULT")
@@ -302,29 +339,27 @@ class DistributedEngine(Engine):
         self.model.train()
         cfg = self.config
         se, key = (cfg.seed, epoch), sample_key(cfg.seed, epoch)
-        seeds = self.train_ids[self._order(epoch)]
-        size = cfg.batch_size * self.world
-        starts = list(range(0, seeds.numel(), size))
+        batches = self._batches(epoch)
         c = dict.fromkeys(SUMMED, 0.0)
         first = 0
         if self._resume is not None and self._resume["epoch"] == epoch:
-            first, c = self._resume["iteration"], dict(self._resume["counters"])
+            first, c = self._resume["iteration"], dict(self._resume["counters"][self.rank])
         self._resume = None
         self._cache_peak = 0
         t_start = time.perf_counter()
-        for it in range(first, len(starts)):
+        for it in range(first, len(batches)):
             self._fault(epoch, it)
-            batch = seeds[starts[it] : starts[it] + size]
-            parts = list(torch.tensor_split(batch, self.world))
-            self.optimizer.zero_grad(set_to_none=True)
-            if cfg.strategy == "model-centric":
-                self._model_centric(parts, batch.numel(), key, se, c)
-            else:
-                self._micrograph(parts, batch.numel(), key, se, c)
-            self._sync(c)
+            self._iteration(batches[it], key, se, c)
+            t0 = time.perf_counter()
+            self.optimizer.step()
+            c["sync_s"] += time.perf_counter() - t0
             c["iterations"] += 1
-            if self.on_iteration is not None and it + 1 < len(starts):
-                self._progress = {"epoch": epoch, "iteration": it + 1, "counters": dict(c)}
+            if self.on_iteration is not None and it + 1 < len(batches):
+                rows = torch.zeros(self.world, len(SUMMED), dtype=torch.float64)  # every rank's counters
+                rows[self.rank] = torch.tensor([c[k] for k in SUMMED], dtype=torch.float64)
+                self.comm.all_reduce(rows, "sum", "checkpoint")
+                self._progress = {"epoch": epoch, "iteration": it + 1,
+                                  "counters": [dict(zip(SUMMED, r, strict=True)) for r in rows.tolist()]}
                 self.on_iteration(epoch, it + 1)
                 self._progress = None
         elapsed = torch.tensor([time.perf_counter() - t_start], dtype=torch.float64)
@@ -332,12 +367,14 @@ class DistributedEngine(Engine):
         self.merge.epoch_done(epoch, float(elapsed))
         vec = torch.tensor([c[k] for k in SUMMED], dtype=torch.float64)
         self.comm.all_reduce(vec, "sum", "counters")
-        per_rank = torch.zeros(2, self.world, dtype=torch.float64)
-        per_rank[:, self.rank] = torch.tensor([self.features.nbytes, self._cache_peak], dtype=torch.float64)
+        per_rank = torch.zeros(3, self.world, dtype=torch.float64)
+        rss = (proc_kib("/proc/self/status", "VmRSS") or 0) * 1024
+        per_rank[:, self.rank] = torch.tensor([self.features.nbytes, self._cache_peak, rss], dtype=torch.float64)
         self.comm.all_reduce(per_rank, "sum", "counters")
         s = dict(zip(SUMMED, vec.tolist(), strict=True))
         iters = max(s.pop("iterations"), 1.0) / self.world
-        out: dict[str, Any] = {"loss": s.pop("loss_sum") / seeds.numel(), "batches": len(starts), "ranks": self.world,
+        n_train = sum(b.numel() for b in batches)
+        out: dict[str, Any] = {"loss": s.pop("loss_sum") / n_train, "batches": len(batches), "ranks": self.world,
                                "strategy": cfg.strategy}
         for k in ("remote_rows", "needed_rows", "local_rows", "sampled_edges"):
             out[k] = int(s.pop(k))
@@ -349,6 +386,7 @@ class DistributedEngine(Engine):
         out["merges"] = self.merge.history[-1][1]
         out["rank_feature_bytes"] = [int(v) for v in per_rank[0].tolist()]
         out["rank_cache_peak_bytes"] = [int(v) for v in per_rank[1].tolist()]
+        out["rank_rss_bytes"] = [int(v) for v in per_rank[2].tolist()]
         return out
 
     # --------------------------------------------------------------------------------------- checkpoints

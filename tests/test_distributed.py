@@ -1,0 +1,359 @@
+"""The distributed engine (HopGNN on torch.distributed): micrograph schedules, exactness against the model-centric
+strategy and the single-process mini-batch engine, counters that show the mechanisms (exchanges, migrations, rows
+fetched), per-rank feature memory, faults, iteration checkpoints and bad input.
+
+Multi-rank tests start real gloo ranks: in-process workers through ``torch.multiprocessing`` (spawn) for the
+engine's internals, and the ``gnnscale`` command (``--ranks``, torchrun) for whole runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gnnscale.config import TrainConfig
+from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
+from gnnscale.engines.minibatch import MiniBatchEngine
+from gnnscale.graph import io
+from gnnscale.graph.generators import csbm
+from gnnscale.nn.model import build_model
+from gnnscale.plan.memory import proc_kib
+from gnnscale.sample import sample_key
+from gnnscale.store.partitioned import PartitionedFeatures
+from gnnscale.train import train
+
+GNNSCALE = [sys.executable, "-m", "gnnscale"]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+FANOUTS = (5, 3)
+
+
+def _graph() -> Any:
+    return csbm(nodes=600, features=8, avg_degree=6, seed=5, train=0.5, communities=6)
+
+
+# --------------------------------------------------------------------------------------------- schedules
+def test_time_steps_train_every_root_at_home_once() -> None:
+    owner = torch.tensor([0, 0, 1, 1, 2, 2, 0, 1, 2])
+    parts = [torch.tensor([0, 2, 4]), torch.tensor([1, 3, 5, 6]), torch.tensor([7, 8])]
+    roots = home_groups(parts, owner, 3)
+    assert [r.tolist() for r in roots[1]] == [[1, 6], [3], [5]]
+    s = build_schedule(roots)
+    assert s.steps == 3 and s.offsets == [0, 1, 2]
+    for k in range(3):
+        assert sorted(s.model_on(r, k) for r in range(3)) == [0, 1, 2]  # one model per rank per step
+        for r in range(3):
+            assert bool((owner[s.roots_on(r, k)] == r).all())  # trained where its features live
+    for d in range(3):  # model d trains exactly its batch
+        assert sorted(torch.cat(s.work[d]).tolist()) == sorted(parts[d].tolist())
+        assert [s.host(d, k) for k in range(3)] == [(d + k) % 3 for k in range(3)]
+    assert [s.hop(k) for k in range(2)] == [1, 1]
+
+
+def test_merging_follows_figure_10() -> None:
+    # Figure 10: three servers; the step with the fewest roots (t1) is merged into t0 and t2 per model
+    owner = torch.arange(30) % 3
+    ids = {s: [v for v in range(30) if v % 3 == s] for s in range(3)}
+    # model d's roots per home rank; step t trains roots[d][(d + t) % 3]: t1 gets 2 + 2 + 1 roots
+    sizes = [[3, 2, 3], [2, 3, 1], [3, 3, 2]]  # sizes[d][s]
+    take = {s: iter(ids[s]) for s in range(3)}
+    parts = [torch.tensor([next(take[s]) for s in range(3) for _ in range(sizes[d][s])]) for d in range(3)]
+    s0 = build_schedule(home_groups(parts, owner, 3))
+    counts = s0.step_counts()
+    assert counts == [3 + 3 + 2, 2 + 1 + 3, 3 + 2 + 3]
+    s1 = build_schedule(home_groups(parts, owner, 3), merges=1)
+    assert s1.merged == [1] and s1.offsets == [0, 2] and s1.steps == 2
+    for d in range(3):
+        assert sorted(torch.cat(s1.work[d]).tolist()) == sorted(parts[d].tolist())  # nothing lost or duplicated
+        moved = s0.work[d][1]
+        halves = torch.tensor_split(moved, 2)
+        assert s1.work[d][0].tolist() == s0.work[d][0].tolist() + halves[0].tolist()
+        assert s1.work[d][1].tolist() == s0.work[d][2].tolist() + halves[1].tolist()
+    assert s1.hop(0) == 2  # models skip the removed step's rank
+    s2 = build_schedule(home_groups(parts, owner, 3), merges=5)  # never fewer than one step
+    assert s2.steps == 1 and s2.step_counts() == [sum(p.numel() for p in parts)]
+
+
+def test_merge_controller_examines_from_epoch_two_and_keeps_the_fastest() -> None:
+    m = MergeController("auto", 4)
+    assert m.merges == 0
+    m.epoch_done(1, 10.0)
+    assert m.merges == 1  # epoch 2 examines one merge
+    m.epoch_done(2, 8.0)
+    assert m.merges == 2
+    m.epoch_done(3, 9.0)  # not faster: back to the fastest epoch's merging, for good
+    assert (m.merges, m.frozen) == (1, True)
+    m.epoch_done(4, 1.0)
+    assert m.merges == 1
+    assert [h[1] for h in m.history] == [0, 1, 2, 1]
+    slower = MergeController("auto", 3)
+    slower.epoch_done(1, 1.0)
+    slower.epoch_done(2, 2.0)
+    assert (slower.merges, slower.frozen) == (0, True)
+    down = MergeController("auto", 3)
+    for e, t in enumerate((3.0, 2.0, 1.0, 0.5), 1):
+        down.epoch_done(e, t)
+    assert down.merges == 2 and down.frozen  # one step left: nothing more to merge
+    assert MergeController("off", 4).merges == 0
+    fixed = MergeController("2", 4)
+    fixed.epoch_done(1, 1.0)
+    assert (fixed.merges, fixed.frozen) == (2, True)
+    again = MergeController("auto", 4)
+    again.load_state_dict(m.state_dict())
+    assert (again.merges, again.frozen, again.history) == (1, True, m.history)
+
+
+# --------------------------------------------------------------------------------------------- multi-rank
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _gradients_task(rank: int, world: int, model_name: str, variants: list[dict[str, Any]], plan_dir: str
+                    ) -> list[dict[str, Any]]:
+    from gnnscale.engines.distributed import DistributedEngine
+
+    g = _graph()
+    out = []
+    for v in variants:
+        cfg = TrainConfig(engine="distributed", model=model_name, batch_size=25, fanouts=FANOUTS, seed=0,
+                          plan_dir=plan_dir, heads=2, hidden=8, **v)
+        model = build_model(model_name, g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=2, seed=0)
+        eng = DistributedEngine(g, model, cfg, torch.device("cpu"))
+        before = dict(eng.comm.counters)
+        loss, grads, c = eng.iteration_gradients(1, 0)
+        after = eng.comm.counters
+        out.append({"loss": loss, "grads": grads, "counters": c,
+                    "exchanges": after["exchanges"] - before["exchanges"],
+                    "migrations": after["migrations"] - before["migrations"],
+                    "own": eng.features.own.clone(), "rows_read": eng.features.rows_read})
+    return out
+
+
+def _entry(rank: int, world: int, port: int, out: str, task: str, args: tuple[Any, ...]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    result = {"gradients": _gradients_task}[task](rank, world, *args)
+    torch.save(result, Path(out) / f"rank{rank}.pt")
+
+
+def _spawn(tmp_path: Path, world: int, task: str, *args: Any) -> list[Any]:
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_entry, args=(world, _free_port(), str(tmp_path), task, args), nprocs=world,
+                       start_method="spawn")
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _reference(model_name: str, world: int) -> tuple[float, list[torch.Tensor]]:
+    """The single-process mini-batch engine's first step on the union of the ranks' batches (no optimiser step)."""
+    g = _graph()
+    cfg = TrainConfig(engine="minibatch", model=model_name, batch_size=25 * world, fanouts=FANOUTS, seed=0,
+                      heads=2, hidden=8)
+    model = build_model(model_name, g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=2, seed=0)
+    mb = MiniBatchEngine(g, model, cfg, torch.device("cpu"))
+    model.train()
+    seeds = mb.train_ids[mb._order(1)][: 25 * world]
+    batch = mb._prepare(mb.trainers[0], seeds, FANOUTS, sample_key(0, 1))
+    loss = F.cross_entropy(mb._forward(batch, (0, 1)), mb.y[seeds])
+    loss.backward()
+    return float(loss.detach()), [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+
+
+def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert float((x - y).abs().max()) <= 1e-4 * max(float(y.abs().max()), 1e-3)
+
+
+@pytest.mark.parametrize(("world", "model_name"), [(2, "sage"), (3, "gat")])
+def test_micrograph_iteration_equals_model_centric_and_the_minibatch_engine(
+        tmp_path: Path, world: int, model_name: str) -> None:
+    variants = [{"strategy": "model-centric"},
+                {"strategy": "micrograph", "pregather": "on", "merge": "off"},
+                {"strategy": "micrograph", "pregather": "off", "merge": "off"},
+                {"strategy": "micrograph", "pregather": "on", "merge": "1"},
+                {"strategy": "micrograph", "pregather": "off", "merge": str(world - 1)}]
+    ranks = _spawn(tmp_path, world, "gradients", model_name, variants, str(tmp_path / "plans"))
+    ref_loss, ref_grads = _reference(model_name, world)
+    for i, v in enumerate(variants):
+        for r in range(world):
+            got = ranks[r][i]
+            assert got["loss"] == pytest.approx(ref_loss, rel=1e-5), (v, r)
+            _close(got["grads"], ref_grads)  # every rank holds the summed gradients
+    # the partition: each rank read its own rows only, and the parts cover the graph
+    n = _graph().num_nodes
+    own = [ranks[r][0]["own"] for r in range(world)]
+    assert sorted(torch.cat(own).tolist()) == list(range(n))
+    for r in range(world):
+        assert ranks[r][0]["rows_read"] == own[r].numel() < n
+    # the mechanisms, per rank: exchanges, migrations, steps
+    steps = {1: world, 2: world, 3: world - 1, 4: 1}
+    for r in range(world):
+        mc, pre, nopre = ranks[r][0], ranks[r][1], ranks[r][2]
+        assert (mc["exchanges"], mc["migrations"], mc["counters"]["time_steps"]) == (1, 0, 1)
+        for i, s in steps.items():
+            got = ranks[r][i]
+            assert got["counters"]["time_steps"] == s
+            assert got["migrations"] == s - 1  # the model moves between consecutive steps
+            assert got["exchanges"] == (1 if variants[i]["pregather"] == "on" else s)
+            assert got["counters"]["migration_bytes"] > 0 or s == 1
+        assert pre["counters"]["needed_rows"] == nopre["counters"]["needed_rows"]
+        assert pre["counters"]["remote_rows"] <= nopre["counters"]["remote_rows"]  # pre-gathering de-duplicates
+    total = {k: [sum(ranks[r][i]["counters"][k] for r in range(world)) for i in range(len(variants))]
+             for k in ("remote_rows", "local_rows", "needed_rows")}
+    hit = [total["local_rows"][i] / total["needed_rows"][i] for i in range(len(variants))]
+    assert hit[1] > hit[0] + 0.2  # micrographs are trained where their roots live
+    assert total["remote_rows"][1] < total["remote_rows"][0]
+
+
+# ----------------------------------------------------------------------------------------------- the CLI
+def _disk_graph(tmp_path: Path) -> Path:
+    path = tmp_path / "graph"
+    if not path.exists():
+        io.save(_graph(), path)
+    return path
+
+
+def _run(args: list[str], env: dict[str, str] | None = None, timeout: float = 240,
+         cmd: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*(cmd or GNNSCALE), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _train_args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["train", "--dataset", str(_disk_graph(tmp_path)), "--engine", "distributed", "--model", "sage",
+            "--batch-size", "60", "--fanouts", "5,3", "--epochs", "3", "--quiet", "--device", "cpu", *extra]
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _minibatch_losses(world: int) -> list[float]:
+    cfg = TrainConfig(engine="minibatch", model="sage", batch_size=60 * world, fanouts=(5, 3), epochs=3, seed=0)
+    return [r["loss"] for r in train(_graph(), cfg, "cpu").history]
+
+
+def test_whole_runs_of_both_strategies_equal_the_minibatch_engine(tmp_path: Path) -> None:
+    expected = _minibatch_losses(2)
+    for strategy, launcher in (("micrograph", "ranks"), ("model-centric", "torchrun")):
+        m = tmp_path / f"{strategy}.jsonl"
+        args = _train_args(tmp_path, "--strategy", strategy, "--metrics", str(m), "--merge", "off")
+        if launcher == "ranks":
+            p = _run([*args, "--ranks", "2"])
+        else:
+            p = _run(["--standalone", "--nproc-per-node", "2", "-m", "gnnscale", *args], cmd=[str(TORCHRUN)])
+        assert p.returncode == 0, p.stderr
+        recs = _records(m)
+        epochs = [r for r in recs if not r.get("summary")]
+        assert [r["epoch"] for r in epochs] == [1, 2, 3] and recs[-1]["summary"]  # rank 0 alone wrote it
+        assert [r["loss"] for r in epochs] == pytest.approx(expected, rel=1e-5)
+        for r in epochs:
+            assert r["ranks"] == 2 and r["strategy"] == strategy and len(r["rank_feature_bytes"]) == 2
+            whole = 600 * 8 * 4
+            assert sum(r["rank_feature_bytes"]) == whole and max(r["rank_feature_bytes"]) < whole
+            assert r["remote_bytes"] == r["remote_rows"] * 8 * 4
+        assert p.stdout.count("distributed: 2 ranks") == 1  # one rank reports
+    mc = _records(tmp_path / "model-centric.jsonl")[0]
+    mg = _records(tmp_path / "micrograph.jsonl")[0]
+    assert mg["remote_bytes"] < mc["remote_bytes"] and mg["migration_bytes"] > 0 == mc["migration_bytes"]
+
+
+# ------------------------------------------------------------------------------------------------ faults
+@pytest.mark.parametrize("kind", ["kill", "raise"])
+def test_a_failed_rank_stops_the_job_and_is_named(tmp_path: Path, kind: str) -> None:
+    p = _run([*_train_args(tmp_path), "--ranks", "3"], env={"GNNSCALE_FAULT": f"1:1:1:{kind}"}, timeout=60)
+    assert p.returncode != 0
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert errors, p.stderr
+    assert all("rank 1" in line for line in errors), errors  # every report names the failed rank
+    assert "Traceback" not in p.stderr or kind == "raise"
+    if kind == "kill":
+        assert any("SIGKILL" in line for line in errors)
+
+
+def test_resume_from_an_iteration_checkpoint_continues_the_same_losses(tmp_path: Path) -> None:
+    whole = tmp_path / "whole.jsonl"
+    assert _run([*_train_args(tmp_path), "--ranks", "2", "--metrics", str(whole)]).returncode == 0
+    ck = tmp_path / "ck"
+    args = [*_train_args(tmp_path), "--ranks", "2", "--checkpoint", str(ck), "--checkpoint-iterations", "1"]
+    died = _run(args, env={"GNNSCALE_FAULT": "1:2:2:kill"})  # dies as epoch 2's third iteration starts
+    assert died.returncode != 0
+    state = torch.load(ck / "checkpoint.pt", weights_only=False)
+    assert state["epoch"] == 1 and state["engine"]["progress"]["iteration"] == 2  # mid-epoch 2
+    resumed = tmp_path / "resumed.jsonl"
+    p = _run([*args, "--resume", "--metrics", str(resumed)])
+    assert p.returncode == 0, p.stderr
+    a = [r for r in _records(whole) if not r.get("summary")]
+    b = [r for r in _records(resumed) if not r.get("summary")]
+    assert [r["epoch"] for r in b] == [1, 2, 3]
+    assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-6)
+    assert b[-1]["test_acc"] == pytest.approx(a[-1]["test_acc"])
+
+
+# -------------------------------------------------------------------------------------------- bad input
+def _main_code(argv: list[str]) -> int:
+    from gnnscale.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse
+        return int(exc.code or 0)
+
+
+def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = tmp_path / "tiny"
+    g = _graph()
+    cases = [
+        (["--ranks", "2", "--strategy", "nope"], "invalid choice"),
+        ([], "--engine distributed runs as a job of ranks"),
+        (["--ranks", "2", "--plan", str(tmp_path / "missing.npz")], "no such file"),
+        (["--ranks", "2", "--merge", "sometimes"], "--merge"),
+    ]
+    from gnnscale.partition.plan import partition_graph
+
+    plan3 = partition_graph(g, 3, 1, "random", 0).save(tmp_path / "p3.npz")
+    cases.append((["--ranks", "2", "--plan", str(plan3)], "3 partitions for 2 ranks"))
+    other = partition_graph(csbm(nodes=300, features=8, seed=9), 2, 1, "random", 0).save(tmp_path / "other.npz")
+    cases.append((["--ranks", "2", "--plan", str(other)], "made for another graph"))
+    io.save(csbm(nodes=3, features=4, avg_degree=1, seed=1, train=0.34), tiny)
+    for extra, needle in cases[:5]:  # found before any rank starts: in this process
+        code = _main_code([*_train_args(tmp_path), *extra])
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert code == 2, (extra, lines)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (extra, lines)
+    p = _run([*_train_args(tmp_path), *cases[5][0]], timeout=120)  # found by the ranks: rank 0 says it
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and cases[5][1] in lines[0], p.stderr
+    p = _run(["train", "--dataset", str(tiny), "--engine", "distributed", "--ranks", "4", "--epochs", "1"])
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "more than the graph's 3 vertices" in lines[0], p.stderr
+
+
+# ------------------------------------------------------------------------------------------------- memory
+def test_a_rank_reads_only_its_rows_from_an_on_disk_graph(tmp_path: Path) -> None:
+    n, f = 40000, 256
+    g = csbm(nodes=n, features=f, avg_degree=2, seed=3)
+    io.save(g, tmp_path / "wide")
+    del g
+    disk = io.open_dir(tmp_path / "wide")
+    owner = torch.arange(n) % 4
+    before = proc_kib("/proc/self/status", "RssAnon")
+    part = PartitionedFeatures(disk.x, owner, 1)  # type: ignore[arg-type]
+    grown = ((proc_kib("/proc/self/status", "RssAnon") or 0) - (before or 0)) * 1024
+    whole = n * f * 4
+    assert part.rows_read == n // 4 and part.nbytes == whole // 4
+    assert grown < whole / 2  # a quarter held, never the whole matrix materialised (40 MB)
+    assert torch.equal(part.local(torch.tensor([1, 5, 39997])), disk.x[torch.tensor([1, 5, 39997])])
+    with pytest.raises(IndexError, match="does not hold"):
+        part.local(torch.tensor([0]))

@@ -27,6 +27,8 @@ others still run:
 * ``hybrid``: ``benchmarks/hybrid.py`` on a 500,000-vertex csbm graph: GraphSAGE with the CPU trainer alone and
   beside the GPU (``cpu,cuda:0``): predicted against measured stage and epoch times, the split and MTEPS; a sweep
   of static CPU shares against DRM.
+* ``distributed``: a 1-GPU NCCL smoke run of ``--engine distributed`` under torch's launcher (``torchrun``) on
+  the hybrid step's graph, two epochs; its plan, timing and accuracy lines go to the summary (no file of its own).
 
 Output, within the device tool's return limits (at most 8 files, no sub-folders): ``summary.md`` (a table per step
 with the key figures and the exact commands), ``steps.jsonl`` (one line per step: status, return code, seconds,
@@ -249,11 +251,16 @@ def build_steps(args: argparse.Namespace, out: Path, python: str, spec: str) -> 
               "--drm-epochs", "2", "--repeats", "1", "--out", str(out / "hybrid.jsonl")]
     if dry:
         hybrid += ["--threads", "1"]
+    # NCCL smoke run: one rank on the GPU under torch's launcher (the dry run: two gloo ranks on the CPU)
+    distributed = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2" if dry else "1",
+                   "-m", "gnnscale", "train", "--engine", "distributed", "--dataset",
+                   HY_DRY_DATASET if dry else HY_DATASET, "--model", "sage", "--epochs", "2", "--quiet",
+                   "--device", "cpu" if dry else "cuda", "--batch-size", "64" if dry else "1024"]
     return [
         Step("env", 30, [*py, str(Path(__file__).resolve()), "--probe-env"], what="device, versions, PCIe link"),
-        Step("tests", 110, tests, what="the CUDA tests of every engine (pytest --cuda-only)"),
+        Step("tests", 100, tests, what="the CUDA tests of every engine (pytest --cuda-only)"),
         Step("gather", 70, gather, "gather.jsonl", "host -> GPU row gathers: bulk, index_select, UVA; GB/s"),
-        Step("offload", 130, offload, "offload.jsonl",
+        Step("offload", 110, offload, "offload.jsonl",
              "offload engine at 6 and 24 GiB vs in-memory and PyG GCNConv on sparse adj_t"),
         Step("minibatch", 100, minibatch, "minibatch.jsonl",
              f"mini-batch engine epoch time (goal {XGNN_EPOCH_S} s, XGNN)"),
@@ -261,6 +268,7 @@ def build_steps(args: argparse.Namespace, out: Path, python: str, spec: str) -> 
              "task-parallel engine (dgcn, T and P on two streams) vs offload and in-memory; replication factors"),
         Step("hybrid", 50, hybrid, "hybrid.jsonl",
              "hybrid engine (CPU + GPU trainers): predicted vs measured stages, static splits vs DRM, MTEPS"),
+        Step("distributed", 30, distributed, what="distributed engine: a 1-GPU NCCL smoke run under torchrun"),
     ]
 
 
@@ -326,6 +334,9 @@ def judge(step: Step, rc: int | None, text: str, out: Path, dry: bool) -> tuple[
     elif step.name == "tests":
         facts["counts"] = pytest_counts(text)
         facts["failed_tests"] = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)))
+    elif step.name == "distributed":
+        facts["lines"] = [ln for ln in text.splitlines() if ln.startswith(("distributed:", "engine distributed",
+                                                                            "test accuracy", "ready to train"))]
     elif step.jsonl:
         records = read_jsonl(out / step.jsonl)
         facts["records"] = len(records)
@@ -496,6 +507,8 @@ def write_summary(out: Path, steps: list[Step], header: list[str]) -> str:
                 lines += summarize_env(res)
             elif s.name == "tests":
                 lines += summarize_tests(res)
+            elif s.name == "distributed":
+                lines += [f"- {ln}" for ln in res.get("lines", [])] or ["(no output lines)"]
             elif s.jsonl:
                 recs = read_jsonl(out / s.jsonl)
                 lines += SUMMARIZERS[s.name](recs) if recs else ["(no records)"]

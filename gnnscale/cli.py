@@ -302,9 +302,13 @@ def _num_list(flag: str, text: str | None, kind: type[float] | type[int], exampl
 
 # the flags only some engines read (``--devices`` and ``--gpu-memory`` matter to several, so they are not listed)
 ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
-    "--partitions": ("offload",), "--chunks": ("offload", "taskparallel"), "--partition-method": ("offload",),
+    "--partitions": ("offload",), "--chunks": ("offload", "taskparallel"),
+    "--partition-method": ("offload", "distributed"),
     "--gather": ("offload",), "--dedup": ("offload",), "--chunker": ("offload",), "--reorganize": ("offload",),
-    "--plan-dir": ("offload",), "--batch-size": ("minibatch", "hybrid"), "--fanouts": ("minibatch", "hybrid"),
+    "--plan-dir": ("offload", "distributed"), "--batch-size": ("minibatch", "hybrid", "distributed"),
+    "--fanouts": ("minibatch", "hybrid", "distributed"), "--ranks": ("distributed",), "--strategy": ("distributed",),
+    "--pregather": ("distributed",), "--merge": ("distributed",), "--timeout": ("distributed",),
+    "--plan": ("distributed",),
     "--eval-fanouts": ("minibatch", "hybrid"), "--gpu-graph-ratio": ("minibatch", "hybrid"),
     "--gpu-feature-ratio": ("minibatch",), "--hotness": ("minibatch",), "--shares": ("minibatch", "hybrid"),
     "--drm": ("hybrid",), "--threads": ("hybrid",), "--dependency": ("taskparallel",),

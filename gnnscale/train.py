@@ -63,6 +63,11 @@ def resolve_devices(config: TrainConfig, device: str | torch.device) -> torch.de
     """The training device; with ``config.devices`` (validated here, all CPU or all CUDA), their first. The hybrid
     engine's is always the CPU (its synchronizer and master model live there)."""
     if not config.devices:
+        if config.engine == "distributed":  # one device per rank: torchrun's LOCAL_RANK picks the GPU
+            dev = resolve_device(device)
+            if dev.type == "cuda" and dev.index is None:
+                dev = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}")
+            return dev
         if config.engine == "hybrid":
             if not (isinstance(device, str) and device == "auto") and resolve_device(device).type != "cpu":
                 raise ConfigError(f"--device {device}: the hybrid engine trains on the CPU and the accelerators "

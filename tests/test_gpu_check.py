@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
-STEPS = ["env", "tests", "gather", "offload", "minibatch", "taskparallel", "hybrid"]
+STEPS = ["env", "tests", "gather", "offload", "minibatch", "taskparallel", "hybrid", "distributed"]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,9 @@ def test_dry_run_reports_every_step_ok(dry_run: tuple[Path, str]) -> None:
     for name in ("offload", "minibatch", "taskparallel", "hybrid"):
         assert by[name]["records"] >= 2 and by[name]["records_not_ok"] == 0, by[name]
     assert "packages (needed by):" in stdout and "pymetis" in stdout
+    assert any(line.startswith("distributed: 2 ranks (cpu, gloo)") for line in by["distributed"]["lines"])
+    assert any(line.startswith("test accuracy") for line in by["distributed"]["lines"])
+    assert "torch.distributed.run --standalone" in by["distributed"]["command"]
 
 
 def test_dry_run_records_and_summary(dry_run: tuple[Path, str]) -> None:

@@ -209,8 +209,9 @@ class Comm:
         together, with or without ids. ``serve(req)`` gives this rank's rows of the ids its peers asked for."""
         self.counters["exchanges"] += 1
         dev = self.device
-        ids = ids.to(dev)
+        ids = ids.cpu()
         dest = owner[ids].to(dev)
+        ids = ids.to(dev)
         order = torch.argsort(dest, stable=True)
         send_counts = torch.bincount(dest, minlength=self.world)
         recv_counts = torch.empty_like(send_counts)

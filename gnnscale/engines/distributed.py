@@ -213,18 +213,21 @@ class DistributedEngine(Engine):
         """Feature rows of ``src``: this rank's own, the rest from ``cache`` (rows fetched before)."""
         x = torch.empty((src.numel(), self.features.width), dtype=self.features.rows.dtype, device=self.device)
         mine = self.owner[src] == self.rank
-        x[mine] = self.features.local(src[mine])
+        on = mine.to(self.device)
+        x[on] = self.features.local(src[mine])
         rem = src[~mine]
         if rem.numel():
-            pos = torch.searchsorted(cache[0], rem)
-            x[~mine] = cache[1][pos]
+            pos = torch.searchsorted(cache[0].cpu(), rem)
+            x[~on] = cache[1][pos.to(cache[1].device)]
         c["needed_rows"] += src.numel()
         c["local_rows"] += int(mine.sum())
         return x
 
     def _sample(self, seeds: Tensor, key: int, c: dict[str, float]) -> list[Block]:
         t0 = time.perf_counter()
-        blocks = sample_blocks(self.topo, seeds, self.fanouts, key)
+        blocks = sample_blocks(self.topo, seeds, self.fanouts, key)  # the topology is in host memory
+        if self.device.type != "cpu":
+            blocks = [b.to(self.device, non_blocking=True) for b in blocks]
         c["sample_s"] += time.perf_counter() - t0
         c["sampled_edges"] += sum(b.num_edges for b in blocks)
         return blocks
@@ -238,7 +241,7 @@ class DistributedEngine(Engine):
         h = x
         for i, (layer, block) in enumerate(zip(self.model.block_layers, blocks, strict=True)):
             h = layer(block, self.model.layer_input(i, h, block.row_ids(), se))
-        loss = F.cross_entropy(h, self.y[seeds], reduction="sum") / total
+        loss = F.cross_entropy(h, self.y[seeds.to(self.device)], reduction="sum") / total
         loss.backward()
         c["loss_sum"] += float(loss.detach()) * total
         c["train_s"] += time.perf_counter() - t0
@@ -250,6 +253,7 @@ class DistributedEngine(Engine):
         blocks = self._sample(seeds, key, c)
         src = blocks[0].src_ids
         assert src is not None
+        src = src.cpu()
         cache = self._fetch(src, c)
         self._train(blocks, self._inputs(src, cache, c), seeds, total, se, c)
         c["time_steps"] += 1
@@ -262,13 +266,14 @@ class DistributedEngine(Engine):
         cache: tuple[Tensor, Tensor] | None = None
         if self.config.pregather == "on":  # §5.2: the whole iteration's remote rows in one exchange
             blocks = [self._sample(r, key, c) for r in mine]
-            srcs = [b[0].src_ids for b in blocks if b is not None and b[0].src_ids is not None]
+            srcs = [b[0].src_ids.cpu() for b in blocks if b is not None and b[0].src_ids is not None]
             cache = self._fetch(torch.cat(srcs) if srcs else torch.empty(0, dtype=torch.int64), c)
         for k in range(sched.steps):
             bk = blocks[k] if blocks[k] is not None else self._sample(mine[k], key, c)
             assert bk is not None
             src = bk[0].src_ids
             assert src is not None
+            src = src.cpu()
             step_cache = cache if cache is not None else self._fetch(src, c)
             self._train(bk, self._inputs(src, step_cache, c), mine[k], total, se, c)
             blocks[k] = None  # the step's intermediate data is dropped; only the gradients go on
@@ -428,9 +433,11 @@ class DistributedEngine(Engine):
                 assert src is not None
                 x = torch.empty((src.numel(), table.shape[1]), dtype=table.dtype, device=self.device)
                 mine = self.owner[src] == self.rank
-                x[mine] = table[self.features.local_index[src[mine]]]
-                x[~mine] = halo[torch.searchsorted(remote, src[~mine])]
-                outs.append(layer(b, self.model.layer_input(i, x, b.row_ids(), None)))
+                on = mine.to(self.device)
+                x[on] = table[self.features.local_index[src[mine]].to(self.device)]
+                x[~on] = halo[torch.searchsorted(remote, src[~mine]).to(self.device)]
+                bd = b.to(self.device) if self.device.type != "cpu" else b
+                outs.append(layer(bd, self.model.layer_input(i, x, bd.row_ids(), None)))
             h = torch.cat(outs)  # every rank holds a part (partitions are never empty)
         return h
 
@@ -444,8 +451,8 @@ class DistributedEngine(Engine):
             mask = self.masks.get(m)
             if mask is None:
                 continue
-            sel = mask[own]
-            counts[0, j] = float((pred[sel] == self.y[own][sel]).sum())
+            sel = mask[own].to(self.device)
+            counts[0, j] = float((pred[sel] == self.y[own.to(self.device)][sel]).sum())
             counts[1, j] = float(sel.sum())
         self.comm.all_reduce(counts, "sum", "evaluation")
         return {m.replace("_mask", "_acc"): (float(counts[0, j] / counts[1, j]) if counts[1, j] > 0 else None)
@@ -454,5 +461,5 @@ class DistributedEngine(Engine):
     def predict(self) -> Tensor:
         self.model.eval()
         pred = torch.zeros(self.graph.num_nodes, dtype=torch.int64)
-        pred[self.features.own] = self._layerwise().argmax(-1)
+        pred[self.features.own] = self._layerwise().argmax(-1).cpu()
         return self.comm.all_reduce(pred, "sum", "prediction")  # every vertex is one rank's: the rest add 0

@@ -789,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     except _Terminated:
         comm = current_comm()
         if comm is not None:  # a launcher stopping this rank because another failed: name that one
-            print(f"error: {comm.failure('a stop by the launcher')}", file=sys.stderr)
+            print(f"error: {comm.failure('stopped by the launcher')}", file=sys.stderr)
         else:
             print("error: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM

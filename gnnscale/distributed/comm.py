@@ -137,12 +137,12 @@ class Comm:
         except RankFailure:
             raise
         except (RuntimeError, dist.DistError) as exc:  # gloo/NCCL errors, timeouts, closed connections
-            raise self.failure(what, exc) from None
+            raise self.failure(f"during {what}", exc) from None
 
     def failure(self, what: str, exc: BaseException | None = None) -> RankFailure:
         who = self.failed_ranks()
         detail = "; ".join(who) if who else (str(exc).splitlines()[0][:200] if exc is not None else "unknown")
-        return RankFailure(f"rank {self.rank} stops: {detail} (during {what})")
+        return RankFailure(f"rank {self.rank} stops: {detail} ({what})")
 
     def close(self) -> None:
         """Stop the heartbeat and leave the process group."""

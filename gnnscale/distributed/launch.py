@@ -26,9 +26,16 @@ def launched() -> bool:
 
 def _worker(argv: list[str]) -> None:
     """One rank: the ``gnnscale`` command with the same arguments."""
+    import traceback
+
     from gnnscale.cli import main
 
-    code = main(argv)
+    try:
+        code = main(argv)
+    except Exception:
+        traceback.print_exc()  # a bug keeps its traceback (the launcher would keep it to itself)
+        sys.stderr.flush()
+        raise
     if code:
         sys.exit(code)
 

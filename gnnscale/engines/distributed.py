@@ -165,7 +165,7 @@ class DistributedEngine(Engine):
         return (f"distributed: {self.world} ranks ({self.device.type}, {backend}), "
                 f"{how}; batch {c.batch_size} per rank, fanouts {','.join(map(str, self.fanouts))}; "
                 f"{c.partition_method} parts of {min(parts):,}-{max(parts):,} vertices, features of "
-                f"{self.features.nbytes / 2**20:.1f} MiB on rank {self.rank}")
+                f"{self.features.nbytes / 2**20:.2f} MiB on rank {self.rank}")
 
     # ------------------------------------------------------------------------------------------ helpers
     def _order(self, epoch: int) -> Tensor:

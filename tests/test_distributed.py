@@ -122,17 +122,19 @@ def _gradients_task(rank: int, world: int, model_name: str, variants: list[dict[
                     ) -> list[dict[str, Any]]:
     from gnnscale.engines.distributed import DistributedEngine
 
-    g = _graph()
     out = []
     for v in variants:
+        g = _graph()
         cfg = TrainConfig(engine="distributed", model=model_name, batch_size=25, fanouts=FANOUTS, seed=0,
                           plan_dir=plan_dir, heads=2, hidden=8, **v)
         model = build_model(model_name, g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=2, seed=0)
         eng = DistributedEngine(g, model, cfg, torch.device("cpu"))
+        assert g.x is not None
+        g.x = torch.full_like(g.x, float("nan"))  # a rank reading features anywhere but its part and its peers
         before = dict(eng.comm.counters)
-        loss, grads, c = eng.iteration_gradients(1, 0)
+        got = eng.iteration_gradients(1, 0)
         after = eng.comm.counters
-        out.append({"loss": loss, "grads": grads, "counters": c,
+        out.append({**got,
                     "exchanges": after["exchanges"] - before["exchanges"],
                     "migrations": after["migrations"] - before["migrations"],
                     "own": eng.features.own.clone(), "rows_read": eng.features.rows_read})
@@ -155,8 +157,9 @@ def _spawn(tmp_path: Path, world: int, task: str, *args: Any) -> list[Any]:
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def _reference(model_name: str, world: int) -> tuple[float, list[torch.Tensor]]:
-    """The single-process mini-batch engine's first step on the union of the ranks' batches (no optimiser step)."""
+def _reference(model_name: str, world: int) -> tuple[float, list[torch.Tensor], list[list[torch.Tensor]]]:
+    """The single-process mini-batch engine's first step on the union of the ranks' batches (no optimiser step):
+    its loss and gradients, and the gradients of each rank's batch alone (its share of the union's mean loss)."""
     g = _graph()
     cfg = TrainConfig(engine="minibatch", model=model_name, batch_size=25 * world, fanouts=FANOUTS, seed=0,
                       heads=2, hidden=8)
@@ -164,10 +167,17 @@ def _reference(model_name: str, world: int) -> tuple[float, list[torch.Tensor]]:
     mb = MiniBatchEngine(g, model, cfg, torch.device("cpu"))
     model.train()
     seeds = mb.train_ids[mb._order(1)][: 25 * world]
+    per_part = []
+    for part in torch.tensor_split(seeds, world):
+        model.zero_grad(set_to_none=True)
+        batch = mb._prepare(mb.trainers[0], part, FANOUTS, sample_key(0, 1))
+        (F.cross_entropy(mb._forward(batch, (0, 1)), mb.y[part], reduction="sum") / seeds.numel()).backward()
+        per_part.append([p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
+    model.zero_grad(set_to_none=True)
     batch = mb._prepare(mb.trainers[0], seeds, FANOUTS, sample_key(0, 1))
     loss = F.cross_entropy(mb._forward(batch, (0, 1)), mb.y[seeds])
     loss.backward()
-    return float(loss.detach()), [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    return float(loss.detach()), [p.grad.clone() for p in model.parameters()], per_part  # type: ignore[union-attr]
 
 
 def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
@@ -184,12 +194,19 @@ def test_micrograph_iteration_equals_model_centric_and_the_minibatch_engine(
                 {"strategy": "micrograph", "pregather": "on", "merge": "1"},
                 {"strategy": "micrograph", "pregather": "off", "merge": str(world - 1)}]
     ranks = _spawn(tmp_path, world, "gradients", model_name, variants, str(tmp_path / "plans"))
-    ref_loss, ref_grads = _reference(model_name, world)
+    ref_loss, ref_grads, per_part = _reference(model_name, world)
     for i, v in enumerate(variants):
+        held = sorted(ranks[r][i]["held_model"] for r in range(world))
+        assert held == list(range(world)), v  # after the last step every model is on one rank
         for r in range(world):
             got = ranks[r][i]
             assert got["loss"] == pytest.approx(ref_loss, rel=1e-5), (v, r)
             _close(got["grads"], ref_grads)  # every rank holds the summed gradients
+            # before the all-reduce: the model a rank holds carries its whole mini-batch's gradients, gathered on
+            # the ranks it visited (the migrations moved them along)
+            _close(got["held_grads"], per_part[got["held_model"]])
+        if v["strategy"] == "micrograph" and v["merge"] == "off":
+            assert [ranks[r][i]["held_model"] for r in range(world)] == [(r + 1) % world for r in range(world)]
     # the partition: each rank read its own rows only, and the parts cover the graph
     n = _graph().num_nodes
     own = [ranks[r][0]["own"] for r in range(world)]

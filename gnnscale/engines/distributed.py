@@ -127,6 +127,9 @@ class DistributedEngine(Engine):
         self._progress: dict[str, Any] | None = None
         self._resume: dict[str, Any] | None = None
         self._cache_peak = 0
+        self._model_of_last_step = self.rank
+        self._keep_held = False
+        self._held: tuple[int, list[Tensor]] | None = None
         with torch.no_grad():  # every replica starts from rank 0's weights (they are seeded alike; make sure)
             flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             self.comm.broadcast(flat, 0, "initial weights")
@@ -256,6 +259,7 @@ class DistributedEngine(Engine):
         src = src.cpu()
         cache = self._fetch(src, c)
         self._train(blocks, self._inputs(src, cache, c), seeds, total, se, c)
+        self._model_of_last_step = self.rank
         c["time_steps"] += 1
 
     def _micrograph(self, parts: list[Tensor], total: int, key: int, se: tuple[int, int],
@@ -286,6 +290,7 @@ class DistributedEngine(Engine):
                 self._unflatten(into, grads=True)
                 c["migration_bytes"] += out.numel() * out.element_size()
                 c["migrate_s"] += time.perf_counter() - t0
+        self._model_of_last_step = sched.model_on(self.rank, sched.steps - 1)
         c["time_steps"] += sched.steps
 
     def _reduce(self, c: dict[str, float]) -> None:
@@ -309,6 +314,9 @@ class DistributedEngine(Engine):
             self._model_centric(parts, batch.numel(), key, se, c)
         else:
             self._micrograph(parts, batch.numel(), key, se, c)
+        self._held = (self._model_of_last_step, [
+            p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self._params()
+        ]) if self._keep_held else None
         self._reduce(c)
 
     def _batches(self, epoch: int) -> list[Tensor]:
@@ -317,18 +325,27 @@ class DistributedEngine(Engine):
         size = self.config.batch_size * self.world
         return [seeds[i : i + size] for i in range(0, seeds.numel(), size)]
 
-    def iteration_gradients(self, epoch: int, iteration: int) -> tuple[float, list[Tensor], dict[str, float]]:
-        """Iteration ``iteration`` (0-based) of ``epoch`` without its optimiser step: the global batch's mean
-        loss, the summed gradients (one per parameter) and the counters. Every rank must call it together."""
+    def iteration_gradients(self, epoch: int, iteration: int) -> dict[str, Any]:
+        """Iteration ``iteration`` (0-based) of ``epoch`` without its optimiser step (the exactness tests). Every
+        rank must call it together. Returns the global batch's mean ``loss``, the summed ``grads`` (one per
+        parameter), the ``counters``, and what this rank held before the all-reduce: the model it ended the
+        iteration with (``held_model``; the micrograph strategy's models migrate) and that model's gradients
+        (``held_grads``: its whole mini-batch's, when the migrations carried them)."""
         self.model.train()
         c = dict.fromkeys(SUMMED, 0.0)
         batch = self._batches(epoch)[iteration]
-        self._iteration(batch, sample_key(self.config.seed, epoch), (self.config.seed, epoch), c)
+        self._keep_held = True
+        try:
+            self._iteration(batch, sample_key(self.config.seed, epoch), (self.config.seed, epoch), c)
+        finally:
+            self._keep_held = False
         loss = torch.tensor([c["loss_sum"]], dtype=torch.float64)
         self.comm.all_reduce(loss, "sum", "loss")
         grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self._params()]
         self.optimizer.zero_grad(set_to_none=True)
-        return float(loss) / batch.numel(), grads, c
+        assert self._held is not None
+        return {"loss": float(loss) / batch.numel(), "grads": grads, "counters": c, "held_model": self._held[0],
+                "held_grads": self._held[1]}
 
     def _fault(self, epoch: int, it: int) -> None:
         spec = os.environ.get("GNNSCALE_FAULT")

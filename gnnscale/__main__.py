@@ -1,8 +1,8 @@
 """``python -m gnnscale``: the ``gnnscale`` command (what ``torchrun ... -m gnnscale train ...`` runs)."""
 
-import sys
 
 from gnnscale.cli import main
+from gnnscale.distributed.launch import exit_rank
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

@@ -747,6 +747,12 @@ def _on_sigint(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _line(text: str) -> None:
+    """One line to stderr in one write (the ranks of a job share the terminal: lines must not interleave)."""
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), (text + "\n").encode())
+
+
 def _rank_error(msg: str) -> None:
     """In a distributed job, leave this rank's error where its peers look when it is gone."""
     comm = current_comm()
@@ -781,15 +787,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {msg}", file=sys.stderr)
         return USAGE_ERROR
     except RankFailure as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        _line(f"error: {exc}")
+        from gnnscale.distributed.launch import PEER_FAILED
+
+        return PEER_FAILED
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
     except _Terminated:
         comm = current_comm()
         if comm is not None:  # a launcher stopping this rank because another failed: name that one
-            print(f"error: {comm.failure('stopped by the launcher')}", file=sys.stderr)
+            _line(f"error: {comm.failure('stopped by the launcher')}")
         else:
             print("error: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM

@@ -12,7 +12,12 @@ import logging
 import os
 import signal
 import sys
+import time
 
+PEER_FAILED = 3
+"""Exit status of a rank that stops because another rank of its job failed (the CLI's)."""
+PEER_GRACE_S = 1.0
+"""Seconds a rank stopping because of a peer waits before it exits (under ``--ranks``)."""
 LAUNCHED_BY = "GNNSCALE_LAUNCHER"
 """Set in the ranks ``--ranks`` starts: bad-input errors every rank finds are printed by rank 0 only."""
 _QUIET_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing",
@@ -34,10 +39,25 @@ def _worker(argv: list[str]) -> None:
         code = main(argv)
     except Exception:
         traceback.print_exc()  # a bug keeps its traceback (the launcher would keep it to itself)
+        sys.stdout.flush()
         sys.stderr.flush()
-        raise
-    if code:
-        sys.exit(code)
+        os._exit(1)  # at once: the launcher names the rank that ended first
+    if code == PEER_FAILED:
+        time.sleep(PEER_GRACE_S)  # let the rank that failed end first, so that the launcher names it
+    exit_rank(code)
+
+
+def exit_rank(code: int) -> None:
+    """End the process with ``code``. A rank of a failed job ends at once (``os._exit``, after flushing its
+    output): tearing down a process group whose peer is gone can abort the process from a C++ thread, and the
+    launcher would report that abort instead of the rank that failed first."""
+    from gnnscale.distributed import current
+
+    if code and current() is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _describe(exitcode: int) -> str:
@@ -57,6 +77,9 @@ def run_ranks(argv: list[str], ranks: int) -> int:
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ[LAUNCHED_BY] = "1"
+    # a rank that ends at once (exit_rank) leaves the launcher's semaphores to the resource tracker, which would
+    # warn about them at exit; it takes this interpreter's -W options
+    sys.warnoptions.append("ignore:resource_tracker:UserWarning")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets; said here, so it does not warn
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=ranks, rdzv_backend="c10d",
                           rdzv_endpoint="127.0.0.1:0", run_id=f"gnnscale-{os.getpid()}", max_restarts=0,
@@ -67,9 +90,16 @@ def run_ranks(argv: list[str], ranks: int) -> int:
         codes = {rank: f.exitcode for rank, f in exc.failures.items()}
         if all(c == 2 for c in codes.values()):
             return 2  # bad input: rank 0 said what
-        rank, first = exc.get_first_failure()
-        others = sorted(r for r in codes if r != rank)
-        also = f"; rank(s) {', '.join(map(str, others))} failed too" if others else ""
+        # the first rank to fail on its own: not one that stopped because a peer failed (PEER_FAILED), nor one
+        # the launcher stopped (SIGTERM)
+        own = {r: f for r, f in exc.failures.items() if f.exitcode not in (PEER_FAILED, -signal.SIGTERM)}
+        if not own:  # every failed rank stopped because of a peer, which the launcher stopped before it ended
+            print(f"error: the job of {ranks} ranks stopped: rank(s) {', '.join(map(str, sorted(codes)))} stopped "
+                  "because another rank failed (their lines above name it)", file=sys.stderr)
+            return 1
+        rank, first = min(own.items(), key=lambda kv: kv[1].timestamp)
+        others = sorted(r for r in own if r != rank)
+        also = f"; rank(s) {', '.join(map(str, others))} failed on their own too" if others else ""
         print(f"error: rank {rank} of {ranks} failed ({_describe(first.exitcode)}); the job stopped{also}",
               file=sys.stderr)
         return 1

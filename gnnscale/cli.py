@@ -158,9 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "written atomically every --checkpoint-every epochs and after the last")
     ck.add_argument("--checkpoint-every", type=int, default=1, metavar="N", help="epochs between checkpoints "
                     "(default 1)")
-    ck.add_argument("--checkpoint-iterations", type=int, default=0, metavar="N",
-                    help="distributed: also checkpoint every N iterations within an epoch (default 0: at epoch "
-                         "ends only)")
+    ck.add_argument("--checkpoint-iterations", type=int, default=None, metavar="N",
+                    help="distributed: also checkpoint every N iterations within an epoch (default 100; 0: at "
+                         "epoch ends only)")
     ck.add_argument("--resume", action="store_true",
                     help="go on from --checkpoint DIR if it holds a checkpoint (same model settings; --epochs is "
                          "the total); the metrics file continues the old run's")

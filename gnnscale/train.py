@@ -22,6 +22,9 @@ from gnnscale.nn.model import GNN, build_model
 from gnnscale.plan.memory import proc_kib
 
 EpochRecord = dict[str, Any]
+ITERATION_CHECKPOINTS = 100
+"""Iterations between checkpoints within an epoch, by default, for engines that checkpoint mid-epoch (the
+distributed engine: HopGNN §8's iteration-level checkpoints)."""
 
 
 @dataclass
@@ -135,7 +138,7 @@ def train(
     timings: dict[str, float] | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 1,
-    checkpoint_iterations: int = 0,
+    checkpoint_iterations: int | None = None,
     resume: bool = False,
     on_resume: Callable[[list[EpochRecord]], None] | None = None,
 ) -> TrainResult:
@@ -152,7 +155,8 @@ def train(
         checkpoint: a folder for ``checkpoint.pt`` (:mod:`gnnscale.checkpoint`), written every
             ``checkpoint_every`` epochs and after the last one.
         checkpoint_iterations: also every this many iterations within an epoch (engines that checkpoint mid-epoch:
-            the distributed one); 0: at epoch ends only.
+            the distributed one); 0: at epoch ends only; ``None``: :data:`ITERATION_CHECKPOINTS` for those engines,
+            0 for the others.
         resume: go on from the checkpoint in ``checkpoint`` when there is one (the epochs it holds are not
             trained again, and ``on_epoch`` is not called for them); a config that changes the model is refused.
         on_resume: called with the checkpoint's epoch records before the first new epoch (a metrics file
@@ -168,7 +172,7 @@ def train(
     dev = resolve_devices(config, device)
     check_trainable(graph)
     check_checkpoint_args(checkpoint, checkpoint_every, resume)
-    if checkpoint_iterations < 0:
+    if checkpoint_iterations is not None and checkpoint_iterations < 0:
         raise ConfigError(f"--checkpoint-iterations must be >= 0, got {checkpoint_iterations}")
     if checkpoint_iterations and checkpoint is None:
         raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
@@ -222,6 +226,9 @@ def train(
             "engine_name": engine_cls.name, "model": model.state_dict(), "optimizer": engine.optimizer.state_dict(),
             "engine": engine.state_dict(), "history": history, "best": best, "best_state": best_state})
 
+    if checkpoint_iterations is None:
+        checkpoint_iterations = ITERATION_CHECKPOINTS if checkpoint is not None and hasattr(engine, "on_iteration") \
+            else 0
     if checkpoint_iterations:
         if not hasattr(engine, "on_iteration"):
             raise ConfigError(f"--checkpoint-iterations: the {engine_cls.name} engine checkpoints at epoch ends only "

@@ -121,7 +121,7 @@ class DistributedEngine(Engine):
         self.features = PartitionedFeatures(graph.x, self.owner, self.rank, device)
         self.topo = CSRTopology.from_graph(graph, model.adjacency)
         self.y = graph.y.to(device)
-        self.merge = MergeController(config.merge, self.world)
+        self.merge = MergeController(config.merge if config.strategy == "micrograph" else "off", self.world)
         self.on_iteration: Callable[[int, int], None] | None = None
         """Called after every optimiser step with ``(epoch, iterations done)`` (iteration checkpoints)."""
         self._progress: dict[str, Any] | None = None

@@ -159,17 +159,27 @@ class Comm:
         self.counters["sent_bytes"] += sent
         self.counters["received_bytes"] += received
 
+    @contextlib.contextmanager
+    def _on_device(self, t: Tensor) -> Iterator[Tensor]:
+        """``t`` where the backend wants it (NCCL: on this rank's GPU), copied back after the collective."""
+        if t.device == self.device or dist.get_backend() == "gloo":
+            yield t
+            return
+        moved = t.to(self.device)
+        yield moved
+        t.copy_(moved)
+
     def all_reduce(self, t: Tensor, op: str = "sum", what: str = "all-reduce") -> Tensor:
         """``t`` reduced over ranks in place (``sum`` or ``max``)."""
-        with self.guard(what):
-            dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        with self.guard(what), self._on_device(t) as on:
+            dist.all_reduce(on, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         nbytes = t.numel() * t.element_size()
         self._count(nbytes, nbytes)
         return t
 
     def broadcast(self, t: Tensor, src: int = 0, what: str = "broadcast") -> Tensor:
-        with self.guard(what):
-            dist.broadcast(t, src)
+        with self.guard(what), self._on_device(t) as on:
+            dist.broadcast(on, src)
         nbytes = t.numel() * t.element_size()
         self._count(nbytes if self.rank == src else 0, 0 if self.rank == src else nbytes)
         return t

@@ -51,7 +51,7 @@ from torch import Tensor
 from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
 from gnnscale.engines.base import Engine
-from gnnscale.engines.minibatch import EVAL_BATCH, MiniBatchEngine, default_fanouts
+from gnnscale.engines.minibatch import EVAL_BATCH, MiniBatchEngine, default_fanouts, epoch_order
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
@@ -171,10 +171,6 @@ class DistributedEngine(Engine):
                 f"{self.features.nbytes / 2**20:.2f} MiB on rank {self.rank}")
 
     # ------------------------------------------------------------------------------------------ helpers
-    def _order(self, epoch: int) -> Tensor:
-        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch)
-        return torch.randperm(self.train_ids.numel(), generator=gen)
-
     def _params(self) -> list[torch.nn.Parameter]:
         return list(self.model.parameters())
 
@@ -321,7 +317,7 @@ class DistributedEngine(Engine):
 
     def _batches(self, epoch: int) -> list[Tensor]:
         """The epoch's global batches (``R x --batch-size`` seeds each, the last one shorter)."""
-        seeds = self.train_ids[self._order(epoch)]
+        seeds = self.train_ids[epoch_order(self.config.seed, epoch, self.train_ids.numel())]
         size = self.config.batch_size * self.world
         return [seeds[i : i + size] for i in range(0, seeds.numel(), size)]
 

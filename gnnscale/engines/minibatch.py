@@ -87,6 +87,13 @@ class _Trainer:
     y: Tensor
 
 
+def epoch_order(seed: int, epoch: int, n: int) -> Tensor:
+    """The epoch's shuffle of ``n`` training vertices, a function of seed and epoch only: every sampled engine
+    (mini-batch, hybrid, distributed; every rank) cuts its batches from the same order."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=gen)
+
+
 def default_fanouts(layers: int) -> tuple[int, ...]:
     """``15, 10`` for two layers (PyG/DGL's usual), 10 per hop otherwise."""
     return (15, 10) if layers == 2 else (10,) * layers
@@ -167,9 +174,8 @@ class MiniBatchEngine(Engine):
 
     # ------------------------------------------------------------------------------------------------ pipeline
     def _order(self, epoch: int) -> Tensor:
-        """The epoch's shuffle of the training vertices (a function of seed and epoch)."""
-        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch)
-        return torch.randperm(self.train_ids.numel(), generator=gen)
+        """The epoch's shuffle of the training vertices (:func:`epoch_order`)."""
+        return epoch_order(self.config.seed, epoch, self.train_ids.numel())
 
     def _prepare(self, t: _Trainer, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> _Batch:
         """Sample ``seeds`` (on ``t``'s device) and extract the input rows through ``t``'s reader."""

@@ -98,6 +98,10 @@ def test_merge_controller_examines_from_epoch_two_and_keeps_the_fastest() -> Non
     slower.epoch_done(1, 1.0)
     slower.epoch_done(2, 2.0)
     assert (slower.merges, slower.frozen) == (0, True)
+    noise = MergeController("auto", 3)  # 2% faster is within an epoch time's noise: no merging bought with it
+    noise.epoch_done(1, 1.0)
+    noise.epoch_done(2, 0.98)
+    assert (noise.merges, noise.frozen) == (0, True)
     down = MergeController("auto", 3)
     for e, t in enumerate((3.0, 2.0, 1.0, 0.5), 1):
         down.epoch_done(e, t)

@@ -19,6 +19,10 @@ import torch
 from torch import Tensor
 
 
+MERGE_GAIN = 0.05
+"""How much faster (a fraction) an epoch must be than the one before for the examination to merge on."""
+
+
 def home_groups(parts: list[Tensor], owner: Tensor, ranks: int) -> list[list[Tensor]]:
     """``roots[d][s]``: the seeds of model ``d``'s mini-batch ``parts[d]`` whose home is rank ``s``, in batch
     order (§5.1 step 1, root redistribution)."""
@@ -97,7 +101,9 @@ class MergeController:
 
     ``auto``: epoch 1 runs every step. From epoch 2, each epoch one merge more than the last, while the epoch is
     faster than the one before; the first epoch that is not faster ends the examination, and every later epoch
-    uses the merges of the fastest epoch. ``off``: no merging. A number: that many merges, fixed.
+    uses the merges of the fastest epoch. "Faster" means by at least :data:`MERGE_GAIN`: an epoch time's noise
+    (a few percent between equal epochs) must not buy merges, which cost remote features. ``off``: no merging. A
+    number: that many merges, fixed.
     """
 
     mode: str = "auto"
@@ -123,9 +129,9 @@ class MergeController:
         self.history.append((epoch, self.merges, seconds))
         if self.frozen:
             return
-        if self.best_s is None or seconds < self.best_s:
+        if self.best_s is None or seconds < self.best_s * (1 - MERGE_GAIN):
             self.best_s, self.best_merges = seconds, self.merges
-        if self.last_s is not None and seconds >= self.last_s and self.merges > 0:
+        if self.last_s is not None and seconds >= self.last_s * (1 - MERGE_GAIN) and self.merges > 0:
             self.merges, self.frozen = self.best_merges, True  # not faster: keep the fastest epoch's merging
         elif self.merges + 1 < self.ranks:
             self.merges += 1

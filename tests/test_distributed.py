@@ -82,28 +82,30 @@ def test_merging_follows_figure_10() -> None:
     assert s2.steps == 1 and s2.step_counts() == [sum(p.numel() for p in parts)]
 
 
-def test_merge_controller_examines_from_epoch_two_and_keeps_the_fastest() -> None:
+def test_merge_controller_examines_after_warm_up_and_keeps_the_fastest() -> None:
     m = MergeController("auto", 4)
     assert m.merges == 0
-    m.epoch_done(1, 10.0)
-    assert m.merges == 1  # epoch 2 examines one merge
-    m.epoch_done(2, 8.0)
+    m.epoch_done(1, 100.0)  # warm-up: its time says nothing
+    assert m.merges == 0
+    m.epoch_done(2, 10.0)  # the baseline
+    assert m.merges == 1  # epoch 3 examines one merge
+    m.epoch_done(3, 8.0)
     assert m.merges == 2
-    m.epoch_done(3, 9.0)  # not faster: back to the fastest epoch's merging, for good
+    m.epoch_done(4, 9.0)  # not faster: back to the fastest epoch's merging, for good
     assert (m.merges, m.frozen) == (1, True)
-    m.epoch_done(4, 1.0)
+    m.epoch_done(5, 1.0)
     assert m.merges == 1
-    assert [h[1] for h in m.history] == [0, 1, 2, 1]
+    assert [h[1] for h in m.history] == [0, 0, 1, 2, 1]
     slower = MergeController("auto", 3)
-    slower.epoch_done(1, 1.0)
-    slower.epoch_done(2, 2.0)
+    for e, t in enumerate((5.0, 1.0, 2.0), 1):
+        slower.epoch_done(e, t)
     assert (slower.merges, slower.frozen) == (0, True)
     noise = MergeController("auto", 3)  # 2% faster is within an epoch time's noise: no merging bought with it
-    noise.epoch_done(1, 1.0)
-    noise.epoch_done(2, 0.98)
+    for e, t in enumerate((5.0, 1.0, 0.98), 1):
+        noise.epoch_done(e, t)
     assert (noise.merges, noise.frozen) == (0, True)
     down = MergeController("auto", 3)
-    for e, t in enumerate((3.0, 2.0, 1.0, 0.5), 1):
+    for e, t in enumerate((9.0, 3.0, 2.0, 1.0, 0.5), 1):
         down.epoch_done(e, t)
     assert down.merges == 2 and down.frozen  # one step left: nothing more to merge
     assert MergeController("off", 4).merges == 0

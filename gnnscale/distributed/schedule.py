@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-
+WARMUP_EPOCHS = 1
+"""Epochs (this run's first) whose time the merging examination does not use."""
 MERGE_GAIN = 0.05
 """How much faster (a fraction) an epoch must be than the one before for the examination to merge on."""
 
@@ -99,11 +100,12 @@ def build_schedule(roots: list[list[Tensor]], merges: int = 0) -> Schedule:
 class MergeController:
     """How many merges an iteration gets (§5.3's examination period).
 
-    ``auto``: epoch 1 runs every step. From epoch 2, each epoch one merge more than the last, while the epoch is
-    faster than the one before; the first epoch that is not faster ends the examination, and every later epoch
-    uses the merges of the fastest epoch. "Faster" means by at least :data:`MERGE_GAIN`: an epoch time's noise
-    (a few percent between equal epochs) must not buy merges, which cost remote features. ``off``: no merging. A
-    number: that many merges, fixed.
+    ``auto``: the first epochs run every step: :data:`WARMUP_EPOCHS` of warm-up (lazy initialisation, first
+    connections: a slow first epoch would make any merge look good), then the examination's baseline. After
+    that, each epoch one merge more than the last, while the epoch is faster than the one before; the first
+    epoch that is not faster ends the examination, and every later epoch uses the merges of the fastest epoch.
+    "Faster" means by at least :data:`MERGE_GAIN`: an epoch time's noise (a few percent between equal epochs)
+    must not buy merges, which cost remote features. ``off``: no merging. A number: that many merges, fixed.
     """
 
     mode: str = "auto"
@@ -127,7 +129,7 @@ class MergeController:
         """Record an epoch's time (the same figure on every rank: the slowest rank's) and choose the next
         epoch's merges."""
         self.history.append((epoch, self.merges, seconds))
-        if self.frozen:
+        if self.frozen or len(self.history) <= WARMUP_EPOCHS:
             return
         if self.best_s is None or seconds < self.best_s * (1 - MERGE_GAIN):
             self.best_s, self.best_merges = seconds, self.merges

@@ -59,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ try:
 except ImportError:  # run as a module
     from benchmarks.offload import append_records, environment
 
+from gnnscale.config import TrainConfig
 from gnnscale.errors import GnnscaleError
 from gnnscale.graph.datasets import load_dataset
 
@@ -81,6 +83,8 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "distributed.jsonl"
 STRATEGIES = ("model-centric", "micrograph")
 REMOTE_BOUND = 0.4
 """micrograph / model-centric remote feature bytes must be at most this (the issue's bound)."""
+DEFAULT_BATCH = next(int(f.default) for f in fields(TrainConfig) if f.name == "batch_size")  # type: ignore[call-overload]
+"""gnnscale's default --batch-size (the distributed runs' per-rank batch when --batch-size is not given)."""
 ACC_POINTS = 0.5
 """micrograph's final test accuracy must be within this many points of model-centric's (the issue's bound)."""
 
@@ -115,7 +119,7 @@ def command(args: argparse.Namespace, spec: str, ranks: int, strategy: str | Non
            "--epochs", str(args.epochs), "--seed", str(args.seed), "--device", args.device,
            "--metrics", str(metrics), "--quiet"]
     if strategy is None:
-        batch = ranks * (args.batch_size if args.batch_size is not None else 1024)
+        batch = ranks * (args.batch_size if args.batch_size is not None else DEFAULT_BATCH)
         return cmd + ["--engine", "minibatch", "--batch-size", str(batch)]
     cmd += ["--engine", "distributed", "--ranks", str(ranks), "--strategy", strategy]
     if strategy == "micrograph":
@@ -311,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="sage")
     ap.add_argument("--batch-size", type=int, default=None,
-                    help="seeds per rank (the mini-batch reference: R times this); default gnnscale's (1024)")
+                    help=f"seeds per rank (the mini-batch reference: R times this; default {DEFAULT_BATCH})")
     ap.add_argument("--pregather", choices=["on", "off"], default="on", help="the micrograph run's --pregather")
     ap.add_argument("--merge", default="auto", help="the micrograph run's --merge: off, auto (default) or K")
     ap.add_argument("--device", default="cpu")

@@ -20,8 +20,9 @@ each, by subprocess, the same ``--epochs`` (default 3), ``--seed`` (0), ``--mode
     python -m gnnscale train --engine minibatch --batch-size R*B --metrics FILE --quiet ...
 
 The micrograph run keeps the engine's defaults unless ``--pregather``/``--merge`` say otherwise (``--pregather on
---merge auto``: from epoch 2 one time step more is merged each epoch while epochs get faster; at ``R`` = 2 one
-merge leaves one time step, in which every model trains all its roots where it is: model-centric's traffic).
+--merge auto``: epoch 1 is warm-up, epoch 2 the baseline, then one time step more is merged each epoch while
+epochs get at least 5% faster; at ``R`` = 2 one merge leaves one time step, in which every model trains all its
+roots where it is: model-centric's traffic).
 The mini-batch run trains the same global batches on one process
 (``R x B`` seeds per step; the distributed engine's iteration equals its step, so its losses are the reference).
 Every child gets ``OMP_NUM_THREADS=--omp-threads`` (default 1: R ranks share the machine's cores) and
@@ -33,7 +34,7 @@ Reported per (dataset, R), from rank 0's ``--metrics`` records (counters summed 
 * remote feature bytes per epoch (``remote_bytes``, the mean over epochs) of each strategy and their ratio
   micrograph / model-centric (the issue's bound: <= 0.4); the miss rate ``1 - local_hit_rate`` (input rows
   fetched from other ranks, pooled over the epochs; model-centric should be about ``1 - 1/R``, micrograph much
-  lower on METIS parts); the ratio per epoch too (merging raises it from epoch 2 on); micrograph's migration
+  lower on METIS parts); the ratio per epoch too (merging raises it from epoch 3 on); micrograph's migration
   bytes per epoch and time steps per iteration (per epoch: merging lowers them);
 * the median epoch time (``epoch_time_s``: training only, no evaluation) of each, their ratio, and each against
   the mini-batch engine's; the final test accuracy of each and micrograph - model-centric in points (the issue's

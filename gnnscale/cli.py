@@ -792,7 +792,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return PEER_FAILED
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        from gnnscale.distributed.launch import LAUNCHED_BY
+
+        if not os.environ.get(LAUNCHED_BY):  # under --ranks the launcher says it, once
+            print("error: interrupted", file=sys.stderr)
         return 130
     except _Terminated:
         comm = current_comm()

@@ -71,11 +71,13 @@ def _describe(exitcode: int) -> str:
 
 def run_ranks(argv: list[str], ranks: int) -> int:
     """Run ``gnnscale <argv>`` as ``ranks`` ranks of one job on this machine; the job's exit status."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    for name in _QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    for name in [*logging.root.manager.loggerDict, *_QUIET_LOGGERS]:  # elastic sets each logger's own level
+        if name.startswith(_QUIET_LOGGERS):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ[LAUNCHED_BY] = "1"
     # a rank that ends at once (exit_rank) leaves the launcher's semaphores to the resource tracker, which would
     # warn about them at exit; it takes this interpreter's -W options
@@ -86,6 +88,12 @@ def run_ranks(argv: list[str], ranks: int) -> int:
                           monitor_interval=0.1)
     try:
         elastic_launch(config, _worker)(argv)
+    except SignalException as exc:  # Ctrl-C or SIGTERM to this process: the agent has stopped the ranks
+        if exc.sigval == signal.SIGINT:
+            print("error: interrupted", file=sys.stderr)
+            return 130
+        print("error: terminated", file=sys.stderr)
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         codes = {rank: f.exitcode for rank, f in exc.failures.items()}
         if all(c == 2 for c in codes.values()):

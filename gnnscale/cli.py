@@ -420,7 +420,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             for name, reasons in rejected.items():
                 print(f"engine {name} rejected: {'; '.join(reasons)}")
             ignored = ignored_flags(args, engine.name)
-            if ignored:
+            if ignored and rank == 0:  # one warning per job, not per rank
                 print(f"warning: {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect on the "
                       f"{engine.name} engine", file=sys.stderr)
             detail = engine.describe()

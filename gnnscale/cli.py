@@ -145,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--pregather", choices=["on", "off"], default="on",
                     help="micrograph: fetch an iteration's remote features in one exchange (default on)")
     ds.add_argument("--merge", default="auto", metavar="off|auto|K",
-                    help="micrograph: time-step merging: auto (from epoch 2, while epochs get faster; default), "
-                         "off, or K merges")
+                    help="micrograph: time-step merging: auto (from epoch 3, after a warm-up and a baseline "
+                         "epoch, while epochs get 5%% faster; default), off, or K merges")
     ds.add_argument("--timeout", type=float, default=180.0, metavar="S",
                     help="seconds a collective may wait before the job stops (default 180)")
     ds.add_argument("--plan", metavar="FILE",

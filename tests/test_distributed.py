@@ -262,13 +262,14 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _minibatch_losses(world: int) -> list[float]:
+def _minibatch_history(world: int) -> list[dict[str, Any]]:
     cfg = TrainConfig(engine="minibatch", model="sage", batch_size=60 * world, fanouts=(5, 3), epochs=3, seed=0)
-    return [r["loss"] for r in train(_graph(), cfg, "cpu").history]
+    return train(_graph(), cfg, "cpu").history
 
 
 def test_whole_runs_of_both_strategies_equal_the_minibatch_engine(tmp_path: Path) -> None:
-    expected = _minibatch_losses(2)
+    reference = _minibatch_history(2)
+    expected = [r["loss"] for r in reference]
     for strategy, launcher in (("micrograph", "ranks"), ("model-centric", "torchrun")):
         m = tmp_path / f"{strategy}.jsonl"
         args = _train_args(tmp_path, "--strategy", strategy, "--metrics", str(m), "--merge", "off")
@@ -281,6 +282,9 @@ def test_whole_runs_of_both_strategies_equal_the_minibatch_engine(tmp_path: Path
         epochs = [r for r in recs if not r.get("summary")]
         assert [r["epoch"] for r in epochs] == [1, 2, 3] and recs[-1]["summary"]  # rank 0 alone wrote it
         assert [r["loss"] for r in epochs] == pytest.approx(expected, rel=1e-5)
+        for r, ref in zip(epochs, reference, strict=True):  # distributed layer-wise inference: the same answers
+            assert [r[k] for k in ("train_acc", "val_acc", "test_acc")] == pytest.approx(
+                [ref[k] for k in ("train_acc", "val_acc", "test_acc")], abs=1e-6)
         for r in epochs:
             assert r["ranks"] == 2 and r["strategy"] == strategy and len(r["rank_feature_bytes"]) == 2
             whole = 600 * 8 * 4
@@ -319,7 +323,7 @@ def test_resume_from_an_iteration_checkpoint_continues_the_same_losses(tmp_path:
     assert [r["epoch"] for r in b] == [1, 2, 3]
     # an uninterrupted run's losses: the mini-batch engine's (the whole-run test shows the distributed engine's
     # equal them), epoch 2 put together from the iterations before the kill and those after the resume
-    assert [r["loss"] for r in b] == pytest.approx(_minibatch_losses(2), rel=1e-5)
+    assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in _minibatch_history(2)], rel=1e-5)
 
 
 # -------------------------------------------------------------------------------------------- bad input

@@ -174,11 +174,14 @@ class DistributedEngine(Engine):
     def _params(self) -> list[torch.nn.Parameter]:
         return list(self.model.parameters())
 
+    def _grads(self) -> list[Tensor]:
+        """The hosted model's gradients, one per parameter (zeros where a parameter has none yet)."""
+        return [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self._params()]
+
     def _flat(self, grads: bool) -> Tensor:
-        ps = self._params()
-        parts = [p.detach().reshape(-1) for p in ps]
+        parts = [p.detach().reshape(-1) for p in self._params()]
         if grads:
-            parts += [p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1) for p in ps]
+            parts += [g.reshape(-1) for g in self._grads()]
         return torch.cat(parts)
 
     def _unflatten(self, flat: Tensor, grads: bool) -> None:
@@ -208,18 +211,25 @@ class DistributedEngine(Engine):
         self._cache_peak = max(self._cache_peak, rows.numel() * rows.element_size())
         return remote, rows
 
-    def _inputs(self, src: Tensor, cache: tuple[Tensor, Tensor], c: dict[str, float]) -> Tensor:
-        """Feature rows of ``src``: this rank's own, the rest from ``cache`` (rows fetched before)."""
-        x = torch.empty((src.numel(), self.features.width), dtype=self.features.rows.dtype, device=self.device)
+    def _assemble(self, src: Tensor, local: Callable[[Tensor], Tensor], fetched: tuple[Tensor, Tensor]
+                  ) -> tuple[Tensor, int]:
+        """Rows of ``src`` (on the CPU): this rank's own from ``local``, the others from ``fetched`` (sorted
+        remote ids and their rows, from an exchange before); and how many were this rank's."""
+        rows = fetched[1]
+        x = torch.empty((src.numel(), rows.shape[1]), dtype=rows.dtype, device=self.device)
         mine = self.owner[src] == self.rank
         on = mine.to(self.device)
-        x[on] = self.features.local(src[mine])
+        x[on] = local(src[mine])
         rem = src[~mine]
         if rem.numel():
-            pos = torch.searchsorted(cache[0].cpu(), rem)
-            x[~on] = cache[1][pos.to(cache[1].device)]
+            x[~on] = rows[torch.searchsorted(fetched[0].cpu(), rem).to(rows.device)]
+        return x, int(mine.sum())
+
+    def _inputs(self, src: Tensor, cache: tuple[Tensor, Tensor], c: dict[str, float]) -> Tensor:
+        """Feature rows of ``src``: this rank's own, the rest from ``cache`` (rows fetched before)."""
+        x, local = self._assemble(src, self.features.local, cache)
         c["needed_rows"] += src.numel()
-        c["local_rows"] += int(mine.sum())
+        c["local_rows"] += local
         return x
 
     def _sample(self, seeds: Tensor, key: int, c: dict[str, float]) -> list[Block]:
@@ -293,8 +303,7 @@ class DistributedEngine(Engine):
         """Sum every model's gradients over the ranks (one all-reduce of one flat buffer)."""
         t0 = time.perf_counter()
         ps = self._params()
-        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
-                          for p in ps])
+        flat = torch.cat([g.reshape(-1) for g in self._grads()])
         self.comm.all_reduce(flat, "sum", "gradient all-reduce")
         off = 0
         for p in ps:
@@ -310,9 +319,7 @@ class DistributedEngine(Engine):
             self._model_centric(parts, batch.numel(), key, se, c)
         else:
             self._micrograph(parts, batch.numel(), key, se, c)
-        self._held = (self._model_of_last_step, [
-            p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self._params()
-        ]) if self._keep_held else None
+        self._held = (self._model_of_last_step, [g.clone() for g in self._grads()]) if self._keep_held else None
         self._reduce(c)
 
     def _batches(self, epoch: int) -> list[Tensor]:
@@ -337,7 +344,7 @@ class DistributedEngine(Engine):
             self._keep_held = False
         loss = torch.tensor([c["loss_sum"]], dtype=torch.float64)
         self.comm.all_reduce(loss, "sum", "loss")
-        grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self._params()]
+        grads = [g.clone() for g in self._grads()]
         self.optimizer.zero_grad(set_to_none=True)
         assert self._held is not None
         return {"loss": float(loss) / batch.numel(), "grads": grads, "counters": c, "held_model": self._held[0],
@@ -444,11 +451,7 @@ class DistributedEngine(Engine):
             for b in blocks:
                 src = b.src_ids
                 assert src is not None
-                x = torch.empty((src.numel(), table.shape[1]), dtype=table.dtype, device=self.device)
-                mine = self.owner[src] == self.rank
-                on = mine.to(self.device)
-                x[on] = table[self.features.local_index[src[mine]].to(self.device)]
-                x[~on] = halo[torch.searchsorted(remote, src[~mine]).to(self.device)]
+                x, _ = self._assemble(src, serve, (remote, halo))
                 bd = b.to(self.device) if self.device.type != "cpu" else b
                 outs.append(layer(bd, self.model.layer_input(i, x, bd.row_ids(), None)))
             h = torch.cat(outs)  # every rank holds a part (partitions are never empty)

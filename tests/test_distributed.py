@@ -267,16 +267,36 @@ def _minibatch_history(world: int) -> list[dict[str, Any]]:
     return train(_graph(), cfg, "cpu").history
 
 
+def _two_machines(tmp_path: Path, args: list[str], metrics: Path) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nnodes 2`` twice, each agent with its own ``--metrics`` path: the global rank 0 (on either
+    agent, the rendezvous decides) must be the only rank that writes and prints. Returns the agents' joined
+    output, with ``metrics`` the file that was written."""
+    port = _free_port()
+    procs = [subprocess.Popen(
+        [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+         f"127.0.0.1:{port}", "--rdzv-id", "twomachines", "-m", "gnnscale", *args,
+         "--metrics", str(tmp_path / f"node{n}.jsonl")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        for n in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    written = [n for n in range(2) if (tmp_path / f"node{n}.jsonl").exists()]
+    assert len(written) == 1, written  # one metrics file, from the agent holding rank 0
+    (tmp_path / f"node{written[0]}.jsonl").rename(metrics)
+    assert outs[1 - written[0]][0] == ""  # the other machine's rank prints nothing
+    return subprocess.CompletedProcess(procs[0].args, max(p.returncode for p in procs),
+                                       "".join(o for o, _ in outs), "".join(e for _, e in outs))
+
+
 def test_whole_runs_of_both_strategies_equal_the_minibatch_engine(tmp_path: Path) -> None:
     reference = _minibatch_history(2)
     expected = [r["loss"] for r in reference]
     for strategy, launcher in (("micrograph", "ranks"), ("model-centric", "torchrun")):
         m = tmp_path / f"{strategy}.jsonl"
-        args = _train_args(tmp_path, "--strategy", strategy, "--metrics", str(m), "--merge", "off")
+        args = _train_args(tmp_path, "--strategy", strategy, "--merge", "off")
         if launcher == "ranks":
-            p = _run([*args, "--ranks", "2"])
-        else:
-            p = _run(["--standalone", "--nproc-per-node", "2", "-m", "gnnscale", *args], cmd=[str(TORCHRUN)])
+            p = _run([*args, "--metrics", str(m), "--ranks", "2"])
+        else:  # README's multi-machine form: two torchrun agents ("machines") of one rank each, c10d rendezvous
+            p = _two_machines(tmp_path, args, m)
         assert p.returncode == 0, p.stderr
         recs = _records(m)
         epochs = [r for r in recs if not r.get("summary")]

@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", required=True, metavar="FILE", help="predicted labels: .npy, .pt or .csv")
     pr.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     pr.add_argument("--engine", choices=["auto", *ENGINES], default="auto",
-                    help="inference path: auto, or an engine (offload predicts chunk by chunk under --gpu-memory)")
+                    help="inference path: auto, or an engine (offload predicts chunk by chunk under --gpu-memory; "
+                         "not distributed)")
     pr.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
                     help="device memory the engine may use (default: what is free)")
     pr.add_argument("--devices", metavar="LIST", help="comma-separated devices for multi-device engines")
@@ -677,6 +678,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from gnnscale.plan.memory import parse_budget
     from gnnscale.predict import OUTPUT_SUFFIXES, load_model, predict, write_predictions
 
+    if args.engine == "distributed":
+        raise ConfigError("predict runs in one process; the distributed engine only trains. A model it saved "
+                          "predicts with any other engine (--engine auto, or offload for features beyond memory)")
     out = Path(args.out)
     if out.suffix not in OUTPUT_SUFFIXES or not out.parent.is_dir():
         raise ConfigError(f"--out {out}: give a .npy, .pt or .csv file in an existing folder")

@@ -84,6 +84,7 @@ def test_bad_model_files_and_graphs(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--model", str(junk), "--out", str(tmp_path / "p.npy")], "not a readable model file"),
         (["--model", str(path), "--out", str(tmp_path / "p.txt")], "give a .npy, .pt or .csv file"),
         (["--model", str(tmp_path / "missing.pt"), "--out", str(tmp_path / "p.npy")], "no such file"),
+        (["--model", str(path), "--out", str(tmp_path / "p.npy"), "--engine", "distributed"], "only trains"),
     ):
         assert main(["predict", "--dataset", "csbm:nodes=300,features=8", *argv]) == 2
         err = capsys.readouterr().err

@@ -379,6 +379,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                                   "to start R ranks on this machine")
             if args.metrics:
                 _MetricsWriter(args.metrics)  # a bad path fails here, before any rank starts
+            from gnnscale.train import rank_device
+
+            rank_device(args.device, args.ranks, 0)  # one GPU per rank: say so before any rank starts
             if args.plan is not None:
                 from gnnscale.engines.distributed import load_rank_plan
 

@@ -62,15 +62,29 @@ def resolve_device(spec: str | torch.device) -> torch.device:
     return dev
 
 
+def rank_device(device: str | torch.device, local_ranks: int, local_rank: int) -> torch.device:
+    """A distributed rank's device: ``cuda:LOCAL_RANK`` for ``cuda``, since NCCL takes one GPU per rank (more
+    ranks on a machine than GPUs, or one ``cuda:N`` for all of them, is a :class:`ConfigError`)."""
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return dev
+    if local_ranks > 1 and dev.index is not None:
+        raise ConfigError(f"--device {device} would put all {local_ranks} ranks of this machine on one GPU, which "
+                          "NCCL refuses; give --device cuda (each rank takes cuda:LOCAL_RANK)")
+    if local_ranks > torch.cuda.device_count():
+        raise ConfigError(f"{local_ranks} ranks on this machine but {torch.cuda.device_count()} CUDA device(s): NCCL "
+                          "takes one GPU per rank; start at most that many ranks per machine, or train CPU ranks "
+                          "with --device cpu")
+    return dev if dev.index is not None else resolve_device(f"cuda:{local_rank}")
+
+
 def resolve_devices(config: TrainConfig, device: str | torch.device) -> torch.device:
     """The training device; with ``config.devices`` (validated here, all CPU or all CUDA), their first. The hybrid
     engine's is always the CPU (its synchronizer and master model live there)."""
     if not config.devices:
         if config.engine == "distributed":  # one device per rank: torchrun's LOCAL_RANK picks the GPU
-            dev = resolve_device(device)
-            if dev.type == "cuda" and dev.index is None:
-                dev = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}")
-            return dev
+            return rank_device(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                               int(os.environ.get("LOCAL_RANK", "0")))
         if config.engine == "hybrid":
             if not (isinstance(device, str) and device == "auto") and resolve_device(device).type != "cpu":
                 raise ConfigError(f"--device {device}: the hybrid engine trains on the CPU and the accelerators "

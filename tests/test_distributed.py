@@ -385,6 +385,28 @@ def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert p.returncode == 2 and len(lines) == 1 and "more than the graph's 3 vertices" in lines[0], p.stderr
 
 
+def test_gpus_per_rank(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """NCCL takes one GPU per rank: rank LOCAL_RANK gets cuda:LOCAL_RANK, and a machine with more ranks than
+    GPUs, or one --device cuda:N for all its ranks, is a clear error (not NCCL's "duplicate GPU" abort)."""
+    from gnnscale.errors import ConfigError
+    from gnnscale.train import resolve_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    cfg = TrainConfig(engine="distributed")
+    assert resolve_devices(cfg, "cuda") == torch.device("cuda:1")
+    assert resolve_devices(cfg, "cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="all 2 ranks of this machine on one GPU"):
+        resolve_devices(cfg, "cuda:0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match="3 ranks on this machine but 2 CUDA device"):
+        resolve_devices(cfg, "cuda")
+    code = _main_code(["train", "--engine", "distributed", "--ranks", "3", "--device", "cuda"])  # no rank starts
+    assert code == 2 and "3 ranks on this machine but 2 CUDA device" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------- memory
 def test_a_rank_reads_only_its_rows_from_an_on_disk_graph(tmp_path: Path) -> None:
     n, f = 40000, 256

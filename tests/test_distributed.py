@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,8 @@ def test_merging_follows_figure_10() -> None:
         assert s1.work[d][0].tolist() == s0.work[d][0].tolist() + halves[0].tolist()
         assert s1.work[d][1].tolist() == s0.work[d][2].tolist() + halves[1].tolist()
     assert s1.hop(0) == 2  # models skip the removed step's rank
+    equal = [torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5]), torch.tensor([6, 7, 8])]  # 3 roots every step
+    assert build_schedule(home_groups(equal, torch.arange(9) % 3, 3), merges=1).merged == [0]  # the earliest
     s2 = build_schedule(home_groups(parts, owner, 3), merges=5)  # never fewer than one step
     assert s2.steps == 1 and s2.step_counts() == [sum(p.numel() for p in parts)]
 
@@ -126,10 +129,15 @@ def _free_port() -> int:
 
 def _gradients_task(rank: int, world: int, model_name: str, variants: list[dict[str, Any]], plan_dir: str
                     ) -> list[dict[str, Any]]:
+    from gnnscale.distributed.schedule import Schedule
     from gnnscale.engines.distributed import DistributedEngine
 
     out = []
+    step_counts = Schedule.step_counts
     for v in variants:
+        v = dict(v)
+        if v.pop("middle", False):  # make the middle step the one with the fewest roots: models then hop by 2
+            Schedule.step_counts = lambda self: [0 if o == 1 else 1 for o in self.offsets]  # type: ignore
         g = _graph()
         cfg = TrainConfig(engine="distributed", model=model_name, batch_size=25, fanouts=FANOUTS, seed=0,
                           plan_dir=plan_dir, heads=2, hidden=8, **v)
@@ -137,21 +145,91 @@ def _gradients_task(rank: int, world: int, model_name: str, variants: list[dict[
         eng = DistributedEngine(g, model, cfg, torch.device("cpu"))
         assert g.x is not None
         g.x = torch.full_like(g.x, float("nan"))  # a rank reading features anywhere but its part and its peers
+        asked: list[torch.Tensor] = []
+        exchange = eng.comm.exchange
+
+        def spy(ids: torch.Tensor, *a: Any, exchange: Any = exchange, asked: list[torch.Tensor] = asked,
+                **k: Any) -> Any:
+            asked.append(ids.clone())  # what this rank asked its peers for
+            return exchange(ids, *a, **k)
+
+        eng.comm.exchange = spy  # type: ignore[method-assign]
         before = dict(eng.comm.counters)
         got = eng.iteration_gradients(1, 0)
         after = eng.comm.counters
+        Schedule.step_counts = step_counts  # type: ignore[method-assign]
         out.append({**got,
                     "exchanges": after["exchanges"] - before["exchanges"],
                     "migrations": after["migrations"] - before["migrations"],
+                    "asked": asked, "owner": eng.owner.clone(), "cache_peak": eng._cache_peak,
+                    "params": sum(p.numel() for p in eng.model.parameters()),
                     "own": eng.features.own.clone(), "rows_read": eng.features.rows_read})
+    eng.comm.close()
     return out
+
+
+def _epochs_task(rank: int, world: int, plan_dir: str) -> dict[str, Any]:
+    """Three epochs with ``--merge auto`` while this rank counts what it asked for and the rows it trained on.
+    Rank 1 runs late (its own clock says its epochs are slower): the examination must use one time for all."""
+    from gnnscale.engines.distributed import DistributedEngine
+
+    g = _graph()
+    cfg = TrainConfig(engine="distributed", model="sage", batch_size=25, fanouts=FANOUTS, seed=0, hidden=8,
+                      plan_dir=plan_dir, strategy="micrograph", merge="auto")
+    model = build_model("sage", g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=2, seed=0)
+    eng = DistributedEngine(g, model, cfg, torch.device("cpu"))
+    count = {"asked": 0, "needed": 0, "local": 0}
+    exchange, inputs = eng.comm.exchange, eng._inputs
+
+    def spy(ids: torch.Tensor, *a: Any, **k: Any) -> Any:
+        count["asked"] += ids.numel()
+        return exchange(ids, *a, **k)
+
+    def rows(src: torch.Tensor, *a: Any) -> Any:
+        count["needed"] += src.numel()
+        count["local"] += int((eng.owner[src] == rank).sum())
+        return inputs(src, *a)
+
+    eng.comm.exchange, eng._inputs = spy, rows  # type: ignore[method-assign]
+    records, counted = [], []
+    for epoch in (1, 2, 3):
+        count.update(asked=0, needed=0, local=0)
+        if rank == 1:
+            time.sleep(0.05 * epoch)  # a late rank (not a wait for anything: its clock differs from rank 0's)
+        records.append(eng.train_epoch(epoch))
+        counted.append(dict(count))
+    eng.comm.close()
+    return {"history": list(eng.merge.history), "records": records, "counted": counted}
+
+
+def _hang_task(rank: int, world: int, out: str) -> float | None:
+    """Rank 1 stays alive (its heartbeat beats) but never joins rank 0's collective; rank 0 must give up after
+    the job's timeout (3 s), not torch's default of 30 minutes. Returns rank 0's seconds until it gave up."""
+    from gnnscale.distributed.comm import Comm
+    from gnnscale.errors import RankFailure
+
+    comm = Comm.setup(torch.device("cpu"), 3.0)
+    done = Path(out) / "done"
+    if rank == 1:
+        deadline = time.monotonic() + 60
+        while not done.exists() and time.monotonic() < deadline:  # until rank 0 has given up
+            time.sleep(0.1)
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(torch.zeros(1), "sum", "probe")
+        return None
+    except RankFailure:
+        return time.monotonic() - t0
+    finally:
+        done.touch()
 
 
 def _entry(rank: int, world: int, port: int, out: str, task: str, args: tuple[Any, ...]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    result = {"gradients": _gradients_task}[task](rank, world, *args)
+    result = {"gradients": _gradients_task, "epochs": _epochs_task, "hang": _hang_task}[task](rank, world, *args)
     torch.save(result, Path(out) / f"rank{rank}.pt")
 
 
@@ -160,7 +238,8 @@ def _spawn(tmp_path: Path, world: int, task: str, *args: Any) -> list[Any]:
 
     mp.start_processes(_entry, args=(world, _free_port(), str(tmp_path), task, args), nprocs=world,
                        start_method="spawn")
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return [torch.load(path, weights_only=False) if (path := tmp_path / f"rank{r}.pt").exists() else None
+            for r in range(world)]
 
 
 def _reference(model_name: str, world: int) -> tuple[float, list[torch.Tensor], list[list[torch.Tensor]]]:
@@ -199,6 +278,8 @@ def test_micrograph_iteration_equals_model_centric_and_the_minibatch_engine(
                 {"strategy": "micrograph", "pregather": "off", "merge": "off"},
                 {"strategy": "micrograph", "pregather": "on", "merge": "1"},
                 {"strategy": "micrograph", "pregather": "off", "merge": str(world - 1)}]
+    if world == 3:  # a merged middle step: the models skip its rank
+        variants.append({"strategy": "micrograph", "pregather": "on", "merge": "1", "middle": True})
     ranks = _spawn(tmp_path, world, "gradients", model_name, variants, str(tmp_path / "plans"))
     ref_loss, ref_grads, per_part = _reference(model_name, world)
     for i, v in enumerate(variants):
@@ -220,23 +301,56 @@ def test_micrograph_iteration_equals_model_centric_and_the_minibatch_engine(
     for r in range(world):
         assert ranks[r][0]["rows_read"] == own[r].numel() < n
     # the mechanisms, per rank: exchanges, migrations, steps
-    steps = {1: world, 2: world, 3: world - 1, 4: 1}
+    steps = {1: world, 2: world, 3: world - 1, 4: 1, 5: 2}
     for r in range(world):
         mc, pre, nopre = ranks[r][0], ranks[r][1], ranks[r][2]
         assert (mc["exchanges"], mc["migrations"], mc["counters"]["time_steps"]) == (1, 0, 1)
         for i, s in steps.items():
+            if i >= len(variants):
+                continue
             got = ranks[r][i]
             assert got["counters"]["time_steps"] == s
             assert got["migrations"] == s - 1  # the model moves between consecutive steps
             assert got["exchanges"] == (1 if variants[i]["pregather"] == "on" else s)
-            assert got["counters"]["migration_bytes"] > 0 or s == 1
+            # a migration sends the model's parameters and its gradients (float32)
+            assert got["counters"]["migration_bytes"] == (s - 1) * 2 * got["params"] * 4
+        for got in ranks[r]:  # every exchange asks each remote row once, never one of this rank's
+            owner, width = got["owner"], _graph().num_features
+            for ids in got["asked"]:
+                assert torch.unique(ids).numel() == ids.numel() and bool((owner[ids] != r).all())
+            rows = sum(ids.numel() for ids in got["asked"])
+            assert got["counters"]["remote_rows"] == rows and got["counters"]["remote_bytes"] == rows * width * 4
+            assert got["cache_peak"] == max((ids.numel() for ids in got["asked"]), default=0) * width * 4
         assert pre["counters"]["needed_rows"] == nopre["counters"]["needed_rows"]
-        assert pre["counters"]["remote_rows"] <= nopre["counters"]["remote_rows"]  # pre-gathering de-duplicates
+        # pre-gathering asks once for the union of what the steps ask for one by one
+        assert sorted(torch.cat(pre["asked"]).tolist()) == sorted(set(torch.cat(nopre["asked"]).tolist()))
     total = {k: [sum(ranks[r][i]["counters"][k] for r in range(world)) for i in range(len(variants))]
              for k in ("remote_rows", "local_rows", "needed_rows")}
     hit = [total["local_rows"][i] / total["needed_rows"][i] for i in range(len(variants))]
     assert hit[1] > hit[0] + 0.2  # micrographs are trained where their roots live
     assert total["remote_rows"][1] < total["remote_rows"][0]
+
+
+def test_epoch_records_sum_every_rank_and_the_examination_is_the_job_s(tmp_path: Path) -> None:
+    world = 2
+    got = _spawn(tmp_path, world, "epochs", str(tmp_path / "plans"))
+    # one epoch time for all ranks (the slowest's), so every rank merges alike
+    assert len(got[0]["history"]) == 3 and got[0]["history"] == got[1]["history"]
+    for e in range(3):
+        rec = got[0]["records"][e]
+        assert rec["remote_rows"] == sum(g["counted"][e]["asked"] for g in got)  # every rank's, not rank 0's
+        assert rec["remote_bytes"] == rec["remote_rows"] * 8 * 4
+        assert rec["needed_rows"] == sum(g["counted"][e]["needed"] for g in got)
+        assert rec["local_rows"] == sum(g["counted"][e]["local"] for g in got)
+        assert rec["local_hit_rate"] == pytest.approx(rec["local_rows"] / rec["needed_rows"])
+        assert rec["merges"] == got[0]["history"][e][1]  # this epoch's merging, not the next one's
+        assert rec["time_steps"] == world - rec["merges"]  # per iteration, not summed over ranks
+        assert len(rec["rank_cache_peak_bytes"]) == world and min(rec["rank_cache_peak_bytes"]) > 0
+
+
+def test_a_peer_that_hangs_is_given_up_after_the_job_s_timeout(tmp_path: Path) -> None:
+    elapsed = _spawn(tmp_path, 2, "hang", str(tmp_path))[0]
+    assert elapsed is not None and elapsed < 30  # --timeout 3 s (+ naming the rank), not torch's 30 minutes
 
 
 # ----------------------------------------------------------------------------------------------- the CLI
@@ -310,10 +424,13 @@ def test_whole_runs_of_both_strategies_equal_the_minibatch_engine(tmp_path: Path
             whole = 600 * 8 * 4
             assert sum(r["rank_feature_bytes"]) == whole and max(r["rank_feature_bytes"]) < whole
             assert r["remote_bytes"] == r["remote_rows"] * 8 * 4
+            assert r["local_hit_rate"] == pytest.approx(r["local_rows"] / r["needed_rows"])
+            assert r["time_steps"] == (2 if strategy == "micrograph" else 1)
         assert p.stdout.count("distributed: 2 ranks") == 1  # one rank reports
     mc = _records(tmp_path / "model-centric.jsonl")[0]
     mg = _records(tmp_path / "micrograph.jsonl")[0]
     assert mg["remote_bytes"] < mc["remote_bytes"] and mg["migration_bytes"] > 0 == mc["migration_bytes"]
+    assert mg["local_hit_rate"] > mc["local_hit_rate"]
 
 
 # ------------------------------------------------------------------------------------------------ faults
@@ -327,6 +444,9 @@ def test_a_failed_rank_stops_the_job_and_is_named(tmp_path: Path, kind: str) -> 
     assert "Traceback" not in p.stderr or kind == "raise"
     if kind == "kill":
         assert any("SIGKILL" in line for line in errors)
+    else:  # the rank that raised left its error in the job's store: its peers quote it
+        peers = [line for line in errors if " stops: " in line]
+        assert peers and all("rank 1: RuntimeError: fault injected" in line for line in peers), errors
 
 
 def test_resume_from_an_iteration_checkpoint_continues_the_same_losses(tmp_path: Path) -> None:
@@ -424,6 +544,20 @@ def test_a_rank_reads_only_its_rows_from_an_on_disk_graph(tmp_path: Path) -> Non
     assert torch.equal(part.local(torch.tensor([1, 5, 39997])), disk.x[torch.tensor([1, 5, 39997])])
     with pytest.raises(IndexError, match="does not hold"):
         part.local(torch.tensor([0]))
+
+    class Source:  # counts every row handed out by the source (a whole-matrix read, even brief, shows)
+        def __init__(self, x: torch.Tensor) -> None:
+            self.x, self.shape, self.dtype, self.read = x, x.shape, x.dtype, 0
+
+        def __getitem__(self, idx: Any) -> torch.Tensor:
+            rows = self.x[idx]
+            self.read += rows.shape[0]
+            return rows
+
+    src = Source(disk.x)
+    counted = PartitionedFeatures(src, owner, 2)  # type: ignore[arg-type]
+    assert src.read == counted.rows_read == n // 4
+    assert torch.equal(counted.rows, disk.x[owner == 2])
 
 
 def test_the_benchmark_runs_both_strategies_and_the_reference_with_real_flags() -> None:

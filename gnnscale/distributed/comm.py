@@ -67,6 +67,9 @@ class Comm:
             backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=timeout)
         comm = cls(dist.get_rank(), dist.get_world_size(), device, timeout)
+        for old in _CURRENT:  # an earlier engine of this process, on the same group: the new one beats for it
+            old.stop_heartbeat()
+        _CURRENT.clear()
         comm.start_heartbeat()
         _CURRENT.append(comm)
         return comm
@@ -93,6 +96,12 @@ class Comm:
 
         self._heartbeat = threading.Thread(target=beat, name=f"gnnscale-heartbeat-{self.rank}", daemon=True)
         self._heartbeat.start()
+
+    def stop_heartbeat(self) -> None:
+        """Stop the heartbeat thread (and wait for it, so that it never writes to a store being torn down)."""
+        self._stop.set()
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=2 * HEARTBEAT_S + 1.0)
 
     def record_error(self, message: str) -> None:
         """Leave this rank's error in the store for its peers to name (best effort)."""
@@ -146,7 +155,7 @@ class Comm:
 
     def close(self) -> None:
         """Stop the heartbeat and leave the process group."""
-        self._stop.set()
+        self.stop_heartbeat()
         if self in _CURRENT:
             _CURRENT.remove(self)
         if dist.is_initialized():

@@ -27,11 +27,13 @@ class PartitionedFeatures:
         self.local_index = torch.full((owner.numel(),), -1, dtype=torch.int64)
         self.local_index[self.own] = torch.arange(self.own.numel())
         rows = torch.empty((self.own.numel(), x.shape[1]), dtype=x.dtype)
+        self.rows_read = 0
+        """Rows read from the source, counted as they come (this rank's, each once)."""
         for lo in range(0, self.own.numel(), READ_ROWS):
-            rows[lo : lo + READ_ROWS] = x[self.own[lo : lo + READ_ROWS]]
+            piece = x[self.own[lo : lo + READ_ROWS]]
+            rows[lo : lo + piece.shape[0]] = piece
+            self.rows_read += int(piece.shape[0])
         self.rows = rows if device is None else rows.to(device)
-        self.rows_read = int(self.own.numel())
-        """Rows read from the source (this rank's, each once)."""
 
     @property
     def width(self) -> int:

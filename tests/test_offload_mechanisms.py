@@ -179,3 +179,17 @@ def test_counted_peak_stays_under_budget_when_one_chunk_has_most_source_rows() -
                       memory_budget=budget)
     rec = train(_skewed(), cfg, "cpu").history[0]
     assert rec["peak_device_bytes"] <= budget, (rec["chunks"], rec["peak_device_bytes"])
+
+
+def test_reorganize_on_schedules_by_algorithm_4() -> None:
+    """``--reorganize on`` runs the schedule Algorithm 4 computes from the chunks' rows (not the default order
+    while reporting "reorganized"), and on this graph that schedule differs from the default one."""
+    from gnnscale.partition.dedup import default_schedule, reorganize
+
+    g = csbm(nodes=500, features=12, avg_degree=8, seed=1)
+    eng = _offload(g, model="gcn", layers=2, dedup="full", chunker="range", reorganize="on")
+    plan = eng.plan
+    m, n = plan.partition.partitions, plan.partition.chunks
+    assert plan.reorganized
+    assert torch.equal(plan.schedule, reorganize(plan.rows, m, n, g.num_nodes))
+    assert not torch.equal(plan.schedule, default_schedule(m, n))

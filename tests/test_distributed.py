@@ -127,10 +127,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _dist_engine(g: Any, model_name: str, plan_dir: str, **options: Any) -> Any:
+    """This rank's engine (inside a spawned rank): batch 25 per rank, the test's fanouts, hidden 8."""
+    from gnnscale.engines.distributed import DistributedEngine
+
+    cfg = TrainConfig(engine="distributed", model=model_name, batch_size=25, fanouts=FANOUTS, seed=0,
+                      plan_dir=plan_dir, heads=2, hidden=8, **options)
+    model = build_model(model_name, g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=2, seed=0)
+    return DistributedEngine(g, model, cfg, torch.device("cpu"))
+
+
 def _gradients_task(rank: int, world: int, model_name: str, variants: list[dict[str, Any]], plan_dir: str
                     ) -> list[dict[str, Any]]:
     from gnnscale.distributed.schedule import Schedule
-    from gnnscale.engines.distributed import DistributedEngine
 
     out = []
     step_counts = Schedule.step_counts
@@ -139,10 +148,7 @@ def _gradients_task(rank: int, world: int, model_name: str, variants: list[dict[
         if v.pop("middle", False):  # make the middle step the one with the fewest roots: models then hop by 2
             Schedule.step_counts = lambda self: [0 if o == 1 else 1 for o in self.offsets]  # type: ignore
         g = _graph()
-        cfg = TrainConfig(engine="distributed", model=model_name, batch_size=25, fanouts=FANOUTS, seed=0,
-                          plan_dir=plan_dir, heads=2, hidden=8, **v)
-        model = build_model(model_name, g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=2, seed=0)
-        eng = DistributedEngine(g, model, cfg, torch.device("cpu"))
+        eng = _dist_engine(g, model_name, plan_dir, **v)
         assert g.x is not None
         g.x = torch.full_like(g.x, float("nan"))  # a rank reading features anywhere but its part and its peers
         asked: list[torch.Tensor] = []
@@ -171,13 +177,7 @@ def _gradients_task(rank: int, world: int, model_name: str, variants: list[dict[
 def _epochs_task(rank: int, world: int, plan_dir: str) -> dict[str, Any]:
     """Three epochs with ``--merge auto`` while this rank counts what it asked for and the rows it trained on.
     Rank 1 runs late (its own clock says its epochs are slower): the examination must use one time for all."""
-    from gnnscale.engines.distributed import DistributedEngine
-
-    g = _graph()
-    cfg = TrainConfig(engine="distributed", model="sage", batch_size=25, fanouts=FANOUTS, seed=0, hidden=8,
-                      plan_dir=plan_dir, strategy="micrograph", merge="auto")
-    model = build_model("sage", g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=2, seed=0)
-    eng = DistributedEngine(g, model, cfg, torch.device("cpu"))
+    eng = _dist_engine(_graph(), "sage", plan_dir, strategy="micrograph", merge="auto")
     count = {"asked": 0, "needed": 0, "local": 0}
     exchange, inputs = eng.comm.exchange, eng._inputs
 

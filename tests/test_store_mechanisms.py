@@ -11,33 +11,14 @@ from typing import Any
 
 import pytest
 import torch
+from test_minibatch_xgnn import CPU, GCN, RING, _engine
 
-from gnnscale import TrainConfig
-from gnnscale.engines import MiniBatchEngine
 from gnnscale.engines.minibatch import PRESAMPLE_BATCHES, epoch_order
 from gnnscale.errors import ConfigError
-from gnnscale.graph.block import AdjacencySpec
 from gnnscale.graph.generators import csbm
-from gnnscale.graph.graph import Graph
-from gnnscale.nn import build_model
 from gnnscale.sample import CSRTopology, hop_key, sample_blocks, sample_key, sample_positions
 from gnnscale.store.global_store import GlobalMemoryStore, fit_hot_counts
 from gnnscale.store.placement import HOST, assign_sources, solve_placement
-
-CPU = torch.device("cpu")
-GCN = AdjacencySpec(self_loops=True, norm="gcn")
-RING = [[0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0]]
-
-
-def _engine(g: Graph, trainers: int = 1, **kw: Any) -> MiniBatchEngine:
-    base: dict[str, Any] = dict(model="sage", layers=2, hidden=16, dropout=0.5, engine="minibatch", fanouts=(4, 3),
-                                gpu_graph_ratio=0.4, gpu_feature_ratio=0.3, seed=2, devices=("cpu",) * trainers)
-    cfg = TrainConfig(**{**base, **kw})
-    assert g.num_classes is not None
-    model = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers, dropout=cfg.dropout,
-                        heads=cfg.heads, seed=cfg.seed)
-    return MiniBatchEngine(g, model, cfg, CPU)
-
 
 # -------------------------------------------------------------------------------------------------------------- bytes
 

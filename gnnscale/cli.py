@@ -660,8 +660,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     print(f"name        {st['name']}")
     print(f"nodes       {st['nodes']:,}")
+    weighted = f", weighted ({st['weights_from'] or 'given'})" if st["weighted"] else ", unweighted"
+    sym = st["symmetrized_from_edges"]
+    sym = f"; symmetrised on load from {sym:,} listed edges" if sym is not None else ""
     print(f"edges       {st['edges']:,} (directed, in-neighbour CSR; {st['self_loops']:,} self-loops, "
-          f"{st['duplicate_edges']:,} duplicates kept as multi-edges{', weighted' if st['weighted'] else ''})")
+          f"{st['duplicate_edges']:,} duplicates kept as multi-edges{weighted}{sym})")
     print(f"features    {st['features']}")
     print(f"classes     {st['classes']}")
     for d in ("in_degree", "out_degree"):

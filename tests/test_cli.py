@@ -165,6 +165,30 @@ def test_info_and_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert (st["nodes"], st["edges"], st["self_loops"]) == (5, 3, 1)
 
 
+def test_info_says_what_the_reader_did(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`info` names where the weights came from and whether the edges were symmetrised on load; a converted
+    directory opened with another --seed says its split is fixed."""
+    f = tmp_path / "w.txt"
+    f.write_text("0 1 0.5\n1 2 2\n2 2 1\n")
+    assert main(["info", "--dataset", f"edgelist:{f}"]) == 0
+    out = capsys.readouterr()
+    assert "edges       3 (" in out.out and ", unweighted)" in out.out and "column 3 ignored" in out.err
+    assert main(["info", "--dataset", f"edgelist:{f}:weight_column=3,symmetrize=1"]) == 0
+    out = capsys.readouterr()
+    assert "edges       5 (" in out.out and "weighted (column 3 of w.txt); symmetrised on load from 3 listed edges" \
+        in out.out
+    assert out.err == "note: symmetrised w.txt: 3 -> 5 edges\n"
+    assert main(["convert", "--dataset", f"edgelist:{f}:weight_column=3", "--seed", "3",
+                 "--out", str(tmp_path / "g")]) == 0
+    capsys.readouterr()
+    assert main(["info", "--dataset", str(tmp_path / "g"), "--json", "--seed", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and json.loads(out.out)["weights_from"] == "column 3 of w.txt"
+    assert main(["info", "--dataset", str(tmp_path / "g")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("note: ") and "drawn with seed 3" in err and err.count("\n") == 1, err
+
+
 def test_info_web_cnr(capsys: pytest.CaptureFixture[str]) -> None:
     f = need_file("snap/web-cnr-2000.txt.gz")
     assert main(["info", "--dataset", f"edgelist:{f}", "--json"]) == 0

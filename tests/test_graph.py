@@ -35,7 +35,7 @@ def test_every_entry_point_keeps_multi_edges_alike(tmp_path) -> None:  # noqa: A
     """0->1 three times and 1->2 once: four edges through every entry point, one through each with coalesce."""
     from torch_geometric.data import Data
 
-    from gnnscale.graph import io
+    from gnnscale.graph import edgelist
     from gnnscale.graph.datasets import load_dataset
 
     ei = torch.tensor([[0, 0, 0, 1], [1, 1, 1, 2]])
@@ -47,7 +47,7 @@ def test_every_entry_point_keeps_multi_edges_alike(tmp_path) -> None:  # noqa: A
         "from_pyg": lambda c: Graph.from_pyg(Data(edge_index=ei, num_nodes=3, x=None), coalesce=c),
         "from_scipy": lambda c: Graph.from_scipy(adj, coalesce=c),
         "edgelist": lambda c: load_dataset(f"edgelist:{f}:features=0,classes=0,coalesce={int(c)}"),
-        "edgelist_fn": lambda c: io.read_edgelist(f, features=0, classes=0, coalesce=c),
+        "edgelist_fn": lambda c: edgelist.read_edgelist(f, features=0, classes=0, coalesce=c),
     }
     for name, make in built.items():
         g, c = make(False), make(True)

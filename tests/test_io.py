@@ -62,6 +62,31 @@ def test_convert_round_trip_is_identical(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]  # no temporary left behind
 
 
+def test_converted_directory_records_its_draws_and_keeps_them(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """meta.json says which parts were drawn at random and with which seed; opening the directory with another
+    seed keeps them (the documented choice) and says so in one line."""
+    f = tmp_path / "e.txt"
+    f.write_text("0 1\n1 2\n2 3\n3 0\n")
+    g = load_dataset(f"edgelist:{f}:features=2,classes=2", seed=3)
+    io.save(g, tmp_path / "g")
+    meta = json.loads((tmp_path / "g" / "meta.json").read_text())["meta"]
+    assert meta == {"spec": f"edgelist:{f}:features=2,classes=2", "seed": 3,
+                    "generated": ["features", "labels", "split"]}
+    assert load_dataset(str(tmp_path / "g"), seed=3).equals(g)
+    assert capsys.readouterr().err == ""  # the seed it was drawn with: nothing to say
+    other = load_dataset(str(tmp_path / "g"), seed=5)
+    assert other.equals(g)  # split, features and labels are those of seed 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"note: {tmp_path / 'g'} holds the features, labels and split "
+                                                   "drawn with seed 3 when it was converted"), err
+    assert "seed 5 only changes training" in err
+    assert load_dataset(f"edgelist:{f}:features=0,classes=0", seed=3).meta == {"spec": f"edgelist:{f}:features=0,"
+                                                                              "classes=0"}  # nothing drawn
+    assert load_dataset("csbm:nodes=50,seed=2", seed=7).meta["seed"] == 2  # the spec's seed wins
+    assert load_dataset("csbm:nodes=50", seed=7).meta["generated"] == ["graph", "features", "labels", "split"]
+
+
 def test_converted_directory_is_validated(tmp_path: Path) -> None:
     io.save(tiny_graph(), tmp_path / "g")
     idx = np.load(tmp_path / "g" / "indices.npy")
@@ -88,15 +113,20 @@ def test_edgelist_reader(tmp_path: Path) -> None:
         load_dataset(f"edgelist:{bad}")
 
 
-@pytest.mark.parametrize(("header", "option", "edges"), [
-    ("# Undirected graph: nodes 4 edges 3\n", "", 6),  # listed once, loaded both ways
-    ("# ego-Twitter (SNAP), undirected, each edge once\n", "", 6),
-    ("# Directed graph: nodes 4 edges 3\n", "", 3),
-    ("", "", 3),  # no header: as written
-    ("# Undirected graph: nodes 4 edges 3\n", ":symmetrize=0", 3),  # an explicit option wins
-    ("# Directed graph: nodes 4 edges 3\n", ":symmetrize=1", 6),
+@pytest.mark.parametrize(("header", "option", "edges", "note"), [
+    ("# Undirected graph: nodes 4 edges 3\n", "", 3, "add symmetrize=1"),  # a comment changes nothing
+    ("# ego-Twitter (SNAP), undirected, each edge once\n", "", 3, "add symmetrize=1"),
+    ("# Directed graph. An undirected version is available elsewhere\n", "", 3, None),  # says directed
+    ("# Directed graph: nodes 4 edges 3\n", "", 3, None),
+    ("", "", 3, None),  # no header: as written
+    ("# Undirected graph: nodes 4 edges 3\n", ":symmetrize=0", 3, None),  # asked for as listed: nothing to say
+    ("# Directed graph: nodes 4 edges 3\n", ":symmetrize=1", 6, "symmetrised e.txt: 3 -> 6 edges"),
+    ("# Undirected graph: nodes 4 edges 3\n", ":symmetrize=1", 6, "symmetrised e.txt: 3 -> 6 edges"),
 ])
-def test_edgelist_honours_an_undirected_header(tmp_path: Path, header: str, option: str, edges: int) -> None:
+def test_edgelist_header_never_changes_the_graph(tmp_path: Path, capsys: pytest.CaptureFixture[str], header: str,
+                                                 option: str, edges: int, note: str | None) -> None:
+    """Only ``symmetrize=1`` symmetrises (and says so); a header calling the graph undirected gets a note
+    suggesting it. (Before: any comment containing the word "undirected" doubled the edges.)"""
     f = tmp_path / "e.txt"
     f.write_text(header + "0 1\n1 2\n3 1\n")
     g = load_dataset(f"edgelist:{f}{option}")
@@ -105,17 +135,30 @@ def test_edgelist_honours_an_undirected_header(tmp_path: Path, header: str, opti
     assert {(0, 1), (1, 2), (3, 1)} <= pairs
     if edges == 6:
         assert {(1, 0), (2, 1), (1, 3)} <= pairs
+        assert g.meta["symmetrized_from_edges"] == 3
+    else:
+        assert "symmetrized_from_edges" not in g.meta
+    err = capsys.readouterr().err
+    if note is None:
+        assert err == ""
+    else:
+        assert err.count("\n") == 1 and err.startswith("note: ") and note in err, err
 
 
-def test_ego_twitter_loads_undirected() -> None:
-    """The file says "Undirected" and lists each of its 1,342,310 edges once: both directions load (a self-loop
-    once)."""
-    g = load_dataset(f"edgelist:{need_file('snap/ego-twitter.txt.gz')}:features=1")
+def test_ego_twitter_loads_as_listed_unless_symmetrised(capsys: pytest.CaptureFixture[str]) -> None:
+    """The file says "Undirected" and lists each of its 1,342,310 edges once: as listed by default (with a note),
+    both directions with ``symmetrize=1`` (a self-loop once)."""
+    f = need_file("snap/ego-twitter.txt.gz")
+    g = load_dataset(f"edgelist:{f}:features=1")
+    assert g.num_edges == 1342310
+    assert "add symmetrize=1" in capsys.readouterr().err
+    g = load_dataset(f"edgelist:{f}:features=1,symmetrize=1")
     loops = int(g.stats()["self_loops"])
     assert g.num_edges == 2 * 1342310 - loops
     src, dst = g.edge_index()
     n = g.num_nodes
     assert torch.equal(torch.sort(src * n + dst).values, torch.sort(dst * n + src).values)  # symmetric
+    assert f"symmetrised {f.name}: 1,342,310 -> {g.num_edges:,} edges" in capsys.readouterr().err
 
 
 def test_ogb_reader(tmp_path: Path) -> None:
@@ -181,19 +224,58 @@ def test_edgelist_web_cnr_and_convert(tmp_path: Path) -> None:
     assert load_dataset(str(tmp_path / "cnr")).equals(g)
 
 
-def test_edgelist_third_column_is_a_weight_not_more_ids(tmp_path: Path) -> None:
-    """Read by column: `0 1 7` is the edge 0->1 of weight 7, not the ids 0, 1, 7 re-paired across lines."""
+def test_edgelist_weight_column_is_read_by_column(tmp_path: Path) -> None:
+    """Read by column: with ``weight_column=3``, `0 1 7` is the edge 0->1 of weight 7, not the ids 0, 1, 7
+    re-paired across lines."""
     f = tmp_path / "w.txt"
     f.write_text("0 1 7\n1 2 9\n2 3 4\n3 0 1\n")
-    g = load_dataset(f"edgelist:{f}:features=1")
+    g = load_dataset(f"edgelist:{f}:features=1,weight_column=3")
     assert (g.num_nodes, g.num_edges) == (4, 4)
     assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (1, 2), (2, 3), (3, 0)]
     ew = {tuple(e): w for e, w in zip(g.edge_index().t().tolist(), g.edge_weight.tolist(), strict=True)}
     assert ew == {(0, 1): 7.0, (1, 2): 9.0, (2, 3): 4.0, (3, 0): 1.0}
-    assert "column 3" in g.meta["edge_weight"]
-    assert load_dataset(f"edgelist:{f}:weights=0").edge_weight is None
+    assert g.meta["edge_weight"] == "column 3 of w.txt"
+    assert load_dataset(f"edgelist:{f}:weight_column=0").edge_weight is None
     (tmp_path / "three.txt").write_text("0 1 7\n1 2 9\n2 3 4\n")  # was "odd number of ids"
     assert load_dataset(f"edgelist:{tmp_path / 'three.txt'}").num_edges == 3
+
+
+def test_edgelist_extra_columns_are_not_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A SNAP temporal file's third column is a Unix timestamp: ignored (one note), not GCN weights."""
+    f = tmp_path / "t.txt"
+    f.write_text("# FromNodeId ToNodeId UnixTime\n0 1 1217567877\n1 2 1217573547\n2 0 1217606247\n")
+    g = load_dataset(f"edgelist:{f}:features=1")
+    assert g.edge_weight is None and "edge_weight" not in g.meta
+    assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (1, 2), (2, 0)]
+    err = capsys.readouterr().err
+    assert err == "note: t.txt has 3 columns: column 3 ignored (not read as edge weights); add weight_column=3 to " \
+                  "the spec to read it as edge weights\n", err
+    f.write_text("0 1 0.5 1217567877\n1 2 2 1217573547\n")  # four columns: the third named, the fourth ignored
+    g = load_dataset(f"edgelist:{f}:features=1,weight_column=3")
+    assert sorted(g.edge_weight.tolist()) == [0.5, 2.0]
+    err = capsys.readouterr().err
+    assert err == "note: t.txt has 4 columns: column 4 ignored (not read as edge weights)\n", err
+
+
+@pytest.mark.parametrize(("weights", "warned"), [
+    (["1217567877", "1217573547", "1217606247"], "integers up to 1,217,606,247"),  # Unix timestamps
+    ([str(i) for i in range(8)], "the distinct integers 0..7, one per edge"),  # edge ids
+    ([str(i) for i in range(1, 8)], None),  # a short run: could be weights
+    (["0.5", "2", "1.5"], None),
+    (["1", "1", "2", "3", "5", "8", "13", "21"], None),
+])
+def test_weights_that_look_like_timestamps_or_ids_are_warned(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             weights: list[str], warned: str | None) -> None:
+    f = tmp_path / "w.txt"
+    f.write_text("".join(f"{i} {i + 1} {w}\n" for i, w in enumerate(weights)))
+    g = load_dataset(f"edgelist:{f}:features=1,weight_column=3")
+    assert g.edge_weight is not None  # used as asked
+    err = capsys.readouterr().err
+    if warned is None:
+        assert err == ""
+    else:
+        assert err.startswith("warning: the edge weights in column 3 of w.txt look like timestamps or ids") and \
+            warned in err and err.count("\n") == 1, err
 
 
 def test_edgelist_commas_and_inline_comments(tmp_path: Path) -> None:
@@ -203,20 +285,21 @@ def test_edgelist_commas_and_inline_comments(tmp_path: Path) -> None:
     assert (g.num_nodes, g.num_edges, g.edge_weight) == (5, 3, None)
     assert sorted(map(tuple, g.edge_index().t().tolist())) == [(0, 1), (1, 2), (2, 3)]
     f.write_text("0,1,1.5  # a\n1,2,0.5\n# c\n2,3,2\n")
-    g = load_dataset(f"edgelist:{f}:features=1")
+    g = load_dataset(f"edgelist:{f}:features=1,weight_column=3")
     assert sorted(g.edge_weight.tolist()) == [0.5, 1.5, 2.0]
 
 
 @pytest.mark.parametrize(("body", "option", "message"), [
     ("0 1\n1 2 5\n", "", r"line 2: 3 columns where line 1 has 2: '1 2 5'"),
     ("# h\n0 1\n\n1 2 3 4\n", "", r"line 4: 4 columns where line 2 has 2: '1 2 3 4'"),
-    ("0 1 2 3\n", "", r"line 1: expected 'src dst' or 'src dst weight', got 4 columns: '0 1 2 3'"),
-    ("7\n", "", r"line 1: expected 'src dst' or 'src dst weight', got 1 columns"),
+    ("7\n", "", r"line 1: expected 'src dst' and optional more columns, got 1 column: '7'"),
     ("0 1\n1 x\n", "", r"line 2: non-integer vertex id: '1 x'"),
-    ("0 1 2\n1 2 heavy\n", "", r"line 2: non-numeric edge weight: '1 2 heavy'"),
-    ("0 1 2\n1 2 nan\n", "", r"line 2: edge weight is NaN or inf"),
+    ("0 1 2\n1 2 heavy\n", ":weight_column=3", r"line 2: non-numeric edge weight: '1 2 heavy'"),
+    ("0 1 2\n1 2 nan\n", ":weight_column=3", r"line 2: edge weight is NaN or inf"),
     ("0 1\n2 -3\n", "", r"line 2: negative vertex id -3"),
-    ("0 1\n1 2\n", ":weights=1", r"weights=1 but the file has 2 columns"),
+    ("0 1\n1 2\n", ":weight_column=3", r"weight_column=3 but the file has 2 columns"),
+    ("0 1 2\n", ":weight_column=2", r"weight_column=2: columns 1 and 2 are the source and destination ids"),
+    ("0 1 2\n", ":weights=1", r"unknown dataset option 'weights'.*weight_column"),
     ("# only a comment\n\n", "", r"no edges found"),
 ])
 def test_edgelist_bad_lines_are_named(tmp_path: Path, body: str, option: str, message: str) -> None:

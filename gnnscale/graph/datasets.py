@@ -8,7 +8,10 @@ Grammar::
     <directory written by `gnnscale convert`>
 
 Randomness (generated graphs, random splits and features) uses the spec's ``seed`` option when given, else the
-``seed`` argument (the CLI passes ``--seed``).
+``seed`` argument (the CLI passes ``--seed``). The graph's ``meta`` records the spec, and, where anything was drawn
+at random, the seed used and which parts were drawn (``generated``: some of ``graph``, ``features``, ``labels``,
+``split``). A directory written by ``gnnscale convert`` keeps those parts as they were drawn: opening it with
+another seed prints a one-line note saying so (the seed then only affects training: weights, dropout, sampling).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from gnnscale.errors import DatasetError
-from gnnscale.graph import generators, io
+from gnnscale.graph import edgelist, generators, io
 from gnnscale.graph.graph import Graph
+from gnnscale.notes import note
 
 _OPTS = re.compile(r"^\w+=[^,:]*(,\w+=[^,:]*)*$")
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
@@ -96,7 +100,9 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0) -> Gr
         raise DatasetError("empty dataset spec")
     if Path(spec).is_dir():
         if io.is_graph_dir(spec):
-            return io.open_dir(spec)
+            opened = io.open_dir(spec)
+            _note_fixed_draws(opened, spec, seed)
+            return opened
         raise DatasetError(f"{spec} is a directory but not one written by 'gnnscale convert' (no meta.json)")
     kind, _, rest = spec.partition(":")
     kind = kind.lower()
@@ -106,7 +112,7 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0) -> Gr
         opts = {"seed": seed, **_options(fn, rest)}
         g = fn(**opts)
         g.meta["spec"] = f"{kind}:" + ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
-        return g
+        return _drawn(g, opts["seed"], ("graph", "features", "labels", "split"))
     if kind in ("planetoid", "npz", "edgelist", "ogb"):
         arg, opt_text = _split_arg(rest)
         if not arg:
@@ -118,9 +124,13 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0) -> Gr
             base = io.find_planetoid(Path(root_s or "."), arg)
             g = io.read_planetoid(base, arg, **_options(io.read_planetoid, opt_text, ("name",)))
         elif kind == "npz":
-            g = io.read_npz(_resolve(arg, root_s), **{"seed": seed, **_options(io.read_npz, opt_text)})
+            opts = {"seed": seed, **_options(io.read_npz, opt_text)}
+            g = _drawn(io.read_npz(_resolve(arg, root_s), **opts), opts["seed"], ("split",))
         elif kind == "edgelist":
-            g = io.read_edgelist(_resolve(arg, root_s), **{"seed": seed, **_options(io.read_edgelist, opt_text)})
+            opts = {"seed": seed, **_options(edgelist.read_edgelist, opt_text)}
+            g = edgelist.read_edgelist(_resolve(arg, root_s), **opts)
+            parts = (("features",) if g.x is not None else ()) + (("labels", "split") if g.y is not None else ())
+            g = _drawn(g, opts["seed"], parts)
         else:
             g = io.read_ogb(Path(root_s or "."), arg, **_options(io.read_ogb, opt_text, ("name",)))
         g.meta["spec"] = spec
@@ -129,3 +139,24 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0) -> Gr
         f"unknown dataset {spec!r}; expected csbm[:opts], kronecker[:opts], planetoid:<name>, npz:<file>, "
         "edgelist:<file>, ogb:<name>, or a directory written by 'gnnscale convert'"
     )
+
+
+def _drawn(g: Graph, seed: int, parts: tuple[str, ...]) -> Graph:
+    """Record in ``g.meta`` (saved by ``convert``) that ``parts`` of ``g`` were drawn at random with ``seed``."""
+    if parts:
+        g.meta["seed"] = int(seed)
+        g.meta["generated"] = list(parts)
+    return g
+
+
+def _note_fixed_draws(g: Graph, path: str, seed: int) -> None:
+    """A converted directory holds what was drawn at convert time: when ``seed`` differs from the seed recorded,
+    say in one line that its random parts stay as drawn (the seed only affects training)."""
+    drawn, parts = g.meta.get("seed"), g.meta.get("generated") or []
+    if drawn is None or not parts or int(drawn) == int(seed):
+        return
+    what = ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
+    source = f" from {g.meta['spec']!r}" if g.meta.get("spec") else ""
+    note(f"{path} holds the {what} drawn with seed {drawn} when it was converted{source}; they stay fixed, and "
+         f"seed {seed} only changes training (weight initialisation, dropout, sampling). Convert again with "
+         f"seed {seed} to redraw them")

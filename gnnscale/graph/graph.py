@@ -233,9 +233,33 @@ class Graph:
 
     @classmethod
     def from_pyg(cls, data: Any, name: str = "pyg", coalesce: bool = False) -> Graph:
-        """Build from a ``torch_geometric.data.Data`` (edge_index, x, y, train/val/test masks, edge_weight);
-        multi-edges are kept unless ``coalesce``."""
+        """Build from a ``torch_geometric.data.Data``: ``edge_index``, ``x``, ``y``, the train/val/test masks and
+        one weight per edge; multi-edges are kept unless ``coalesce``.
+
+        The weights are ``edge_weight`` (shape ``[E]`` or ``[E, 1]``), else a one-column ``edge_attr`` (``[E]`` or
+        ``[E, 1]``, said in a one-line note on stderr). Whatever else the ``Data`` holds is dropped with a one-line
+        warning naming it: an ``edge_attr`` of several columns (or one next to ``edge_weight``) and any other
+        attribute (``pos``, ``batch``, ...)."""
+        from gnnscale.notes import note, warn
+
+        num_edges = int(data.edge_index.shape[1]) if getattr(data, "edge_index", None) is not None else 0
         ew = getattr(data, "edge_weight", None)
+        ea = getattr(data, "edge_attr", None)
+        dropped = []
+        if ew is not None:
+            ew = _one_per_edge(ew, num_edges, "edge_weight")
+            if ea is not None:
+                dropped.append(f"edge_attr {list(ea.shape)} (edge_weight is used)")
+        elif ea is not None:
+            if ea.dim() == 1 or (ea.dim() == 2 and ea.shape[1] == 1):
+                ew = _one_per_edge(ea, num_edges, "edge_attr")
+                note(f"from_pyg: the one-column edge_attr {list(ea.shape)} is used as the edge weights")
+            else:
+                dropped.append(f"edge_attr {list(ea.shape)} (a Graph holds one weight per edge)")
+        keys = data.keys() if callable(getattr(data, "keys", None)) else []
+        dropped += sorted(k for k in keys if k not in _PYG_KEYS)
+        if dropped:
+            warn(f"from_pyg: dropped {', '.join(dropped)}")
         kw: dict[str, Any] = {
             "x": None if data.x is None else data.x.float().contiguous(),
             "y": None if getattr(data, "y", None) is None else data.y.long().view(-1),
@@ -357,6 +381,8 @@ class Graph:
             "self_loops": self_loops,
             "duplicate_edges": self.duplicate_edges(),
             "weighted": self.edge_weight is not None,
+            "weights_from": self.meta.get("edge_weight") if self.edge_weight is not None else None,
+            "symmetrized_from_edges": self.meta.get("symmetrized_from_edges"),
             "isolated_nodes": int(((din == 0) & (dout == 0)).sum()),
             "in_degree": desc(din),
             "out_degree": desc(dout),
@@ -380,6 +406,17 @@ class Graph:
             f"Graph(name={self.name!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
             f"features={self.num_features}, classes={self.num_classes})"
         )
+
+
+# what from_pyg reads from a Data; anything else is dropped with a warning
+_PYG_KEYS = frozenset({"edge_index", "x", "y", "num_nodes", "edge_weight", "edge_attr", *MASK_NAMES})
+
+
+def _one_per_edge(w: Tensor, num_edges: int, what: str) -> Tensor:
+    """``[E]`` float32 weights from ``w`` of shape ``[E]`` or ``[E, 1]``; another shape is a GraphError."""
+    if w.shape not in ((num_edges,), (num_edges, 1)):
+        raise GraphError(f"{what} has shape {tuple(w.shape)}, expected ({num_edges},) or ({num_edges}, 1)")
+    return w.reshape(-1).float()
 
 
 def csr_slices(indptr: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:

@@ -11,7 +11,6 @@ import gzip
 import json
 import os
 import pickle
-import re
 import shutil
 import tempfile
 import zipfile
@@ -27,8 +26,9 @@ import torch
 
 from gnnscale.errors import DatasetError, GnnscaleError
 from gnnscale.fsutil import honour_umask
-from gnnscale.graph.generators import per_class_split, random_split
+from gnnscale.graph.generators import per_class_split
 from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.notes import note
 
 FORMAT = "gnnscale-graph"
 FORMAT_VERSION = 1
@@ -234,10 +234,21 @@ def read_planetoid(root: Path | str, name: str, normalize: bool = True, coalesce
 
 
 def read_npz(
-    path: Path | str, seed: int = 0, train_per_class: int = 20, val_per_class: int = 30, coalesce: bool = False
+    path: Path | str,
+    seed: int = 0,
+    train_per_class: int = 20,
+    val_per_class: int = 30,
+    coalesce: bool = False,
+    self_loops: bool = False,
 ) -> Graph:
-    """gnn-benchmark npz (raw files of PyG's Amazon/Coauthor): symmetrised, seeded per-class split. Repeated
-    adjacency entries are multi-edges unless ``coalesce``."""
+    """gnn-benchmark npz (raw files of PyG's Amazon/Coauthor) with a seeded per-class split.
+
+    The adjacency is read as PyG's ``torch_geometric.io.read_npz`` reads it: self-loops removed (Amazon Photo
+    lists one; a one-line note says how many, ``self_loops=1`` keeps them), then symmetrised. Two differences,
+    both kept on purpose: repeated adjacency entries stay multi-edges unless ``coalesce`` (PyG's ``to_undirected``
+    merges them; none of the Amazon files has any), and features keep their stored values (PyG sets every
+    positive value to 1; the Amazon files store only ones, so the matrices are equal).
+    """
     path = Path(path)
     with reading(path), np.load(path, allow_pickle=False) as d:
         n = int(d["adj_shape"][0])
@@ -253,9 +264,18 @@ def read_npz(
         raise DatasetError(
             f"{path}: adjacency has {n} rows but features/labels have {feats.shape[0]}/{labels.shape[0]}"
         )
+    coo = sp.coo_matrix(adj)
+    ei = np.vstack([coo.row, coo.col]).astype(np.int64)
+    loops = ei[0] == ei[1]
+    if not self_loops and loops.any():
+        ei = ei[:, ~loops]
+        k = int(loops.sum())
+        note(f"{path.name}: removed {k} self-loop{'s' if k > 1 else ''}, as PyG's read_npz does "
+             "(self_loops=1 keeps them)")
     tr, va, te = per_class_split(labels, train_per_class, val_per_class, np.random.default_rng(seed))
-    g = Graph.from_scipy(
-        adj,
+    g = Graph.from_edge_index(
+        ei,
+        n,
         coalesce=coalesce,
         x=torch.from_numpy(feats.astype(np.float32)),
         y=torch.from_numpy(labels),
@@ -264,167 +284,17 @@ def read_npz(
         test_mask=te,
         name=path.name.removesuffix(".npz"),
     )
-    return g.symmetrize()
+    return symmetrized(g)
 
 
-_NODES_HEADER = re.compile(r"nodes:?\s*(\d+)", re.IGNORECASE)
-_UNDIRECTED = re.compile(r"\bundirected\b", re.IGNORECASE)
-
-
-def _strip_comments(text: str) -> tuple[str, list[str]]:
-    """``(text with comments blanked, comment lines)``: a line starting with ``#`` or ``%`` is a comment line, and
-    ``#`` starts a comment anywhere. Newlines are kept, so line numbers stay right. Scans with ``str.find`` (one
-    Python step per comment, not per line)."""
-    keep: list[str] = []
-    headers: list[str] = []
-    pos = 0
-    for i in sorted(_find_all(text, "#") + _find_all(text, "%")):
-        if i < pos:
-            continue  # inside a comment already removed
-        start = text.rfind("\n", 0, i) + 1
-        if text[i] == "%" and start != i:
-            continue  # '%' is a comment only at the start of a line
-        end = text.find("\n", i)
-        end = len(text) if end < 0 else end
-        if start == i:
-            headers.append(text[i:end])
-        keep.append(text[pos:i])
-        pos = end
-    keep.append(text[pos:])
-    return "".join(keep), headers
-
-
-def _find_all(text: str, ch: str) -> list[int]:
-    """Positions of ``ch`` in ``text``; for ``#``, only the first of each line (the rest is comment)."""
-    out, i = [], text.find(ch)
-    while i >= 0:
-        out.append(i)
-        i = text.find(ch, text.find("\n", i) + 1 or len(text)) if ch == "#" else text.find(ch, i + 1)
-    return out
-
-
-def _tokens_per_line(text: str) -> np.ndarray:
-    """``[lines]`` number of whitespace-separated tokens on each line of ``text`` (which ends in ``\\n``),
-    vectorised over the bytes (no Python loop per line)."""
-    b = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
-    space = b <= 32  # ASCII control characters and blank: what str.split() splits on, and a few it keeps
-    starts = np.flatnonzero(~space[1:] & space[:-1]) + 1  # a token starts where a non-space follows a space
-    if b.size and not space[0]:
-        starts = np.concatenate([[0], starts])
-    before = np.searchsorted(starts, np.flatnonzero(b == 10))  # tokens before each newline
-    return np.diff(before, prepend=0)
-
-
-def _bad_line(path: Path, text: str, i: int, why: str) -> DatasetError:
-    line = text.split("\n")[i]  # error path only
-    return DatasetError(f"{path}: line {i + 1}: {why}: {line.strip()!r}")
-
-
-def _parse_columns(
-    path: Path, text: str, weights: bool | None
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """``([2, E] int64 ids, [E] float32 weights or None)`` from the data lines of an edge list (comments blanked,
-    so line ``i`` of ``text`` is line ``i + 1`` of the file). Two columns are ``src dst``; a third is an edge weight."""
-    counts = _tokens_per_line(text)
-    tokens = text.split()
-    if counts.sum() != len(tokens):  # non-ASCII whitespace: count the slow way
-        counts = np.array([len(ln.split()) for ln in text.split("\n")[:-1]], dtype=np.int64)
-    data = np.flatnonzero(counts)
-    if data.size == 0:
-        raise DatasetError(f"{path}: no edges found")
-    cols = int(counts[data[0]])
-    if cols not in (2, 3):
-        raise _bad_line(path, text, int(data[0]), f"expected 'src dst' or 'src dst weight', got {cols} columns")
-    odd = data[counts[data] != cols]
-    if odd.size:
-        i = int(odd[0])
-        raise _bad_line(path, text, i, f"{int(counts[i])} columns where line {int(data[0]) + 1} has {cols}")
-    if weights and cols == 2:
-        raise DatasetError(f"{path}: weights=1 but the file has 2 columns (src dst); a weight is a third column")
-
-    def column(j: int, dtype: type, what: str) -> np.ndarray:
-        try:
-            return np.array(tokens[j::cols], dtype=dtype)
-        except ValueError:
-            for i in data:  # error path only: find the first bad line
-                try:
-                    np.array(text.split("\n")[i].split()[j], dtype=dtype)
-                except ValueError:
-                    raise _bad_line(path, text, int(i), what) from None
-            raise
-
-    ids = np.stack([column(0, np.int64, "non-integer vertex id"), column(1, np.int64, "non-integer vertex id")])
-    w = None
-    if cols == 3 and weights is not False:
-        w = column(2, np.float64, "non-numeric edge weight").astype(np.float32)
-    if ids.min() < 0:
-        i = int(data[int(np.flatnonzero((ids < 0).any(0))[0])])
-        raise _bad_line(path, text, i, f"negative vertex id {ids.min()}")
-    if w is not None and not np.isfinite(w).all():
-        i = int(data[int(np.flatnonzero(~np.isfinite(w))[0])])
-        raise _bad_line(path, text, i, "edge weight is NaN or inf")
-    return ids, w
-
-
-def read_edgelist(
-    path: Path | str,
-    features: int = 64,
-    classes: int = 16,
-    seed: int = 0,
-    symmetrize: bool | None = None,
-    weights: bool | None = None,
-    coalesce: bool = False,
-) -> Graph:
-    """SNAP-style edge list (plain or .gz), read by column: ``#``/``%`` comment lines, then ``src dst`` or
-    ``src dst weight`` per line (0-based ids), separated by whitespace or commas; ``#`` starts a comment anywhere.
-
-    Every data line must have the same number of columns, two or three; anything else is an error naming the line.
-    A third column is a numeric edge weight, used unless ``weights`` is false (``weights=1`` requires it); the
-    graph's ``meta["edge_weight"]`` says where the weights came from. A header comment such as ``# Nodes: 81306``
-    sets the vertex count (keeping isolated vertices); otherwise it is ``max id + 1``. A header comment calling the
-    graph *undirected* (SNAP's ``# Undirected graph: ...``) means each edge is listed once: the graph is
-    symmetrised, unless ``symmetrize`` is given (``True``/``False`` always win). An edge listed twice is two
-    edges (a multi-edge) unless ``coalesce`` merges them (summing weights). Features, labels and a 25/50/25 split
-    are random and seeded, as for ``kronecker``.
-    """
-    path = Path(path)
-    declared = 0
-    undirected = False
-    with reading(path):
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as fh:  # type: ignore[operator]
-            text = fh.read()
-        text, headers = _strip_comments(text)
-        for line in headers:
-            m = _NODES_HEADER.search(line)
-            if m:
-                declared = max(declared, int(m.group(1)))
-            undirected = undirected or _UNDIRECTED.search(line) is not None
-        if "," in text:
-            text = text.replace(",", " ")
-        if not text.endswith("\n"):
-            text += "\n"
-        ids, w = _parse_columns(path, text, weights)
-    n = max(declared, int(ids.max()) + 1)
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, features), dtype=np.float32) if features > 0 else None
-    y = torch.from_numpy(rng.integers(0, classes, n)) if classes > 0 else None
-    masks = random_split(n, (0.25, 0.5, 0.25), rng) if y is not None else (None, None, None)
-    g = Graph.from_edge_index(
-        ids,
-        n,
-        coalesce=coalesce,
-        edge_weight=None if w is None else torch.from_numpy(w),
-        x=None if x is None else torch.from_numpy(x),
-        y=y,
-        train_mask=masks[0],
-        val_mask=masks[1],
-        test_mask=masks[2],
-        num_classes=classes if classes > 0 else None,
-        name=path.name.split(".")[0],
-        meta={} if w is None else {"edge_weight": f"column 3 of {path.name}"},
-    )
-    return g.symmetrize() if (undirected if symmetrize is None else symmetrize) else g
+def symmetrized(g: Graph, what: str | None = None) -> Graph:
+    """``g.symmetrize()``, recorded in ``meta["symmetrized_from_edges"]`` (``gnnscale info`` shows it); with
+    ``what`` (a file name), also said in a one-line note ``symmetrised WHAT: E -> E' edges``."""
+    s = g.symmetrize()
+    s.meta = {**g.meta, "symmetrized_from_edges": g.num_edges}
+    if what is not None:
+        note(f"symmetrised {what}: {g.num_edges:,} -> {s.num_edges:,} edges")
+    return s
 
 
 def _read_csv(path: Path, dtype: type) -> np.ndarray:
@@ -494,4 +364,4 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True, coalesce: boo
         test_mask=masks[2],
         name=name,
     )
-    return g.symmetrize() if symmetrize else g
+    return symmetrized(g) if symmetrize else g

@@ -1,0 +1,229 @@
+"""SNAP-style edge lists: ``src dst [more columns]`` per line, ``#``/``%`` comments, plain or gzip.
+
+What the file means is decided by the caller's options, never by its comments: a header calling the graph
+undirected gets a one-line note suggesting ``symmetrize=1`` but changes nothing, and a third column is read as
+an edge weight only when ``weight_column`` names it (SNAP's temporal graphs put Unix timestamps there).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gnnscale.errors import DatasetError
+from gnnscale.graph.generators import random_split
+from gnnscale.graph.graph import Graph
+from gnnscale.graph.io import reading, symmetrized
+from gnnscale.notes import note, warn
+
+_NODES_HEADER = re.compile(r"nodes:?\s*(\d+)", re.IGNORECASE)
+_UNDIRECTED = re.compile(r"\bundirected\b", re.IGNORECASE)
+_DIRECTED = re.compile(r"\bdirected\b", re.IGNORECASE)  # not "undirected": no word boundary inside it
+# integer weights above this look like Unix timestamps or ids, not weights
+_ID_LIKE = 1e6
+# at least this many edges whose integer weights are exactly a run min..min+E-1 look like edge ids
+_ID_RUN = 8
+
+
+def _strip_comments(text: str) -> tuple[str, list[str]]:
+    """``(text with comments blanked, comment lines)``: a line starting with ``#`` or ``%`` is a comment line, and
+    ``#`` starts a comment anywhere. Newlines are kept, so line numbers stay right. Scans with ``str.find`` (one
+    Python step per comment, not per line)."""
+    keep: list[str] = []
+    headers: list[str] = []
+    pos = 0
+    for i in sorted(_find_all(text, "#") + _find_all(text, "%")):
+        if i < pos:
+            continue  # inside a comment already removed
+        start = text.rfind("\n", 0, i) + 1
+        if text[i] == "%" and start != i:
+            continue  # '%' is a comment only at the start of a line
+        end = text.find("\n", i)
+        end = len(text) if end < 0 else end
+        if start == i:
+            headers.append(text[i:end])
+        keep.append(text[pos:i])
+        pos = end
+    keep.append(text[pos:])
+    return "".join(keep), headers
+
+
+def _find_all(text: str, ch: str) -> list[int]:
+    """Positions of ``ch`` in ``text``; for ``#``, only the first of each line (the rest is comment)."""
+    out, i = [], text.find(ch)
+    while i >= 0:
+        out.append(i)
+        i = text.find(ch, text.find("\n", i) + 1 or len(text)) if ch == "#" else text.find(ch, i + 1)
+    return out
+
+
+def _tokens_per_line(text: str) -> np.ndarray:
+    """``[lines]`` number of whitespace-separated tokens on each line of ``text`` (which ends in ``\\n``),
+    vectorised over the bytes (no Python loop per line)."""
+    b = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
+    space = b <= 32  # ASCII control characters and blank: what str.split() splits on, and a few it keeps
+    starts = np.flatnonzero(~space[1:] & space[:-1]) + 1  # a token starts where a non-space follows a space
+    if b.size and not space[0]:
+        starts = np.concatenate([[0], starts])
+    before = np.searchsorted(starts, np.flatnonzero(b == 10))  # tokens before each newline
+    return np.diff(before, prepend=0)
+
+
+def _bad_line(path: Path, text: str, i: int, why: str) -> DatasetError:
+    line = text.split("\n")[i]  # error path only
+    return DatasetError(f"{path}: line {i + 1}: {why}: {line.strip()!r}")
+
+
+def _parse_columns(path: Path, text: str, weight_column: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """``([2, E] int64 ids, [E] float64 weights or None)`` from the data lines of an edge list (comments blanked,
+    so line ``i`` of ``text`` is line ``i + 1`` of the file). Columns 1 and 2 are ``src dst``; column
+    ``weight_column`` (1-based, 0: none) is the edge weight; any other column is ignored, with a note."""
+    counts = _tokens_per_line(text)
+    tokens = text.split()
+    if counts.sum() != len(tokens):  # non-ASCII whitespace: count the slow way
+        counts = np.array([len(ln.split()) for ln in text.split("\n")[:-1]], dtype=np.int64)
+    data = np.flatnonzero(counts)
+    if data.size == 0:
+        raise DatasetError(f"{path}: no edges found")
+    cols = int(counts[data[0]])
+    if cols < 2:
+        raise _bad_line(path, text, int(data[0]), f"expected 'src dst' and optional more columns, got {cols} column")
+    odd = data[counts[data] != cols]
+    if odd.size:
+        i = int(odd[0])
+        raise _bad_line(path, text, i, f"{int(counts[i])} columns where line {int(data[0]) + 1} has {cols}")
+    if weight_column > cols:
+        raise DatasetError(f"{path}: weight_column={weight_column} but the file has {cols} columns")
+    ignored = [j for j in range(3, cols + 1) if j != weight_column]
+    if ignored:
+        which = f"column {ignored[0]}" if len(ignored) == 1 else f"columns {', '.join(map(str, ignored))}"
+        hint = "" if weight_column else f"; add weight_column={ignored[0]} to the spec to read it as edge weights"
+        note(f"{path.name} has {cols} columns: {which} ignored (not read as edge weights){hint}")
+
+    def column(j: int, dtype: type, what: str) -> np.ndarray:
+        try:
+            return np.array(tokens[j::cols], dtype=dtype)
+        except ValueError:
+            for i in data:  # error path only: find the first bad line
+                try:
+                    np.array(text.split("\n")[i].split()[j], dtype=dtype)
+                except ValueError:
+                    raise _bad_line(path, text, int(i), what) from None
+            raise
+
+    ids = np.stack([column(0, np.int64, "non-integer vertex id"), column(1, np.int64, "non-integer vertex id")])
+    w = None if not weight_column else column(weight_column - 1, np.float64, "non-numeric edge weight")
+    if ids.min() < 0:
+        i = int(data[int(np.flatnonzero((ids < 0).any(0))[0])])
+        raise _bad_line(path, text, i, f"negative vertex id {ids.min()}")
+    if w is not None and not np.isfinite(w).all():
+        i = int(data[int(np.flatnonzero(~np.isfinite(w))[0])])
+        raise _bad_line(path, text, i, "edge weight is NaN or inf")
+    return ids, w
+
+
+def weights_look_like_ids(w: np.ndarray) -> str | None:
+    """Why the weights ``w`` look like timestamps or ids rather than weights, or ``None``: all integers and
+    either some beyond ``1e6`` in size (Unix timestamps, ids) or, with at least 8 edges, exactly the distinct
+    integers ``min..min+E-1`` (edge ids, line numbers)."""
+    if w.size == 0 or not bool((w == np.round(w)).all()):
+        return None
+    top = float(np.abs(w).max())
+    if top > _ID_LIKE:
+        return f"integers up to {top:,.0f}"
+    lo, hi = float(w.min()), float(w.max())
+    if w.size >= _ID_RUN and hi - lo == w.size - 1 and np.unique(w).size == w.size:
+        return f"the distinct integers {lo:.0f}..{hi:.0f}, one per edge"
+    return None
+
+
+def read_edgelist(
+    path: Path | str,
+    features: int = 64,
+    classes: int = 16,
+    seed: int = 0,
+    symmetrize: bool | None = None,
+    weight_column: int = 0,
+    coalesce: bool = False,
+) -> Graph:
+    """SNAP-style edge list (plain or .gz), read by column: ``#``/``%`` comment lines, then ``src dst`` and
+    optionally more columns per line (0-based ids), separated by whitespace or commas; ``#`` starts a comment
+    anywhere. Every data line must have the same number of columns (at least two); anything else is an error
+    naming the line.
+
+    What the file means is said by the options, never by its comments:
+
+    * ``weight_column=K`` (1-based, ``K >= 3``) reads column ``K`` as the edge weights (``meta["edge_weight"]``
+      says where they came from; weights that look like timestamps or ids get a one-line warning). Without it
+      (``0``, the default) the graph is unweighted and any column past the second is ignored, with a one-line
+      note: SNAP's temporal graphs put Unix timestamps in the third column.
+    * ``symmetrize=1`` adds the reverse of every edge (as PyG's ``to_undirected``, but a pair listed both ways
+      stays one pair and keeps the larger weight), said in a one-line note ``symmetrised FILE: E -> E' edges``.
+      A header calling the graph undirected (SNAP's ``# Undirected graph: ...``; a header that also says
+      *directed* does not count) only gets a note suggesting ``symmetrize=1``; without it each edge is loaded
+      once, as listed.
+    * ``coalesce=1`` merges an edge listed twice (summing weights); otherwise it is two edges (a multi-edge).
+
+    A header comment such as ``# Nodes: 81306`` sets the vertex count (keeping isolated vertices); otherwise it is
+    ``max id + 1``. Features, labels and a 25/50/25 split are random and seeded, as for ``kronecker``.
+    """
+    path = Path(path)
+    if weight_column < 0 or weight_column in (1, 2):
+        raise DatasetError(f"weight_column={weight_column}: columns 1 and 2 are the source and destination ids; "
+                           "give the number of the weight column (3 or more), or 0 for no weights")
+    declared = 0
+    undirected = None
+    directed = False
+    with reading(path):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as fh:  # type: ignore[operator]
+            text = fh.read()
+        text, headers = _strip_comments(text)
+        for line in headers:
+            m = _NODES_HEADER.search(line)
+            if m:
+                declared = max(declared, int(m.group(1)))
+            if undirected is None and _UNDIRECTED.search(line) is not None:
+                undirected = line.strip()
+            directed = directed or _DIRECTED.search(line) is not None
+        if "," in text:
+            text = text.replace(",", " ")
+        if not text.endswith("\n"):
+            text += "\n"
+        ids, w = _parse_columns(path, text, weight_column)
+    if w is not None:
+        why = weights_look_like_ids(w)
+        if why is not None:
+            warn(f"the edge weights in column {weight_column} of {path.name} look like timestamps or ids ({why}), "
+                 "not weights; check weight_column")
+    n = max(declared, int(ids.max()) + 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, features), dtype=np.float32) if features > 0 else None
+    y = torch.from_numpy(rng.integers(0, classes, n)) if classes > 0 else None
+    masks = random_split(n, (0.25, 0.5, 0.25), rng) if y is not None else (None, None, None)
+    g = Graph.from_edge_index(
+        ids,
+        n,
+        coalesce=coalesce,
+        edge_weight=None if w is None else torch.from_numpy(w.astype(np.float32)),
+        x=None if x is None else torch.from_numpy(x),
+        y=y,
+        train_mask=masks[0],
+        val_mask=masks[1],
+        test_mask=masks[2],
+        num_classes=classes if classes > 0 else None,
+        name=path.name.split(".")[0],
+        meta={} if w is None else {"edge_weight": f"column {weight_column} of {path.name}"},
+    )
+    if symmetrize:
+        return symmetrized(g, path.name)
+    if undirected is not None and not directed and symmetrize is None:
+        shown = undirected if len(undirected) <= 60 else undirected[:57] + "..."
+        note(f"a header line of {path.name} says 'undirected' ({shown!r}); its edges are loaded as listed, one "
+             "direction each: add symmetrize=1 to the spec to load both directions")
+    return g
+

@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gnnscale.engines import ENGINES
     from gnnscale.partition import CHUNKERS, PARTITION_METHODS
     from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
+    from gnnscale.sample import SAMPLE_NORMS
     from gnnscale.store import GATHER_METHODS
 
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
@@ -112,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="neighbours sampled per hop, the seeds' hop first, -1 for all (default 15,10 for 2 layers)")
     mb.add_argument("--eval-fanouts", metavar="LIST",
                     help="sampled evaluation with these fanouts (default: exact layer-wise full-neighbour inference)")
+    mb.add_argument("--sample-norm", choices=SAMPLE_NORMS, default="sampled",
+                    help="GCN's degrees on a sampled block: sampled (each vertex's degree in the sample, as PyG's "
+                         "GCNConv on a sampled subgraph) or graph (the whole graph's, as full-graph training); each "
+                         "vertex keeps one self-loop outside the fanout. Default sampled")
     mb.add_argument("--gpu-graph-ratio", type=float, metavar="R",
                     help="fraction of vertices, hottest first, whose neighbour lists live on the devices "
                          "(default: what half of --gpu-memory holds, topology before features)")
@@ -356,6 +361,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         reorganize=args.reorganize, batch_size=args.batch_size,
         fanouts=_num_list("--fanouts", args.fanouts, int, "15,10"),
         eval_fanouts=_num_list("--eval-fanouts", args.eval_fanouts, int, "15,10"),
+        sample_norm=args.sample_norm,
         gpu_graph_ratio=args.gpu_graph_ratio, gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness,
         dependency=args.dependency, subgraphs=args.subgraphs, t_devices=args.t_devices,
         shares=_num_list("--shares", args.shares, float, "0.25,0.75"), drm=args.drm,

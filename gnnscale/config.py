@@ -12,6 +12,7 @@ from gnnscale.errors import ConfigError
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import MODELS
 from gnnscale.partition import PARTITION_METHODS
+from gnnscale.sample import SAMPLE_NORMS
 
 ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
 STRATEGIES = ("micrograph", "model-centric")
@@ -76,6 +77,11 @@ class TrainConfig:
     layers, else 10 per layer."""
     eval_fanouts: tuple[int, ...] | None = None
     """Mini-batch: sampled evaluation with these fanouts; ``None``: layer-wise full-neighbour inference."""
+    sample_norm: str = "sampled"
+    """Sampled engines: whose degrees GCN's weights on a sampled block read. ``sampled``: each vertex's degree in
+    the sampled graph, its keyed sample plus its loop (PyG's ``GCNConv`` on a sampled subgraph); ``graph``: the
+    whole graph's (full-graph training's weights). Either way each vertex keeps one self-loop outside the fanout,
+    the weights do not depend on the batch, and fanout -1 is full-graph training (:mod:`gnnscale.sample.adjacency`)."""
     gpu_graph_ratio: float | None = None
     """Mini-batch: fraction of vertices (hottest first) whose neighbour lists live on the devices; ``None``: as
     many as half the device budget holds (topology first, then features: XGNN §4.3)."""
@@ -151,6 +157,8 @@ class TrainConfig:
              f"unknown --reorganize {self.reorganize!r}; choose one of {', '.join(REORGANIZE_MODES)}"),
             (self.devices is None or len(self.devices) >= 1, "--devices needs at least one device"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.sample_norm in SAMPLE_NORMS,
+             f"unknown --sample-norm {self.sample_norm!r}; choose one of {', '.join(SAMPLE_NORMS)}"),
             (self.engine not in ("minibatch", "hybrid", "distributed") or self.fanouts is None
              or len(self.fanouts) == self.layers,
              f"--fanouts has {len(self.fanouts or ())} value(s) for {self.layers} layers; give one per layer"),

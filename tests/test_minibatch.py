@@ -29,11 +29,13 @@ def _model(g: Graph, cfg: TrainConfig):  # noqa: ANN202
                        heads=cfg.heads, seed=cfg.seed)
 
 
-@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
-def test_full_fanout_step_equals_full_graph_on_the_seeds(model: str) -> None:
+@pytest.mark.parametrize("model,norm", [("gcn", "graph"), ("gcn", "sampled"), ("sage", "sampled"),
+                                        ("gat", "sampled"), ("gin", "sampled")])
+def test_full_fanout_step_equals_full_graph_on_the_seeds(model: str, norm: str) -> None:
+    """With fanout -1 a step is full-graph training on the seeds, whichever degrees GCN reads."""
     g = csbm(nodes=300, features=12, avg_degree=6, seed=1)
     cfg = TrainConfig(model=model, layers=2, hidden=16, heads=2, dropout=0.5, engine="minibatch", fanouts=(-1, -1),
-                      gpu_graph_ratio=0.5, gpu_feature_ratio=0.3, seed=3)
+                      gpu_graph_ratio=0.5, gpu_feature_ratio=0.3, seed=3, sample_norm=norm)
     eng = MiniBatchEngine(g, _model(g, cfg), cfg, CPU)
     ref = _model(g, cfg)
     seeds = torch.tensor([7, 3, 150, 299, 42])

@@ -58,7 +58,7 @@ from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
 from gnnscale.partition.plan import PartitionPlan, graph_fingerprint, load_or_partition
 from gnnscale.plan.memory import proc_kib
-from gnnscale.sample import CSRTopology, sample_blocks, sample_key
+from gnnscale.sample import CSRTopology, SampledAdjacency, sample_blocks, sample_key
 from gnnscale.store.partitioned import PartitionedFeatures
 
 if TYPE_CHECKING:
@@ -120,6 +120,7 @@ class DistributedEngine(Engine):
         assert graph.x is not None and graph.y is not None
         self.features = PartitionedFeatures(graph.x, self.owner, self.rank, device)
         self.topo = CSRTopology.from_graph(graph, model.adjacency)
+        self.adjacency = SampledAdjacency.from_graph(graph, model.adjacency, config.sample_norm)  # type: ignore[arg-type]
         self.y = graph.y.to(device)
         self.merge = MergeController(config.merge if config.strategy == "micrograph" else "off", self.world)
         self.on_iteration: Callable[[int, int], None] | None = None
@@ -234,7 +235,7 @@ class DistributedEngine(Engine):
 
     def _sample(self, seeds: Tensor, key: int, c: dict[str, float]) -> list[Block]:
         t0 = time.perf_counter()
-        blocks = sample_blocks(self.topo, seeds, self.fanouts, key)  # the topology is in host memory
+        blocks = sample_blocks(self.topo, seeds, self.fanouts, key, self.adjacency)  # topology in host memory
         if self.device.type != "cpu":
             blocks = [b.to(self.device, non_blocking=True) for b in blocks]
         c["sample_s"] += time.perf_counter() - t0
@@ -434,7 +435,7 @@ class DistributedEngine(Engine):
         """``[n_own, C]``: this rank's vertices' exact outputs, layer by layer over full neighbourhoods; each
         layer's remote input rows come in one exchange with their owners."""
         own = self.features.own
-        blocks = [sample_blocks(self.topo, own[lo : lo + EVAL_BATCH], (-1,))[0]
+        blocks = [sample_blocks(self.topo, own[lo : lo + EVAL_BATCH], (-1,), adjacency=self.adjacency.exact())[0]
                   for lo in range(0, own.numel(), EVAL_BATCH)]
         need = torch.unique(torch.cat([b.src_ids for b in blocks if b.src_ids is not None]
                                       or [torch.empty(0, dtype=torch.int64)]))

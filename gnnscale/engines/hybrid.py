@@ -63,7 +63,7 @@ from gnnscale.plan.hybrid import (
     rebalance,
 )
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.sample import CSRTopology, Topology, sample_blocks, sample_key
+from gnnscale.sample import CSRTopology, SampledAdjacency, Topology, sample_blocks, sample_key
 from gnnscale.store.global_store import GlobalMemoryStore
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class HybridEngine(MiniBatchEngine):
         # memory for the CPU feature loader, HyScale-GNN §III-B)
         super(MiniBatchEngine, self).__init__(graph, model, config, device)
         self.fanouts = tuple(config.fanouts or default_fanouts(config.layers))
+        self.adjacency = SampledAdjacency.from_graph(graph, model.adjacency, config.sample_norm)  # type: ignore[arg-type]
         self.devices = hybrid_devices(config)
         self.cpu_index = next(i for i, d in enumerate(self.devices) if d.type == "cpu")
         self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
@@ -274,14 +275,15 @@ class HybridEngine(MiniBatchEngine):
         on_gpu = [g for g in range(G) if self.gpu_sampler[g]]
 
         def cpu(g: int) -> None:
-            it.blocks[g] = sample_blocks(self.host_topo, it.parts[g], self.fanouts, key)
+            it.blocks[g] = sample_blocks(self.host_topo, it.parts[g], self.fanouts, key, self.adjacency)
 
         def gpu(g: int) -> float:
             dev, stream = self.devices[g], self.sample_streams[g]
             t0 = time.perf_counter()
             with torch.cuda.stream(stream):  # no stream (a CPU stand-in, in tests): the host store's reader
                 reader = self.store.reader(self.store_index.get(dev, 0))
-                it.blocks[g] = sample_blocks(reader, it.parts[g].to(dev, non_blocking=True), self.fanouts, key)
+                it.blocks[g] = sample_blocks(reader, it.parts[g].to(dev, non_blocking=True), self.fanouts, key,
+                                             self.adjacency)
                 if stream is not None:
                     stream.synchronize()
             return time.perf_counter() - t0
@@ -541,7 +543,7 @@ class HybridEngine(MiniBatchEngine):
         key = sample_key(self.config.seed, EVAL_EPOCH)
         for lo in range(0, ids.numel(), self.config.batch_size):
             seeds = ids[lo : lo + self.config.batch_size]
-            blocks = sample_blocks(self.host_topo, seeds, fanouts, key)
+            blocks = sample_blocks(self.host_topo, seeds, fanouts, key, self.adjacency)
             x = self._eval_features(blocks[0].src_ids)  # type: ignore[arg-type]
             pred[seeds] = self._forward(_Batch(seeds, blocks, x, 0.0, 0.0), None).argmax(-1).cpu()
         return self.accuracies(pred, self.y.cpu(), self.masks)

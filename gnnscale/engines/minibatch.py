@@ -13,8 +13,12 @@ Per trainer, sampling and extraction run on a producer thread ahead of training 
 (:data:`QUEUE_DEPTH` batches: HyScale-GNN's pipeline of sampling, feature loading and training); on CUDA on their
 own stream, each batch handed over with an event the training stream waits for.
 
-Evaluation is layer-wise full-neighbour inference (every vertex's exact output, layer by layer over destination
-batches: the in-memory engine's evaluation), or sampled inference with ``--eval-fanouts``.
+Sampled blocks are the layers' adjacency as PyG's layers see a sampled subgraph (:mod:`gnnscale.sample.adjacency`):
+one self-loop per destination outside the fanout, and GCN's weights from each vertex's degree in the sample
+(``--sample-norm sampled``, the default) or in the whole graph (``graph``). Evaluation is layer-wise full-neighbour inference (every
+vertex's exact output, layer by layer over destination batches, with the whole graph's weights: the in-memory
+engine's evaluation and PyG's full-batch ``model(x, edge_index)``), or sampled inference with ``--eval-fanouts``
+(the training blocks' semantics).
 
 Mini-batch training learns from sampled neighbourhoods, not the full graph, so ``--engine auto`` never picks it.
 With fanouts at least the largest in-degree a step equals the in-memory engine restricted to the batch's seeds.
@@ -44,7 +48,7 @@ from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.sample import CSRTopology, Topology, sample_blocks, sample_key
+from gnnscale.sample import CSRTopology, SampledAdjacency, Topology, sample_blocks, sample_key
 from gnnscale.store.global_store import GlobalMemoryStore, StoreReader
 
 if TYPE_CHECKING:
@@ -133,6 +137,7 @@ class MiniBatchEngine(Engine):
         self.train_ids = torch.nonzero(self.masks["train_mask"]).view(-1)
         if self.train_ids.numel() == 0:
             raise ConfigError(f"graph {graph.name} has no training vertices")
+        self.adjacency = SampledAdjacency.from_graph(graph, model.adjacency, config.sample_norm)  # type: ignore[arg-type]
         hotness = self.presampled_hotness() if config.hotness == "presample" else None
         self.store = GlobalMemoryStore(graph, devices, adjacency=model.adjacency,
                                        gpu_graph_ratio=config.gpu_graph_ratio,
@@ -181,7 +186,7 @@ class MiniBatchEngine(Engine):
         """Sample ``seeds`` (on ``t``'s device) and extract the input rows through ``t``'s reader."""
         with torch.cuda.stream(t.stream) if t.stream is not None else contextlib.nullcontext():
             t0 = time.perf_counter()
-            blocks = sample_blocks(t.reader, seeds.to(t.device), fanouts, key)
+            blocks = sample_blocks(t.reader, seeds.to(t.device), fanouts, key, self.adjacency)
             t1 = time.perf_counter()
             src = blocks[0].src_ids
             assert src is not None
@@ -350,7 +355,7 @@ class MiniBatchEngine(Engine):
             out = None
             for lo in range(0, n, size):
                 dst = torch.arange(lo, min(lo + size, n), device=self.device)
-                block = sample_blocks(self._eval_topology(), dst, (-1,))[0]
+                block = sample_blocks(self._eval_topology(), dst, (-1,), adjacency=self.adjacency.exact())[0]
                 src = block.src_ids
                 assert src is not None
                 x = self._eval_features(src) if h is None else h[src.cpu()].to(self.device)

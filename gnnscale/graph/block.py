@@ -22,10 +22,12 @@ Norm = Literal["none", "gcn"]
 
 @dataclass(frozen=True)
 class AdjacencySpec:
-    """Which adjacency a layer aggregates over. Normalisation is global (it reads degrees of the whole graph)."""
+    """Which adjacency a layer aggregates over. On the whole graph (full-graph engines) normalisation reads the
+    whole graph's degrees; on a sampled block, the degrees the sampler's ``SampledAdjacency`` says."""
 
     self_loops: bool = False
-    """Add a self-loop to every vertex that has none (PyG's ``add_remaining_self_loops``)."""
+    """Give every vertex exactly one self-loop (PyG's ``add_remaining_self_loops``: the graph's own loops are
+    replaced, a loop listed twice counts once)."""
     norm: Norm = "none"
     """``"gcn"``: symmetric ``D^-1/2 (A + I) D^-1/2`` weights; ``"none"``: the graph's weights (or ones)."""
 
@@ -33,13 +35,14 @@ class AdjacencySpec:
 def normalized_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, Tensor | None]:
     """In-neighbour CSR ``(indptr, indices, weight)`` of the whole graph after self-loops and normalisation.
 
-    Chunked engines slice destination row ranges out of this, so per-chunk blocks carry globally correct weights.
+    Self-loops follow PyG's ``add_remaining_self_loops``: the graph's own loops are removed and every vertex gets
+    exactly one, weighted as the graph's loop was (the last listed, when a loop is listed twice) or 1. Chunked
+    engines slice destination row ranges out of this, so per-chunk blocks carry globally correct weights.
     """
-    indptr, indices = graph.indptr, graph.indices.long()
-    weight = graph.edge_weight if spec.norm == "gcn" else None
     n = graph.num_nodes
+    indptr, indices, weight, loop_weight = sampling_csr(graph, spec)
     if spec.self_loops:
-        indptr, indices, weight = _add_self_loops(indptr, indices, weight, n)
+        indptr, indices, weight = _add_self_loops(indptr, indices, weight, n, loop_weight)
     if spec.norm == "gcn":
         w = torch.ones(indices.numel()) if weight is None else weight
         rows = csr_rows(indptr)
@@ -50,17 +53,56 @@ def normalized_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, T
     return indptr, indices, weight
 
 
-def _add_self_loops(indptr: Tensor, indices: Tensor, weight: Tensor | None,
-                    n: int) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The CSR with a self-loop (weight 1) added to every row that has none, at its place in (destination,
-    source) order -- what sorting the edges with the loops added gives. Rows already sorted by source (as
-    :class:`Graph` builds them) take an O(E) insertion; otherwise the edges are sorted."""
+def sampling_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """What a sampler draws from for a layer with adjacency ``spec``: ``(indptr, indices, weight, loop_weight)``.
+
+    The graph's in-neighbour CSR with its raw weights (kept only when ``spec.norm == "gcn"``, the one use of
+    them). When the layer adds self-loops, the graph's own loops are taken out of the lists, so they never take a
+    fanout slot: the layer's loop is added to each sampled block outside the fanout; ``loop_weight`` (``[N]``, or
+    ``None`` for ones) is then the weight the graph gave each vertex's loop (PyG's ``add_remaining_self_loops``).
+    """
+    indptr, indices = graph.indptr, graph.indices.long()
+    weight = graph.edge_weight if spec.norm == "gcn" else None
+    if not spec.self_loops:
+        return indptr, indices, weight, None
+    return remove_self_loops(indptr, indices, weight, graph.num_nodes)
+
+
+def remove_self_loops(indptr: Tensor, indices: Tensor, weight: Tensor | None,
+                      n: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The CSR without its self-loops, and ``[n]`` loop weights (each vertex's last listed loop, else 1; ``None``
+    when there are no weights)."""
+    dst = csr_rows(indptr, indices.numel())
+    on_loop = indices == dst
+    if not bool(on_loop.any()):
+        return indptr, indices, weight, None
+    keep = ~on_loop
+    loop_weight = None
+    if weight is not None:
+        pos = torch.nonzero(on_loop).view(-1)  # the last listed loop of a vertex wins, deterministically
+        last = torch.full((n,), -1, dtype=torch.int64).scatter_reduce_(0, dst[pos], pos, "amax")
+        has = last >= 0
+        loop_weight = torch.ones(n, dtype=weight.dtype)
+        loop_weight[has] = weight[last[has]]
+        weight = weight[keep]
+    new_ptr = torch.zeros(n + 1, dtype=indptr.dtype)
+    torch.cumsum(torch.bincount(dst[keep], minlength=n), 0, out=new_ptr[1:])
+    return new_ptr, indices[keep], weight, loop_weight
+
+
+def _add_self_loops(indptr: Tensor, indices: Tensor, weight: Tensor | None, n: int,
+                    loop_weight: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The CSR with a self-loop (weight ``loop_weight[v]``, default 1) added to every row that has none, at its place
+    in (destination, source) order -- what sorting the edges with the loops added gives. Rows already sorted by
+    source (as :class:`Graph` builds them) take an O(E) insertion; otherwise the edges are sorted."""
     dst = csr_rows(indptr, indices.numel())
     on_loop = indices == dst
     has_loop = torch.zeros(n, dtype=torch.bool)
     has_loop[dst[on_loop]] = True
     add = (~has_loop).to(torch.int64)  # [n] rows that get a loop
     missing = torch.nonzero(add).view(-1)
+    if weight is not None:
+        loops = torch.ones(missing.numel(), dtype=weight.dtype) if loop_weight is None else loop_weight[missing]
     in_row = torch.ones(indices.numel(), dtype=torch.bool)
     if indices.numel():
         in_row[indptr[1:-1][indptr[1:-1] < indices.numel()]] = False  # first edge of a row: no predecessor
@@ -69,7 +111,7 @@ def _add_self_loops(indptr: Tensor, indices: Tensor, weight: Tensor | None,
         src = torch.cat([indices, missing])
         both = torch.cat([dst, missing])
         if weight is not None:
-            weight = torch.cat([weight, torch.ones(missing.numel(), dtype=weight.dtype)])
+            weight = torch.cat([weight, loops])
         return _coo_to_csr(src, both, n, weight, coalesce=False)
     shift = torch.zeros(n + 1, dtype=torch.int64)
     torch.cumsum(add, 0, out=shift[1:])  # loops added in the rows before each row
@@ -85,7 +127,7 @@ def _add_self_loops(indptr: Tensor, indices: Tensor, weight: Tensor | None,
     if weight is not None:
         w = torch.empty(total, dtype=weight.dtype)
         w[pos] = weight
-        w[loop_pos] = 1.0
+        w[loop_pos] = loops
         weight = w
     return new_ptr, out, weight
 

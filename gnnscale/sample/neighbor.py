@@ -18,8 +18,9 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from gnnscale.graph.block import AdjacencySpec, Block, normalized_csr
+from gnnscale.graph.block import AdjacencySpec, Block, sampling_csr
 from gnnscale.graph.graph import Graph, csr_rows
+from gnnscale.sample.adjacency import SampledAdjacency
 
 FLOYD_MAX_FANOUT = 32
 """Largest fanout drawn by Floyd's algorithm; larger ones key every position of a row and keep the smallest."""
@@ -175,9 +176,10 @@ class CSRTopology:
 
     @classmethod
     def from_graph(cls, graph: Graph, spec: AdjacencySpec | None = None) -> CSRTopology:
-        """The adjacency ``spec`` (default: the plain graph) of ``graph``, self-loops and normalisation applied
-        globally as in full-graph training, so sampled blocks carry the edge weights :meth:`Block.from_graph` has."""
-        return cls(*normalized_csr(graph, AdjacencySpec() if spec is None else spec))
+        """What a sampler for layers of adjacency ``spec`` (default: the plain graph) draws from
+        (:func:`~gnnscale.graph.block.sampling_csr`): the graph's lists and raw weights, without self-loops when the
+        layers add their own. :class:`~gnnscale.sample.adjacency.SampledAdjacency` adds those and normalises."""
+        return cls(*sampling_csr(graph, AdjacencySpec() if spec is None else spec)[:3])
 
     @property
     def num_nodes(self) -> int:
@@ -246,7 +248,8 @@ def _relabel(dst_ids: Tensor, nbr_ids: Tensor) -> tuple[Tensor, Tensor]:
     return local[inv[n:]], torch.cat([dst_ids, uniq[new]])
 
 
-def sample_blocks(topo: Topology, seeds: Tensor, fanouts: Sequence[int], key: int = 0) -> list[Block]:
+def sample_blocks(topo: Topology, seeds: Tensor, fanouts: Sequence[int], key: int = 0,
+                  adjacency: SampledAdjacency | None = None) -> list[Block]:
     """Sample ``len(fanouts)`` hops of in-neighbours around ``seeds`` into one :class:`Block` per GNN layer.
 
     Fanout order (PyG's ``NeighborLoader(num_neighbors=...)`` convention): ``fanouts[0]`` is the hop from the
@@ -270,6 +273,10 @@ def sample_blocks(topo: Topology, seeds: Tensor, fanouts: Sequence[int], key: in
     frontier (the destinations of its block) gives the degrees; the positions to keep are drawn on the seeds'
     device; one :meth:`NeighborRequest.take` reads only those entries. No whole neighbour list is fetched.
 
+    Self-loops and weights: the blocks hold the edges as sampled from ``topo`` (its weights, or ``None``) unless
+    ``adjacency`` is given; then each block is the layer's adjacency (:meth:`SampledAdjacency.apply`: a self-loop
+    per destination outside the fanout, GCN weights on the block or from the graph).
+
     Relabelling: in every block the destinations are the first source rows, ``src_ids[:num_dst]``; in the last
     block they are ``seeds`` in the given order, in block ``l < len - 1`` they are ``blocks[l + 1].src_ids`` in
     that order (``blocks[l].num_dst == blocks[l + 1].num_src``). The vertices a hop reaches for the first time
@@ -282,6 +289,7 @@ def sample_blocks(topo: Topology, seeds: Tensor, fanouts: Sequence[int], key: in
         fanouts: one per layer, as above; each ``>= -1``.
         key: the sampling key (:func:`sample_key` of the run's seed and epoch); hop ``h`` uses
             :func:`hop_key` ``(key, h)``.
+        adjacency: turns each sampled block into the layers' adjacency (``None``: the blocks as sampled).
 
     Raises:
         ValueError: ``seeds`` not a 1-D integer tensor or holding duplicates (de-duplicate them first: a
@@ -304,8 +312,9 @@ def sample_blocks(topo: Topology, seeds: Tensor, fanouts: Sequence[int], key: in
         indptr, pos = sample_positions(frontier, req.degrees.to(dev), fanout, hop_key(key, hop))
         nbrs, weight = req.take(indptr, pos)
         local, src_ids = _relabel(frontier, nbrs.to(dev).long())
-        blocks.append(Block(indptr=indptr, indices=local, num_src=int(src_ids.numel()),
-                            edge_weight=None if weight is None else weight.to(dev), src_ids=src_ids))
+        block = Block(indptr=indptr, indices=local, num_src=int(src_ids.numel()),
+                      edge_weight=None if weight is None else weight.to(dev), src_ids=src_ids)
+        blocks.append(block if adjacency is None else adjacency.apply(block, fanout))
         frontier = src_ids
     blocks.reverse()
     return blocks

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from gnnscale.errors import ConfigError
-from gnnscale.graph.block import AdjacencySpec, normalized_csr
+from gnnscale.graph.block import AdjacencySpec, sampling_csr
 from gnnscale.graph.graph import Graph, csr_rows, csr_slices
 from gnnscale.plan.memory import format_bytes
 from gnnscale.sample.neighbor import NeighborRequest, full_lists
@@ -106,7 +106,9 @@ class GlobalMemoryStore:
     Args:
         graph: the graph; its features become ``float32``.
         devices: the "GPUs" (CUDA devices, or CPU devices for testing); one logical partition each.
-        adjacency: the model's adjacency (self-loops, GCN normalisation) whose CSR the store serves.
+        adjacency: the model's adjacency: the store serves what a sampler for it draws from
+            (:func:`~gnnscale.graph.block.sampling_csr`: raw weights for GCN, no self-loops when the layers add
+            them; :class:`~gnnscale.sample.SampledAdjacency` adds and normalises them per block).
         gpu_graph_ratio: fraction of the vertices (the hottest) whose in-neighbour lists live on the devices;
             ``None``: as many as ``memory_budget`` holds (topology first, XGNN §4.3: its reads are random and
             small, where a feature row is one sequential read).
@@ -139,7 +141,7 @@ class GlobalMemoryStore:
         order = torch.sort(-scores, stable=True).indices  # rank -> vertex, hottest first (ties: lower id)
         self.rank = torch.empty(n, dtype=torch.int64)
         self.rank[order] = torch.arange(n)
-        indptr, indices, weight = normalized_csr(graph, adjacency or AdjacencySpec())
+        indptr, indices, weight = sampling_csr(graph, adjacency or AdjacencySpec())[:3]
         x = graph.x.float()
         self.feature_width = x.shape[1]
         cuda = self.devices[0].type == "cuda"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_minibatch_xgnn import weighted
 
 from gnnscale.errors import ConfigError
-from gnnscale.graph.block import AdjacencySpec, normalized_csr
+from gnnscale.graph.block import AdjacencySpec, sampling_csr
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import csr_slices
 from gnnscale.store.global_store import GlobalMemoryStore
@@ -19,13 +20,13 @@ PLACEMENTS = [(0.0, 0.0), (1.0, 1.0), (0.3, 0.6), (0.7, 0.1)]  # all host, all d
 @pytest.mark.parametrize(("graph_ratio", "feature_ratio"), PLACEMENTS)
 @pytest.mark.parametrize("devices", [1, 3])
 def test_store_answers_like_the_graph(graph_ratio: float, feature_ratio: float, devices: int) -> None:
-    g = csbm(nodes=500, features=7, avg_degree=6, seed=2)
+    g = weighted(csbm(nodes=500, features=7, avg_degree=6, seed=2))
     store = GlobalMemoryStore(g, [CPU] * devices, adjacency=GCN, gpu_graph_ratio=graph_ratio,
                               gpu_feature_ratio=feature_ratio)
     ids = torch.randint(0, g.num_nodes, (300,), generator=torch.Generator().manual_seed(0))  # repeats included
     assert g.x is not None
     assert torch.equal(store.features(ids), g.x[ids])
-    indptr, indices, weight = normalized_csr(g, GCN)
+    indptr, indices, weight = sampling_csr(g, GCN)[:3]
     ptr, pos = csr_slices(indptr, ids)
     got_ptr, got_idx, got_w = store.neighbors(ids)
     assert torch.equal(got_ptr, ptr) and torch.equal(got_idx, indices[pos])
@@ -81,7 +82,7 @@ PCIE = [[0.0] * 4 for _ in range(4)]
 def test_every_reader_gets_the_graph_under_the_placement(links: list[list[float]]) -> None:
     g = csbm(nodes=400, features=5, avg_degree=6, seed=6)
     store = GlobalMemoryStore(g, [CPU] * 4, adjacency=GCN, gpu_graph_ratio=0.5, gpu_feature_ratio=0.5, links=links)
-    indptr, indices, weight = normalized_csr(g, GCN)
+    indptr, indices, weight = sampling_csr(g, GCN)[:3]
     ids = torch.arange(g.num_nodes)
     assert g.x is not None
     for reader in range(4):

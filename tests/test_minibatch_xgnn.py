@@ -12,7 +12,7 @@ import torch
 from gnnscale import TrainConfig, load_dataset
 from gnnscale.engines import MiniBatchEngine
 from gnnscale.errors import ConfigError
-from gnnscale.graph.block import AdjacencySpec, normalized_csr
+from gnnscale.graph.block import AdjacencySpec, normalized_csr, sampling_csr
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
@@ -25,6 +25,14 @@ CPU = torch.device("cpu")
 GCN = AdjacencySpec(self_loops=True, norm="gcn")
 RING = [[0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0]]  # opposite GPUs are not linked
 PCIE = [[0.0] * 4 for _ in range(4)]
+
+
+def weighted(g: Graph, seed: int = 0) -> Graph:
+    """``g`` with random positive edge weights: GCN's lists then carry a weight per entry (an unweighted graph's
+    GCN lists carry none: the sampler normalises each block itself)."""
+    w = torch.rand(g.num_edges, generator=torch.Generator().manual_seed(seed)) + 0.5
+    return Graph.from_edge_index(g.edge_index(), g.num_nodes, x=g.x, y=g.y, edge_weight=w, train_mask=g.train_mask,
+                                 val_mask=g.val_mask, test_mask=g.test_mask)
 
 
 def _engine(g: Graph, trainers: int = 1, **kw: Any) -> MiniBatchEngine:
@@ -123,10 +131,10 @@ def _expected_sources(store: GlobalMemoryStore, reader: int, ids: torch.Tensor, 
 def test_per_reader_reads_follow_the_placement_and_never_touch_another_tier(links: list[list[float]]) -> None:
     """Every copy a reader must not read is poisoned (NaN rows, -1 entries): the answers stay exact, so each row
     came from the one source the placement names; the per-source counters equal the plan."""
-    g = csbm(nodes=400, features=5, avg_degree=6, seed=6)
+    g = weighted(csbm(nodes=400, features=5, avg_degree=6, seed=6))
     assert g.x is not None
     store = GlobalMemoryStore(g, [CPU] * 4, adjacency=GCN, gpu_graph_ratio=0.5, gpu_feature_ratio=0.5, links=links)
-    indptr, indices, weight = normalized_csr(g, GCN)
+    indptr, indices, weight = (t.clone() for t in sampling_csr(g, GCN)[:3])  # type: ignore[union-attr]
     x = g.x.clone()  # the host table is the graph's own tensor on CPU (no copy): keep the truth aside
     ids = torch.arange(g.num_nodes)
     G = 4

@@ -9,10 +9,20 @@ import torch
 from torch import Tensor
 
 from gnnscale.graph import Block
-from gnnscale.graph.block import normalized_csr
+from gnnscale.graph.block import sampling_csr
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import GNN, build_model
-from gnnscale.sample import CSRTopology, NeighborRequest, Topology, hop_key, sample_blocks, sample_key, sample_positions
+from gnnscale.sample import (
+    SAMPLE_NORMS,
+    CSRTopology,
+    NeighborRequest,
+    SampledAdjacency,
+    Topology,
+    hop_key,
+    sample_blocks,
+    sample_key,
+    sample_positions,
+)
 from gnnscale.sample.neighbor import FLOYD_MAX_FANOUT, mix64_int
 from gnnscale.testing import with_device
 
@@ -255,30 +265,33 @@ def _forward_blocks(model: GNN, blocks: list[Block], x: Tensor, seed_epoch: tupl
 
 
 @with_device
-@pytest.mark.parametrize("kind", ["gcn", "sage"])
+@pytest.mark.parametrize("kind", ["gcn", "sage", "gat"])
 @pytest.mark.parametrize("num_layers", [2, 3])
 @pytest.mark.parametrize("seed_epoch", [None, (3, 1)])
 def test_full_fanout_matches_full_graph(kind: str, num_layers: int, seed_epoch: tuple[int, int] | None,
                                         device: str) -> None:
+    """Sampled from the graph's own lists (no loops) and made the layers' adjacency per block (one loop outside
+    the fanout, GCN weights from the sample or the graph): at full fanout a sampled forward is full-graph's."""
     graph = csbm(nodes=200, classes=3, avg_degree=5, features=8, seed=2)
     assert graph.x is not None
     model = build_model(kind, 8, 16, 3, layers=num_layers, dropout=0.5, heads=1, seed=0).to(device)
     model.eval()
     x = graph.x.to(device)
-    csr = normalized_csr(graph, model.adjacency)
-    topo = _topo(csr, device)
-    max_deg = int((csr[0][1:] - csr[0][:-1]).max())
+    topo = _topo(sampling_csr(graph, model.adjacency)[:3], device)
+    max_deg = int(graph.in_degree().max())
     seeds = torch.randperm(200, generator=_gen(5))[:40].to(device)  # unsorted: the order must be kept
     with torch.no_grad():
         full = model(Block.from_graph(graph, model.adjacency).to(device), x, seed_epoch)[seeds]
-        for fanouts in ([-1] * num_layers, [max_deg] * num_layers, [max_deg + 3] + [-1] * (num_layers - 1)):
-            blocks = sample_blocks(topo, seeds, fanouts, key=0)
-            out = _forward_blocks(model, blocks, x, seed_epoch)
-            assert out.shape == full.shape
-            torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-5)
-        # and a real sample (fanout 2) does not reproduce it: the comparison above can fail
-        out = _forward_blocks(model, sample_blocks(topo, seeds, [2] * num_layers, key=0), x, seed_epoch)
-        assert not torch.allclose(out, full, atol=1e-3)
+        for norm in SAMPLE_NORMS:
+            adjacency = SampledAdjacency.from_graph(graph, model.adjacency, norm)
+            for fanouts in ([-1] * num_layers, [max_deg] * num_layers, [max_deg + 3] + [-1] * (num_layers - 1)):
+                blocks = sample_blocks(topo, seeds, fanouts, key=0, adjacency=adjacency)
+                out = _forward_blocks(model, blocks, x, seed_epoch)
+                assert out.shape == full.shape
+                torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-5)
+            # and a real sample (fanout 2) does not reproduce it: the comparison above can fail
+            out = _forward_blocks(model, sample_blocks(topo, seeds, [2] * num_layers, 0, adjacency), x, seed_epoch)
+            assert not torch.allclose(out, full, atol=1e-3)
 
 
 # ------------------------------------------------------------------------------------------------ requests
@@ -412,7 +425,7 @@ def _same(a: list[Block], b: list[Block]) -> bool:
 @with_device
 def test_deterministic_with_a_key(device: str) -> None:
     graph = csbm(nodes=500, classes=3, avg_degree=12, features=4, seed=4)
-    csr = normalized_csr(graph, build_model("gcn", 4, 8, 3, layers=2, dropout=0.0, heads=1, seed=0).adjacency)
+    csr = sampling_csr(graph, build_model("gcn", 4, 8, 3, layers=2, dropout=0.0, heads=1, seed=0).adjacency)[:3]
     topo = _topo(csr, device)
     seeds = torch.arange(0, 500, 7, device=device)
     first = sample_blocks(topo, seeds, [5, 3], key=11)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_minibatch_xgnn import CPU, GCN, RING, _engine
+from test_minibatch_xgnn import CPU, GCN, RING, _engine, weighted
 
 from gnnscale.engines.minibatch import PRESAMPLE_BATCHES, epoch_order
 from gnnscale.errors import ConfigError
@@ -26,7 +26,7 @@ from gnnscale.store.placement import HOST, assign_sources, solve_placement
 def test_weighted_topology_bytes_and_h2d_total() -> None:
     """With edge weights (GCN) an entry is 8 bytes of id + 4 of weight, on host and device links alike; and the
     recorded h2d_bytes is features plus topology."""
-    g = csbm(nodes=300, features=6, avg_degree=6, seed=7)
+    g = weighted(csbm(nodes=300, features=6, avg_degree=6, seed=7))
     store = GlobalMemoryStore(g, [CPU] * 4, adjacency=GCN, gpu_graph_ratio=0.5, gpu_feature_ratio=0.25, links=RING)
     ids = torch.arange(g.num_nodes)
     store.features(ids, 0)

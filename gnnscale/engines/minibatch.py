@@ -15,10 +15,10 @@ own stream, each batch handed over with an event the training stream waits for.
 
 Sampled blocks are the layers' adjacency as PyG's layers see a sampled subgraph (:mod:`gnnscale.sample.adjacency`):
 one self-loop per destination outside the fanout, and GCN's weights from each vertex's degree in the sample
-(``--sample-norm sampled``, the default) or in the whole graph (``graph``). Evaluation is layer-wise full-neighbour inference (every
-vertex's exact output, layer by layer over destination batches, with the whole graph's weights: the in-memory
-engine's evaluation and PyG's full-batch ``model(x, edge_index)``), or sampled inference with ``--eval-fanouts``
-(the training blocks' semantics).
+(``--sample-norm sampled``, the default) or in the whole graph (``graph``). Evaluation is layer-wise full-neighbour
+inference (every vertex's exact output, layer by layer over destination batches, with the whole graph's weights:
+the in-memory engine's evaluation and PyG's full-batch ``model(x, edge_index)``), or sampled inference with
+``--eval-fanouts`` (the training blocks' semantics).
 
 Mini-batch training learns from sampled neighbourhoods, not the full graph, so ``--engine auto`` never picks it.
 With fanouts at least the largest in-degree a step equals the in-memory engine restricted to the batch's seeds.

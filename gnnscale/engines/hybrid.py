@@ -193,12 +193,13 @@ class HybridEngine(MiniBatchEngine):
         dims = (g.num_features, *([self.config.hidden] * (self.config.layers - 1)), g.num_classes)
         key = sample_key(self.config.seed, 0)
         size = min(self.config.batch_size, self.train_ids.numel())
-        cpu_table = measure_sampling(self.host_topo, self.train_ids, self.fanouts, dims, size, cores, key)
+        cpu_table = measure_sampling(self.host_topo, self.train_ids, self.fanouts, dims, size, cores, key,
+                                     self.adjacency)
         cuda = [d for d in self.devices if d.type == "cuda"]
         gpu_table = None
         if cuda:
             gpu_table = measure_sampling(self.store.reader(0), self.train_ids.to(cuda[0]), self.fanouts, dims,
-                                         size, 1, key)
+                                         size, 1, key, self.adjacency)
         rates = [device_rates(d if d.type == "cuda" else torch.device("cpu")) for d in self.devices]
         return HybridModel(dims=dims, cpu_sampling=cpu_table, gpu_sampling=gpu_table, rates=rates,
                            cpu_index=self.cpu_index, gpu_sampled=list(self.gpu_sampler), cores=cores)

@@ -18,6 +18,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from gnnscale.graph.block import Block
+    from gnnscale.sample.adjacency import SampledAdjacency
     from gnnscale.sample.neighbor import Topology
 
 STAGES = ("SA", "SC", "Load", "TC", "Accel")
@@ -466,10 +467,12 @@ def batch_shape(blocks: list[Block], dims: tuple[int, ...]) -> BatchShape:
 
 
 def measure_sampling(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims: tuple[int, ...],
-                     batch: int, max_threads: int, key: int = 0) -> SamplingTable:
+                     batch: int, max_threads: int, key: int = 0,
+                     adjacency: SampledAdjacency | None = None) -> SamplingTable:
     """The sampling-time table: a batch of each of ``batch / 4``, ``batch / 2`` and ``batch`` seeds (drawn from
     ``ids`` on ``ids``' device), cut into ``k`` shares sampled at once on ``k`` threads, for ``k`` in 1, 2, 4, ...
-    up to ``max_threads``; the median of :data:`SAMPLE_REPEATS` runs after a warm-up."""
+    up to ``max_threads``; the median of :data:`SAMPLE_REPEATS` runs after a warm-up. ``adjacency``: the blocks
+    made the layers' (loops, GCN weights), as training samples them."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gnnscale.sample import sample_blocks
@@ -493,7 +496,7 @@ def measure_sampling(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims
                     if cuda:
                         torch.cuda.synchronize(ids.device)
                     t0 = time.perf_counter()
-                    out = list(pool.map(lambda p: sample_blocks(topo, p, fanouts, key), parts))
+                    out = list(pool.map(lambda p: sample_blocks(topo, p, fanouts, key, adjacency), parts))
                     if cuda:
                         torch.cuda.synchronize(ids.device)
                     if r:

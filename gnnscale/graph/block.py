@@ -47,10 +47,16 @@ def normalized_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, T
         w = torch.ones(indices.numel()) if weight is None else weight
         rows = csr_rows(indptr)
         deg = torch.zeros(n).index_add_(0, rows, w)  # weighted in-degree, self-loop included
-        dinv = deg.pow(-0.5)
-        dinv.masked_fill_(torch.isinf(dinv), 0.0)
-        weight = dinv[indices] * w * dinv[rows]
+        weight = gcn_weights(deg, indices, rows, w)
     return indptr, indices, weight
+
+
+def gcn_weights(deg: Tensor, src: Tensor, dst: Tensor, weight: Tensor) -> Tensor:
+    """GCN's edge weights ``w_uv / sqrt(deg_u deg_v)`` (``gcn_norm``; a vertex of degree 0 gets 0), for edges
+    ``src[e] -> dst[e]`` indexing ``deg``."""
+    dinv = deg.pow(-0.5)
+    dinv.masked_fill_(torch.isinf(dinv), 0.0)
+    return dinv[src] * weight * dinv[dst]
 
 
 def sampling_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:

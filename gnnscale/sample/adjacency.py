@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gnnscale.graph.block import AdjacencySpec, Block, sampling_csr
+from gnnscale.graph.block import AdjacencySpec, Block, gcn_weights, sampling_csr
 from gnnscale.graph.graph import Graph, csr_rows
 
 SampleNorm = Literal["sampled", "graph"]
@@ -125,21 +125,16 @@ class SampledAdjacency:
             block = self._with_loops(block)
         if self.spec.norm != "gcn":
             return block
-        dev = block.device
         rows = block.dst_index()
-        w = block.edge_weight if block.edge_weight is not None else torch.ones(block.num_edges, device=dev)
+        w = block.edge_weight if block.edge_weight is not None else torch.ones(block.num_edges, device=block.device)
         ids = block.row_ids()
         if self.norm == "sampled":
-            deg_dst = torch.zeros(block.num_dst, device=dev, dtype=w.dtype).index_add_(0, rows, w)
+            deg_dst = torch.zeros(block.num_dst, device=block.device, dtype=w.dtype).index_add_(0, rows, w)
             deg = torch.cat([deg_dst, self.source_degree(ids[block.num_dst :], fanout, w.dtype)])
         else:
             deg = self.source_degree(ids, -1, w.dtype)
-        dinv = deg.pow(-0.5)
-        dinv.masked_fill_(torch.isinf(dinv), 0.0)
-        block.edge_weight = dinv[block.indices.long()] * w * dinv[rows]
-        block._cache.pop("adj", None)
-        block._cache.pop("adj_t", None)
-        return block
+        return Block(indptr=block.indptr, indices=block.indices, num_src=block.num_src,
+                     edge_weight=gcn_weights(deg, block.indices.long(), rows, w), src_ids=block.src_ids)
 
     def _with_loops(self, block: Block) -> Block:
         """``block`` with a loop from each destination's own source row, last in its row."""

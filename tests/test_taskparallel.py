@@ -18,8 +18,8 @@ from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, normalized_csr
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import csr_rows
+from gnnscale.nn import build_model
 from gnnscale.nn.decoupled import DecoupledGNN
-from gnnscale.nn.model import build_model
 from gnnscale.plan.taskparallel import model_times, plan_taskparallel, replication_factor
 from gnnscale.testing import only_cuda
 
@@ -291,16 +291,67 @@ def test_t_stages_run_at_most_the_queue_depth_ahead(graph) -> None:  # type: ign
             assert (1, s - QUEUE_DEPTH) in started[:i]
 
 
+def _saved_at_backward(eng: TaskParallelEngine, keep_forward: bool = False) -> tuple[dict[int, set], list[bool]]:
+    """Arrange that each T device records the keys of its ``saved`` tensors when its first backward-phase operation
+    starts (a re-forward, or the last stage's backward), i.e. while the epoch runs, after its forward; and that
+    every T backward records whether its input is there. ``keep_forward``: the T forward keeps its output under
+    the same key, as an engine without recomputation would keep its activations."""
+    first: dict[int, set] = {}
+    found: list[bool] = []
+
+    def wrap(name: str, hook) -> None:  # type: ignore[no-untyped-def]
+        original = getattr(eng, name)
+
+        def wrapped(k, s, *rest):  # type: ignore[no-untyped-def]
+            return hook(original, k, s, *rest)
+
+        setattr(eng, name, wrapped)
+
+    def snapshot(original, k, s, *rest):  # type: ignore[no-untyped-def]
+        r = eng._t_runner(eng.t_stages[k], s)
+        first.setdefault(r.index, set(r.saved))
+        return original(k, s, *rest)
+
+    def backward(original, k, s, *rest):  # type: ignore[no-untyped-def]
+        r = eng._t_runner(eng.t_stages[k], s)
+        first.setdefault(r.index, set(r.saved))
+        found.append((k, s) in r.saved)
+        return original(k, s, *rest)
+
+    def forward(original, k, s, *rest):  # type: ignore[no-untyped-def]
+        out = original(k, s, *rest)
+        eng._t_runner(eng.t_stages[k], s).saved[(k, s)] = out
+        return out
+
+    wrap("_t_refwd", snapshot)
+    wrap("_t_backward", backward)
+    if keep_forward:
+        wrap("_t_forward", forward)
+    return first, found
+
+
 def test_t_tasks_are_recomputed_not_stored(graph) -> None:  # type: ignore[no-untyped-def]
     """Each T stage runs its forward once, recomputes once (every stage but the last) and backpropagates once per
-    subgraph; nothing of the forward survives it."""
+    subgraph; nothing of the forward survives it: when a T device starts its backward, it holds nothing of its
+    forward -- the stages before the last nothing at all, the last only the input its backward just received --
+    and each backward finds the input its recomputation kept. Observed while the epoch runs (the epoch clears
+    every device's tensors when it ends), and shown to see a forward that keeps its activations."""
     cfg = _config("dgcn", 3, 4, t_devices=3, subgraphs=3)
     eng = TaskParallelEngine(graph, _model(graph, cfg), cfg, CPU)
     eng.trace = []
+    first, found = _saved_at_backward(eng)
     eng.train_epoch(1)
     for op, want in (("TF", 3 * 3), ("TR", 2 * 3), ("TB", 3 * 3)):
         assert sum(1 for o, _, _ in eng.trace if o == op) == want
-    assert all(not r.saved and not r.cache for r in eng.runners)
+    last = 2  # the backward goes from the last subgraph of the epoch's order
+    assert first == {0: set(), 1: set(), 2: {(2, last)}}
+    assert found == [True] * (3 * 3)
+    assert all(not r.saved and not r.cache for r in eng.runners)  # and the epoch released everything
+    # the same observation of an engine whose T forward keeps its activations: every subgraph's, on every stage
+    keeping = TaskParallelEngine(graph, _model(graph, cfg), cfg, CPU)
+    first, _ = _saved_at_backward(keeping, keep_forward=True)
+    keeping.train_epoch(1)
+    assert first == {k: {(k, s) for s in range(3)} for k in range(3)}
 
 
 def test_per_device_peaks_are_counted(graph) -> None:  # type: ignore[no-untyped-def]

@@ -51,7 +51,7 @@ from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.errors import GnnscaleError
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
-from gnnscale.nn.model import build_model
+from gnnscale.nn import build_model
 from gnnscale.train import check_trainable
 
 EGO_TWITTER = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "snap" / "ego-twitter.txt.gz"

@@ -39,10 +39,11 @@ from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.transforms import ToSparseTensor
 
 from gnnscale.engines import InMemoryEngine
+from gnnscale.engines.devices import resolve_device
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
-from gnnscale.train import TrainConfig, resolve_device
+from gnnscale.train import TrainConfig
 
 Step = Callable[[int], float]  # one training epoch -> loss
 OURS = "gnnscale-inmemory"

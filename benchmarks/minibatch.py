@@ -92,14 +92,15 @@ except ImportError:  # pragma: no cover
     from benchmarks.offload import bench as time_epochs
 
 from gnnscale.engines import MiniBatchEngine, select_engine
+from gnnscale.engines.devices import resolve_device
 from gnnscale.errors import GnnscaleError
 from gnnscale.graph.block import Block, normalized_csr
 from gnnscale.graph.graph import Graph, csr_rows, csr_slices
 from gnnscale.nn import build_model
-from gnnscale.plan.memory import parse_budget
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.sample.neighbor import _relabel
-from gnnscale.train import TrainConfig, resolve_device
+from gnnscale.train import TrainConfig
+from gnnscale.units import parse_budget
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "minibatch.jsonl"
 EGO_TWITTER = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "snap" / "ego-twitter.txt.gz"

@@ -80,12 +80,13 @@ except ImportError:  # pragma: no cover
     from benchmarks.inmemory_vs_pyg import environment as base_environment
 
 from gnnscale.engines import InMemoryEngine, OffloadEngine, select_engine
+from gnnscale.engines.devices import resolve_device
 from gnnscale.errors import GnnscaleError
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
-from gnnscale.plan.memory import parse_budget
-from gnnscale.train import TrainConfig, check_trainable, resolve_device
+from gnnscale.train import TrainConfig, check_trainable
+from gnnscale.units import parse_budget
 
 Step = Callable[[int], dict[str, Any]]  # one training epoch -> {"loss": ..., engine counters}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "offload.jsonl"

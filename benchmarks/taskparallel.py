@@ -78,6 +78,7 @@ except ImportError:  # pragma: no cover
     from benchmarks.offload import bench as time_epochs
 
 from gnnscale.engines import InMemoryEngine, OffloadEngine, TaskParallelEngine, select_engine
+from gnnscale.engines.devices import resolve_device
 from gnnscale.errors import GnnscaleError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
@@ -85,7 +86,7 @@ from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.partition import partition_graph
 from gnnscale.plan.memory import LiveBytesCounter, estimate_inmemory_bytes
 from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
-from gnnscale.train import TrainConfig, resolve_device
+from gnnscale.train import TrainConfig
 
 Step = Callable[[int], dict[str, Any]]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "taskparallel.jsonl"

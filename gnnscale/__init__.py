@@ -6,8 +6,7 @@ from gnnscale.graph import Block, Graph
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.predict import load_model, predict, save_model
 from gnnscale.train import TrainConfig, TrainResult, train
-
-__version__ = "0.1.0"
+from gnnscale.version import __version__
 
 __all__ = [
     "Block",

@@ -2,7 +2,7 @@
 
 
 from gnnscale.cli import main
-from gnnscale.distributed.launch import exit_rank
+from gnnscale.distributed.comm import exit_rank
 
 if __name__ == "__main__":
     exit_rank(main())

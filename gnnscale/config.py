@@ -6,18 +6,32 @@ that drives them (``train`` sits above ``engines``; nothing below it imports it)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+import inspect
+import textwrap
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, fields
 
 from gnnscale.errors import ConfigError
-from gnnscale.nn.decoupled import DECOUPLED_MODELS
-from gnnscale.nn.model import MODELS
+from gnnscale.nn.zoo import ALL_MODELS
 from gnnscale.partition import PARTITION_METHODS
+from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
+from gnnscale.partition.plan import CHUNKERS
 from gnnscale.sample import SAMPLE_NORMS
+from gnnscale.store import GATHER_METHODS
 
-ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
 STRATEGIES = ("micrograph", "model-centric")
 """``--strategy`` of the distributed engine."""
-"""Every ``--model`` name: the layer stacks and the decoupled models."""
+
+_CHECKS: list[Callable[[TrainConfig], None]] = []
+
+
+def register_check(check: Callable[[TrainConfig], None]) -> Callable[[TrainConfig], None]:
+    """Add a check every :class:`TrainConfig` runs when it is made (it raises
+    :class:`~gnnscale.errors.ConfigError`). The engine registry (:mod:`gnnscale.engines`) registers the engine's
+    name and each engine's own options this way, so that this module, below the engines, never names one."""
+    _CHECKS.append(check)
+    return check
 
 
 @dataclass(kw_only=True)
@@ -126,11 +140,6 @@ class TrainConfig:
     of a few sampled batches)."""
 
     def __post_init__(self) -> None:
-        from gnnscale.engines import ENGINES
-        from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
-        from gnnscale.partition.plan import CHUNKERS
-        from gnnscale.store import GATHER_METHODS
-
         checks = [
             (self.model in ALL_MODELS, f"unknown model {self.model!r}; choose one of {', '.join(ALL_MODELS)}"),
             (self.layers >= 1, f"--layers must be >= 1, got {self.layers}"),
@@ -141,8 +150,6 @@ class TrainConfig:
             (self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
             (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
-            (self.engine == "auto" or self.engine in ENGINES,
-             f"unknown engine {self.engine!r}; choose auto or one of {', '.join(ENGINES)}"),
             (self.memory_budget is None or self.memory_budget > 0, "--gpu-memory must be positive"),
             (self.partitions >= 1, f"--partitions must be >= 1, got {self.partitions}"),
             (self.chunks is None or self.chunks >= 1, f"--chunks must be >= 1, got {self.chunks}"),
@@ -159,11 +166,6 @@ class TrainConfig:
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (self.sample_norm in SAMPLE_NORMS,
              f"unknown --sample-norm {self.sample_norm!r}; choose one of {', '.join(SAMPLE_NORMS)}"),
-            (self.engine not in ("minibatch", "hybrid", "distributed") or self.fanouts is None
-             or len(self.fanouts) == self.layers,
-             f"--fanouts has {len(self.fanouts or ())} value(s) for {self.layers} layers; give one per layer"),
-            (self.engine != "minibatch" or self.eval_fanouts is None or len(self.eval_fanouts) == self.layers,
-             f"--eval-fanouts has {len(self.eval_fanouts or ())} value(s) for {self.layers} layers"),
             (self.fanouts is None or all(f >= 1 or f == -1 for f in self.fanouts),
              f"--fanouts must be positive (or -1 for all neighbours), got {self.fanouts}"),
             (self.eval_fanouts is None or all(f >= 1 or f == -1 for f in self.eval_fanouts),
@@ -197,34 +199,34 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
-        if self.engine == "hybrid":
-            self._check_hybrid()
         if self.model == "gat" and self.layers > 1 and self.hidden % self.heads:
             raise ConfigError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads}) for GAT")
-
-    def _check_hybrid(self) -> None:
-        """The hybrid engine's devices (a CPU among them, none twice) and threads (no more than the cores)."""
-        import os
-
-        from gnnscale.plan.hybrid import check_threads
-
-        if self.devices is not None:
-            names = [_canonical_device(d) for d in self.devices]
-            if not any(n.startswith("cpu") for n in names):
-                raise ConfigError(f"--devices {','.join(self.devices)} has no CPU: the hybrid engine trains on the "
-                                  "CPU beside the accelerators; add cpu (e.g. --devices cpu,cuda:0)")
-            repeated = sorted({n for n in names if names.count(n) > 1})
-            if repeated:
-                raise ConfigError(f"--devices {','.join(self.devices)} lists {', '.join(repeated)} more than once; "
-                                  "the hybrid engine runs one trainer per device (cpu:1, cpu:2, ... stand in for "
-                                  "accelerators on a machine without one)")
-        if self.threads is not None:
-            why = check_threads(self.threads, os.cpu_count() or 1)
-            if why:
-                raise ConfigError(why)
+        for check in _CHECKS:
+            check(self)
 
 
-def _canonical_device(name: str) -> str:
-    """``cpu`` and ``cpu:0`` (``cuda`` and ``cuda:0``) name one device."""
-    name = name.strip().lower()
-    return f"{name}:0" if name in ("cpu", "cuda") else name
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring (the string literal under it in the class body), from the source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, after in zip(body, body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _document(cls: type) -> None:
+    """Append every field, its default and its meaning to ``cls.__doc__``, so that ``help(cls)`` shows them."""
+    docs = field_docs(cls)
+    lines = [(cls.__doc__ or "").rstrip(), "", "Fields (name: type = default):", ""]
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else "(required)"
+        lines.append(f"    {f.name}: {f.type} = {default!r}")
+        lines.extend(textwrap.wrap(docs.get(f.name, "(undocumented)"), 108, initial_indent=" " * 8,
+                                   subsequent_indent=" " * 8))
+    cls.__doc__ = "\n".join(lines) + "\n"
+
+
+_document(TrainConfig)

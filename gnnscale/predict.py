@@ -15,9 +15,12 @@ from torch import Tensor
 
 from gnnscale.checkpoint import atomic_save, load_versioned
 from gnnscale.config import TrainConfig
+from gnnscale.engines import select_engine
+from gnnscale.engines.devices import resolve_devices
 from gnnscale.errors import ConfigError, GraphError
+from gnnscale.fsutil import atomic_file
 from gnnscale.graph.graph import Graph
-from gnnscale.nn.model import GNN, build_model
+from gnnscale.nn import GNN, build_model
 
 FORMAT = "gnnscale-model"
 VERSION = 1
@@ -62,9 +65,6 @@ def predict(graph: Graph, model: str | os.PathLike[str] | tuple[GNN, TrainConfig
         engine_options: :class:`TrainConfig` fields for the engine (``engine``, ``memory_budget``, ``devices``,
             ``partitions``, ...); the model's own fields come from its config.
     """
-    from gnnscale.engines import select_engine
-    from gnnscale.train import resolve_devices
-
     net, config = load_model(model) if isinstance(model, (str, os.PathLike)) else model
     want = getattr(net, "num_features", graph.num_features), getattr(net, "num_classes", graph.num_classes)
     if graph.x is None or (graph.num_features, graph.num_classes) != want:
@@ -90,8 +90,6 @@ def write_predictions(path: str | os.PathLike[str], pred: Tensor) -> Path:
         raise ConfigError(f"--out {path}: give a file ending in {', '.join(OUTPUT_SUFFIXES)}")
     if not path.parent.is_dir():
         raise ConfigError(f"--out {path}: directory {path.parent} does not exist")
-    from gnnscale.fsutil import atomic_file
-
     with atomic_file(path) as fh:
         if path.suffix == ".npy":
             np.save(fh, pred.numpy())

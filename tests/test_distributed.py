@@ -26,7 +26,7 @@ from gnnscale.distributed.schedule import MergeController, build_schedule, home_
 from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.graph import io
 from gnnscale.graph.generators import csbm
-from gnnscale.nn.model import build_model
+from gnnscale.nn import build_model
 from gnnscale.plan.memory import proc_kib
 from gnnscale.sample import sample_key
 from gnnscale.store.partitioned import PartitionedFeatures
@@ -508,8 +508,8 @@ def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_gpus_per_rank(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """NCCL takes one GPU per rank: rank LOCAL_RANK gets cuda:LOCAL_RANK, and a machine with more ranks than
     GPUs, or one --device cuda:N for all its ranks, is a clear error (not NCCL's "duplicate GPU" abort)."""
+    from gnnscale.engines.devices import resolve_devices
     from gnnscale.errors import ConfigError
-    from gnnscale.train import resolve_devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -30,7 +30,7 @@ from gnnscale.errors import ConfigError
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
-from gnnscale.nn.model import build_model
+from gnnscale.nn import build_model
 from gnnscale.plan.hybrid import (
     BatchShape,
     DeviceRates,
@@ -917,7 +917,7 @@ def test_hybrid_accuracy_on_amazon_computers_matches_the_minibatch_engine() -> N
 def test_the_hybrid_engines_training_device_is_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The synchronizer and master model live on the CPU: with or without --devices, even where a GPU would be
     --device auto's pick (CUDA faked present), and wherever the CPU stands in the list."""
-    from gnnscale.train import resolve_devices
+    from gnnscale.engines.devices import resolve_devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -15,9 +15,10 @@ from gnnscale.errors import EngineError
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
-from gnnscale.plan.memory import estimate_inmemory_bytes, parse_bytes
+from gnnscale.plan.memory import estimate_inmemory_bytes
 from gnnscale.plan.offload import plan_offload
 from gnnscale.testing import need_file, only_cuda
+from gnnscale.units import parse_bytes
 
 CPU = torch.device("cpu")
 

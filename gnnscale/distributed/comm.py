@@ -15,6 +15,8 @@ heartbeat stopped.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,9 +28,27 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gnnscale.distributed import _CURRENT
-from gnnscale.distributed.launch import launched
+from gnnscale.distributed.job import launched
 from gnnscale.errors import ConfigError, RankFailure
+
+_CURRENT: list[Comm] = []
+"""The comm of this process's job, once set up (the CLI names failed peers through it)."""
+
+
+def current() -> Comm | None:
+    """This process's :class:`Comm`, or ``None`` outside a distributed job."""
+    return _CURRENT[-1] if _CURRENT else None
+
+
+def exit_rank(code: int) -> None:
+    """End the process with ``code``. A rank of a failed job ends at once (``os._exit``, after flushing its
+    output): tearing down a process group whose peer is gone can abort the process from a C++ thread, and the
+    launcher would report that abort instead of the rank that failed first."""
+    if code and current() is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 HEARTBEAT_S = 0.25
 """Seconds between a rank's heartbeats."""

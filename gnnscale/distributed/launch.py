@@ -13,30 +13,20 @@ import os
 import signal
 import sys
 import time
+import traceback
+from collections.abc import Callable
 
-PEER_FAILED = 3
-"""Exit status of a rank that stops because another rank of its job failed (the CLI's)."""
-PEER_GRACE_S = 1.0
-"""Seconds a rank stopping because of a peer waits before it exits (under ``--ranks``)."""
-LAUNCHED_BY = "GNNSCALE_LAUNCHER"
-"""Set in the ranks ``--ranks`` starts: bad-input errors every rank finds are printed by rank 0 only."""
+from gnnscale.distributed.comm import exit_rank
+from gnnscale.distributed.job import LAUNCHED_BY, PEER_FAILED, PEER_GRACE_S
+
 _QUIET_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing",
                   "torch.distributed.run")
 
 
-def launched() -> bool:
-    """Whether this process is a rank of a launched job (torchrun, or ``--ranks``): torch's variables are set."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
-def _worker(argv: list[str]) -> None:
-    """One rank: the ``gnnscale`` command with the same arguments."""
-    import traceback
-
-    from gnnscale.cli import main
-
+def _worker(entry: Callable[[list[str]], int], argv: list[str]) -> None:
+    """One rank: ``entry(argv)``, the ``gnnscale`` command with the same arguments."""
     try:
-        code = main(argv)
+        code = entry(argv)
     except Exception:
         traceback.print_exc()  # a bug keeps its traceback (the launcher would keep it to itself)
         sys.stdout.flush()
@@ -45,19 +35,6 @@ def _worker(argv: list[str]) -> None:
     if code == PEER_FAILED:
         time.sleep(PEER_GRACE_S)  # let the rank that failed end first, so that the launcher names it
     exit_rank(code)
-
-
-def exit_rank(code: int) -> None:
-    """End the process with ``code``. A rank of a failed job ends at once (``os._exit``, after flushing its
-    output): tearing down a process group whose peer is gone can abort the process from a C++ thread, and the
-    launcher would report that abort instead of the rank that failed first."""
-    from gnnscale.distributed import current
-
-    if code and current() is not None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
 
 
 def _describe(exitcode: int) -> str:
@@ -69,8 +46,9 @@ def _describe(exitcode: int) -> str:
     return f"exit status {exitcode}"
 
 
-def run_ranks(argv: list[str], ranks: int) -> int:
-    """Run ``gnnscale <argv>`` as ``ranks`` ranks of one job on this machine; the job's exit status."""
+def run_ranks(entry: Callable[[list[str]], int], argv: list[str], ranks: int) -> int:
+    """Run ``entry(argv)`` (the CLI's main, a module-level function: the ranks import it by name) as ``ranks``
+    ranks of one job on this machine; the job's exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -87,7 +65,7 @@ def run_ranks(argv: list[str], ranks: int) -> int:
                           rdzv_endpoint="127.0.0.1:0", run_id=f"gnnscale-{os.getpid()}", max_restarts=0,
                           monitor_interval=0.1)
     try:
-        elastic_launch(config, _worker)(argv)
+        elastic_launch(config, _worker)(entry, argv)
     except SignalException as exc:  # Ctrl-C or SIGTERM to this process: the agent has stopped the ranks
         if exc.sigval == signal.SIGINT:
             print("error: interrupted", file=sys.stderr)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from gnnscale.config import TrainConfig, register_check
 from gnnscale.engines.base import Engine
 from gnnscale.engines.distributed import DistributedEngine
 from gnnscale.engines.hybrid import HybridEngine
@@ -13,16 +12,23 @@ from gnnscale.engines.inmemory import InMemoryEngine
 from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.engines.offload import OffloadEngine
 from gnnscale.engines.taskparallel import TaskParallelEngine
-from gnnscale.errors import EngineError
+from gnnscale.errors import ConfigError, EngineError
 from gnnscale.graph.graph import Graph
-
-if TYPE_CHECKING:
-    from gnnscale.config import TrainConfig
 
 ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "taskparallel": TaskParallelEngine,
                                     "offload": OffloadEngine, "minibatch": MiniBatchEngine,
                                     "hybrid": HybridEngine, "distributed": DistributedEngine}
 """Registry, in the priority order ``--engine auto`` tries them."""
+
+
+@register_check
+def check_engine(config: TrainConfig) -> None:
+    """The engine ``config`` names exists, and its own options are right (:meth:`Engine.check_options`)."""
+    if config.engine == "auto":
+        return
+    if config.engine not in ENGINES:
+        raise ConfigError(f"unknown engine {config.engine!r}; choose auto or one of {', '.join(ENGINES)}")
+    ENGINES[config.engine].check_options(config)
 
 
 def select_engine(

@@ -41,6 +41,13 @@ class Engine(ABC):
         return True
 
     @classmethod
+    def check_options(cls, config: TrainConfig) -> None:
+        """Raise :class:`~gnnscale.errors.ConfigError` when ``config``'s options for this engine cannot be right
+        on any graph (run when a :class:`~gnnscale.config.TrainConfig` naming this engine is made); nothing by
+        default."""
+        del config
+
+    @classmethod
     def not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         """Why this engine cannot run this graph/model/budget on ``device``; empty when it can."""
         return cls._not_supported_reasons(graph, config, device)

@@ -51,7 +51,7 @@ from torch import Tensor
 from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
 from gnnscale.engines.base import Engine
-from gnnscale.engines.minibatch import EVAL_BATCH, MiniBatchEngine, default_fanouts, epoch_order
+from gnnscale.engines.minibatch import EVAL_BATCH, MiniBatchEngine, check_fanouts, default_fanouts, epoch_order
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
@@ -94,6 +94,10 @@ class DistributedEngine(Engine):
     """One rank of a distributed job: its part of the features, a model replica, and the strategy's iteration."""
 
     name = "distributed"
+
+    @classmethod
+    def check_options(cls, config: TrainConfig) -> None:
+        check_fanouts(config)
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:

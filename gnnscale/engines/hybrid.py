@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gnnscale.engines.minibatch import EVAL_EPOCH, MiniBatchEngine, _Batch, default_fanouts
+from gnnscale.engines.minibatch import EVAL_EPOCH, MiniBatchEngine, _Batch, check_fanouts, default_fanouts
 from gnnscale.engines.pipeline import Pipeline
 from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
@@ -55,6 +55,7 @@ from gnnscale.plan.hybrid import (
     StageTimes,
     Threads,
     batch_shape,
+    check_threads,
     default_threads,
     device_rates,
     drm_decide,
@@ -110,11 +111,36 @@ class _Iteration:
     ready: list[torch.cuda.Event | None] = field(default_factory=list)
 
 
+def _canonical_device(name: str) -> str:
+    """``cpu`` and ``cpu:0`` (``cuda`` and ``cuda:0``) name one device."""
+    name = name.strip().lower()
+    return f"{name}:0" if name in ("cpu", "cuda") else name
+
+
 class HybridEngine(MiniBatchEngine):
     """Mini-batch training on the CPU and accelerators together: unequal trainers, a four-stage pipeline and DRM
     (HyScale-GNN)."""
 
     name = "hybrid"
+
+    @classmethod
+    def check_options(cls, config: TrainConfig) -> None:
+        """The fanouts, the devices (a CPU among them, none twice) and the threads (no more than the cores)."""
+        check_fanouts(config)
+        if config.devices is not None:
+            names = [_canonical_device(d) for d in config.devices]
+            if not any(n.startswith("cpu") for n in names):
+                raise ConfigError(f"--devices {','.join(config.devices)} has no CPU: the hybrid engine trains on the "
+                                  "CPU beside the accelerators; add cpu (e.g. --devices cpu,cuda:0)")
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ConfigError(f"--devices {','.join(config.devices)} lists {', '.join(repeated)} more than "
+                                  "once; the hybrid engine runs one trainer per device (cpu:1, cpu:2, ... stand in "
+                                  "for accelerators on a machine without one)")
+        if config.threads is not None:
+            why = check_threads(config.threads, os.cpu_count() or 1)
+            if why:
+                raise ConfigError(why)
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:

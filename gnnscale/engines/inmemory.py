@@ -12,7 +12,8 @@ from gnnscale.engines.base import Engine
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
-from gnnscale.plan.memory import available_device_bytes, estimate_inmemory_bytes, format_bytes
+from gnnscale.plan.memory import available_device_bytes, estimate_inmemory_bytes
+from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig

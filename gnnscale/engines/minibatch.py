@@ -98,6 +98,15 @@ def epoch_order(seed: int, epoch: int, n: int) -> Tensor:
     return torch.randperm(n, generator=gen)
 
 
+def check_fanouts(config: TrainConfig, *, evaluation: bool = False) -> None:
+    """``--fanouts`` (and with ``evaluation``, ``--eval-fanouts``) give one value per layer, or none."""
+    if config.fanouts is not None and len(config.fanouts) != config.layers:
+        raise ConfigError(f"--fanouts has {len(config.fanouts)} value(s) for {config.layers} layers; give one per "
+                          "layer")
+    if evaluation and config.eval_fanouts is not None and len(config.eval_fanouts) != config.layers:
+        raise ConfigError(f"--eval-fanouts has {len(config.eval_fanouts)} value(s) for {config.layers} layers")
+
+
 def default_fanouts(layers: int) -> tuple[int, ...]:
     """``15, 10`` for two layers (PyG/DGL's usual), 10 per hop otherwise."""
     return (15, 10) if layers == 2 else (10,) * layers
@@ -108,6 +117,10 @@ class MiniBatchEngine(Engine):
     per device."""
 
     name = "minibatch"
+
+    @classmethod
+    def check_options(cls, config: TrainConfig) -> None:
+        check_fanouts(config, evaluation=True)
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:

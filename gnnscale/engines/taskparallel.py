@@ -44,16 +44,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gnnscale import progress
 from gnnscale.engines.base import Engine
 from gnnscale.engines.replicas import Replicas
+from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, cut_block, normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS, DecoupledGNN, weighted
 from gnnscale.nn.model import GNN
 from gnnscale.nn.ops import spmm_t
 from gnnscale.partition.dedup import chunk_rows
-from gnnscale.plan.memory import LiveBytesCounter, format_bytes, replica_baseline
+from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
 from gnnscale.plan.taskparallel import Stage, TaskPlan, epoch_subgraphs, plan_taskparallel
+from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -151,8 +154,6 @@ class TaskParallelEngine(Engine):
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
-        from gnnscale.errors import ConfigError
-
         if config.model not in DECOUPLED_MODELS:
             return [f"runs decoupled models ({', '.join(DECOUPLED_MODELS)}), not {config.model}"]
         try:
@@ -164,9 +165,7 @@ class TaskParallelEngine(Engine):
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         assert isinstance(model, DecoupledGNN)
-        from gnnscale.progress import stage
-
-        with stage("plan", self.timings):
+        with progress.stage("plan", self.timings):
             self.plan: TaskPlan = plan_taskparallel(graph, config, device)
         self.dgat = model.kind == "dgat"
         self.L = model.num_t_tasks

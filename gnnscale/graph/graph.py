@@ -14,7 +14,9 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from gnnscale._compat import require
 from gnnscale.errors import GraphError
+from gnnscale.notes import note, warn
 
 MASK_NAMES = ("train_mask", "val_mask", "test_mask")
 # NaN/inf checks read features in slabs of this many rows, so a memory-mapped matrix is never loaded whole.
@@ -240,8 +242,6 @@ class Graph:
         ``[E, 1]``, said in a one-line note on stderr). Whatever else the ``Data`` holds is dropped with a one-line
         warning naming it: an ``edge_attr`` of several columns (or one next to ``edge_weight``) and any other
         attribute (``pos``, ``batch``, ...)."""
-        from gnnscale.notes import note, warn
-
         num_edges = int(data.edge_index.shape[1]) if getattr(data, "edge_index", None) is not None else 0
         ew = getattr(data, "edge_weight", None)
         ea = getattr(data, "edge_attr", None)
@@ -271,8 +271,6 @@ class Graph:
 
     def to_pyg(self) -> Any:
         """Convert to a ``torch_geometric.data.Data`` with the same vertex order."""
-        from gnnscale._compat import require
-
         Data = require("torch_geometric.data", "torch_geometric").Data
         d = Data(x=self.x, edge_index=self.edge_index(), y=self.y, num_nodes=self.num_nodes)
         if self.edge_weight is not None:

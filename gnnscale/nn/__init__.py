@@ -5,11 +5,13 @@ from gnnscale.nn.gat import GATLayer
 from gnnscale.nn.gcn import GCNLayer
 from gnnscale.nn.gin import GINLayer
 from gnnscale.nn.mlp import MLPLayer
-from gnnscale.nn.model import GNN, MODELS, build_model
+from gnnscale.nn.model import GNN, MODELS
 from gnnscale.nn.ops import keyed_dropout, mix_key, spmm, spmm_mean
 from gnnscale.nn.sage import SAGELayer
+from gnnscale.nn.zoo import ALL_MODELS, build_model
 
 __all__ = [
+    "ALL_MODELS",
     "GNN",
     "MODELS",
     "BlockLayer",

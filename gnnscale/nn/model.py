@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar, cast
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -103,17 +102,3 @@ class GNN(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(block, self.layer_input(i, h, row_ids, seed_epoch))
         return h
-
-
-def build_model(
-    kind: str, in_features: int, hidden: int, num_classes: int, *, layers: int, dropout: float, heads: int, seed: int
-) -> GNN:
-    """Build a model with weights determined by ``seed`` alone (same seed -> same initial weights everywhere);
-    ``dgcn``/``dgat`` build a :class:`~gnnscale.nn.decoupled.DecoupledGNN`."""
-    from gnnscale.nn.decoupled import DECOUPLED_MODELS, DecoupledGNN
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if kind in DECOUPLED_MODELS:
-            return DecoupledGNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout)
-        return GNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout, heads=heads)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale._compat import require
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import atomic_file
 from gnnscale.graph.graph import Graph, _coo_to_csr
@@ -65,8 +66,6 @@ def _metis_parts(graph: Graph, m: int, seed: int) -> Tensor:
 def _metis(ei: Tensor, n: int, m: int, seed: int, volume: bool = False) -> Tensor:
     """``[n]`` part of each vertex of the graph ``ei`` (``[2, E]``, symmetrised here), METIS into ``m`` parts
     balanced by vertex count; ``volume`` minimises communication volume instead of the edge cut."""
-    from gnnscale._compat import require
-
     pymetis = require("pymetis")
     ei = ei[:, ei[0] != ei[1]]  # METIS rejects self-loops
     both = torch.cat([ei, ei.flip(0)], dim=1)

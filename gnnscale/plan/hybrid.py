@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
+from gnnscale.plan.throughput import _name, _rate, cached, throughput
+from gnnscale.sample import sample_blocks
+
 if TYPE_CHECKING:
     from gnnscale.graph.block import Block
     from gnnscale.sample.adjacency import SampledAdjacency
@@ -475,8 +478,6 @@ def measure_sampling(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims
     made the layers' (loops, GCN weights), as training samples them."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gnnscale.sample import sample_blocks
-
     n = ids.numel()
     sizes = tuple(sorted({max(1, min(n, s)) for s in (batch // 4, batch // 2, batch)}))
     threads = tuple(k for k in (1, 2, 4, 8, 16, 32) if k <= max(1, max_threads))
@@ -518,8 +519,6 @@ def measure_sampling(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims
 def measure_rates(device: torch.device) -> DeviceRates:
     """Eqs. 7-13's figures for ``device``, measured the way the stages run: on a CPU with one thread (the
     stages' threads scale them); a GPU's link is the host-row gather onto it (pinned staging, async copy)."""
-    from gnnscale.plan.throughput import _rate, throughput
-
     gen = torch.Generator().manual_seed(0)
     rows, width, edges = 1 << 16, 64, 1 << 18
     cpu = device.type == "cpu"
@@ -549,8 +548,6 @@ def measure_rates(device: torch.device) -> DeviceRates:
 def device_rates(device: torch.device) -> DeviceRates:
     """:func:`measure_rates`, measured once per machine and cached beside the other throughputs (key
     ``hybrid:<device name>``)."""
-    from gnnscale.plan.throughput import _name, cached
-
     names = ("gather", "aggregate", "macs", "link")
 
     def measure() -> dict[str, float]:

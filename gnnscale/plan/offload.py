@@ -29,7 +29,7 @@ from torch import Tensor
 
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
-from gnnscale.nn.model import GNN, build_model
+from gnnscale.nn import GNN, build_model
 from gnnscale.partition.dedup import (
     CommVolume,
     ExchangePlan,
@@ -49,7 +49,10 @@ from gnnscale.partition.plan import (
     load_or_partition,
     permute_csr,
 )
-from gnnscale.plan.memory import available_device_bytes, format_bytes
+from gnnscale.plan.memory import available_device_bytes
+from gnnscale.plan.throughput import throughput
+from gnnscale.progress import stage
+from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -206,8 +209,6 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
         ConfigError: no chunk count fits the budget (the message names the smallest budget that would), or the
             forced ``--chunks`` does not fit.
     """
-    from gnnscale.progress import stage
-
     devices = list(config.devices) if config.devices else [str(device)]
     key = (graph.num_nodes, graph.num_edges, config.model, config.layers, config.hidden, config.heads,
            config.partitions, config.chunks, config.partition_method, config.seed, config.memory_budget,
@@ -274,8 +275,6 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
 
     def tp() -> Throughput:
         if not tps:
-            from gnnscale.plan.throughput import throughput
-
             tps.append(throughput([torch.device(d) for d in devices]))
         return tps[0]
 

@@ -28,7 +28,10 @@ import torch
 
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
-from gnnscale.plan.memory import available_device_bytes, format_bytes
+from gnnscale.nn.ops import mix_key
+from gnnscale.plan import throughput
+from gnnscale.plan.memory import available_device_bytes
+from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -284,17 +287,13 @@ def plan_taskparallel(graph: Graph, config: TrainConfig, device: torch.device,
 
 def measured_times(graph: Graph, config: TrainConfig, devices: list[torch.device]) -> dict[str, float]:
     """Eqs. 5-6 with the FLOPS and memory bandwidth of ``devices[0]`` (measured once per machine, cached)."""
-    from gnnscale.plan.throughput import compute_rates
-
-    flops, bandwidth = compute_rates(devices[0])
+    flops, bandwidth = throughput.compute_rates(devices[0])
     return model_times(graph, config, flops, bandwidth)
 
 
 def epoch_subgraphs(num_chunks: int, k: int, seed: int, epoch: int) -> tuple[list[list[int]], list[int], list[int]]:
     """Algorithm 1's per-epoch regrouping: the chunks shuffled (seeded by ``seed`` and ``epoch``) and every ``k``
     made a subgraph. Returns the subgraphs' chunks, each chunk's subgraph and its slot in it."""
-    from gnnscale.nn.ops import mix_key
-
     gen = torch.Generator().manual_seed(mix_key(seed, epoch, 0x5EED))
     perm = torch.randperm(num_chunks, generator=gen).tolist()
     subs = [perm[s * k : (s + 1) * k] for s in range(num_chunks // k)]

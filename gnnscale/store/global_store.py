@@ -35,11 +35,11 @@ from torch import Tensor
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, sampling_csr
 from gnnscale.graph.graph import Graph, csr_rows, csr_slices
-from gnnscale.plan.memory import format_bytes
 from gnnscale.sample.neighbor import NeighborRequest, full_lists
 from gnnscale.store.gather import default_gather_method, gather_rows
 from gnnscale.store.pinning import PinnedRegion, pinned_host
 from gnnscale.store.placement import HOST, Placement, solve_placement
+from gnnscale.units import format_bytes
 
 
 def default_links(devices: list[torch.device]) -> list[list[float]]:

@@ -1,0 +1,97 @@
+"""``gnnscale info``, ``predict``, ``report`` and ``convert``: commands on datasets, models and metrics files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gnnscale import progress
+from gnnscale.cli.common import _device_list
+from gnnscale.errors import ConfigError
+from gnnscale.graph import io
+from gnnscale.graph.datasets import load_dataset
+from gnnscale.predict import OUTPUT_SUFFIXES, load_model, predict, write_predictions
+from gnnscale.report import build_panels, markdown, read_run, render_png
+from gnnscale.units import format_bytes, parse_budget
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    progress.enable(sys.stderr.isatty())  # a terminal sees the load and statistics steps tick
+    with progress.stage("load"):
+        g = load_dataset(args.dataset, args.root, seed=args.seed)
+    with progress.stage("statistics"):
+        st = g.stats()
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    print(f"name        {st['name']}")
+    print(f"nodes       {st['nodes']:,}")
+    weighted = f", weighted ({st['weights_from'] or 'given'})" if st["weighted"] else ", unweighted"
+    sym = st["symmetrized_from_edges"]
+    sym = f"; symmetrised on load from {sym:,} listed edges" if sym is not None else ""
+    print(f"edges       {st['edges']:,} (directed, in-neighbour CSR; {st['self_loops']:,} self-loops, "
+          f"{st['duplicate_edges']:,} duplicates kept as multi-edges{weighted}{sym})")
+    print(f"features    {st['features']}")
+    print(f"classes     {st['classes']}")
+    for d in ("in_degree", "out_degree"):
+        s = st[d]
+        print(f"{d.replace('_', '-'):<11} min {s['min']:.0f}  mean {s['mean']:.2f}  median {s['median']:.0f}  "
+              f"max {s['max']:.0f}")
+    print(f"isolated    {st['isolated_nodes']:,}")
+    print(f"split       train {st['train_mask']:,}  val {st['val_mask']:,}  test {st['test_mask']:,}")
+    b = st["bytes"]
+    print(f"memory      {format_bytes(b['total'])} total: topology {format_bytes(b['topology'])}, "
+          f"features {format_bytes(b['features'])}, labels+masks {format_bytes(b['labels'] + b['masks'])}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    if args.engine == "distributed":
+        raise ConfigError("predict runs in one process; the distributed engine only trains. A model it saved "
+                          "predicts with any other engine (--engine auto, or offload for features beyond memory)")
+    out = Path(args.out)
+    if out.suffix not in OUTPUT_SUFFIXES or not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: give a .npy, .pt or .csv file in an existing folder")
+    model, config = load_model(args.model)
+    options: dict[str, Any] = {"engine": args.engine, "partitions": args.partitions,
+                               "devices": _device_list(args.devices),
+                               "memory_budget": None if args.gpu_memory is None else parse_budget(args.gpu_memory)}
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    pred = predict(g, (model, config), args.device, **options)
+    write_predictions(out, pred)
+    line = f"wrote {out}: {pred.numel():,} predicted labels"
+    if g.y is not None and g.test_mask is not None and bool(g.test_mask.any()):
+        acc = float((pred[g.test_mask] == g.y[g.test_mask]).float().mean())
+        line += f"; test accuracy {acc:.4f}"
+    print(line)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    runs = [read_run(p) for p in args.runs]
+    if args.format == "md":
+        print(markdown(runs))
+        return 0
+    if not args.out:
+        raise ConfigError("report --format png needs --out FILE.png (or use --format md)")
+    out = render_png(build_panels(runs), args.out)
+    print(f"wrote {out}: {len(runs)} run(s)")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists():  # checked before the (possibly slow) load
+        raise ConfigError(f"output directory {out} already exists; choose a new path")
+    for stale in io.remove_stale_partials(out):
+        print(f"removed {stale}: partial output of an interrupted convert", file=sys.stderr)
+    progress.enable(sys.stderr.isatty())
+    with progress.stage("load"):
+        g = load_dataset(args.dataset, args.root, seed=args.seed)
+    with progress.stage("write"):
+        io.save(g, out)
+    print(f"wrote {out}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {format_bytes(g.nbytes()['total'])}")
+    return 0

@@ -1,0 +1,232 @@
+"""The ``gnnscale`` command's flags: one parser, one sub-parser per command, one flag group per engine."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, NoReturn
+
+from gnnscale.config import STRATEGIES
+from gnnscale.engines import ENGINES
+from gnnscale.errors import GnnscaleError
+from gnnscale.nn import ALL_MODELS
+from gnnscale.partition import CHUNKERS, PARTITION_METHODS
+from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
+from gnnscale.sample import SAMPLE_NORMS
+from gnnscale.store import GATHER_METHODS
+from gnnscale.version import __version__
+
+USAGE_ERROR = 2
+"""Exit status of bad input (flags, files, graphs, budgets)."""
+
+
+class _UsageError(GnnscaleError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``error: ...`` line (raised, so main() reports it like any other)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog.split()[-1]}: {message}")
+
+
+def _add_dataset_args(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--dataset", required=required, default=None if required else "csbm", metavar="SPEC",
+                   help="csbm[:opts], kronecker[:opts], planetoid:<name>, npz:<file>, edgelist:<file>, "
+                        "ogb:<name>, or a directory written by 'gnnscale convert' (default: csbm)")
+    p.add_argument("--root", metavar="DIR", help="folder with Planetoid/OGB files; fallback folder for file paths")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights, dropout and random splits (default 0)")
+
+
+def _add_plan_dir(p: Any) -> None:
+    p.add_argument("--plan-dir", metavar="DIR",
+                   help="where partition plans are saved and reused (default: $GNNSCALE_CACHE_DIR/plans or "
+                        "~/.cache/gnnscale/plans)")
+
+
+def _add_hybrid_args(p: Any) -> None:
+    p.add_argument("--drm", choices=["on", "off"], default="on",
+                   help="dynamic resource management (Algorithm 1): after each iteration move seeds between the "
+                        "CPU and accelerator trainers, or threads between the CPU stages (default on)")
+    p.add_argument("--threads", metavar="S,L,T",
+                   help="threads of the CPU sampler, the feature loader and the CPU trainer, at most the cores in "
+                        "all (default: half the cores to the trainer, the rest split)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
+    parser.add_argument("--version", action="version", version=f"gnnscale {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{train,predict,partition,plan,info,report,convert}")
+
+    t = sub.add_parser("train", help="train a model and report accuracy")
+    _add_dataset_args(t, required=False)
+    t.add_argument("--model", choices=list(ALL_MODELS), default="gcn",
+                   help="layer type, or a decoupled model (T tasks, then P tasks): dgcn, dgat (default gcn)")
+    t.add_argument("--layers", type=int, default=2, help="layers, the last one giving class scores (default 2)")
+    t.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: total over heads; default 64)")
+    t.add_argument("--heads", type=int, default=4, help="GAT attention heads (default 4)")
+    t.add_argument("--dropout", type=float, default=0.5, help="drop probability before every layer (default 0.5)")
+    t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (default 0.01)")
+    t.add_argument("--weight-decay", type=float, default=5e-4, help="Adam weight decay (default 5e-4)")
+    t.add_argument("--epochs", type=int, default=100, help="training epochs (default 100)")
+    t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    t.add_argument("--engine", choices=["auto", *ENGINES], default="auto",
+                   help="auto: the first engine that fits, in this order (never minibatch); default auto")
+    t.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
+                   help="device memory the engine may use: GiB (e.g. 6) or a size (512MB); default: what is free")
+    o = t.add_argument_group("offload engine (HongTu)")
+    o.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
+    o.add_argument("--chunks", type=int, help="chunks per partition n (default: the fewest that fit --gpu-memory)")
+    o.add_argument("--partition-method", choices=PARTITION_METHODS, default="metis",
+                   help="level-1 partitioner (default metis)")
+    o.add_argument("--gather", choices=["auto", *GATHER_METHODS], default="auto",
+                   help="how chunk rows reach the GPU: index_select (CPU gather + async copy) or uva (Triton "
+                        "kernel reading pinned host memory); default auto")
+    o.add_argument("--devices", metavar="LIST",
+                   help="comma-separated devices (e.g. cuda:0,cuda:1): offload runs partition i on device i mod "
+                        "count; minibatch runs one trainer per device; default: --device")
+    o.add_argument("--dedup", choices=DEDUP_MODES, default="full",
+                   help="host->device deduplication: none, reuse (keep rows shared with the previous chunk), "
+                        "full (HongTu: load each batch's rows once, share them, reuse them); default full")
+    o.add_argument("--chunker", choices=["auto", *CHUNKERS], default="range",
+                   help="how partitions split into chunks: range (edge-balanced), metis (fewer shared rows; METIS "
+                        "runs once at the chosen chunk count) or auto (both, the lower modelled cost); default range")
+    o.add_argument("--reorganize", choices=REORGANIZE_MODES, default="auto",
+                   help="reorder chunks into batches (HongTu Algorithm 4): on, off, or auto (when the modelled "
+                        "cost drops); default auto")
+    _add_plan_dir(o)
+    mb = t.add_argument_group("minibatch engine (XGNN)")
+    mb.add_argument("--batch-size", type=int, default=1024, help="seed vertices per mini-batch (default 1024)")
+    mb.add_argument("--fanouts", metavar="LIST",
+                    help="neighbours sampled per hop, the seeds' hop first, -1 for all (default 15,10 for 2 layers)")
+    mb.add_argument("--eval-fanouts", metavar="LIST",
+                    help="sampled evaluation with these fanouts (default: exact layer-wise full-neighbour inference)")
+    mb.add_argument("--sample-norm", choices=SAMPLE_NORMS, default="sampled",
+                    help="GCN's degrees on a sampled block: sampled (each vertex's degree in the sample, as PyG's "
+                         "GCNConv on a sampled subgraph) or graph (the whole graph's, as full-graph training); each "
+                         "vertex keeps one self-loop outside the fanout. Default sampled")
+    mb.add_argument("--gpu-graph-ratio", type=float, metavar="R",
+                    help="fraction of vertices, hottest first, whose neighbour lists live on the devices "
+                         "(default: what half of --gpu-memory holds, topology before features)")
+    mb.add_argument("--gpu-feature-ratio", type=float, metavar="R",
+                    help="fraction of vertices, hottest first, whose features live on the devices (default: what "
+                         "the rest of half of --gpu-memory holds after the topology)")
+    mb.add_argument("--shares", metavar="LIST",
+                    help="fraction of every global batch each --devices trainer takes, e.g. 0.2,0.8 for a CPU "
+                         "beside a GPU (each in (0, 1), summing to 1; default equal)")
+    mb.add_argument("--hotness", choices=["degree", "presample"], default="degree",
+                    help="rank vertices for device memory by out-degree or by access counts of a few sampled "
+                         "batches (default degree)")
+    hy = t.add_argument_group("hybrid engine (HyScale-GNN; also reads the minibatch flags above)")
+    _add_hybrid_args(hy)
+    tp = t.add_argument_group("taskparallel engine (NeutronTask; models dgcn, dgat)")
+    tp.add_argument("--dependency", choices=["exact", "skip"], default="exact",
+                    help="exact: every T task before the first P task (the in-memory model exactly); skip: "
+                         "Algorithm 1, edges from later subgraphs of the epoch skipped, T and P overlap (default "
+                         "exact)")
+    tp.add_argument("--subgraphs", type=int, metavar="S",
+                    help="subgraphs per epoch (default: the fewest, at least 2, that fit --gpu-memory); --chunks "
+                         "sets the chunks per subgraph (default: the P group size)")
+    tp.add_argument("--t-devices", type=int, metavar="N",
+                    help="devices of --devices that run the T tasks (default: the scheduling model, Eqs. 7-8)")
+    ds = t.add_argument_group("distributed engine (torchrun, or --ranks)")
+    ds.add_argument("--ranks", type=int, metavar="R",
+                    help="start R ranks on this machine (without torchrun; under torchrun: the job's size)")
+    ds.add_argument("--strategy", choices=list(STRATEGIES), default="micrograph",
+                    help="micrograph: the model moves to the features (HopGNN, default); model-centric: the "
+                         "features move to the model (DistDGL)")
+    ds.add_argument("--pregather", choices=["on", "off"], default="on",
+                    help="micrograph: fetch an iteration's remote features in one exchange (default on)")
+    ds.add_argument("--merge", default="auto", metavar="off|auto|K",
+                    help="micrograph: time-step merging: auto (from epoch 3, after a warm-up and a baseline "
+                         "epoch, while epochs get 5%% faster; default), off, or K merges")
+    ds.add_argument("--timeout", type=float, default=180.0, metavar="S",
+                    help="seconds a collective may wait before the job stops (default 180)")
+    ds.add_argument("--plan", metavar="FILE",
+                    help="a partition plan (gnnscale partition --partitions R) with one part per rank; default: "
+                         "partition with --partition-method, reusing a saved plan")
+    ck = t.add_argument_group("checkpoints")
+    ck.add_argument("--checkpoint", metavar="DIR",
+                    help="keep DIR/checkpoint.pt (model, optimiser, epoch, best epoch, records, engine state), "
+                         "written atomically every --checkpoint-every epochs and after the last")
+    ck.add_argument("--checkpoint-every", type=int, default=1, metavar="N", help="epochs between checkpoints "
+                    "(default 1)")
+    ck.add_argument("--checkpoint-iterations", type=int, default=None, metavar="N",
+                    help="distributed: also checkpoint every N iterations within an epoch (default 100; 0: at "
+                         "epoch ends only)")
+    ck.add_argument("--resume", action="store_true",
+                    help="go on from --checkpoint DIR if it holds a checkpoint (same model settings; --epochs is "
+                         "the total); the metrics file continues the old run's")
+    ck.add_argument("--save-model", metavar="PATH",
+                    help="write the model at its best epoch (the weights the reported test accuracy comes from) "
+                         "for 'gnnscale predict' and gnnscale.load_model; --checkpoint DIR also keeps DIR/model.pt")
+    t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
+    t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
+    t.set_defaults(command="train")
+
+    pa = sub.add_parser("partition", aliases=["plan"],
+                        help="plan without training: two-level partition (offload), task assignment "
+                             "(taskparallel) or pipeline prediction (hybrid)")
+    _add_dataset_args(pa, required=True)
+    pa.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
+    pa.add_argument("--chunks", type=int, default=1, help="destination chunks per partition n (default 1)")
+    pa.add_argument("--method", choices=PARTITION_METHODS, default="metis", help="level-1 partitioner")
+    pa.add_argument("--chunker", choices=CHUNKERS, default="range",
+                    help="level-2 splitter: range (edge-balanced) or metis (fewer shared rows); default range")
+    _add_plan_dir(pa)
+    pa.add_argument("--engine", choices=["offload", "taskparallel", "hybrid"], default="offload",
+                    help="offload: the two-level plan (default); taskparallel: the task assignment, per-device "
+                         "memory estimate and replication factors (with --model, --layers, --hidden, --devices, "
+                         "--t-devices, --subgraphs, --gpu-memory); hybrid: the performance model's initial split "
+                         "and per-stage times (with --model, --layers, --hidden, --devices, --batch-size, "
+                         "--fanouts, --shares, --threads)")
+    pa.add_argument("--model", choices=list(ALL_MODELS),
+                    help="taskparallel: decoupled model (default dgcn); hybrid: layer type (default gcn)")
+    pa.add_argument("--layers", type=int, default=2, help="taskparallel, hybrid: layers (default 2)")
+    pa.add_argument("--hidden", type=int, default=64, help="taskparallel, hybrid: hidden width (default 64)")
+    pa.add_argument("--devices", metavar="LIST",
+                    help="taskparallel: devices (default: cpu); hybrid: cpu and the accelerators (default: cpu and "
+                         "every GPU)")
+    pa.add_argument("--batch-size", type=int, default=1024, help="hybrid: seeds per global batch (default 1024)")
+    pa.add_argument("--fanouts", metavar="LIST", help="hybrid: neighbours per hop (default 15,10 for 2 layers)")
+    pa.add_argument("--shares", metavar="LIST", help="hybrid: the split to predict (default: the model's)")
+    pa.add_argument("--threads", metavar="S,L,T", help="hybrid: sampler, loader, CPU trainer threads")
+    pa.add_argument("--t-devices", type=int, metavar="N", help="taskparallel: devices for the T tasks")
+    pa.add_argument("--subgraphs", type=int, metavar="S", help="taskparallel: subgraphs per epoch")
+    pa.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
+                    help="taskparallel: device memory budget (default: what is free)")
+    pa.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+    pa.set_defaults(command="partition")
+
+    i = sub.add_parser("info", help="print size, degree statistics and memory footprint of a dataset")
+    _add_dataset_args(i, required=True)
+    i.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+    i.set_defaults(command="info")
+
+    pr = sub.add_parser("predict", help="predict every vertex's class with a saved model")
+    _add_dataset_args(pr, required=True)
+    pr.add_argument("--model", required=True, metavar="PATH", help="a model written by 'train --save-model'")
+    pr.add_argument("--out", required=True, metavar="FILE", help="predicted labels: .npy, .pt or .csv")
+    pr.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    pr.add_argument("--engine", choices=["auto", *ENGINES], default="auto",
+                    help="inference path: auto, or an engine (offload predicts chunk by chunk under --gpu-memory; "
+                         "not distributed)")
+    pr.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
+                    help="device memory the engine may use (default: what is free)")
+    pr.add_argument("--devices", metavar="LIST", help="comma-separated devices for multi-device engines")
+    pr.add_argument("--partitions", type=int, default=1, help="offload: level-1 partitions (default 1)")
+    pr.set_defaults(command="predict")
+    r = sub.add_parser("report", help="plot or tabulate one or more metrics files (loss, accuracy, time, memory, "
+                                      "bytes moved per epoch)")
+    r.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="metrics files written by 'train --metrics'")
+    r.add_argument("--out", metavar="FILE", help="PNG to write (needed for --format png)")
+    r.add_argument("--format", choices=["png", "md"], default="png",
+                   help="png: a figure of panels, runs overlaid (needs matplotlib); md: Markdown tables on stdout "
+                        "(default png)")
+    r.set_defaults(command="report")
+    c = sub.add_parser("convert", help="write a dataset in gnnscale's memory-mappable directory format")
+    _add_dataset_args(c, required=True)
+    c.add_argument("--out", required=True, metavar="DIR", help="new directory to create")
+    c.set_defaults(command="convert")
+    return parser

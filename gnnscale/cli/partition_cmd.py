@@ -1,0 +1,156 @@
+"""``gnnscale partition`` (alias ``plan``): a partition plan and what it costs, per engine, without training."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from gnnscale.cli.common import _device_list, _num_list
+from gnnscale.config import TrainConfig
+from gnnscale.engines.devices import resolve_devices
+from gnnscale.engines.hybrid import HybridEngine
+from gnnscale.errors import ConfigError
+from gnnscale.graph.datasets import load_dataset
+from gnnscale.nn import build_model
+from gnnscale.partition import load_or_chunk, load_or_partition, partition_graph, permute_csr
+from gnnscale.partition.dedup import chunk_rows, comm_volume, default_schedule, reorganize
+from gnnscale.plan.hybrid import mteps
+from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
+from gnnscale.train import check_trainable
+from gnnscale.units import format_bytes, parse_budget
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    if args.engine == "taskparallel":
+        return _partition_taskparallel(args)
+    if args.engine == "hybrid":
+        return _plan_hybrid(args)
+    for flag, value in (("--partitions", args.partitions), ("--chunks", args.chunks)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    t0 = time.perf_counter()
+    plan, path, reused = load_or_partition(g, args.partitions, args.chunks, args.method, args.seed, args.plan_dir)
+    plan = load_or_chunk(plan, g, args.chunks, args.chunker, args.plan_dir)
+    seconds = time.perf_counter() - t0
+    st = {"dataset": g.name, **plan.stats(g), "seconds": seconds, "reused": reused,
+          "plan": None if path is None else str(path)}
+    # rows per layer pass under each --dedup mode, as scheduled and reorganised (Algorithm 4), in units of |V|
+    ip, ix = permute_csr(g.indptr, g.indices, None, plan.perm, plan.inverse())[:2]
+    rows = chunk_rows(ip, ix, plan.chunk_ptr)
+    n = max(g.num_nodes, 1)
+    for name, sched in (("", default_schedule(plan.partitions, plan.chunks)),
+                        ("reorganized_", reorganize(rows, plan.partitions, plan.chunks, g.num_nodes))):
+        vol = comm_volume(rows, sched)
+        st[f"{name}rows_per_pass"] = {mode: vol.h2d(mode) / n for mode in ("none", "reuse", "full")}
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    print(f"dataset     {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges")
+    print(f"plan        {st['partitions']} partition(s) x {st['chunks']} chunk(s), {st['method']}, {args.chunker} "
+          f"chunks, "
+          f"{'reused' if reused else 'computed'} in {seconds:.1f}s")
+    print(f"alpha       {st['alpha']:.3f} (chunk in-neighbour sets a vertex appears in, on average)")
+    print(f"edge cut    {100 * st['edge_cut']:.1f}% of edges cross partitions")
+    print(f"partitions  {', '.join(f'{s:,}' for s in st['partition_sizes'])} vertices")
+    print(f"chunks      max {st['chunk_vertices_max']:,} vertices, max {st['chunk_edges_max']:,} in-edges "
+          f"(max/mean {st['chunk_edge_imbalance']:.2f}), max {st['chunk_rows_max']:,} rows with neighbours")
+    for name, label in (("", "as split"), ("reorganized_", "reorganized")):
+        per = st[f"{name}rows_per_pass"]
+        print(f"host->dev   {label}: " + ", ".join(f"--dedup {m} {v:.2f}|V|" for m, v in per.items())
+              + " rows per layer pass")
+    print(f"saved       {path}" if path is not None else "saved       (plan directory not writable; not saved)")
+    return 0
+
+
+def _plan_hybrid(args: argparse.Namespace) -> int:
+    """``gnnscale plan --engine hybrid``: HyScale-GNN's performance model (§V) for this machine, graph and model:
+    the initial split, each stage's predicted seconds per iteration, the epoch time and MTEPS, without training."""
+    config = TrainConfig(model=args.model or "gcn", layers=args.layers, hidden=args.hidden, engine="hybrid",
+                         devices=_device_list(args.devices), batch_size=args.batch_size, seed=args.seed,
+                         fanouts=_num_list("--fanouts", args.fanouts, int, "15,10"),
+                         shares=_num_list("--shares", args.shares, float, "0.25,0.75"),
+                         threads=_num_list("--threads", args.threads, int, "1,1,2"))
+    device = resolve_devices(config, "auto")
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    check_trainable(g)
+    reasons = HybridEngine.not_supported_reasons(g, config, device)
+    if reasons:
+        raise ConfigError(f"the hybrid engine cannot train {g.name}: {'; '.join(reasons)}")
+    assert g.num_classes is not None
+    model = build_model(config.model, g.num_features, config.hidden, g.num_classes, layers=config.layers,
+                        dropout=config.dropout, heads=config.heads, seed=config.seed)
+    engine = HybridEngine(g, model, config, device)
+    n = int(engine.train_ids.numel())
+    t = engine.perf.stage_times(config.batch_size, engine.split, engine.threads)
+    epoch = engine.perf.epoch_time(n, config.batch_size, engine.split, engine.threads)
+    shapes = [engine.perf.cpu_sampling.shape(s * config.batch_size, engine.perf.dims) for s in engine.split]
+    st = {"dataset": g.name, "engine": "hybrid", "model": config.model,
+          "devices": [str(d) for d in engine.devices], "split": engine.split,
+          "threads": list(engine.threads.as_tuple()), "batch_size": config.batch_size,
+          "fanouts": list(engine.fanouts), "stages_s": t, "iterations": -(-n // config.batch_size),
+          "epoch_s": epoch, "mteps": mteps(shapes, t["iteration"]) if t["iteration"] > 0 else None}
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    print(f"dataset     {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {n:,} training vertices")
+    print(f"trainers    {', '.join(str(d) for d in engine.devices)} (CPU trainer "
+          f"{engine.devices[engine.cpu_index]})")
+    print(f"split       {', '.join(f'{s:.3f}' for s in engine.split)} of each batch of {config.batch_size} "
+          f"({'--shares' if config.shares else 'equal predicted trainer times'})")
+    print(f"threads     sampler {engine.threads.sampler}, loader {engine.threads.loader}, CPU trainer "
+          f"{engine.threads.trainer} of {torch.get_num_threads()} intra-op threads")
+    print("per iteration (s): " + "  ".join(f"{k} {v:.4f}" for k, v in t.items()))
+    print(f"epoch       {st['iterations']} iterations, {epoch:.3f}s predicted; "
+          f"{st['mteps'] or 0:.2f} MTEPS (Eq. 5)")
+    return 0
+
+
+def _partition_taskparallel(args: argparse.Namespace) -> int:
+    """``gnnscale partition --engine taskparallel``: the task assignment, per-device estimates and the replication
+    factor of the P group against data parallelism over METIS parts of the same count."""
+    config = TrainConfig(model=args.model or "dgcn", layers=args.layers, hidden=args.hidden, engine="taskparallel",
+                         devices=_device_list(args.devices or "cpu"), t_devices=args.t_devices,
+                         subgraphs=args.subgraphs, chunks=None if args.chunks == 1 else args.chunks, seed=args.seed,
+                         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory))
+    device = resolve_devices(config, "auto")
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    plan = plan_taskparallel(g, config, device)
+
+    def factor(parts: int) -> float:
+        if parts <= 1:
+            return 1.0
+        p = partition_graph(g, parts, 1, args.method, args.seed)
+        owner = torch.empty(g.num_nodes, dtype=torch.int64)
+        owner[p.perm] = torch.repeat_interleave(torch.arange(parts), p.part_ptr[1:] - p.part_ptr[:-1])
+        return replication_factor(g, owner)
+
+    n = len(plan.devices)
+    group = max(len(s.devices) for s in plan.p_stages)
+    st = {"dataset": g.name, "engine": "taskparallel", "model": args.model, "regime": plan.regime,
+          "n_t": plan.n_t, "n_p": plan.n_p,
+          "stages": [{"tasks": s.label(args.model == "dgat"), "kind": s.kind, "devices": s.devices}
+                     for s in (*plan.t_stages, *plan.p_stages)],
+          "subgraphs": plan.subgraphs, "chunks_per_subgraph": plan.chunks_per_subgraph,
+          "device_estimate_bytes": plan.estimate, "budget": plan.budget,
+          "p_group_size": group,
+          "p_group_replication": replication_factor(g, p_group_parts(plan, args.seed)) if group > 1 else 1.0,
+          "data_parallel_parts": n, "data_parallel_replication": factor(n), "method": args.method}
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    print(f"dataset     {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges")
+    print(f"assignment  {plan.regime}: N_t={plan.n_t}, N_p={plan.n_p}")
+    for s in st["stages"]:
+        print(f"  {s['kind']} {s['tasks']:<12} on device(s) " + ", ".join(
+            f"{plan.devices[d]}#{d}" for d in s["devices"]))
+    print(f"subgraphs   {plan.subgraphs} x {plan.chunks_per_subgraph} chunk(s)")
+    print("memory      " + ", ".join(f"#{d} {format_bytes(b)}" for d, b in enumerate(plan.estimate))
+          + f" estimated (budget {format_bytes(plan.budget)})")
+    print(f"replication P group of {group} (whole chunks per member, reshuffled each epoch; epoch 1): "
+          f"{st['p_group_replication']:.2f}; data parallelism over {n} {args.method} parts: "
+          f"{st['data_parallel_replication']:.2f}")
+    return 0

@@ -1,0 +1,199 @@
+"""``gnnscale train``: build the config from the flags, load the data, train, print and write the metrics."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from gnnscale import progress
+from gnnscale.checkpoint import check_checkpoint_args
+from gnnscale.cli.common import _device_list, _fmt, _MetricsWriter, _num_list
+from gnnscale.cli.parser import build_parser
+from gnnscale.config import TrainConfig
+from gnnscale.distributed.comm import current as current_comm
+from gnnscale.distributed.job import launched
+from gnnscale.distributed.launch import run_ranks
+from gnnscale.engines.devices import rank_device, resolve_devices
+from gnnscale.engines.distributed import load_rank_plan
+from gnnscale.errors import ConfigError
+from gnnscale.graph.datasets import load_dataset
+from gnnscale.predict import save_model
+from gnnscale.train import check_trainable, train
+from gnnscale.units import parse_budget
+
+ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
+    "--partitions": ("offload",), "--chunks": ("offload", "taskparallel"),
+    "--partition-method": ("offload", "distributed"),
+    "--gather": ("offload",), "--dedup": ("offload",), "--chunker": ("offload",), "--reorganize": ("offload",),
+    "--plan-dir": ("offload", "distributed"), "--batch-size": ("minibatch", "hybrid", "distributed"),
+    "--fanouts": ("minibatch", "hybrid", "distributed"), "--ranks": ("distributed",), "--strategy": ("distributed",),
+    "--pregather": ("distributed",), "--merge": ("distributed",), "--timeout": ("distributed",),
+    "--plan": ("distributed",),
+    "--eval-fanouts": ("minibatch", "hybrid"), "--gpu-graph-ratio": ("minibatch", "hybrid"),
+    "--gpu-feature-ratio": ("minibatch",), "--hotness": ("minibatch",), "--shares": ("minibatch", "hybrid"),
+    "--drm": ("hybrid",), "--threads": ("hybrid",), "--dependency": ("taskparallel",),
+    "--subgraphs": ("taskparallel",), "--t-devices": ("taskparallel",), "--heads": ("gat",),
+}
+
+
+def ignored_flags(args: argparse.Namespace, engine: str) -> list[str]:
+    """The engine-specific flags given (set to something other than their default) that ``engine`` does not read
+    (``--heads``: only GAT reads it)."""
+    defaults = build_parser().parse_args(["train"])
+    out = []
+    for flag, users in ENGINE_FLAGS.items():
+        dest = flag.lstrip("-").replace("-", "_")
+        if getattr(args, dest) == getattr(defaults, dest):
+            continue
+        if flag == "--heads":
+            if args.model != "gat":
+                out.append(flag)
+        elif engine not in users:
+            out.append(flag)
+    return out
+
+
+def _warm_imports() -> None:
+    with contextlib.suppress(Exception):
+        importlib.import_module("torch._dynamo")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    config = TrainConfig(
+        model=args.model, layers=args.layers, hidden=args.hidden, heads=args.heads, dropout=args.dropout,
+        lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, seed=args.seed, engine=args.engine,
+        memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
+        partitions=args.partitions, chunks=args.chunks, partition_method=args.partition_method, gather=args.gather,
+        plan_dir=args.plan_dir, devices=_device_list(args.devices), dedup=args.dedup, chunker=args.chunker,
+        reorganize=args.reorganize, batch_size=args.batch_size,
+        fanouts=_num_list("--fanouts", args.fanouts, int, "15,10"),
+        eval_fanouts=_num_list("--eval-fanouts", args.eval_fanouts, int, "15,10"),
+        sample_norm=args.sample_norm,
+        gpu_graph_ratio=args.gpu_graph_ratio, gpu_feature_ratio=args.gpu_feature_ratio, hotness=args.hotness,
+        dependency=args.dependency, subgraphs=args.subgraphs, t_devices=args.t_devices,
+        shares=_num_list("--shares", args.shares, float, "0.25,0.75"), drm=args.drm,
+        threads=_num_list("--threads", args.threads, int, "1,1,2"),
+        ranks=args.ranks, strategy=args.strategy, pregather=args.pregather, merge=args.merge, timeout=args.timeout,
+        plan=args.plan,
+    )
+    check_checkpoint_args(args.checkpoint, args.checkpoint_every, args.resume)
+    if args.save_model and (Path(args.save_model).is_dir() or not Path(args.save_model).parent.is_dir()):
+        raise ConfigError(f"--save-model {args.save_model}: give a file path in an existing folder")
+    if args.checkpoint_iterations and args.checkpoint is None:
+        raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
+    rank = 0
+    if config.engine == "distributed":
+        if not launched():
+            if args.ranks is None:
+                raise ConfigError("--engine distributed runs as a job of ranks: start it with torchrun (torchrun "
+                                  "--nproc-per-node R -m gnnscale train --engine distributed ...) or give --ranks R "
+                                  "to start R ranks on this machine")
+            if args.metrics:
+                _MetricsWriter(args.metrics)  # a bad path fails here, before any rank starts
+            rank_device(args.device, args.ranks, 0)  # one GPU per rank: say so before any rank starts
+            if args.plan is not None:
+                load_rank_plan(args.plan, args.ranks)
+            return run_ranks(args.entry, args.argv, args.ranks)  # args.entry: main, which the ranks run
+        rank = int(os.environ["RANK"])
+        if rank != 0:  # rank 0 reports; the others speak only of their own failures (stderr)
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the rest of this rank's life
+            args.metrics, args.save_model, args.quiet = None, None, True
+    device = resolve_devices(config, args.device)
+    if args.device == "auto" and not config.devices and device.type == "cpu":
+        print("no CUDA device found: training on CPU (--device cpu says so and silences this)")
+    writer = _MetricsWriter(args.metrics) if args.metrics else None
+    progress.enable(not args.quiet and sys.stderr.isatty())
+    # torch's optimisers import torch._dynamo (seconds) when the engine is built: import it while the data loads
+    threading.Thread(target=_warm_imports, daemon=True, name="gnnscale-imports").start()
+    timings: dict[str, float] = {}
+    try:
+        with progress.stage("load", timings):
+            graph = load_dataset(args.dataset, args.root, seed=args.seed)
+        check_trainable(graph)
+        print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
+              f"{graph.num_features} features, {graph.num_classes} classes")
+        bar = tqdm(total=config.epochs, unit="epoch", file=sys.stderr, leave=False,
+                   disable=args.quiet or not sys.stderr.isatty())
+
+        def on_epoch(rec: dict[str, Any]) -> None:
+            if writer:
+                writer.write(rec)
+            bar.update(1)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", val=_fmt(rec["val_acc"]))
+            if not args.quiet:
+                tqdm.write(f"epoch {rec['epoch']:>4}/{config.epochs}  loss {rec['loss']:.4f}  "
+                           f"train {_fmt(rec['train_acc'])}  val {_fmt(rec['val_acc'])}  "
+                           f"test {_fmt(rec['test_acc'])}  {rec['epoch_time_s']:.3f}s", file=sys.stdout)
+
+        def on_start(engine: Any, rejected: dict[str, list[str]], ready: dict[str, float]) -> None:
+            for name, reasons in rejected.items():
+                print(f"engine {name} rejected: {'; '.join(reasons)}")
+            ignored = ignored_flags(args, engine.name)
+            if ignored and rank == 0:  # one warning per job, not per rank
+                print(f"warning: {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect on the "
+                      f"{engine.name} engine", file=sys.stderr)
+            detail = engine.describe()
+            if detail:
+                print(detail)
+            steps = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in ready.items() if k != "ready_s")
+            print(f"ready to train in {ready['ready_s']:.1f}s ({steps})", flush=True)
+
+        def on_resume(history: list[dict[str, Any]]) -> None:
+            print(f"resuming from {args.checkpoint} after epoch {history[-1]['epoch'] if history else 0}")
+            bar.update(len(history))
+            for rec in history:  # the metrics file continues the old run's (rewritten from the checkpoint)
+                if writer:
+                    writer.write(rec)
+
+        result = train(graph, config, device, on_epoch=on_epoch, on_start=on_start, timings=timings,
+                       checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                       checkpoint_iterations=args.checkpoint_iterations, resume=args.resume, on_resume=on_resume)
+        bar.close()
+        s = result.summary
+        print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} epochs "
+              f"in {s['total_time_s']:.1f}s")
+        if s["best_by"] == "val":
+            print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
+                  f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}")
+        else:
+            print(f"no validation vertices: best epoch {s['best_epoch']} by training accuracy, test accuracy "
+                  f"{_fmt(s['test_acc_at_best_val'])} there; final test accuracy {_fmt(s['final_test_acc'])}")
+        last = result.history[-1]
+        if "predicted_t_s" in last:
+            print(f"task forward times, last epoch (summed over devices): T tasks {last['t_forward_s']:.3f}s "
+                  f"measured vs {last['predicted_t_s']:.3g}s predicted by Eq. 5; P tasks {last['p_forward_s']:.3f}s "
+                  f"vs {last['predicted_p_s']:.3g}s by Eq. 6 (with recomputation and backward: T "
+                  f"{last['t_busy_s']:.3f}s, P {last['p_busy_s']:.3f}s)")
+        if s.get("engine_report"):
+            _print_stage_table(s["engine_report"])
+        if args.save_model:
+            print(f"saved the epoch-{s['best_epoch']} model to "
+                  f"{save_model(args.save_model, result.model, config, graph, result.best_state)}")
+        if writer:
+            writer.write(s)
+    finally:
+        if writer:
+            writer.close()
+    comm = current_comm()
+    if comm is not None:  # a failed job keeps it: main names the failed rank through it
+        comm.close()
+    return 0
+
+
+def _print_stage_table(report: dict[str, Any]) -> None:
+    """The hybrid engine's predicted and measured seconds per iteration, stage by stage (last epoch)."""
+    pred, meas = report["predicted"], report["measured"]
+    print(f"per-stage seconds per iteration, last epoch (split {', '.join(f'{x:.3f}' for x in report['split'])}, "
+          f"threads {','.join(map(str, report['threads']))}):")
+    print(f"  {'stage':<8}{'predicted':>11}{'measured':>11}")
+    for k in ("SC", "SA", "Load", "Tran", "TC", "TA", "sync"):
+        print(f"  {k:<8}{pred.get(k, 0.0):>11.4f}{meas.get(k, 0.0):>11.4f}")
+    print(f"  {'epoch':<8}{pred['epoch_s']:>11.3f}{meas['epoch_s']:>11.3f}")

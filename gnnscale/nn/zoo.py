@@ -1,0 +1,24 @@
+"""Building a model by name: the layer stacks (:class:`~gnnscale.nn.model.GNN`) and the decoupled models
+(:class:`~gnnscale.nn.decoupled.DecoupledGNN`)."""
+
+from __future__ import annotations
+
+import torch
+
+from gnnscale.nn.decoupled import DECOUPLED_MODELS, DecoupledGNN
+from gnnscale.nn.model import GNN, MODELS
+
+ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
+"""Every ``--model`` name: the layer stacks and the decoupled models."""
+
+
+def build_model(
+    kind: str, in_features: int, hidden: int, num_classes: int, *, layers: int, dropout: float, heads: int, seed: int
+) -> GNN:
+    """Build a model with weights determined by ``seed`` alone (same seed -> same initial weights everywhere);
+    ``dgcn``/``dgat`` build a :class:`~gnnscale.nn.decoupled.DecoupledGNN`."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if kind in DECOUPLED_MODELS:
+            return DecoupledGNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout)
+        return GNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout, heads=heads)

@@ -1,0 +1,156 @@
+"""The training record's keys: one meaning and one unit per key, whichever engine writes it.
+
+Every epoch yields one record (``--metrics FILE`` writes it as a JSON line): the keys the training loop writes for
+every engine, then the counters of the engine that ran. :data:`EPOCH_KEYS` is the whole vocabulary; an engine writes
+the subset that applies to it, and never a key that is not here (``tests/test_metrics_schema.py`` runs every engine
+and checks). docs/metrics.md is generated from this module (``python -m gnnscale.engines.schema``).
+
+Units: ``bytes``; ``s`` (seconds, wall clock); ``rows`` (vertex rows of a feature or activation matrix);
+``count``; ``fraction`` (0..1); ``list`` (one value per device, trainer or rank, in that order).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of the training record."""
+
+    unit: str
+    meaning: str
+    written_by: str
+    """``loop`` (every engine), or the engines that write it, in prose."""
+
+
+_LOOP = "loop"
+
+EPOCH_KEYS: dict[str, Key] = {
+    # written by the training loop for every engine
+    "epoch": Key("count", "Epoch number, from 1.", _LOOP),
+    "loss": Key("-", "Mean training cross-entropy over the epoch's training vertices.", _LOOP),
+    "train_acc": Key("fraction", "Accuracy on the training vertices after the epoch (no dropout).", _LOOP),
+    "val_acc": Key("fraction", "Accuracy on the validation vertices; null without them.", _LOOP),
+    "test_acc": Key("fraction", "Accuracy on the test vertices; null without them.", _LOOP),
+    "epoch_time_s": Key("s", "Training time of the epoch, without the evaluation.", _LOOP),
+    "peak_device_bytes": Key("bytes", "Peak memory of the training device(s) in the epoch: the accelerator "
+                             "allocator's peak, or on CPU the measured live bytes of the engine's device-side "
+                             "work (multi-device engines: the largest device's).", _LOOP),
+    # host <-> device traffic (one meaning for every engine)
+    "h2d_bytes": Key("bytes", "Everything copied host -> device in the epoch: the sum of h2d_row_bytes, "
+                     "h2d_topology_bytes and h2d_index_bytes.", "offload, taskparallel, minibatch"),
+    "h2d_row_bytes": Key("bytes", "Vertex rows (features, activations, gradients) copied host -> device.",
+                         "offload, taskparallel, minibatch"),
+    "h2d_topology_bytes": Key("bytes", "Graph structure copied host -> device: row pointers, neighbour ids, "
+                              "edge weights of blocks or sampled lists.", "offload, taskparallel, minibatch"),
+    "h2d_index_bytes": Key("bytes", "Row-index vectors copied host -> device (which rows a chunk loads).",
+                           "offload"),
+    "d2h_bytes": Key("bytes", "Vertex rows copied device -> host (outputs, gradients).", "offload"),
+    "d2d_bytes": Key("bytes", "Bytes one device read from another (rows, lists).", "minibatch"),
+    "device_peak_bytes": Key("list", "Peak memory per device, bytes.", "offload, taskparallel"),
+    # full-graph chunked engines
+    "chunks": Key("count", "Chunks the vertices are split into (all partitions together for offload).",
+                  "offload, taskparallel"),
+    "partitions": Key("count", "Level-1 partitions (HongTu's m).", "offload"),
+    "devices": Key("count", "Devices the engine trained on.", "offload, taskparallel"),
+    "layer_passes": Key("count", "Layer passes over the chunks in the epoch (forward and backward).", "offload"),
+    "rows_ori": Key("rows", "Rows the chunks would load with no deduplication (HongTu's V_ori).", "offload"),
+    "rows_ori_bytes": Key("bytes", "rows_ori in bytes.", "offload"),
+    "rows_h2d": Key("rows", "Rows actually loaded host -> device.", "offload"),
+    "rows_h2d_bytes": Key("bytes", "rows_h2d in bytes.", "offload"),
+    "rows_reused": Key("rows", "Rows kept on the device from the previous chunk (not reloaded).", "offload"),
+    "rows_reused_bytes": Key("bytes", "rows_reused in bytes.", "offload"),
+    "rows_d2d": Key("rows", "Rows received from another device's chunk (inter-GPU duplicates).", "offload"),
+    "rows_d2d_bytes": Key("bytes", "rows_d2d in bytes.", "offload"),
+    "rows_p2p": Key("rows", "Rows shared between partitions on one device.", "offload"),
+    "rows_p2p_bytes": Key("bytes", "rows_p2p in bytes.", "offload"),
+    # task parallel (NeutronTask)
+    "subgraphs": Key("count", "Subgraphs the epoch's chunks were grouped into (Algorithm 1's S).", "taskparallel"),
+    "t2t_bytes": Key("bytes", "Bytes handed between T-task devices.", "taskparallel"),
+    "t2p_bytes": Key("bytes", "Bytes handed from T-task to P-task devices.", "taskparallel"),
+    "p2p_bytes": Key("bytes", "Bytes handed between P-task devices.", "taskparallel"),
+    "p2t_bytes": Key("bytes", "Bytes handed from P-task back to T-task devices (gradients).", "taskparallel"),
+    "t_forward_s": Key("s", "T-task forward time, summed over devices.", "taskparallel"),
+    "p_forward_s": Key("s", "P-task forward time, summed over devices.", "taskparallel"),
+    "t_busy_s": Key("s", "T-task time with recomputation and backward, summed over devices.", "taskparallel"),
+    "p_busy_s": Key("s", "P-task time with backward, summed over devices.", "taskparallel"),
+    "predicted_t_s": Key("s", "T-task forward time predicted by Eq. 5.", "taskparallel"),
+    "predicted_p_s": Key("s", "P-task forward time predicted by Eq. 6.", "taskparallel"),
+    "pipeline_wall_s": Key("s", "Wall time of the pipelined forward and backward.", "taskparallel"),
+    # sampled engines
+    "batches": Key("count", "Mini-batches (iterations) in the epoch.", "minibatch, hybrid, distributed"),
+    "trainers": Key("count", "Trainers that shared every batch.", "minibatch, hybrid"),
+    "trainer_seeds": Key("list", "Seed vertices each trainer trained on.", "minibatch, hybrid"),
+    "trainer_sampled_edges": Key("list", "Sampled edges each trainer's blocks held.", "minibatch, hybrid"),
+    "trainer_s": Key("list", "Seconds each trainer spent training.", "hybrid"),
+    "sampled_edges": Key("count", "Edges of all sampled blocks of the epoch.", "minibatch, hybrid, distributed"),
+    "fetched_neighbor_entries": Key("count", "Neighbour-list entries the sampler read, every tier together.",
+                                    "minibatch"),
+    "graph_hit_rate": Key("fraction", "Neighbour-list lookups served from device memory.", "minibatch"),
+    "feature_hit_rate": Key("fraction", "Feature-row reads served from device memory.", "minibatch"),
+    "sample_s": Key("s", "Sampling time.", "minibatch, distributed"),
+    "extract_s": Key("s", "Feature and list fetching time.", "minibatch"),
+    "train_s": Key("s", "Forward, backward and optimiser time.", "minibatch, distributed"),
+    # hybrid (HyScale-GNN)
+    "accel_bytes": Key("list", "Bytes sent to each accelerator trainer (features and blocks).", "hybrid"),
+    "gpu_sampled": Key("count", "Batches sampled on the accelerator.", "hybrid"),
+    "split": Key("list", "Fraction of every batch each trainer took, at the epoch's end.", "hybrid"),
+    "threads": Key("list", "Threads of the CPU sampler, loader and trainer, at the epoch's end.", "hybrid"),
+    "drm_work_moves": Key("count", "Dynamic resource management: work moved between trainers.", "hybrid"),
+    "drm_thread_moves": Key("count", "Dynamic resource management: threads moved between CPU stages.", "hybrid"),
+    "predicted_epoch_s": Key("s", "Epoch time predicted by the performance model.", "hybrid"),
+    "mteps": Key("-", "Millions of traversed (sampled) edges per second.", "hybrid"),
+    "sa_s": Key("s", "Stage time per iteration: sampling on the accelerator.", "hybrid"),
+    "sc_s": Key("s", "Stage time per iteration: sampling on the CPU.", "hybrid"),
+    "load_s": Key("s", "Stage time per iteration: feature loading.", "hybrid"),
+    "tran_s": Key("s", "Stage time per iteration: host -> accelerator transfer.", "hybrid"),
+    "tc_s": Key("s", "Stage time per iteration: the CPU trainer.", "hybrid"),
+    "ta_s": Key("s", "Stage time per iteration: the accelerator trainer.", "hybrid"),
+    "sync_s": Key("s", "Gradient synchronisation time.", "hybrid, distributed"),
+    # distributed (HopGNN)
+    "ranks": Key("count", "Ranks of the job.", "distributed"),
+    "strategy": Key("-", "micrograph or model-centric.", "distributed"),
+    "remote_rows": Key("rows", "Feature rows read from other ranks.", "distributed"),
+    "remote_bytes": Key("bytes", "remote_rows in bytes.", "distributed"),
+    "needed_rows": Key("rows", "Feature rows the epoch's micrographs needed.", "distributed"),
+    "local_rows": Key("rows", "Of those, rows held by the rank that used them.", "distributed"),
+    "local_hit_rate": Key("fraction", "local_rows / needed_rows.", "distributed"),
+    "migration_bytes": Key("bytes", "Model bytes moved between ranks (model migration).", "distributed"),
+    "time_steps": Key("count", "Time steps per iteration (model migrations + 1), mean over ranks.",
+                      "distributed"),
+    "merges": Key("count", "Micrograph merges in force (HopGNN §5.3).", "distributed"),
+    "fetch_s": Key("s", "Remote feature fetching time, summed over ranks.", "distributed"),
+    "migrate_s": Key("s", "Model migration time, summed over ranks.", "distributed"),
+    "rank_feature_bytes": Key("list", "Feature bytes each rank holds.", "distributed"),
+    "rank_cache_peak_bytes": Key("list", "Peak bytes of each rank's pre-gathered feature cache.", "distributed"),
+    "rank_rss_bytes": Key("list", "Resident memory of each rank's process.", "distributed"),
+}
+"""Every key a per-epoch record may hold."""
+
+H2D_PARTS = ("h2d_row_bytes", "h2d_topology_bytes", "h2d_index_bytes")
+"""``h2d_bytes`` is their sum, in every engine that writes it."""
+
+
+def markdown() -> str:
+    """docs/metrics.md: the page is this function's output."""
+    lines = [
+        "# Training records",
+        "",
+        "`gnnscale train --metrics FILE` writes one JSON object per epoch, then a summary object (`\"summary\":",
+        "true`). The epoch keys below mean one thing, in one unit, whichever engine writes them; an engine writes the",
+        "ones that apply to it. Generated from `gnnscale/engines/schema.py` (`python -m gnnscale.engines.schema`).",
+        "",
+        "Units: bytes; s (seconds, wall clock); rows (vertex rows); count; fraction (0..1); list (one value per",
+        "device, trainer or rank).",
+        "",
+        "| key | unit | written by | meaning |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{name}` | {k.unit} | {k.written_by} | {k.meaning} |" for name, k in EPOCH_KEYS.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())

@@ -25,6 +25,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check gnnscale tests benchmarks
 	$(VENV)/bin/mypy gnnscale
+	$(VPY) -m pytest -q -p no:cacheprovider tests/test_architecture.py
 
 bench: setup
 	$(VPY) benchmarks/inmemory_vs_pyg.py

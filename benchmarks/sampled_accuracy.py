@@ -95,6 +95,8 @@ def command(args: argparse.Namespace, spec: str, model: str, seed: int, cfg: dic
     cmd = [sys.executable, "-m", "gnnscale", "train", "--dataset", spec, "--model", model,
            "--epochs", str(args.epochs), "--seed", str(seed), "--device", args.device,
            "--engine", cfg["engine"], "--metrics", str(metrics), "--quiet"]
+    if args.lr is not None:
+        cmd += ["--lr", str(args.lr)]
     if cfg["engine"] == "minibatch":
         cmd += ["--batch-size", str(args.batch_size), *cfg["flags"]]
     return cmd
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, help="the children's --lr, every run alike (default: gnnscale's, 0.01)")
     ap.add_argument("--device", default="auto", help="the children's --device (default auto)")
     ap.add_argument("--omp-threads", type=int, default=1, help="OMP_NUM_THREADS of every run (default 1)")
     ap.add_argument("--no-graph-norm", action="store_true", help="leave out the GCN --sample-norm graph runs")
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     cmd = command(args, spec, model, seed, cfg, metrics)
                     res = run_one(cmd, child_env, metrics, args.timeout)
                     rec = {"kind": "run", "model": model, "seed": seed, "engine": cfg["engine"],
-                           "fanouts": cfg["fanouts"], "norm": cfg["norm"], "epochs": args.epochs,
+                           "fanouts": cfg["fanouts"], "norm": cfg["norm"], "epochs": args.epochs, "lr": args.lr,
                            "batch_size": args.batch_size if cfg["engine"] == "minibatch" else None,
                            "dataset": spec, "run_command": shlex.join(cmd), **res, **env_rec}
                     runs.append(rec)

@@ -20,6 +20,8 @@ from gnnscale.partition.plan import CHUNKERS
 from gnnscale.sample import SAMPLE_NORMS
 from gnnscale.store import GATHER_METHODS
 
+MODES = ("auto", "full", "sampled", "distributed")
+"""``--mode``: the training modes ``--engine auto`` chooses in."""
 STRATEGIES = ("micrograph", "model-centric")
 """``--strategy`` of the distributed engine."""
 
@@ -35,8 +37,8 @@ def register_check(check: Callable[[TrainConfig], None]) -> Callable[[TrainConfi
 
 
 @dataclass(kw_only=True)
-class TrainConfig:
-    """What to train and how; devices are arguments of :func:`train`, not config."""
+class ModelOptions:
+    """What model to train and how to optimise it (every engine)."""
 
     model: str = "gcn"
     """Layer type: one of ``gcn``, ``sage``, ``gat``, ``gin``, ``mlp``, or a decoupled model (NeutronTask Eq. 4):
@@ -57,25 +59,54 @@ class TrainConfig:
     """Training epochs (one full-graph step each)."""
     seed: int = 0
     """Seeds initial weights and dropout masks."""
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """Which engine runs, on how much device memory and which devices (every engine)."""
+
     engine: str = "auto"
-    """Engine name, or ``auto`` for the first engine with no reason against it."""
+    """Engine name, or ``auto``: the first engine of the training mode (:attr:`mode`) with no reason against it,
+    in the registry's order (``gnnscale plan`` lists them with their estimates or reasons)."""
+    mode: str = "auto"
+    """Training mode ``--engine auto`` chooses in: ``full`` (full-graph engines), ``sampled`` (mini-batch
+    engines) or ``distributed`` (a job of ranks); ``auto``: the named engine's mode, else ``distributed`` when
+    ranks are given, else ``full``."""
     memory_budget: int | None = None
     """Device memory the engine may use, in bytes; ``None``: what is free on the device."""
-    partitions: int = 1
-    """Offload: level-1 partitions ``m`` (HongTu schedules one per GPU; on one device they run in turn)."""
-    chunks: int | None = None
-    """Offload: destination chunks per partition ``n``; ``None``: the planner picks the fewest that fit."""
-    partition_method: str = "metis"
-    """Offload: ``metis``, ``random`` or ``range`` level-1 partitioning."""
-    gather: str = "auto"
-    """Offload: how chunk rows reach the device: ``index_select`` (CPU gather + async copy), ``uva`` (Triton
-    kernel reading pinned host memory) or ``auto``."""
-    plan_dir: str | None = None
-    """Where partition plans are saved and reused; ``None``: the user cache (``gnnscale.partition``)."""
     devices: tuple[str, ...] | None = None
     """Offload: devices the partitions run on (partition ``i`` on ``devices[i % len(devices)]``), one thread each.
     Mini-batch: one trainer per device, each training its share of every batch. ``None``: the training device.
     The first is the training device."""
+
+
+@dataclass(kw_only=True)
+class ChunkOptions:
+    """How many chunks a full-graph engine streams the vertices in."""
+
+    chunks: int | None = None
+    """Offload: destination chunks per partition ``n``; ``None``: the planner picks the fewest that fit."""
+
+
+@dataclass(kw_only=True)
+class PartitionOptions:
+    """How the graph is partitioned, and where plans are kept."""
+
+    partition_method: str = "metis"
+    """Offload: ``metis``, ``random`` or ``range`` level-1 partitioning."""
+    plan_dir: str | None = None
+    """Where partition plans are saved and reused; ``None``: the user cache (``gnnscale.partition``)."""
+
+
+@dataclass(kw_only=True)
+class OffloadOptions:
+    """HongTu's offload engine: partitions, row gathering, deduplication, chunk order."""
+
+    partitions: int = 1
+    """Offload: level-1 partitions ``m`` (HongTu schedules one per GPU; on one device they run in turn)."""
+    gather: str = "auto"
+    """Offload: how chunk rows reach the device: ``index_select`` (CPU gather + async copy), ``uva`` (Triton
+    kernel reading pinned host memory) or ``auto``."""
     dedup: str = "full"
     """Offload: ``none`` (every chunk loads its rows), ``reuse`` (rows shared with the partition's previous chunk
     stay on the device) or ``full`` (HongTu: each batch's rows loaded once, shared between partitions, reused)."""
@@ -84,23 +115,12 @@ class TrainConfig:
     less balanced) or ``auto`` (both, the lower Eq. 4 cost; METIS runs once per chunk count and is saved)."""
     reorganize: str = "auto"
     """Offload: reorder chunks into batches by Algorithm 4: ``on``, ``off`` or ``auto`` (when it lowers Eq. 4)."""
-    batch_size: int = 1024
-    """Mini-batch: seed vertices per batch."""
-    fanouts: tuple[int, ...] | None = None
-    """Mini-batch: neighbours sampled per hop, the first for the seeds' hop (-1: all); ``None``: 15,10 for two
-    layers, else 10 per layer."""
-    eval_fanouts: tuple[int, ...] | None = None
-    """Mini-batch: sampled evaluation with these fanouts; ``None``: layer-wise full-neighbour inference."""
-    sample_norm: str = "sampled"
-    """Sampled engines: whose degrees GCN's weights on a sampled block read. ``sampled``: each vertex's degree in
-    the sampled graph, its keyed sample plus its loop (PyG's ``GCNConv`` on a sampled subgraph); ``graph``: the
-    whole graph's (full-graph training's weights). Either way each vertex keeps one self-loop outside the fanout,
-    the weights do not depend on the batch, and fanout -1 is full-graph training (:mod:`gnnscale.sample.adjacency`)."""
-    gpu_graph_ratio: float | None = None
-    """Mini-batch: fraction of vertices (hottest first) whose neighbour lists live on the devices; ``None``: as
-    many as half the device budget holds (topology first, then features: XGNN §4.3)."""
-    gpu_feature_ratio: float | None = None
-    """Mini-batch: fraction of vertices (hottest first) whose features live on the devices; ``None``: see above."""
+
+
+@dataclass(kw_only=True)
+class TaskParallelOptions:
+    """NeutronTask's task-parallel engine: dependencies, subgraphs, T-task devices."""
+
     dependency: str = "exact"
     """Task-parallel: ``exact`` (every T task finishes before the first P task: the in-memory model exactly) or
     ``skip`` (NeutronTask Algorithm 1: edges from subgraphs later in this epoch's shuffled order are skipped, and
@@ -109,16 +129,66 @@ class TrainConfig:
     """Task-parallel: subgraphs ``S`` per epoch; ``None``: the fewest (at least 2) that fit ``memory_budget``."""
     t_devices: int | None = None
     """Task-parallel: devices for the T tasks (``N_t``); ``None``: the scheduling model (Eqs. 7-8) decides."""
+
+
+@dataclass(kw_only=True)
+class SamplingOptions:
+    """Sampled training: batches, fanouts and GCN's weights on sampled blocks."""
+
+    batch_size: int = 1024
+    """Mini-batch: seed vertices per batch."""
+    fanouts: tuple[int, ...] | None = None
+    """Mini-batch: neighbours sampled per hop, the first for the seeds' hop (-1: all); ``None``: 15,10 for two
+    layers, else 10 per layer."""
+    sample_norm: str = "sampled"
+    """Sampled engines: whose degrees GCN's weights on a sampled block read. ``sampled``: each vertex's degree in
+    the sampled graph, its keyed sample plus its loop (PyG's ``GCNConv`` on a sampled subgraph); ``graph``: the
+    whole graph's (full-graph training's weights). Either way each vertex keeps one self-loop outside the fanout,
+    the weights do not depend on the batch, and fanout -1 is full-graph training (:mod:`gnnscale.sample.adjacency`)."""
+
+
+@dataclass(kw_only=True)
+class MiniBatchOptions:
+    """Sampled training on several trainers with a device tier (XGNN's store)."""
+
+    eval_fanouts: tuple[int, ...] | None = None
+    """Mini-batch: sampled evaluation with these fanouts; ``None``: layer-wise full-neighbour inference."""
+    gpu_graph_ratio: float | None = None
+    """Mini-batch: fraction of vertices (hottest first) whose neighbour lists live on the devices; ``None``: as
+    many as half the device budget holds (topology first, then features: XGNN §4.3)."""
     shares: tuple[float, ...] | None = None
     """Mini-batch: the fraction of every global batch each trainer (``devices[i]``) takes, in (0, 1) and summing to
     1; ``None``: equal shares. Unequal devices (a CPU beside a GPU) want unequal shares; what is learned does not
     change, keyed sampling makes a step on any split equal one step on the whole batch."""
+
+
+@dataclass(kw_only=True)
+class StoreOptions:
+    """What the mini-batch store keeps on the devices."""
+
+    gpu_feature_ratio: float | None = None
+    """Mini-batch: fraction of vertices (hottest first) whose features live on the devices; ``None``: see above."""
+    hotness: str = "degree"
+    """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
+    of a few sampled batches)."""
+
+
+@dataclass(kw_only=True)
+class HybridOptions:
+    """HyScale-GNN's hybrid CPU + accelerator engine."""
+
     drm: str = "on"
     """Hybrid: HyScale-GNN's dynamic resource management (Algorithm 1) after every iteration, ``on`` or ``off``
     (the split and threads stay as they start)."""
     threads: tuple[int, ...] | None = None
     """Hybrid: threads of the CPU sampler, the feature loader and the CPU trainer; ``None``: half the cores to
     the trainer, the rest split between the other two (one each at least)."""
+
+
+@dataclass(kw_only=True)
+class DistributedOptions:
+    """HopGNN's distributed engine: ranks, strategy, pre-gathering, merging."""
+
     ranks: int | None = None
     """Distributed: ranks to start on this machine (``--ranks``); ``None``: the job's, from torchrun."""
     strategy: str = "micrograph"
@@ -135,9 +205,25 @@ class TrainConfig:
     plan: str | None = None
     """Distributed: a partition plan file (``gnnscale partition``) with one part per rank; ``None``: partition
     (METIS by default) or reuse the saved plan."""
-    hotness: str = "degree"
-    """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
-    of a few sampled batches)."""
+
+
+@dataclass(kw_only=True)
+class TrainConfig(
+    DistributedOptions,
+    HybridOptions,
+    StoreOptions,
+    MiniBatchOptions,
+    SamplingOptions,
+    TaskParallelOptions,
+    OffloadOptions,
+    PartitionOptions,
+    ChunkOptions,
+    RunOptions,
+    ModelOptions,
+):
+    """What to train and how; devices are arguments of :func:`train`, not config. The fields come in groups, one
+    dataclass each (:class:`ModelOptions`, :class:`RunOptions`, then the engines' own groups); each engine says
+    which groups it reads (``Engine.options``), and a flag of a group it does not read has no effect on it."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -151,6 +237,7 @@ class TrainConfig:
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
             (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
             (self.memory_budget is None or self.memory_budget > 0, "--gpu-memory must be positive"),
+            (self.mode in MODES, f"unknown --mode {self.mode!r}; choose one of {', '.join(MODES)}"),
             (self.partitions >= 1, f"--partitions must be >= 1, got {self.partitions}"),
             (self.chunks is None or self.chunks >= 1, f"--chunks must be >= 1, got {self.chunks}"),
             (self.partition_method in PARTITION_METHODS,
@@ -205,28 +292,50 @@ class TrainConfig:
             check(self)
 
 
+OPTION_GROUPS: tuple[type, ...] = (
+    ModelOptions,
+    RunOptions,
+    ChunkOptions,
+    PartitionOptions,
+    OffloadOptions,
+    TaskParallelOptions,
+    SamplingOptions,
+    MiniBatchOptions,
+    StoreOptions,
+    HybridOptions,
+    DistributedOptions,
+)
+"""Every option group, in the order ``--help`` shows them."""
+
+
 def field_docs(cls: type) -> dict[str, str]:
-    """Each dataclass field's docstring (the string literal under it in the class body), from the source."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    """Each dataclass field's docstring (the string literal under it in the class body), from the source of
+    ``cls`` and of its bases."""
     docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-            docs[node.target.id] = " ".join(after.value.value.split())
+    for klass in reversed(cls.__mro__[:-1]):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:], strict=False):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
 
-def _document(cls: type) -> None:
-    """Append every field, its default and its meaning to ``cls.__doc__``, so that ``help(cls)`` shows them."""
+def _document(cls: type, groups: tuple[type, ...]) -> None:
+    """Append every field, its default and its meaning to ``cls.__doc__``, group by group, so that
+    ``help(cls)`` shows them."""
     docs = field_docs(cls)
-    lines = [(cls.__doc__ or "").rstrip(), "", "Fields (name: type = default):", ""]
-    for f in fields(cls):
-        default = f.default if f.default is not MISSING else "(required)"
-        lines.append(f"    {f.name}: {f.type} = {default!r}")
-        lines.extend(textwrap.wrap(docs.get(f.name, "(undocumented)"), 108, initial_indent=" " * 8,
-                                   subsequent_indent=" " * 8))
+    lines = [(cls.__doc__ or "").rstrip(), "", "Fields (name: type = default), by group:"]
+    for group in groups:
+        lines += ["", f"{group.__name__}: {(group.__doc__ or '').strip()}", ""]
+        for f in fields(group):
+            default = f.default if f.default is not MISSING else "(required)"
+            lines.append(f"    {f.name}: {f.type} = {default!r}")
+            lines.extend(textwrap.wrap(docs.get(f.name, "(undocumented)"), 108, initial_indent=" " * 8,
+                                       subsequent_indent=" " * 8))
     cls.__doc__ = "\n".join(lines) + "\n"
 
 
-_document(TrainConfig)
+_document(TrainConfig, OPTION_GROUPS)

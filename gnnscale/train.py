@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from gnnscale import runtime as rt
 from gnnscale.checkpoint import check_checkpoint_args, check_resumable, load_checkpoint, save_checkpoint
 from gnnscale.config import TrainConfig
 from gnnscale.engines import select_engine
@@ -173,8 +174,8 @@ def train(
         reset_peak_device_bytes(dev)
         t0 = time.perf_counter()
         stats = engine.train_epoch(epoch)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        if rt.is_accelerator(dev):
+            rt.synchronize(dev)  # the epoch's time includes its device work
         epoch_time = time.perf_counter() - t0
         accs = engine.evaluate()
         record: EpochRecord = {

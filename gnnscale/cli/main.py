@@ -13,14 +13,14 @@ from typing import Any
 
 from gnnscale.cli.data_cmd import cmd_convert, cmd_info, cmd_predict, cmd_report
 from gnnscale.cli.parser import USAGE_ERROR, build_parser
-from gnnscale.cli.partition_cmd import cmd_partition
+from gnnscale.cli.partition_cmd import cmd_partition, cmd_plan
 from gnnscale.cli.train_cmd import cmd_train
 from gnnscale.distributed.comm import current as current_comm
 from gnnscale.distributed.job import LAUNCHED_BY, PEER_FAILED
 from gnnscale.errors import GnnscaleError, RankFailure
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "train": cmd_train, "partition": cmd_partition, "info": cmd_info, "predict": cmd_predict,
+    "train": cmd_train, "partition": cmd_partition, "plan": cmd_plan, "info": cmd_info, "predict": cmd_predict,
     "report": cmd_report, "convert": cmd_convert,
 }
 """Each sub-command's function (the parser sets ``args.command``)."""

@@ -5,8 +5,22 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from gnnscale.config import STRATEGIES
-from gnnscale.engines import ENGINES
+from gnnscale.config import (
+    MODES,
+    STRATEGIES,
+    ChunkOptions,
+    DistributedOptions,
+    HybridOptions,
+    MiniBatchOptions,
+    ModelOptions,
+    OffloadOptions,
+    PartitionOptions,
+    RunOptions,
+    SamplingOptions,
+    StoreOptions,
+    TaskParallelOptions,
+)
+from gnnscale.engines import ENGINES, readers_of
 from gnnscale.errors import GnnscaleError
 from gnnscale.nn import ALL_MODELS
 from gnnscale.partition import CHUNKERS, PARTITION_METHODS
@@ -53,6 +67,55 @@ def _add_hybrid_args(p: Any) -> None:
                         "all (default: half the cores to the trainer, the rest split)")
 
 
+def _option_groups(train: argparse.ArgumentParser) -> dict[type, Any]:
+    """One flag group per option group of :class:`~gnnscale.config.TrainConfig`: an engine's own group is titled
+    by the engine, a group several engines read names them; the model's and the run's flags stay ungrouped."""
+    out: dict[type, Any] = {ModelOptions: train, RunOptions: train}
+    for options in (OffloadOptions, ChunkOptions, PartitionOptions, TaskParallelOptions, SamplingOptions,
+                    MiniBatchOptions, StoreOptions, HybridOptions, DistributedOptions):
+        readers = readers_of(options)
+        doc = (options.__doc__ or "").strip().rstrip(".")
+        if len(readers) == 1:
+            out[options] = train.add_argument_group(f"{readers[0]} engine", doc)
+        else:
+            name = options.__name__.removesuffix("Options").lower()
+            out[options] = train.add_argument_group(f"{name} options (engines {', '.join(readers)})", doc)
+    return out
+
+
+def _add_partition_args(pa: argparse.ArgumentParser, engine_default: str | None) -> None:
+    _add_dataset_args(pa, required=True)
+    pa.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
+    pa.add_argument("--chunks", type=int, help="destination chunks per partition n (partition: default 1; plan: "
+                                              "the fewest that fit the budget)")
+    pa.add_argument("--method", choices=PARTITION_METHODS, default="metis", help="level-1 partitioner")
+    pa.add_argument("--chunker", choices=CHUNKERS, default="range",
+                    help="level-2 splitter: range (edge-balanced) or metis (fewer shared rows); default range")
+    _add_plan_dir(pa)
+    pa.add_argument("--engine", choices=["offload", "taskparallel", "hybrid"], default=engine_default,
+                    help="offload: the two-level plan (default); taskparallel: the task assignment, per-device "
+                         "memory estimate and replication factors (with --model, --layers, --hidden, --devices, "
+                         "--t-devices, --subgraphs, --gpu-memory); hybrid: the performance model's initial split "
+                         "and per-stage times (with --model, --layers, --hidden, --devices, --batch-size, "
+                         "--fanouts, --shares, --threads)")
+    pa.add_argument("--model", choices=list(ALL_MODELS),
+                    help="taskparallel: decoupled model (default dgcn); hybrid: layer type (default gcn)")
+    pa.add_argument("--layers", type=int, default=2, help="taskparallel, hybrid: layers (default 2)")
+    pa.add_argument("--hidden", type=int, default=64, help="taskparallel, hybrid: hidden width (default 64)")
+    pa.add_argument("--devices", metavar="LIST",
+                    help="taskparallel: devices (default: cpu); hybrid: cpu and the accelerators (default: cpu and "
+                         "every GPU)")
+    pa.add_argument("--batch-size", type=int, default=1024, help="hybrid: seeds per global batch (default 1024)")
+    pa.add_argument("--fanouts", metavar="LIST", help="hybrid: neighbours per hop (default 15,10 for 2 layers)")
+    pa.add_argument("--shares", metavar="LIST", help="hybrid: the split to predict (default: the model's)")
+    pa.add_argument("--threads", metavar="S,L,T", help="hybrid: sampler, loader, CPU trainer threads")
+    pa.add_argument("--t-devices", type=int, metavar="N", help="taskparallel: devices for the T tasks")
+    pa.add_argument("--subgraphs", type=int, metavar="S", help="taskparallel: subgraphs per epoch")
+    pa.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
+                    help="taskparallel: device memory budget (default: what is free)")
+    pa.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gnnscale", description="Train GNNs on graphs bigger than one GPU's memory.")
     parser.add_argument("--version", action="version", version=f"gnnscale {__version__}")
@@ -72,18 +135,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=int, default=100, help="training epochs (default 100)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     t.add_argument("--engine", choices=["auto", *ENGINES], default="auto",
-                   help="auto: the first engine that fits, in this order (never minibatch); default auto")
+                   help="auto: the first engine that fits, in this order (never minibatch); default auto. "
+                        "Each engine's own flags are in its group below; a flag of a group the engine does not read "
+                        "has no effect on it (said once, as a warning)")
+    t.add_argument("--mode", choices=list(MODES), default="auto",
+                   help="the training mode --engine auto chooses in: full (full-graph engines), sampled (mini-batch "
+                        "engines) or distributed; default auto: full, or distributed with --ranks")
     t.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
                    help="device memory the engine may use: GiB (e.g. 6) or a size (512MB); default: what is free")
-    o = t.add_argument_group("offload engine (HongTu)")
+    group = _option_groups(t)
+    o = group[OffloadOptions]
     o.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
-    o.add_argument("--chunks", type=int, help="chunks per partition n (default: the fewest that fit --gpu-memory)")
-    o.add_argument("--partition-method", choices=PARTITION_METHODS, default="metis",
+    group[ChunkOptions].add_argument("--chunks", type=int,
+                                     help="chunks per partition n (default: the fewest that fit --gpu-memory)")
+    group[PartitionOptions].add_argument("--partition-method", choices=PARTITION_METHODS, default="metis",
                    help="level-1 partitioner (default metis)")
     o.add_argument("--gather", choices=["auto", *GATHER_METHODS], default="auto",
                    help="how chunk rows reach the GPU: index_select (CPU gather + async copy) or uva (Triton "
                         "kernel reading pinned host memory); default auto")
-    o.add_argument("--devices", metavar="LIST",
+    t.add_argument("--devices", metavar="LIST",
                    help="comma-separated devices (e.g. cuda:0,cuda:1): offload runs partition i on device i mod "
                         "count; minibatch runs one trainer per device; default: --device")
     o.add_argument("--dedup", choices=DEDUP_MODES, default="full",
@@ -95,32 +165,32 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--reorganize", choices=REORGANIZE_MODES, default="auto",
                    help="reorder chunks into batches (HongTu Algorithm 4): on, off, or auto (when the modelled "
                         "cost drops); default auto")
-    _add_plan_dir(o)
-    mb = t.add_argument_group("minibatch engine (XGNN)")
-    mb.add_argument("--batch-size", type=int, default=1024, help="seed vertices per mini-batch (default 1024)")
-    mb.add_argument("--fanouts", metavar="LIST",
+    _add_plan_dir(group[PartitionOptions])
+    mb = group[MiniBatchOptions]
+    sampling = group[SamplingOptions]
+    sampling.add_argument("--batch-size", type=int, default=1024, help="seed vertices per mini-batch (default 1024)")
+    sampling.add_argument("--fanouts", metavar="LIST",
                     help="neighbours sampled per hop, the seeds' hop first, -1 for all (default 15,10 for 2 layers)")
     mb.add_argument("--eval-fanouts", metavar="LIST",
                     help="sampled evaluation with these fanouts (default: exact layer-wise full-neighbour inference)")
-    mb.add_argument("--sample-norm", choices=SAMPLE_NORMS, default="sampled",
+    sampling.add_argument("--sample-norm", choices=SAMPLE_NORMS, default="sampled",
                     help="GCN's degrees on a sampled block: sampled (each vertex's degree in the sample, as PyG's "
                          "GCNConv on a sampled subgraph) or graph (the whole graph's, as full-graph training); each "
                          "vertex keeps one self-loop outside the fanout. Default sampled")
     mb.add_argument("--gpu-graph-ratio", type=float, metavar="R",
                     help="fraction of vertices, hottest first, whose neighbour lists live on the devices "
                          "(default: what half of --gpu-memory holds, topology before features)")
-    mb.add_argument("--gpu-feature-ratio", type=float, metavar="R",
+    group[StoreOptions].add_argument("--gpu-feature-ratio", type=float, metavar="R",
                     help="fraction of vertices, hottest first, whose features live on the devices (default: what "
                          "the rest of half of --gpu-memory holds after the topology)")
     mb.add_argument("--shares", metavar="LIST",
                     help="fraction of every global batch each --devices trainer takes, e.g. 0.2,0.8 for a CPU "
                          "beside a GPU (each in (0, 1), summing to 1; default equal)")
-    mb.add_argument("--hotness", choices=["degree", "presample"], default="degree",
+    group[StoreOptions].add_argument("--hotness", choices=["degree", "presample"], default="degree",
                     help="rank vertices for device memory by out-degree or by access counts of a few sampled "
                          "batches (default degree)")
-    hy = t.add_argument_group("hybrid engine (HyScale-GNN; also reads the minibatch flags above)")
-    _add_hybrid_args(hy)
-    tp = t.add_argument_group("taskparallel engine (NeutronTask; models dgcn, dgat)")
+    _add_hybrid_args(group[HybridOptions])
+    tp = group[TaskParallelOptions]
     tp.add_argument("--dependency", choices=["exact", "skip"], default="exact",
                     help="exact: every T task before the first P task (the in-memory model exactly); skip: "
                          "Algorithm 1, edges from later subgraphs of the epoch skipped, T and P overlap (default "
@@ -130,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "sets the chunks per subgraph (default: the P group size)")
     tp.add_argument("--t-devices", type=int, metavar="N",
                     help="devices of --devices that run the T tasks (default: the scheduling model, Eqs. 7-8)")
-    ds = t.add_argument_group("distributed engine (torchrun, or --ranks)")
+    ds = group[DistributedOptions]
     ds.add_argument("--ranks", type=int, metavar="R",
                     help="start R ranks on this machine (without torchrun; under torchrun: the job's size)")
     ds.add_argument("--strategy", choices=list(STRATEGIES), default="micrograph",
@@ -165,39 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     t.set_defaults(command="train")
 
-    pa = sub.add_parser("partition", aliases=["plan"],
-                        help="plan without training: two-level partition (offload), task assignment "
+    pa = sub.add_parser("partition",
+                        help="a partition plan without training: two-level partition (offload), task assignment "
                              "(taskparallel) or pipeline prediction (hybrid)")
-    _add_dataset_args(pa, required=True)
-    pa.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
-    pa.add_argument("--chunks", type=int, default=1, help="destination chunks per partition n (default 1)")
-    pa.add_argument("--method", choices=PARTITION_METHODS, default="metis", help="level-1 partitioner")
-    pa.add_argument("--chunker", choices=CHUNKERS, default="range",
-                    help="level-2 splitter: range (edge-balanced) or metis (fewer shared rows); default range")
-    _add_plan_dir(pa)
-    pa.add_argument("--engine", choices=["offload", "taskparallel", "hybrid"], default="offload",
-                    help="offload: the two-level plan (default); taskparallel: the task assignment, per-device "
-                         "memory estimate and replication factors (with --model, --layers, --hidden, --devices, "
-                         "--t-devices, --subgraphs, --gpu-memory); hybrid: the performance model's initial split "
-                         "and per-stage times (with --model, --layers, --hidden, --devices, --batch-size, "
-                         "--fanouts, --shares, --threads)")
-    pa.add_argument("--model", choices=list(ALL_MODELS),
-                    help="taskparallel: decoupled model (default dgcn); hybrid: layer type (default gcn)")
-    pa.add_argument("--layers", type=int, default=2, help="taskparallel, hybrid: layers (default 2)")
-    pa.add_argument("--hidden", type=int, default=64, help="taskparallel, hybrid: hidden width (default 64)")
-    pa.add_argument("--devices", metavar="LIST",
-                    help="taskparallel: devices (default: cpu); hybrid: cpu and the accelerators (default: cpu and "
-                         "every GPU)")
-    pa.add_argument("--batch-size", type=int, default=1024, help="hybrid: seeds per global batch (default 1024)")
-    pa.add_argument("--fanouts", metavar="LIST", help="hybrid: neighbours per hop (default 15,10 for 2 layers)")
-    pa.add_argument("--shares", metavar="LIST", help="hybrid: the split to predict (default: the model's)")
-    pa.add_argument("--threads", metavar="S,L,T", help="hybrid: sampler, loader, CPU trainer threads")
-    pa.add_argument("--t-devices", type=int, metavar="N", help="taskparallel: devices for the T tasks")
-    pa.add_argument("--subgraphs", type=int, metavar="S", help="taskparallel: subgraphs per epoch")
-    pa.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
-                    help="taskparallel: device memory budget (default: what is free)")
-    pa.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+    _add_partition_args(pa, engine_default="offload")
     pa.set_defaults(command="partition")
+    pl = sub.add_parser("plan",
+                        help="which engine --engine auto would choose: every engine of the training mode with its "
+                             "estimate or the reasons against it (with --engine: that engine's plan, as partition)")
+    _add_partition_args(pl, engine_default=None)
+    pl.add_argument("--mode", choices=list(MODES), default="auto",
+                    help="training mode to plan for: full, sampled or distributed (default auto: full)")
+    pl.add_argument("--device", default="auto", help="the training device (default auto)")
+    pl.set_defaults(command="plan")
 
     i = sub.add_parser("info", help="print size, degree statistics and memory footprint of a dataset")
     _add_dataset_args(i, required=True)

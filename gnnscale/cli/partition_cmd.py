@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 
 import torch
 
 from gnnscale.cli.common import _device_list, _num_list
 from gnnscale.config import TrainConfig
+from gnnscale.engines import candidates, requested_mode
 from gnnscale.engines.devices import resolve_devices
 from gnnscale.engines.hybrid import HybridEngine
 from gnnscale.errors import ConfigError
@@ -23,11 +25,45 @@ from gnnscale.train import check_trainable
 from gnnscale.units import format_bytes, parse_budget
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``gnnscale plan``: every engine of the training mode with its estimate or the reasons against it, and the
+    one ``--engine auto`` would choose; with ``--engine``, that engine's own plan (as ``gnnscale partition``)."""
+    if args.engine is not None:
+        return cmd_partition(args)
+    config = TrainConfig(model=args.model or "gcn", layers=args.layers, hidden=args.hidden, mode=args.mode,
+                         devices=_device_list(args.devices), batch_size=args.batch_size, seed=args.seed,
+                         fanouts=_num_list("--fanouts", args.fanouts, int, "15,10"),
+                         shares=_num_list("--shares", args.shares, float, "0.25,0.75"),
+                         threads=_num_list("--threads", args.threads, int, "1,1,2"),
+                         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
+                         partitions=args.partitions, chunks=args.chunks, partition_method=args.method,
+                         chunker=args.chunker, plan_dir=args.plan_dir, t_devices=args.t_devices,
+                         subgraphs=args.subgraphs)
+    device = resolve_devices(config, args.device)
+    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    check_trainable(g)
+    found = candidates(g, config, device)
+    chosen = next((c.name for c in found if not c.reasons), None)
+    if args.json:
+        print(json.dumps({"dataset": g.name, "mode": requested_mode(config), "device": str(device),
+                          "chosen": chosen, "candidates": [asdict(c) for c in found]}))
+        return 0
+    print(f"dataset  {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges; model {config.model}; "
+          f"{requested_mode(config)} mode on {device}")
+    for c in found:
+        mark = "->" if c.name == chosen else "  "
+        what = f"fits: {c.estimate}" if not c.reasons else f"rejected: {'; '.join(c.reasons)}"
+        print(f"{mark} {c.name:<13} {what.rstrip(': ')}")
+    print(f"--engine auto would choose {chosen}" if chosen else "no engine of this mode can train it")
+    return 0
+
+
 def cmd_partition(args: argparse.Namespace) -> int:
     if args.engine == "taskparallel":
         return _partition_taskparallel(args)
     if args.engine == "hybrid":
         return _plan_hybrid(args)
+    args.chunks = 1 if args.chunks is None else args.chunks
     for flag, value in (("--partitions", args.partitions), ("--chunks", args.chunks)):
         if value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
@@ -114,7 +150,8 @@ def _partition_taskparallel(args: argparse.Namespace) -> int:
     factor of the P group against data parallelism over METIS parts of the same count."""
     config = TrainConfig(model=args.model or "dgcn", layers=args.layers, hidden=args.hidden, engine="taskparallel",
                          devices=_device_list(args.devices or "cpu"), t_devices=args.t_devices,
-                         subgraphs=args.subgraphs, chunks=None if args.chunks == 1 else args.chunks, seed=args.seed,
+                         subgraphs=args.subgraphs, chunks=None if args.chunks in (None, 1) else args.chunks,
+                         seed=args.seed,
                          memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory))
     device = resolve_devices(config, "auto")
     g = load_dataset(args.dataset, args.root, seed=args.seed)

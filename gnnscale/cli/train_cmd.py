@@ -16,11 +16,11 @@ from tqdm import tqdm
 from gnnscale import progress
 from gnnscale.checkpoint import check_checkpoint_args
 from gnnscale.cli.common import _device_list, _fmt, _MetricsWriter, _num_list
-from gnnscale.cli.parser import build_parser
 from gnnscale.config import TrainConfig
 from gnnscale.distributed.comm import current as current_comm
 from gnnscale.distributed.job import launched
 from gnnscale.distributed.launch import run_ranks
+from gnnscale.engines import ignored_options
 from gnnscale.engines.devices import rank_device, resolve_devices
 from gnnscale.engines.distributed import load_rank_plan
 from gnnscale.errors import ConfigError
@@ -28,37 +28,6 @@ from gnnscale.graph.datasets import load_dataset
 from gnnscale.predict import save_model
 from gnnscale.train import check_trainable, train
 from gnnscale.units import parse_budget
-
-ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
-    "--partitions": ("offload",), "--chunks": ("offload", "taskparallel"),
-    "--partition-method": ("offload", "distributed"),
-    "--gather": ("offload",), "--dedup": ("offload",), "--chunker": ("offload",), "--reorganize": ("offload",),
-    "--plan-dir": ("offload", "distributed"), "--batch-size": ("minibatch", "hybrid", "distributed"),
-    "--fanouts": ("minibatch", "hybrid", "distributed"), "--ranks": ("distributed",), "--strategy": ("distributed",),
-    "--pregather": ("distributed",), "--merge": ("distributed",), "--timeout": ("distributed",),
-    "--plan": ("distributed",),
-    "--eval-fanouts": ("minibatch", "hybrid"), "--gpu-graph-ratio": ("minibatch", "hybrid"),
-    "--gpu-feature-ratio": ("minibatch",), "--hotness": ("minibatch",), "--shares": ("minibatch", "hybrid"),
-    "--drm": ("hybrid",), "--threads": ("hybrid",), "--dependency": ("taskparallel",),
-    "--subgraphs": ("taskparallel",), "--t-devices": ("taskparallel",), "--heads": ("gat",),
-}
-
-
-def ignored_flags(args: argparse.Namespace, engine: str) -> list[str]:
-    """The engine-specific flags given (set to something other than their default) that ``engine`` does not read
-    (``--heads``: only GAT reads it)."""
-    defaults = build_parser().parse_args(["train"])
-    out = []
-    for flag, users in ENGINE_FLAGS.items():
-        dest = flag.lstrip("-").replace("-", "_")
-        if getattr(args, dest) == getattr(defaults, dest):
-            continue
-        if flag == "--heads":
-            if args.model != "gat":
-                out.append(flag)
-        elif engine not in users:
-            out.append(flag)
-    return out
 
 
 def _warm_imports() -> None:
@@ -70,6 +39,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = TrainConfig(
         model=args.model, layers=args.layers, hidden=args.hidden, heads=args.heads, dropout=args.dropout,
         lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, seed=args.seed, engine=args.engine,
+        mode=args.mode,
         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
         partitions=args.partitions, chunks=args.chunks, partition_method=args.partition_method, gather=args.gather,
         plan_dir=args.plan_dir, devices=_device_list(args.devices), dedup=args.dedup, chunker=args.chunker,
@@ -136,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         def on_start(engine: Any, rejected: dict[str, list[str]], ready: dict[str, float]) -> None:
             for name, reasons in rejected.items():
                 print(f"engine {name} rejected: {'; '.join(reasons)}")
-            ignored = ignored_flags(args, engine.name)
+            ignored = [f"--{name.replace('_', '-')}" for name in ignored_options(config, engine.name)]
             if ignored and rank == 0:  # one warning per job, not per rank
                 print(f"warning: {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect on the "
                       f"{engine.name} engine", file=sys.stderr)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 
-from gnnscale.config import TrainConfig, register_check
+from gnnscale.config import ModelOptions, RunOptions, TrainConfig, register_check
+from gnnscale.distributed.job import launched
 from gnnscale.engines.base import Engine
 from gnnscale.engines.distributed import DistributedEngine
 from gnnscale.engines.hybrid import HybridEngine
@@ -31,15 +34,72 @@ def check_engine(config: TrainConfig) -> None:
     ENGINES[config.engine].check_options(config)
 
 
+def readers_of(options: type) -> list[str]:
+    """The engines that read the option group ``options`` (a dataclass of :mod:`gnnscale.config`)."""
+    return [name for name, cls in ENGINES.items() if options in cls.options]
+
+
+def ignored_options(config: TrainConfig, engine: str) -> list[str]:
+    """The fields of ``config`` set to something other than their default that ``engine`` does not read
+    (``heads``: only GAT reads it)."""
+    defaults = TrainConfig()
+    read = {f.name for group in (ModelOptions, RunOptions, *ENGINES[engine].options) for f in fields(group)}
+    out = [f.name for f in fields(TrainConfig)
+           if f.name not in read and getattr(config, f.name) != getattr(defaults, f.name)]
+    if config.model != "gat" and config.heads != defaults.heads:
+        out.append("heads")
+    return out
+
+
+def requested_mode(config: TrainConfig) -> str:
+    """The training mode: the named engine's; else ``config.mode``; else ``distributed`` when ranks are given
+    (``--ranks``, or a job torch's launcher started), else ``full``."""
+    if config.engine != "auto":
+        return ENGINES[config.engine].mode
+    if config.mode != "auto":
+        return config.mode
+    return "distributed" if config.ranks is not None or launched() else "full"
+
+
+def candidate_names(config: TrainConfig) -> list[str]:
+    """The engines ``config`` lets the planner choose from, in the order it tries them."""
+    if config.engine != "auto":
+        return [config.engine]
+    mode = requested_mode(config)
+    return [name for name, cls in ENGINES.items() if cls.mode == mode]
+
+
+@dataclass
+class Candidate:
+    """One engine as the planner sees it (``gnnscale plan``)."""
+
+    name: str
+    reasons: list[str]
+    """Why it cannot run; empty when it can."""
+    estimate: str
+    """Its own estimate (peak memory, plan) when it can run."""
+
+
+def candidates(graph: Graph, config: TrainConfig, device: torch.device) -> list[Candidate]:
+    """Every engine of the requested mode with its reasons or its estimate (each engine's planner runs)."""
+    out = []
+    for name in candidate_names(config):
+        cls = ENGINES[name]
+        reasons = cls.not_supported_reasons(graph, config, device)
+        out.append(Candidate(name, reasons, "" if reasons else cls.estimate(graph, config, device)))
+    return out
+
+
 def select_engine(
     graph: Graph, config: TrainConfig, device: torch.device
 ) -> tuple[type[Engine], dict[str, list[str]]]:
-    """The engine to run and, for ``auto``, the reasons each engine before it was rejected.
+    """The engine to run and, for ``auto``, the reasons each engine before it was rejected: the first engine of
+    the requested mode (:func:`requested_mode`) with no reason against it, in the registry's order.
 
     Raises:
-        EngineError: the named engine, or with ``auto`` every engine, cannot run; lists every reason.
+        EngineError: the named engine, or with ``auto`` every engine of the mode, cannot run; lists every reason.
     """
-    names = list(ENGINES) if config.engine == "auto" else [config.engine]
+    names = candidate_names(config)
     rejected: dict[str, list[str]] = {}
     for name in names:
         reasons = ENGINES[name].not_supported_reasons(graph, config, device)
@@ -47,11 +107,13 @@ def select_engine(
             return ENGINES[name], rejected
         rejected[name] = reasons
     detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected.items())
-    raise EngineError(f"no engine can train {graph.name} on {device}: {detail}")
+    mode = "" if config.engine != "auto" else f" in {requested_mode(config)} mode"
+    raise EngineError(f"no engine can train {graph.name} on {device}{mode}: {detail}")
 
 
 __all__ = [
     "ENGINES", "DistributedEngine", "Engine", "HybridEngine",
     "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine",
+    "Candidate", "candidate_names", "candidates", "ignored_options", "readers_of", "requested_mode",
     "select_engine",
 ]

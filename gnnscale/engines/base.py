@@ -26,6 +26,14 @@ class Engine(ABC):
     """
 
     name: ClassVar[str]
+    mode: ClassVar[str] = "full"
+    """Training mode: ``full`` (full-graph: exact gradients of the whole graph), ``sampled`` (mini-batches of
+    sampled neighbourhoods) or ``distributed`` (a job of ranks). ``--engine auto`` chooses among the engines of
+    the requested mode."""
+    options: ClassVar[tuple[type, ...]] = ()
+    """The option groups of :class:`~gnnscale.config.TrainConfig` this engine reads besides the model's and the
+    run's (``ModelOptions``, ``RunOptions``): ``--help`` groups the flags by them, and a flag of another group
+    has no effect on this engine (the CLI says so once)."""
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         self.graph, self.model, self.config, self.device = graph, model, config, device
@@ -51,6 +59,14 @@ class Engine(ABC):
     def not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         """Why this engine cannot run this graph/model/budget on ``device``; empty when it can."""
         return cls._not_supported_reasons(graph, config, device)
+
+    @classmethod
+    def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device) -> str:
+        """One line for ``gnnscale plan``: what this engine would take for this graph and config (its memory
+        model's peak, its plan); empty when it has no model. Called only when :meth:`not_supported_reasons` is
+        empty."""
+        del graph, config, device
+        return ""
 
     @classmethod
     @abstractmethod

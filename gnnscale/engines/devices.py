@@ -4,35 +4,27 @@ peak-memory window an epoch is measured in."""
 from __future__ import annotations
 
 import os
-import resource
 from typing import TYPE_CHECKING
 
 import torch
 
+from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
-from gnnscale.plan.memory import proc_kib
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
 
 
 def resolve_device(spec: str | torch.device) -> torch.device:
-    """``auto`` -> CUDA when available else CPU; validates ``cuda``/``cuda:N`` against what is present."""
+    """``auto`` -> the accelerator when available (``$GNNSCALE_DEVICE`` first), else CPU; validates ``cuda`` /
+    ``cuda:N`` (or the accelerator's own type) against what is present (:func:`gnnscale.runtime.resolve_device`)."""
     if isinstance(spec, torch.device):
         return spec
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(spec)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {spec!r}; use auto, cpu, cuda or cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"unsupported device {spec!r}; use auto, cpu, cuda or cuda:N")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {spec} requested but no CUDA device is available")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) present")
+    dev = rt.resolve_device(spec)
+    if rt.is_sim(dev):
+        raise ConfigError(f"--device {spec}: the sim device is the runtime's test mode (gnnscale.runtime); the "
+                          "engines do not take it from the command line")
+    assert isinstance(dev, torch.device)
     return dev
 
 
@@ -45,8 +37,8 @@ def rank_device(device: str | torch.device, local_ranks: int, local_rank: int) -
     if local_ranks > 1 and dev.index is not None:
         raise ConfigError(f"--device {device} would put all {local_ranks} ranks of this machine on one GPU, which "
                           "NCCL refuses; give --device cuda (each rank takes cuda:LOCAL_RANK)")
-    if local_ranks > torch.cuda.device_count():
-        raise ConfigError(f"{local_ranks} ranks on this machine but {torch.cuda.device_count()} CUDA device(s): NCCL "
+    if local_ranks > rt.device_count():
+        raise ConfigError(f"{local_ranks} ranks on this machine but {rt.device_count()} CUDA device(s): NCCL "
                           "takes one GPU per rank; start at most that many ranks per machine, or train CPU ranks "
                           "with --device cpu")
     return dev if dev.index is not None else resolve_device(f"cuda:{local_rank}")
@@ -78,21 +70,11 @@ def resolve_devices(config: TrainConfig, device: str | torch.device) -> torch.de
 
 
 def reset_peak_device_bytes(device: torch.device) -> None:
-    """Start a new peak-memory window: the CUDA allocator's peak, or on Linux the process's peak RSS."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:  # "5" resets VmHWM (Linux >= 4.0)
-            fh.write("5")
-    except OSError:
-        pass
+    """Start a new peak-memory window: the accelerator allocator's peak, or on Linux the process's peak RSS."""
+    rt.reset_peak(device)
 
 
 def peak_device_bytes(device: torch.device) -> int:
-    """Peak bytes since :func:`reset_peak_device_bytes`: CUDA allocated, or the process's peak resident memory
-    on CPU (VmHWM; where it cannot be reset, the lifetime peak)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    hwm = proc_kib("/proc/self/status", "VmHWM")
-    return (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    """Peak bytes since :func:`reset_peak_device_bytes`: the accelerator's allocated peak, or the process's peak
+    resident memory on CPU (VmHWM; where it cannot be reset, the lifetime peak)."""
+    return rt.peak_bytes(device)

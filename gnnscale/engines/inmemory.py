@@ -25,6 +25,11 @@ class InMemoryEngine(Engine):
     name = "inmemory"
 
     @classmethod
+    def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device) -> str:
+        need = estimate_inmemory_bytes(graph, config)["total"]
+        return f"about {format_bytes(need)} of device memory for the whole graph and its activations"
+
+    @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         if config.devices and len(config.devices) > 1:
             return [f"runs on one device, not {len(config.devices)} (--devices)"]

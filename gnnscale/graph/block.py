@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -264,7 +264,7 @@ class Block:
         rebuilt there on first use, without copying)."""
         return self.map(lambda t: t.to(device, non_blocking=non_blocking), transpose)
 
-    def record_stream(self, stream: torch.cuda.Stream) -> None:
+    def record_stream(self, stream: Any) -> None:
         """Mark the block's tensors as used on ``stream`` (made on another stream and read on this one: the
         caching allocator then keeps their memory until ``stream``'s work on them is done)."""
         for t in self._fields():

@@ -3,13 +3,13 @@ peak-memory counter."""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gnnscale import runtime as rt
 from gnnscale.graph.graph import Graph
 
 if TYPE_CHECKING:
@@ -42,14 +42,8 @@ def estimate_inmemory_bytes(graph: Graph, config: TrainConfig) -> dict[str, int]
 
 
 def available_device_bytes(device: torch.device) -> int:
-    """Free memory on ``device``: CUDA free memory, or the host's available RAM for CPU."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    avail = proc_kib("/proc/meminfo", "MemAvailable")
-    if avail is not None:
-        return avail * 1024
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    """Free memory on ``device``: the accelerator's free memory, or the host's available RAM for CPU."""
+    return int(rt.mem_get_info(device)[0])
 
 
 def proc_kib(path: str, key: str) -> int | None:
@@ -75,10 +69,10 @@ def replica_baseline(model: torch.nn.Module, index: int) -> int:
 class LiveBytesCounter(TorchDispatchMode):
     """Counts the bytes of every tensor created while active and still alive, and their peak.
 
-    The CPU stand-in for ``torch.cuda.max_memory_allocated``: with no GPU, an engine runs its device-side work
-    under this mode, so "device" allocations (staged rows, block topology, activations, tensors autograd saves,
-    gradients, optimiser state) are measured rather than estimated. Tensors that existed before (host buffers,
-    parameters) are not seen; add them as ``baseline``. Views share their base's storage and count once.
+    The CPU stand-in for an accelerator allocator's peak (``runtime.peak_bytes``): with no GPU, an engine runs its
+    device-side work under this mode, so "device" allocations (staged rows, block topology, activations, tensors
+    autograd saves, gradients, optimiser state) are measured rather than estimated. Tensors that existed before
+    (host buffers, parameters) are not seen; add them as ``baseline``. Views share their base's storage and count once.
     """
 
     def __init__(self, baseline: int = 0):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from gnnscale import runtime as rt
 from gnnscale.fsutil import atomic_file
 from gnnscale.partition.dedup import Throughput
 
@@ -31,8 +32,8 @@ def cache_file() -> Path:
 
 
 def _name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}#{device.index or 0}"
+    if rt.is_accelerator(device):
+        return f"{rt.device_name(device)}#{device.index or 0}"
     return f"cpu:{platform.processor() or platform.machine()}x{os.cpu_count()}"
 
 
@@ -40,12 +41,12 @@ def _rate(fn: Callable[[], object], nbytes: int, device: torch.device) -> float:
     """Bytes per second of ``fn`` (best of a few runs, after one warm-up)."""
     best = float("inf")
     for _ in range(REPEATS + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        if rt.is_accelerator(device):
+            rt.synchronize(device)
         t0 = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        if rt.is_accelerator(device):
+            rt.synchronize(device)
         best = min(best, time.perf_counter() - t0)
     return nbytes / max(best, 1e-9)
 
@@ -58,7 +59,7 @@ def measure(devices: list[torch.device]) -> Throughput:
     gen = torch.Generator().manual_seed(0)
     host = torch.randn(2 * ROWS, WIDTH, generator=gen)
     idx = torch.randperm(2 * ROWS, generator=gen)[:ROWS]
-    if d0.type == "cuda":
+    if rt.needs_pinning(d0):
         host = host.pin_memory()
         staging = torch.empty(ROWS, WIDTH, pin_memory=True)
 

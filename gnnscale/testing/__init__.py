@@ -9,14 +9,15 @@ from typing import Any
 import pytest
 import torch
 
+from gnnscale import runtime as rt
 from gnnscale.graph.graph import Graph
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + ([rt.accelerator_type() or "cuda"] if rt.is_available() else [])
 
 with_device = pytest.mark.parametrize("device", DEVICES)
 """Run a test on CPU and, where present, CUDA."""
 
-only_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+only_cuda = pytest.mark.skipif(not rt.is_available(), reason="needs a CUDA device")
 
 
 def shared_datasets() -> Path:

@@ -107,3 +107,18 @@ def test_an_engine_that_failed_on_one_side_is_reported_failed() -> None:
     assert s["ratio"] is None and s["within_bound"] is None and s["verdict"] == "failed (head)"
     assert s["base_median_s"] == pytest.approx(2.05) and s["head_median_s"] is None
     assert bench.format_table([s], 0.05).splitlines()[2] == "| offload | 2.050 | - | - | - | failed (head) | 1/1, 0/1 |"
+
+
+def test_a_run_drops_the_first_epoch_and_a_failed_run_is_recorded(tmp_path: Path) -> None:
+    m = tmp_path / "m.jsonl"
+    epochs = [{"epoch": i + 1, "epoch_time_s": t} for i, t in enumerate([0.9, 0.3, 0.1, 0.2])]
+    write = f"open({str(m)!r}, 'w').write({''.join(json.dumps(e) + chr(10) for e in epochs)!r})"
+    ok = bench.run_one([sys.executable, "-c", write], tmp_path, {}, m, 60)
+    assert ok["ok"] and ok["error"] is None
+    assert ok["epoch_times_s"] == [0.9, 0.3, 0.1, 0.2] and ok["timed_s"] == [0.3, 0.1, 0.2]
+    assert ok["median_s"] == pytest.approx(0.2)
+    bad = bench.run_one([sys.executable, "-c", write + "; import sys; sys.exit('boom')"], tmp_path, {}, m, 60)
+    assert not bad["ok"] and bad["error"] == "exit 1: boom" and bad["timed_s"] == [] and bad["median_s"] is None
+    one = f"open({str(m)!r}, 'w').write({json.dumps(epochs[0]) + chr(10)!r})"
+    short = bench.run_one([sys.executable, "-c", one], tmp_path, {}, m, 60)
+    assert not short["ok"] and short["error"] == "1 epoch records in the metrics"

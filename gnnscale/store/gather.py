@@ -217,3 +217,52 @@ def scatter_add_rows(host: Tensor, rows: Tensor, src: Tensor) -> None:
     if src.shape != (rows.numel(), host.shape[1]):
         raise ValueError(f"src {tuple(src.shape)} does not match rows [{rows.numel()}] x F={host.shape[1]}")
     host.index_add_(0, rows, src)
+
+
+class HostRowReader:
+    """Reads rows of host tables onto one device, for every table a reader reads (one staging buffer for all).
+
+    On the CPU: an index. On CUDA: the zero-copy ``"uva"`` gather, or a CPU gather into a pinned staging buffer
+    (allocated once, grown when a request needs more, reused) and an asynchronous copy; before the buffer is
+    overwritten, the copy out of it that an event marks has landed. Under ``TRITON_INTERPRET=1`` the ``"uva"``
+    kernel also runs on the CPU.
+
+    Args:
+        device: where the rows go.
+        method: ``"index_select"`` or ``"uva"`` (:data:`GATHER_METHODS`).
+    """
+
+    def __init__(self, device: torch.device, method: str = "index_select"):
+        if method not in GATHER_METHODS:
+            raise ConfigError(f"unknown gather method {method!r}; expected one of {', '.join(GATHER_METHODS)}")
+        self.device, self.method = torch.device(device), method
+        self.staging_allocs = 0
+        """Pinned staging buffers allocated so far (the CPU-gather path on CUDA; reused, so this stays small)."""
+        self._staging: Tensor | None = None
+        self._staging_done: torch.cuda.Event | None = None
+
+    def host_rows(self, host: Tensor, rows: Tensor) -> Tensor:
+        """``host[rows]`` on this reader's device with this reader's method (see :meth:`read`)."""
+        return self.read(host, rows, self.method)
+
+    def read(self, host: Tensor, rows: Tensor, method: str) -> Tensor:
+        """``host[rows]`` (``[R, w]`` contiguous host table; ``rows`` int64, best ascending, on this reader's
+        device, or the CPU) as a new ``[len(rows), w]`` tensor on this reader's device."""
+        if self.device.type == "cpu" and method == "index_select":
+            return host.index_select(0, rows if rows.device.type == "cpu" else rows.cpu())
+        n, w = rows.numel(), host.shape[1]
+        out = torch.empty(n, w, dtype=host.dtype, device=self.device)
+        if method == "uva":
+            return gather_rows(host, rows.to(self.device), out, method="uva")
+        need = n * w * host.element_size()
+        if self._staging_done is not None:
+            self._staging_done.synchronize()  # the previous copy out of the buffer has landed
+        if self._staging is None or self._staging.numel() < need:
+            self._staging = torch.empty(max(need, 1 << 20), dtype=torch.uint8, pin_memory=True)
+            self.staging_allocs += 1
+        staging = self._staging[:need].view(host.dtype).view(n, w)
+        gather_rows(host, rows.cpu(), out, method="index_select", staging=staging)
+        if self._staging_done is None:
+            self._staging_done = torch.cuda.Event()
+        self._staging_done.record(torch.cuda.current_stream(self.device))
+        return out

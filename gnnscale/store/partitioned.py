@@ -1,27 +1,61 @@
 """One rank's part of the feature matrix (distributed training: each rank holds the features of its own
-partition only).
+partition only), as a feature source whose other rows come from their owners.
 
 The rows are read from the graph's feature tensor by index, in sorted row order and in pieces: for a graph in
 gnnscale's on-disk format that tensor is a memory map, so only the pages holding this rank's rows are read and
 the whole matrix is never materialised. (Formats parsed into memory -- Planetoid, npz, edge lists -- are whole in
 every rank while they load; convert them with ``gnnscale convert`` for the per-rank bound.)
+
+Given an exchange (the job's :class:`~gnnscale.distributed.comm.Comm`: one batched, de-duplicated request per
+peer and one reply, ``Comm.exchange``), :meth:`PartitionedFeatures.gather` serves any vertex: its own rows from
+memory (tier ``"local"``), the others from their owners (tier ``"remote"``). That gather is collective: every rank
+calls it together, with or without remote ids.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol
+
 import torch
 from torch import Tensor
+
+from gnnscale.store.features import FeatureIndexError, FeatureSource
+
+__all__ = ["READ_ROWS", "Exchange", "PartitionedFeatures"]
 
 READ_ROWS = 1 << 16
 """Rows per read from the source features."""
 
 
-class PartitionedFeatures:
-    """The rows of the vertices ``owner == rank``: ``rows[local_index[v]]`` is vertex ``v``'s feature row."""
+class Exchange(Protocol):
+    """Fetches rows from their owners (:meth:`gnnscale.distributed.comm.Comm.exchange` is one)."""
 
-    def __init__(self, x: Tensor, owner: Tensor, rank: int, device: torch.device | None = None):
+    def exchange(self, ids: Tensor, owner: Tensor, serve: Callable[[Tensor], Tensor], width: int,
+                 dtype: torch.dtype, what: str = ...) -> Tensor:
+        """Rows of ``ids`` (de-duplicated, none this rank's) in ``ids``' order; every rank calls it together and
+        ``serve(req)`` answers the peers' requests from this rank's rows."""
+        ...
+
+
+class PartitionedFeatures(FeatureSource):
+    """The rows of the vertices ``owner == rank``: ``rows[local_index[v]]`` is vertex ``v``'s feature row.
+
+    Args:
+        x: the whole feature table, or anything indexable by a row-id tensor with ``shape`` and ``dtype`` (a memory
+            map): only this rank's rows are read from it.
+        owner: ``[N]`` int64 owning rank of each vertex.
+        rank: this rank.
+        device: where the rows are kept (and :meth:`gather` puts them); ``None``: the CPU.
+        exchange: fetches the other ranks' rows for :meth:`gather`; ``None``: only own rows can be gathered.
+    """
+
+    def __init__(self, x: Any, owner: Tensor, rank: int, device: torch.device | None = None,
+                 exchange: Exchange | None = None, *, tier: str = "local"):
+        super().__init__(tier)
         self.rank = rank
         self.owner = owner
+        self.exchange = exchange
         self.own = torch.nonzero(owner == rank).view(-1)
         """``[n_own]`` int64, ascending: the global ids of this rank's vertices."""
         self.local_index = torch.full((owner.numel(),), -1, dtype=torch.int64)
@@ -43,10 +77,59 @@ class PartitionedFeatures:
     def nbytes(self) -> int:
         return self.rows.numel() * self.rows.element_size()
 
+    # ------------------------------------------------------------------------------------------------ the table
+    @property
+    def num_rows(self) -> int:
+        return int(self.owner.numel())
+
+    @property
+    def dim(self) -> int:
+        return self.width
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.rows.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.rows.device
+
+    # ------------------------------------------------------------------------------------------------ reads
     def local(self, ids: Tensor) -> Tensor:
         """Rows of ``ids``, every one of them this rank's (a foreign id is an error, never a silent zero row)."""
         idx = self.local_index[ids.cpu()]
         if idx.numel() and bool((idx < 0).any()):
             bad = ids.cpu()[idx < 0][:5].tolist()
-            raise IndexError(f"rank {self.rank} asked for vertices it does not hold: {bad}")
+            raise FeatureIndexError(f"rank {self.rank} asked for vertices it does not hold: {bad}")
         return self.rows[idx.to(self.rows.device)]
+
+    def gather_unchecked(self, ids: Tensor, out: Tensor | None = None) -> Tensor:
+        """:meth:`FeatureSource.gather_unchecked`; collective when an exchange is given: every rank calls it
+        together, even with no ids (its peers may ask for its rows)."""
+        if self.exchange is not None and ids.numel() == 0:
+            self._gather(ids.long(), None)  # take part in the exchange
+            return torch.empty(0, self.dim, dtype=self.dtype, device=self.device) if out is None else out[:0]
+        return super().gather_unchecked(ids, out)
+
+    def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
+        ids = ids.cpu()
+        mine = self.owner[ids] == self.rank  # [n]
+        if self.exchange is None:
+            if not bool(mine.all()):
+                bad = ids[~mine][:5].tolist()
+                raise FeatureIndexError(f"rank {self.rank} asked for vertices it does not hold: {bad} (their "
+                                        "owners serve them only through an exchange)")
+            got = self.rows.index_select(0, self.local_index[ids].to(self.device))
+            self._record(ids.numel())
+            return got
+        remote = torch.unique(ids[~mine])  # [k] ascending
+        fetched = self.exchange.exchange(remote, self.owner, self.local, self.dim, self.dtype).to(self.device)
+        if out is None:
+            out = torch.empty(ids.numel(), self.dim, dtype=self.dtype, device=self.device)
+        on = mine.to(self.device)
+        out[on] = self.rows[self.local_index[ids[mine]].to(self.device)]
+        if remote.numel():
+            out[~on] = fetched[torch.searchsorted(remote, ids[~mine]).to(self.device)]
+        self._record(int(mine.sum()))
+        self._record(int((~mine).sum()), tier="remote")  # rows served; the exchange moved each distinct one once
+        return out

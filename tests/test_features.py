@@ -19,12 +19,14 @@ import torch
 from test_pinning import FakeRuntime
 
 from gnnscale.errors import ConfigError, GnnscaleError
+from gnnscale.graph.generators import csbm
 from gnnscale.store import (
     DeviceCache,
     DeviceSource,
     FeatureIndexError,
     FeatureSource,
     FeatureSourceError,
+    GlobalMemoryStore,
     InMemorySource,
     MmapSource,
     PartitionedFeatures,
@@ -413,3 +415,24 @@ def test_sharded_device_tier_reads_each_partition_from_its_holder() -> None:
     assert torch.equal(partial.gather(torch.tensor([1, 0])), x[[1, 0]])
     with pytest.raises(FeatureIndexError, match=r"partitions \[2\] are not read from a device"):
         partial.gather(torch.tensor([2, 0]))
+
+
+def test_global_store_features_are_a_cache_in_front_of_host_memory() -> None:
+    """The store's feature path is the composition: its per-tier counters are the reader's StoreStats."""
+    ring = [[0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0]]
+    g = csbm(nodes=300, features=6, avg_degree=6, seed=7)
+    assert g.x is not None
+    store = GlobalMemoryStore(g, [CPU] * 4, gpu_feature_ratio=0.5, links=ring)
+    src = store.feature_source(1)
+    assert isinstance(src, DeviceCache) and [s.tier for s in src.tiers()] == ["device*", "host"]
+    ids = torch.randint(0, g.num_nodes, (400,), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(store.features(ids, 1), g.x[ids])
+    st, rs = store.readers[1].stats, src.read_stats()
+    assert {(HOST if t == "host" else int(t.removeprefix("device"))): n for t, n in rs.rows.items()} == st.rows_from
+    assert rs.bytes["host"] == st.h2d_feature_bytes and rs.total_rows == st.feature_requests == 400
+    assert st.feature_hits == int((store.rank[ids] < store.hot_features).sum())  # on a ring every hot row is
+    assert torch.equal(src.gather(ids), g.x[ids])  # the source alone answers too
+    store.reset_stats()
+    assert src.read_stats().total_rows == 0 and store.stats.feature_requests == 0
+    with pytest.raises(FeatureIndexError, match=r"outside \[0, 300\)"):
+        store.features(torch.tensor([0, 300]))

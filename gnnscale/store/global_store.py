@@ -15,8 +15,15 @@ follows its row of the placement. A request is routed *on the reader's device* (
 rank directory held on every device), ordered by source -- each holder device, then host memory -- and by vertex id
 within a source, and answered with one read per source: one request to each remote holder, one sorted gather from
 host memory. Topology requests are two-phase (:class:`~gnnscale.sample.NeighborRequest`): the degrees of a
-frontier, then only the entries the sampler picked. Host syncs per request are a constant: one for the per-source
-counts, one for the entry counts of a topology read, none per vertex, partition or holder.
+frontier, then only the entries the sampler picked. Host syncs per request are a constant, none per vertex,
+partition or holder: a topology read has one for the per-source counts and one for the entry counts; a feature
+read three (the ids' range check, the number of device hits, the per-holder counts).
+
+The feature part is a composition of feature sources (:mod:`gnnscale.store.features`): each reader reads through
+a :class:`~gnnscale.store.cache.DeviceCache` whose cache is the device tier as that reader reaches it
+(:class:`~gnnscale.store.sharded.ShardedDeviceSource`) and whose fallback is host memory
+(:class:`~gnnscale.store.sources.PinnedHostSource`); :meth:`GlobalMemoryStore.feature_source` hands it out. The
+topology part (neighbour lists) is routed by :class:`~gnnscale.store.reader.StoreReader` itself.
 
 Every read is counted per reader and per source (:class:`StoreStats`), in bytes too, on CPU "devices" as on GPUs,
 so tests can check that each row came from the tier the placement says. With ``devices`` on the CPU the same code
@@ -25,21 +32,24 @@ runs with "GPU" partitions in ordinary memory (the tests do this).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
 
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, sampling_csr
-from gnnscale.graph.graph import Graph, csr_rows, csr_slices
+from gnnscale.graph.graph import Graph, csr_slices
 from gnnscale.sample.neighbor import NeighborRequest, full_lists
+from gnnscale.store.features import FeatureSource
 from gnnscale.store.gather import default_gather_method, gather_rows
 from gnnscale.store.pinning import PinnedRegion, pinned_host
-from gnnscale.store.placement import HOST, Placement, solve_placement
+from gnnscale.store.placement import Placement, solve_placement
+from gnnscale.store.reader import StoreReader
+from gnnscale.store.stats import StoreStats
 from gnnscale.units import format_bytes
+
+__all__ = ["GlobalMemoryStore", "StoreReader", "StoreStats", "default_links", "fit_hot_counts"]
 
 
 def default_links(devices: list[torch.device]) -> list[list[float]]:
@@ -50,54 +60,6 @@ def default_links(devices: list[torch.device]) -> list[list[float]]:
         return [[0.0 if i == j else 1.0 for j in range(G)] for i in range(G)]
     return [[0.0 if i == j or devices[i] == devices[j] or not torch.cuda.can_device_access_peer(devices[i], devices[j])
              else 1.0 for j in range(G)] for i in range(G)]
-
-
-@dataclass
-class StoreStats:
-    """Request counters of one reader (or summed over readers) since the last reset.
-
-    ``*_from`` map a source -- a device index, or :data:`~gnnscale.store.placement.HOST` (-1) for host memory --
-    to what was read from it: feature rows, neighbour lists (degree lookups) and neighbour entries.
-    """
-
-    graph_requests: int = 0
-    """Vertices whose neighbour lists were looked up."""
-    graph_hits: int = 0
-    """Of those, lists held on a device (the reader's own or a linked one)."""
-    fetched_neighbor_entries: int = 0
-    """Neighbour entries read, every source together (the sampler reads only the entries it keeps)."""
-    feature_requests: int = 0
-    feature_hits: int = 0
-    h2d_feature_bytes: int = 0
-    """Feature bytes read from host memory."""
-    h2d_topology_bytes: int = 0
-    """Topology bytes read from host memory: two row pointers per list, then the entries (and weights)."""
-    d2d_bytes: int = 0
-    """Bytes read from another device: feature rows, row pointers, entries."""
-    remote_requests: int = 0
-    """Reads sent to another device (one per holder per request)."""
-    staging_allocs: int = 0
-    """Pinned staging buffers allocated (the CPU-gather path on CUDA; reused, so this stays small)."""
-    rows_from: Counter[int] = field(default_factory=Counter)
-    lists_from: Counter[int] = field(default_factory=Counter)
-    entries_from: Counter[int] = field(default_factory=Counter)
-
-    @property
-    def h2d_bytes(self) -> int:
-        return self.h2d_feature_bytes + self.h2d_topology_bytes
-
-    def hit_rates(self) -> dict[str, float]:
-        return {"graph_hit_rate": self.graph_hits / max(self.graph_requests, 1),
-                "feature_hit_rate": self.feature_hits / max(self.feature_requests, 1)}
-
-    def __add__(self, other: StoreStats) -> StoreStats:
-        return StoreStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
-
-    def metrics(self) -> dict[str, float]:
-        """The counters a training record carries."""
-        return {"fetched_neighbor_entries": self.fetched_neighbor_entries, "h2d_bytes": self.h2d_bytes,
-                "h2d_feature_bytes": self.h2d_feature_bytes, "h2d_topology_bytes": self.h2d_topology_bytes,
-                "d2d_bytes": self.d2d_bytes, **self.hit_rates()}
 
 
 class GlobalMemoryStore:
@@ -248,7 +210,13 @@ class GlobalMemoryStore:
         total = self.stats
         for r in self.readers:
             r.stats = StoreStats()
+            r.feature_source.reset_stats()
         return total
+
+    def feature_source(self, reader: int = 0) -> FeatureSource:
+        """Device ``reader``'s feature rows as one :class:`~gnnscale.store.features.FeatureSource` (its device tier
+        cached in front of host memory; its counters are per tier: ``"host"``, ``"device<h>"``)."""
+        return self.readers[reader].feature_source
 
     def request(self, ids: Tensor, reader: int = 0) -> NeighborRequest:
         return self.readers[reader].request(ids)
@@ -315,229 +283,3 @@ def fit_hot_counts(list_bytes: Tensor, row_bytes: int, stored: tuple[tuple[int, 
     if hot_features is None:
         hot_features = largest(lambda h: all(f <= room for f, room in zip(feat_bytes(h), left, strict=True)))
     return hot_graph, hot_features
-
-
-@dataclass(eq=False)
-class _Route:
-    """A request's rows ordered by source: each holder (ascending device index, its partitions in turn), then host
-    memory; ascending vertex id within each. ``segments`` lists ``(source, partition, rows, key)`` in that order
-    (partition ``-1`` for host memory; ``key`` indexes ``bounds``)."""
-
-    order: Tensor  # [n] request row at each sorted position
-    ids: Tensor  # [n] vertex ids, sorted
-    local: Tensor  # [n] row within the vertex's logical partition, sorted
-    segments: list[tuple[int, int, int, int]]  # (source, partition, rows, key) of each non-empty segment
-    bounds: Tensor  # [K + 1] row offset of every key's segment (empty ones included), on the reader's device
-
-
-class StoreReader:
-    """One device's view of a :class:`GlobalMemoryStore`: routes on that device, reads every logical partition
-    from where the placement's row for this device says, and counts its own reads (:attr:`stats`). Readers of
-    different devices can run in different threads."""
-
-    def __init__(self, store: GlobalMemoryStore, index: int):
-        self.store, self.index, self.device = store, index, store.devices[index]
-        G = len(store.devices)
-        source = store.placement.source[index]
-        self.holders = sorted({s for s in source if s != HOST})
-        self.host_slot = len(self.holders)
-        slot = [self.host_slot if s == HOST else self.holders.index(s) for s in source]
-        self.slot_of_part = torch.tensor(slot, dtype=torch.int64).to(self.device)  # [G]
-        self.rank = store.directory[self.device]
-        self.stats = StoreStats()
-        self._staging: Tensor | None = None
-        self._staging_done: torch.cuda.Event | None = None
-        self._num_keys = (self.host_slot + 1) * G
-
-    # ------------------------------------------------------------------------------------------------ routing
-    def _route(self, ids: Tensor, hot: int) -> _Route:
-        store, G = self.store, len(self.store.devices)
-        ids = ids.to(self.device).long()
-        r = self.rank[ids]  # [n]
-        part, local = r % G, r // G
-        on = r < hot
-        slot = torch.where(on, self.slot_of_part[part], self.host_slot)
-        seg = slot * G + torch.where(slot == self.host_slot, 0, part)  # [n] (source slot, partition)
-        order = torch.sort(seg * store.num_nodes + ids).indices  # [n]
-        counts = torch.zeros(self._num_keys, dtype=torch.int64, device=self.device).index_add_(
-            0, seg, torch.ones_like(seg))  # [slots * G] (bincount would sync on CUDA to find the largest key)
-        bounds = torch.zeros(self._num_keys + 1, dtype=torch.int64, device=self.device)
-        torch.cumsum(counts, 0, out=bounds[1:])
-        segments: list[tuple[int, int, int, int]] = []
-        for key, c in enumerate(counts.tolist()):  # the one sync of a route
-            if c:
-                s, p = divmod(key, G)
-                segments.append((HOST, -1, c, key) if s == self.host_slot else (self.holders[s], p, c, key))
-        return _Route(order, ids[order], local[order], segments, bounds)
-
-    def _by_holder(self, route: _Route) -> list[tuple[int, list[tuple[int, int, int]], int, int]]:
-        """``(source, [(partition, rows, key)], lo, hi)`` per source, rows ``[lo, hi)`` of the sorted order."""
-        out: list[tuple[int, list[tuple[int, int, int]], int, int]] = []
-        lo = 0
-        for src, p, c, key in route.segments:
-            if out and out[-1][0] == src:
-                out[-1][1].append((p, c, key))
-                out[-1] = (src, out[-1][1], out[-1][2], lo + c)
-            else:
-                out.append((src, [(p, c, key)], lo, lo + c))
-            lo += c
-        return out
-
-    def _remote(self, src: int, idx: Tensor, parts: list[tuple[int, int]],
-                read: Callable[[int, Tensor], Tensor]) -> Tensor:
-        """One request to device ``src``: positions ``idx`` (``parts``: consecutive ``(partition, count)`` runs)
-        read there by ``read(partition, positions)``, the answers concatenated and returned on this reader's
-        device (one transfer each way)."""
-        dev = self.store.devices[src]
-        at = idx.to(dev)  # one transfer of the request to the holder
-        pieces, lo = [], 0
-        for p, c in parts:
-            pieces.append(read(p, at[lo : lo + c]))
-            lo += c
-        got = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        if src != self.index:
-            self.stats.remote_requests += 1
-        return got.to(self.device)  # one transfer of the answer back
-
-    # ------------------------------------------------------------------------------------------------ host reads
-    def host_rows(self, host: Tensor, rows: Tensor) -> Tensor:
-        """``host[rows]`` (``[R, w]`` host table, ``rows`` ascending on this device) on this device: an index on
-        the CPU; on CUDA the UVA gather, or a CPU gather into the reader's reused pinned buffer and a copy."""
-        if self.device.type == "cpu":
-            return host.index_select(0, rows)
-        n, w = rows.numel(), host.shape[1]
-        out = torch.empty(n, w, dtype=host.dtype, device=self.device)
-        if self.store.gather == "uva":
-            return gather_rows(host, rows, out, method="uva")
-        need = n * w * host.element_size()
-        if self._staging_done is not None:
-            self._staging_done.synchronize()  # the previous copy out of the buffer has landed
-        if self._staging is None or self._staging.numel() < need:
-            self._staging = torch.empty(max(need, 1 << 20), dtype=torch.uint8, pin_memory=True)
-            self.stats.staging_allocs += 1
-        staging = self._staging[:need].view(host.dtype).view(n, w)
-        gather_rows(host, rows.cpu(), out, method="index_select", staging=staging)
-        if self._staging_done is None:
-            self._staging_done = torch.cuda.Event()
-        self._staging_done.record(torch.cuda.current_stream(self.device))
-        return out
-
-    # ------------------------------------------------------------------------------------------------ features
-    def features(self, ids: Tensor) -> Tensor:
-        """``[n, F]`` feature rows of ``ids`` (repeats allowed) on this reader's device."""
-        store, st = self.store, self.stats
-        F = store.feature_width
-        route = self._route(ids, store.hot_features)
-        out = torch.empty(route.order.numel(), F, device=self.device)
-        for src, parts, lo, hi in self._by_holder(route):
-            if src == HOST:
-                vals = self.host_rows(store.host_x, route.ids[lo:hi])
-                st.h2d_feature_bytes += (hi - lo) * F * 4
-            else:
-                xs = store.dev_x[src]
-
-                def rows(p: int, i: Tensor, xs: dict[int, Tensor] = xs) -> Tensor:
-                    return xs[p].index_select(0, i)
-
-                vals = self._remote(src, route.local[lo:hi], [(p, c) for p, c, _ in parts], rows)
-                st.feature_hits += hi - lo
-                if src != self.index:
-                    st.d2d_bytes += (hi - lo) * F * 4
-            st.rows_from[src] += hi - lo
-            out.index_copy_(0, route.order[lo:hi], vals)
-        st.feature_requests += route.order.numel()
-        return out
-
-    # ------------------------------------------------------------------------------------------------ topology
-    def request(self, ids: Tensor) -> NeighborRequest:
-        """Open a neighbour request for ``ids`` (distinct): routes them and reads their degrees."""
-        return _StoreRequest(self, ids)
-
-    def num_neighbors(self, ids: Tensor) -> Tensor:
-        return self.request(ids).degrees
-
-    def neighbors(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        return full_lists(self.request(ids))
-
-
-class _StoreRequest:
-    """:class:`~gnnscale.sample.NeighborRequest` of a :class:`StoreReader`: the route and each list's start in its
-    source's entry table are kept for :meth:`take`."""
-
-    def __init__(self, reader: StoreReader, ids: Tensor):
-        self.reader = reader
-        store, st, dev = reader.store, reader.stats, reader.device
-        self.route = route = reader._route(ids, store.hot_graph)
-        n = route.order.numel()
-        start, deg = torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.int64, device=dev)
-        self.sources = reader._by_holder(route)
-        for src, parts, lo, hi in self.sources:
-            if src == HOST:
-                ptr = store.host_csr[0]
-                v = route.ids[lo:hi]
-                s, e = reader.host_rows(ptr, v).view(-1), reader.host_rows(ptr, v + 1).view(-1)
-                st.h2d_topology_bytes += (hi - lo) * 16
-            else:
-                csrs = store.dev_csr[src]
-
-                def bounds(p: int, i: Tensor, csrs: dict[int, tuple[Tensor, Tensor, Tensor | None]] = csrs) -> Tensor:
-                    ptr = csrs[p][0]
-                    return torch.stack([ptr[i], ptr[i + 1]], 1)  # [c, 2] start and end of each list
-
-                se = reader._remote(src, route.local[lo:hi], [(p, c) for p, c, _ in parts], bounds)
-                s, e = se[:, 0], se[:, 1]
-                st.graph_hits += hi - lo
-                if src != reader.index:
-                    st.d2d_bytes += (hi - lo) * 16
-            st.lists_from[src] += hi - lo
-            start[lo:hi], deg[lo:hi] = s, e - s
-        st.graph_requests += n
-        self.start = start  # [n] in sorted order
-        self.degrees = torch.empty_like(deg).index_copy_(0, route.order, deg)  # [n] in request order
-
-    def take(self, indptr: Tensor, pos: Tensor) -> tuple[Tensor, Tensor | None]:
-        reader, route = self.reader, self.route
-        store, st, dev = reader.store, reader.stats, reader.device
-        indptr, pos = indptr.to(dev), pos.to(dev)
-        E = pos.numel()
-        # the picked entries regrouped by source, in the route's row order (so host positions come ascending)
-        take = indptr[1:] - indptr[:-1]  # [n]
-        counts = take[route.order]  # [n]
-        ptr_s = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=dev)
-        torch.cumsum(counts, 0, out=ptr_s[1:])
-        rows_s = csr_rows(ptr_s, E)  # [E] sorted row of each entry
-        epos = indptr[route.order][rows_s] + (torch.arange(E, device=dev) - ptr_s[rows_s])  # [E] request entry
-        q = self.start[rows_s] + pos[epos]  # [E] position in the source's entry table
-        ebounds = ptr_s[route.bounds].tolist()  # entry offset of every key's segment: the one sync of a take
-        weighted = store.host_csr[2] is not None
-        out = torch.empty(E, dtype=torch.int64, device=dev)
-        out_w = torch.empty(E, device=dev) if weighted else None
-        entry_bytes = 8 + (4 if weighted else 0)
-        for src, parts, _, _ in self.sources:
-            a, b = ebounds[parts[0][2]], ebounds[parts[-1][2] + 1]  # a source's segments are consecutive keys
-            if a == b:
-                continue
-            if src == HOST:
-                idx = reader.host_rows(store.host_csr[1], q[a:b]).view(-1)
-                w = None if out_w is None else reader.host_rows(store.host_csr[2], q[a:b]).view(-1)  # type: ignore[arg-type]
-                st.h2d_topology_bytes += (b - a) * entry_bytes
-            else:
-                csrs = store.dev_csr[src]
-                sized = [(p, ebounds[key + 1] - ebounds[key]) for p, _, key in parts]
-
-                def entries(p: int, i: Tensor, csrs: dict[int, tuple[Tensor, Tensor, Tensor | None]] = csrs) -> Tensor:
-                    _, ind, wt = csrs[p]
-                    got = ind[i].view(-1, 1)  # weights travel in the same answer, their bits in a second column
-                    return got if wt is None else torch.cat([got, wt[i].view(torch.int32).long().view(-1, 1)], 1)
-
-                both = reader._remote(src, q[a:b], sized, entries)
-                idx = both[:, 0]
-                w = None if out_w is None else both[:, 1].int().view(torch.float32)
-                if src != reader.index:
-                    st.d2d_bytes += (b - a) * entry_bytes
-            st.entries_from[src] += b - a
-            out.index_copy_(0, epos[a:b], idx)
-            if out_w is not None and w is not None:
-                out_w.index_copy_(0, epos[a:b], w)
-        st.fetched_neighbor_entries += E
-        return out, out_w

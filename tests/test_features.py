@@ -268,6 +268,10 @@ def test_bad_out_buffers_and_mismatched_tiers_are_refused() -> None:
             src.gather(ids, out=out)
     with pytest.raises(FeatureSourceError, match="cannot stand in front"):
         DeviceCache(src, DeviceSource(torch.zeros(2, F + 1)), lambda i: i)
+    empty = DeviceCache.of(InMemorySource(torch.zeros(0, F)), torch.empty(0, dtype=torch.int64), CPU)
+    assert empty.gather(torch.empty(0, dtype=torch.int64)).shape == (0, F)
+    with pytest.raises(FeatureIndexError, match=r"outside \[0, 0\)"):
+        empty.gather(torch.tensor([0]))
     with pytest.raises(FeatureSourceError, match="CPU tensor"):
         InMemorySource(np.zeros((2, 2)))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="unknown gather method"):

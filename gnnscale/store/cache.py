@@ -102,6 +102,8 @@ class DeviceCache(FeatureSource):
         dev, N, K = self._device, self.num_rows, self.cache.num_keys
         ids = ids.to(dev)
         n = ids.numel()
+        if N == 0:
+            self.range_error(ids)
         safe = ids.clamp(0, N - 1)  # [n] (an id out of range is reported after the sync, never looked up)
         slot = self.lookup(safe)  # [n] cache row, -1 for a miss
         hit = slot >= 0

@@ -266,8 +266,8 @@ def _spy_iterations(eng: HybridEngine, made: list[tuple[int, int, list[int], int
     """Record each iteration as the sampler takes it: index, DRM version, seeds per trainer, batch size."""
     real = eng._iterations
 
-    def iterations(epoch: int) -> Iterator[_Iteration]:
-        for it in real(epoch):
+    def iterations(batches: list[torch.Tensor]) -> Iterator[_Iteration]:
+        for it in real(batches):
             with cond:
                 made.append((it.index, it.version, [int(p.numel()) for p in it.parts], it.total))
                 cond.notify_all()

@@ -19,7 +19,7 @@ import pytest
 import torch
 from test_hybrid import AHEAD, CPU, CPU_RATES, WAIT, _force_times, _hybrid
 
-import gnnscale.engines.hybrid as hybrid_mod
+import gnnscale.engines.sampled_stages as stages_mod
 from gnnscale.engines.hybrid import COST_SAMPLES, _Iteration
 from gnnscale.graph.generators import csbm
 from gnnscale.plan.hybrid import (
@@ -45,8 +45,8 @@ def test_the_engine_pipeline_holds_at_most_one_iteration_per_stage() -> None:
     cond = threading.Condition()
     real_iterations, real_propagate = eng._iterations, eng._propagate
 
-    def iterations(epoch: int) -> Iterator[_Iteration]:
-        for it in real_iterations(epoch):
+    def iterations(batches: list[torch.Tensor]) -> Iterator[_Iteration]:
+        for it in real_iterations(batches):
             with cond:
                 made.append(it.index)
                 cond.notify_all()
@@ -76,14 +76,14 @@ def test_each_iteration_is_sampled_once_and_its_rows_loaded_once(monkeypatch: py
     eng.gpu_sampler = [False, True]  # the accelerator samples its own share
     sampled = [0]
     lock = threading.Lock()
-    real_sample_blocks = hybrid_mod.sample_blocks
+    real_sample_blocks = stages_mod.sample_blocks
 
     def sample_blocks(topo: Any, seeds: torch.Tensor, *a: Any, **k: Any) -> Any:
         with lock:
             sampled[0] += int(seeds.numel())
         return real_sample_blocks(topo, seeds, *a, **k)
 
-    monkeypatch.setattr(hybrid_mod, "sample_blocks", sample_blocks)
+    monkeypatch.setattr(stages_mod, "sample_blocks", sample_blocks)
     gathered = {"rows": 0, "slices": 0}
     real_index_select = torch.index_select
 
@@ -136,7 +136,7 @@ def test_the_stages_run_on_their_thread_counts(monkeypatch: pytest.MonkeyPatch) 
     barrier = threading.Barrier(2, timeout=10)
     calls = [0]
     lock = threading.Lock()
-    real_sample_blocks = hybrid_mod.sample_blocks
+    real_sample_blocks = stages_mod.sample_blocks
 
     def sample_blocks(*a: Any, **k: Any) -> Any:
         with lock:
@@ -146,7 +146,7 @@ def test_the_stages_run_on_their_thread_counts(monkeypatch: pytest.MonkeyPatch) 
             barrier.wait()  # two CPU sampler threads at once, or BrokenBarrierError
         return real_sample_blocks(*a, **k)
 
-    monkeypatch.setattr(hybrid_mod, "sample_blocks", sample_blocks)
+    monkeypatch.setattr(stages_mod, "sample_blocks", sample_blocks)
     slices = [0]
     real_index_select = torch.index_select
 
@@ -307,8 +307,8 @@ def test_thread_moves_are_applied_and_held_until_an_iteration_sampled_under_them
     versions: dict[int, int] = {}
     real_iterations = eng._iterations
 
-    def iterations(epoch: int) -> Iterator[_Iteration]:
-        for it in real_iterations(epoch):
+    def iterations(batches: list[torch.Tensor]) -> Iterator[_Iteration]:
+        for it in real_iterations(batches):
             versions[it.index] = it.version
             yield it
 

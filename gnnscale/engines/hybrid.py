@@ -21,6 +21,11 @@ loader and the CPU trainer). A share is fixed when its iteration is sampled; the
 takes effect a few iterations later, and DRM waits for an iteration sampled under its last decision before it
 decides again.
 
+The engine is the shared sampled loop (:class:`~gnnscale.engines.sampled.SampledLoop`) with HyScale-GNN's parts:
+the three stages before training (:mod:`gnnscale.engines.sampled_stages`) on a pipeline as the feed, the trainers
+on a thread each (:meth:`HybridEngine._propagate`), :class:`Replicas` with the master on the CPU as the
+synchronizer, and DRM looking at every step.
+
 Further ``cpu:N`` devices (``--devices cpu:0,cpu:1``) stand in for accelerators on a machine without one: they
 take an accelerator's place in the pipeline (transfer stage, the ``Accel`` stage of Algorithm 1), which is how the
 CPU tests and benchmarks run this code.
@@ -28,33 +33,35 @@ CPU tests and benchmarks run this code.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import statistics
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from gnnscale.engines.minibatch import EVAL_EPOCH, MiniBatchEngine, _Batch, check_fanouts, default_fanouts
 from gnnscale.engines.pipeline import Pipeline
 from gnnscale.engines.replicas import Replicas
+from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backward_share, check_fanouts, cut, forward
+from gnnscale.engines.sampled_engine import SampledEngine
+from gnnscale.engines.sampled_eval import SampledInference
+from gnnscale.engines.sampled_stages import Iteration, SampledStages, StageSums
 from gnnscale.errors import ConfigError
-from gnnscale.graph.block import Block
-from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
 from gnnscale.plan.hybrid import (
+    Assignment,
     Decision,
     HybridModel,
     StageTimes,
     Threads,
+    apply_decision,
     batch_shape,
+    check_devices,
     check_threads,
     default_threads,
     device_rates,
@@ -64,7 +71,7 @@ from gnnscale.plan.hybrid import (
     rebalance,
 )
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.sample import CSRTopology, SampledAdjacency, Topology, sample_blocks, sample_key
+from gnnscale.sample import CSRTopology, sample_key
 from gnnscale.store.global_store import GlobalMemoryStore
 
 if TYPE_CHECKING:
@@ -93,31 +100,11 @@ def hybrid_devices(config: TrainConfig) -> list[torch.device]:
     return [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
 
 
-@dataclass(eq=False)
-class _Iteration:
-    """One global mini-batch on its way through the pipeline."""
-
-    index: int
-    total: int
-    parts: list[Tensor]
-    """Per trainer, its seeds (CPU)."""
-    version: int
-    """The DRM assignment (split, samplers, threads) it was sampled under."""
-    blocks: list[list[Block]] = field(default_factory=list)
-    x: list[Tensor | None] = field(default_factory=list)
-    times: dict[str, float] = field(default_factory=dict)
-    transfer_s: list[float] = field(default_factory=list)
-    bytes_to: list[int] = field(default_factory=list)
-    ready: list[torch.cuda.Event | None] = field(default_factory=list)
+_Iteration = Iteration
+"""One global mini-batch on its way through the pipeline (:class:`~gnnscale.engines.sampled_stages.Iteration`)."""
 
 
-def _canonical_device(name: str) -> str:
-    """``cpu`` and ``cpu:0`` (``cuda`` and ``cuda:0``) name one device."""
-    name = name.strip().lower()
-    return f"{name}:0" if name in ("cpu", "cuda") else name
-
-
-class HybridEngine(MiniBatchEngine):
+class HybridEngine(SampledEngine):
     """Mini-batch training on the CPU and accelerators together: unequal trainers, a four-stage pipeline and DRM
     (HyScale-GNN)."""
 
@@ -127,18 +114,8 @@ class HybridEngine(MiniBatchEngine):
     def check_options(cls, config: TrainConfig) -> None:
         """The fanouts, the devices (a CPU among them, none twice) and the threads (no more than the cores)."""
         check_fanouts(config)
-        if config.devices is not None:
-            names = [_canonical_device(d) for d in config.devices]
-            if not any(n.startswith("cpu") for n in names):
-                raise ConfigError(f"--devices {','.join(config.devices)} has no CPU: the hybrid engine trains on the "
-                                  "CPU beside the accelerators; add cpu (e.g. --devices cpu,cuda:0)")
-            repeated = sorted({n for n in names if names.count(n) > 1})
-            if repeated:
-                raise ConfigError(f"--devices {','.join(config.devices)} lists {', '.join(repeated)} more than "
-                                  "once; the hybrid engine runs one trainer per device (cpu:1, cpu:2, ... stand in "
-                                  "for accelerators on a machine without one)")
-        if config.threads is not None:
-            why = check_threads(config.threads, os.cpu_count() or 1)
+        for why in (None if config.devices is None else check_devices(config.devices),
+                    None if config.threads is None else check_threads(config.threads, os.cpu_count() or 1)):
             if why:
                 raise ConfigError(why)
 
@@ -149,17 +126,9 @@ class HybridEngine(MiniBatchEngine):
         return cls.sampling_reasons(config)
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
-        # the mini-batch engine's set-up is not reused: the store and trainers differ (features stay in host
-        # memory for the CPU feature loader, HyScale-GNN §III-B)
-        super(MiniBatchEngine, self).__init__(graph, model, config, device)
-        self.fanouts = tuple(config.fanouts or default_fanouts(config.layers))
-        self.adjacency = SampledAdjacency.from_graph(graph, model.adjacency, config.sample_norm)  # type: ignore[arg-type]
+        super().__init__(graph, model, config, device)
         self.devices = hybrid_devices(config)
         self.cpu_index = next(i for i, d in enumerate(self.devices) if d.type == "cpu")
-        self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
-        self.train_ids = torch.nonzero(self.masks["train_mask"]).view(-1)
-        if self.train_ids.numel() == 0:
-            raise ConfigError(f"graph {graph.name} has no training vertices")
         cuda = [d for d in self.devices if d.type == "cuda"]
         if cuda:  # topology on the GPUs for their samplers, as much as half the budget holds; features on the host
             budget = (config.memory_budget if config.memory_budget is not None
@@ -177,11 +146,10 @@ class HybridEngine(MiniBatchEngine):
         self.replicas = Replicas(model, self.devices, master=self.cpu_index)
         self.ys = [graph.y.to(d) for d in self.devices]
         self.y = graph.y
-        self.store_index = {d: j for j, d in enumerate(cuda)}
         self.gpu_sampler = [d.type == "cuda" for d in self.devices]
         """Per trainer: its share is sampled on its own device (SA) rather than by the CPU sampler (SC)."""
-        self.copy_streams = [torch.cuda.Stream(d) if d.type == "cuda" else None for d in self.devices]
-        self.sample_streams = [torch.cuda.Stream(d) if d.type == "cuda" else None for d in self.devices]
+        self.stages = SampledStages(self.devices, self.cpu_index, self.host_topo, self.host_x, self.store,
+                                    self.fanouts, self.adjacency)
         cores = os.cpu_count() or 1
         self.threads = Threads(*config.threads) if config.threads else default_threads(cores)
         self.slowdown = [1.0] * len(self.devices)
@@ -189,7 +157,6 @@ class HybridEngine(MiniBatchEngine):
         ``slowdown[g] - 1`` times the CPU time its thread spent: with one intra-op thread, the work itself and not
         the waits for a core), a slower device simulated without taking cores from the others."""
         self.trainer_pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="gnnscale-trainer")
-        self.pools: dict[str, tuple[int, ThreadPoolExecutor]] = {}
         self.version = 0
         self.warm = False
         self.step = 0
@@ -199,6 +166,10 @@ class HybridEngine(MiniBatchEngine):
         self.samples: list[list[tuple[int, float]]] = [[] for _ in self.devices]
         """Per trainer, its last :data:`COST_SAMPLES` iterations' seeds and seconds."""
         self.drm_log: list[dict[str, Any]] = []
+        self.loop = SampledLoop(self.optimizer, self.train_ids, seed=config.seed, batch_size=config.batch_size,
+                                reducer=self.replicas)
+        self.inference = SampledInference(model, self.host_topo, self._eval_features, self.adjacency,
+                                          graph.num_nodes, config.batch_size, device, done=self.store.reset_stats)
         t0 = time.perf_counter()
         self.perf = self._performance_model(cores)
         self._calibrate()
@@ -238,16 +209,13 @@ class HybridEngine(MiniBatchEngine):
         G = len(self.devices)
         equal = [1 / G] * G
         seeds = self.train_ids[self._order(0)[:size]]
-        items = (_Iteration(i, size, self._cut(seeds, equal), self.version)
+        items = (Iteration(i, size, self._cut(seeds, equal), self.version)
                  for i in range(CALIBRATION_WARMUP + CALIBRATION_RUNS))
-        key = sample_key(self.config.seed, 0)
-        stages = [("sampler", lambda it: self._sample(it, key)), ("loader", self._load),
-                  ("transfer", self._transfer)]
         before = torch.get_num_threads()
         runs, walls = [], []
-        last: _Iteration | None = None
+        last: Iteration | None = None
         try:
-            with Pipeline(items, stages, depth=1, handoff=True) as pipe:
+            with self._pipeline(items, sample_key(self.config.seed, 0)) as pipe:
                 t_last = time.perf_counter()
                 for it in pipe:
                     runs.append([r[0] for r in self.trainer_pool.map(
@@ -277,121 +245,38 @@ class HybridEngine(MiniBatchEngine):
                 f"{names}; split {split} ({origin}), threads: sampler {t.sampler}, loader {t.loader}, CPU trainer "
                 f"{t.trainer}; DRM {self.config.drm}")
 
-    # ------------------------------------------------------------------------------------------------ stages
+    # ------------------------------------------------------------------------------------------------ the feed
     def _cut(self, batch: Tensor, split: list[float]) -> list[Tensor]:
         """Trainer ``g`` takes seeds ``[round(n c_{g-1}), round(n c_g))`` of the batch (``c``: cumulative split)."""
-        cum = torch.cumsum(torch.tensor(split, dtype=torch.float64), 0)[:-1]
-        bounds = torch.round(cum * batch.numel()).long().tolist()
-        return list(torch.tensor_split(batch, bounds))
+        return cut(batch, split)
 
-    def _pool(self, stage: str, threads: int) -> ThreadPoolExecutor:
-        """The stage's worker threads, kept across iterations; new ones when DRM changes their count."""
-        have = self.pools.get(stage)
-        if have is None or have[0] != threads:
-            if have is not None:
-                have[1].shutdown(wait=False)
-            have = (threads, ThreadPoolExecutor(threads, thread_name_prefix=f"gnnscale-{stage}"))
-            self.pools[stage] = have
-        return have[1]
-
-    def _sample(self, it: _Iteration, key: int) -> _Iteration:
+    def _sample(self, it: Iteration, key: int) -> Iteration:
         """Stage 1: the CPU sampler's shares on ``threads.sampler`` threads; each GPU sampler's on its device."""
-        G = len(self.devices)
-        it.blocks = [[] for _ in range(G)]
-        on_cpu = [g for g in range(G) if not self.gpu_sampler[g]]
-        on_gpu = [g for g in range(G) if self.gpu_sampler[g]]
+        return self.stages.sample(it, key, self.gpu_sampler, self.threads.sampler)
 
-        def cpu(g: int) -> None:
-            it.blocks[g] = sample_blocks(self.host_topo, it.parts[g], self.fanouts, key, self.adjacency)
+    def _load(self, it: Iteration) -> Iteration:
+        """Stage 2: every trainer's input rows gathered from host memory on ``threads.loader`` threads."""
+        return self.stages.load(it, self.threads.loader)
 
-        def gpu(g: int) -> float:
-            dev, stream = self.devices[g], self.sample_streams[g]
-            t0 = time.perf_counter()
-            with torch.cuda.stream(stream):  # no stream (a CPU stand-in, in tests): the host store's reader
-                reader = self.store.reader(self.store_index.get(dev, 0))
-                it.blocks[g] = sample_blocks(reader, it.parts[g].to(dev, non_blocking=True), self.fanouts, key,
-                                             self.adjacency)
-                if stream is not None:
-                    stream.synchronize()
-            return time.perf_counter() - t0
+    def _transfer(self, it: Iteration) -> Iteration:
+        """Stage 3: each accelerator's features (and the topology the CPU sampled for it) copied to it."""
+        return self.stages.transfer(it, self.gpu_sampler)
 
-        # the GPU samplers run beside the CPU sampler; a failure in either reaches the pipeline's consumer
-        gpu_jobs = [self._pool("gpu-sampler", len(on_gpu)).submit(gpu, g) for g in on_gpu]
-        t0 = time.perf_counter()
-        list(self._pool("sampler", min(self.threads.sampler, max(len(on_cpu), 1))).map(cpu, on_cpu))
-        it.times["SC"] = time.perf_counter() - t0 if on_cpu else 0.0
-        it.times["SA"] = max((job.result() for job in gpu_jobs), default=0.0)
-        return it
+    def _pipeline(self, items: Iterator[Iteration], key: int) -> Pipeline:
+        """The stages on their threads, each holding one iteration (Figure 7's depth: two-stage prefetching)."""
+        stages = [("sampler", lambda it: self._sample(it, key)), ("loader", self._load),
+                  ("transfer", self._transfer)]
+        return Pipeline(items, stages, depth=1, handoff=True)
 
-    def _load(self, it: _Iteration) -> _Iteration:
-        """Stage 2: every trainer's input rows gathered from host memory (pinned for CUDA) on
-        ``threads.loader`` threads, each a slice of the rows."""
-        t0 = time.perf_counter()
-        xs: list[Tensor | None] = []
-        jobs = []
-        for g, blocks in enumerate(it.blocks):
-            src = blocks[0].src_ids
-            assert src is not None
-            src = src.cpu()
-            out = torch.empty(src.numel(), self.host_x.shape[1], pin_memory=self.devices[g].type == "cuda")
-            xs.append(out)
-            k = self.threads.loader
-            step = -(-src.numel() // k) if src.numel() else 1
-            jobs += [(src[lo : lo + step], out[lo : lo + step]) for lo in range(0, src.numel(), step)]
-
-        def gather(job: tuple[Tensor, Tensor]) -> None:
-            torch.index_select(self.host_x, 0, job[0], out=job[1])
-
-        if self.threads.loader > 1 and len(jobs) > 1:
-            list(self._pool("loader", self.threads.loader).map(gather, jobs))
-        else:
-            for job in jobs:
-                gather(job)
-        it.x = xs
-        it.times["Load"] = time.perf_counter() - t0
-        return it
-
-    def _transfer(self, it: _Iteration) -> _Iteration:
-        """Stage 3: each accelerator's features (and its topology, when the CPU sampled it) copied to it,
-        asynchronously on its copy stream; the trainer waits for the copy's event, not the host."""
-        G = len(self.devices)
-        it.transfer_s, it.bytes_to, it.ready = [0.0] * G, [0] * G, [None] * G
-        for g in range(G):
-            if g == self.cpu_index:
-                continue
-            dev, stream = self.devices[g], self.copy_streams[g]
-            t0 = time.perf_counter()
-            x = it.x[g]
-            assert x is not None
-            moved = x.numel() * x.element_size()
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                it.x[g] = x.to(dev, non_blocking=True)
-                if not self.gpu_sampler[g]:
-                    moved += sum(b.nbytes() for b in it.blocks[g])
-                    it.blocks[g] = [b.to(dev, non_blocking=True) for b in it.blocks[g]]
-                if stream is not None:
-                    ev = torch.cuda.Event()
-                    ev.record(stream)
-                    it.ready[g] = ev
-                    stream.synchronize()  # the stage's time is the copy's (this thread only waits on its own)
-            it.transfer_s[g] = time.perf_counter() - t0
-            it.bytes_to[g] = moved
-        it.times["Tran"] = max((s for g, s in enumerate(it.transfer_s) if g != self.cpu_index), default=0.0)
-        return it
-
-    # ------------------------------------------------------------------------------------------------ training
-    def _iterations(self, epoch: int) -> Iterator[_Iteration]:
-        """The epoch's global batches, each cut by the split current when the sampler takes it."""
-        seeds = self.train_ids[self._order(epoch)]
-        size = self.config.batch_size
-        for i, lo in enumerate(range(0, seeds.numel(), size)):
-            batch = seeds[lo : lo + size]
+    def _iterations(self, batches: list[Tensor]) -> Iterator[Iteration]:
+        """The global batches as iterations, each cut by the split current when the sampler takes it."""
+        for i, batch in enumerate(batches):
             # the version first: a decision landing between the two reads then leaves the iteration labelled
             # with the older version, which DRM skips (never a new version on an old split)
             version = self.version
-            yield _Iteration(i, batch.numel(), self._cut(batch, self.split), version)
+            yield Iteration(i, batch.numel(), self._cut(batch, self.split), version)
 
-    def _propagate(self, g: int, it: _Iteration, se: tuple[int, int]) -> tuple[float, Tensor | None]:
+    def _propagate(self, g: int, it: Iteration, se: tuple[int, int]) -> tuple[float, Tensor | None]:
         """Trainer ``g``'s forward and backward on its share; its seconds and its share of the batch's loss."""
         seeds = it.parts[g]
         if seeds.numel() == 0:
@@ -406,11 +291,7 @@ class HybridEngine(MiniBatchEngine):
         t0, cpu0 = time.perf_counter(), time.thread_time()
         x = it.x[g]
         assert x is not None
-        h = x
-        for i, (layer, block) in enumerate(zip(model.block_layers, it.blocks[g], strict=True)):
-            h = layer(block, model.layer_input(i, h, block.row_ids(), se))
-        loss = F.cross_entropy(h, self.ys[g][seeds.to(dev)], reduction="sum") / it.total
-        loss.backward()
+        loss = backward_share(forward(model, it.blocks[g], x, se), self.ys[g][seeds.to(dev)], it.total)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         elapsed = time.perf_counter() - t0
@@ -418,81 +299,79 @@ class HybridEngine(MiniBatchEngine):
             extra = (self.slowdown[g] - 1.0) * (time.thread_time() - cpu0)
             time.sleep(extra)
             elapsed += extra
-        return elapsed, loss.detach().to("cpu") * it.total
+        return elapsed, loss.to("cpu") * it.total
+
+    def _train(self, it: Iteration, total: int, se: tuple[int, int],
+               counters: SampledCounters) -> list[tuple[float, Tensor | None]]:
+        """The loop's trainers: every trainer's propagation on its own thread; their seconds and losses."""
+        del total  # the iteration's own (it.total)
+        results = list(self.trainer_pool.map(functools.partial(self._propagate, it=it, se=se),
+                                             range(len(self.devices))))
+        for g, (seconds, loss) in enumerate(results):
+            c = counters[g]
+            c["seeds"] += int(it.parts[g].numel())
+            c["sampled_edges"] += sum(b.num_edges for b in it.blocks[g])
+            c["train_s"] += seconds
+            if loss is not None:
+                c["loss_sum"] += float(loss)
+        return results
 
     def train_epoch(self, epoch: int) -> dict[str, Any]:
         self.model.train()
         self.replicas.sync()
-        se = (self.config.seed, epoch)
-        key = sample_key(self.config.seed, epoch)
+        se, key = (self.config.seed, epoch), sample_key(self.config.seed, epoch)
         G = len(self.devices)
         threads_before = torch.get_num_threads()
-        stage_sum = dict.fromkeys(("SC", "SA", "Load", "Tran", "TC", "TA", "sync"), 0.0)
-        trainer_s, seeds_per, edges_per, bytes_to = [0.0] * G, [0] * G, [0] * G, [0] * G
-        loss_sum, iters, work_moves, thread_moves = 0.0, 0, 0, 0
-        t_epoch = t_last = time.perf_counter()
+        counters, stages = SampledCounters(G), StageSums(G, self.cpu_index)
+        moves = {"work": 0, "thread": 0}
+        t_epoch = time.perf_counter()
+        t_last = [t_epoch]
         self.iteration_s = []
-        stages = [("sampler", lambda it: self._sample(it, key)), ("loader", self._load),
-                  ("transfer", self._transfer)]
+
+        def after(step: Step[Iteration, list[tuple[float, Tensor | None]]]) -> None:
+            """Each stage's time of the step, and DRM's look at it."""
+            it, times = step.item, [r[0] for r in step.result]
+            stages.add(it, times, step.sync_s)
+            now = time.perf_counter()
+            self.iteration_s.append(now - t_last[0])  # wall time from the previous iteration's end
+            t_last[0] = now
+            self.step += 1
+            if self.config.drm == "on":
+                kind = self._drm(it, times).kind
+                moves[kind] = moves.get(kind, 0) + 1
+
         try:
-            with Pipeline(self._iterations(epoch), stages, depth=1, handoff=True) as pipe:
-                for it in pipe:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    results = list(self.trainer_pool.map(functools.partial(self._propagate, it=it, se=se), range(G)))
-                    t0 = time.perf_counter()
-                    self.replicas.reduce()
-                    self.optimizer.step()
-                    self.replicas.sync()
-                    sync_s = time.perf_counter() - t0
-                    times = [r[0] for r in results]
-                    loss_sum += sum(float(r[1]) for r in results if r[1] is not None)
-                    accel = [g for g in range(G) if g != self.cpu_index]
-                    it.times["TC"] = times[self.cpu_index]
-                    it.times["TA"] = max((times[g] for g in accel), default=0.0)
-                    it.times["sync"] = sync_s
-                    for k in stage_sum:
-                        stage_sum[k] += it.times.get(k, 0.0)
-                    for g in range(G):
-                        trainer_s[g] += times[g]
-                        seeds_per[g] += int(it.parts[g].numel())
-                        edges_per[g] += sum(b.num_edges for b in it.blocks[g])
-                        bytes_to[g] += it.bytes_to[g] if it.bytes_to else 0
-                    iters += 1
-                    now = time.perf_counter()
-                    self.iteration_s.append(now - t_last)  # wall time from the previous iteration's end
-                    t_last = now
-                    self.step += 1
-                    if self.config.drm == "on":
-                        d = self._drm(it, times)
-                        work_moves += d.kind == "work"
-                        thread_moves += d.kind == "thread"
+            self.loop.run(epoch, lambda batches, first: self._pipeline(self._iterations(batches), key),
+                          functools.partial(self._train, se=se, counters=counters), counters, after)
         finally:
             torch.set_num_threads(threads_before)
         epoch_s = time.perf_counter() - t_epoch
+        iters = counters.iterations
         n = self.train_ids.numel()
-        edges = sum(edges_per)
-        self.measured = {k: v / max(iters, 1) for k, v in stage_sum.items()}
+        edges = int(counters.total("sampled_edges"))
+        self.measured = {k: v / max(iters, 1) for k, v in stages.seconds.items()}
         self.measured["epoch_s"] = epoch_s
         self.measured["iteration"] = epoch_s / max(iters, 1)
         self.perf.gpu_sampled = list(self.gpu_sampler)
         self.predicted = self.perf.stage_times(self.config.batch_size, self.split, self.threads)
         self.predicted["epoch_s"] = self.perf.epoch_time(n, self.config.batch_size, self.split, self.threads)
         out: dict[str, Any] = {
-            "loss": loss_sum / n, "batches": iters, "trainers": G,
-            **{f"{k.lower()}_s": v for k, v in stage_sum.items()},
-            "trainer_s": trainer_s, "trainer_seeds": seeds_per, "trainer_sampled_edges": edges_per,
+            "loss": counters.total("loss_sum") / n, "batches": iters, "trainers": G,
+            **stages.record(),
+            "trainer_s": [c["train_s"] for c in counters.trainers], "trainer_seeds": counters.per_trainer("seeds"),
+            "trainer_sampled_edges": counters.per_trainer("sampled_edges"),
             "sampled_edges": edges, "mteps": edges / epoch_s / 1e6,
             "split": [round(s, 4) for s in self.split],
             "threads": [self.threads.sampler, self.threads.loader, self.threads.trainer],
             "gpu_sampled": [g for g in range(G) if self.gpu_sampler[g]],
-            "accel_bytes": [bytes_to[g] for g in range(G) if g != self.cpu_index],
-            "drm_work_moves": work_moves, "drm_thread_moves": thread_moves,
+            "accel_bytes": [b for g, b in enumerate(stages.bytes_to) if g != self.cpu_index],
+            "drm_work_moves": moves["work"], "drm_thread_moves": moves["thread"],
             "predicted_epoch_s": self.predicted["epoch_s"],
         }
         return out
 
     # ------------------------------------------------------------------------------------------------ DRM
-    def _drm(self, it: _Iteration, times: list[float]) -> Decision:
+    def _drm(self, it: Iteration, times: list[float]) -> Decision:
         """Algorithm 1 on iteration ``it``'s stage times, applied; nothing while ``it`` predates the last
         decision (its share and threads were fixed before that decision took effect)."""
         if self.warm is False:
@@ -517,63 +396,34 @@ class HybridEngine(MiniBatchEngine):
                              "threads": list(self.threads.as_tuple())})
         return done if done is not None else Decision("none", bottleneck=d.bottleneck)
 
-    def _busy(self, it: _Iteration, times: list[float]) -> list[float]:
+    def _busy(self, it: Iteration, times: list[float]) -> list[float]:
         """Each trainer's seconds in iteration ``it``; an accelerator's bundles its transfer (Algorithm 1,
         line 1: ``T_Accel = max(T_Tran, T_TA)``)."""
         return [max(times[g], it.transfer_s[g]) if g != self.cpu_index else times[g]
                 for g in range(len(self.devices))]
 
-    def _apply(self, d: Decision, it: _Iteration, times: list[float]) -> Decision | None:
-        """Carry out ``d``; the decision carried out, or ``None``. A thread move with no thread to give (the donor
-        has one) speeds the bottleneck up the other way Algorithm 1 knows: its work moves to its counterpart
-        (the CPU trainer's to the accelerators, the CPU sampler's to the GPU samplers), where there is one."""
-        if d.kind == "thread":
-            moved = self.threads.move(d.src, d.dst)  # type: ignore[arg-type]
-            if moved is not None:
-                self.threads = moved
-                self.version += 1
-                return d
-            other = {"TC": "Accel", "SC": "SA"}.get(d.dst or "")
-            if other is None:
-                return None
-            d = Decision("work", d.dst, other, d.bottleneck)
-        if d.kind == "work" and {d.src, d.dst} == {"TC", "Accel"}:
-            seeds = [int(p.numel()) for p in it.parts]
-            new = rebalance(self.split, self._busy(it, times), seeds,
-                            min_share=MIN_SHARE_SEEDS / self.config.batch_size, tolerance=DRM_TOLERANCE,
-                            costs=[fit_cost(x) for x in self.samples])
-            if new is None:
-                return None
-            self.split = new
-        elif d.kind == "work":  # SC <-> SA: one accelerator's sampling moves between the CPU and its device
-            cuda = [g for g in range(len(self.devices)) if self.devices[g].type == "cuda"]
-            movable = [g for g in cuda if self.gpu_sampler[g] == (d.dst == "SC")]
-            if not movable:
-                return None
-            self.gpu_sampler[movable[0]] = d.dst == "SA"
-        else:
+    def _apply(self, d: Decision, it: Iteration, times: list[float]) -> Decision | None:
+        """Carry out ``d`` (:func:`~gnnscale.plan.hybrid.apply_decision`: a thread move with no thread to give
+        moves work instead); the decision carried out, or ``None``. A new assignment is a new version."""
+        def balance(split: list[float]) -> list[float] | None:
+            return rebalance(split, self._busy(it, times), [int(p.numel()) for p in it.parts],
+                             min_share=MIN_SHARE_SEEDS / self.config.batch_size, tolerance=DRM_TOLERANCE,
+                             costs=[fit_cost(x) for x in self.samples])
+
+        cuda = [g for g in range(len(self.devices)) if self.devices[g].type == "cuda"]
+        out = apply_decision(d, Assignment(tuple(self.split), self.threads, tuple(self.gpu_sampler)), cuda=cuda,
+                             balance=balance)
+        if out is None:
             return None
+        done, a = out
+        self.split, self.threads, self.gpu_sampler = list(a.split), a.threads, list(a.gpu_sampler)
         self.version += 1
-        return d
+        return done
 
     # ------------------------------------------------------------------------------------------------ inference
-    def _eval_topology(self) -> Topology:
-        return self.host_topo
-
     def _eval_features(self, src: Tensor) -> Tensor:
+        """Input rows of ``src`` for inference: host memory, on the training device (the CPU)."""
         return self.host_x.index_select(0, src.cpu()).to(self.device)
-
-    def _sampled_eval(self, fanouts: tuple[int, ...]) -> dict[str, float | None]:
-        """``--eval-fanouts``: the master model on the CPU over sampled batches (the mini-batch engine's keying)."""
-        pred = torch.full((self.graph.num_nodes,), -1, dtype=torch.int64)
-        ids = torch.nonzero(torch.stack(list(self.masks.values())).any(0)).view(-1)
-        key = sample_key(self.config.seed, EVAL_EPOCH)
-        for lo in range(0, ids.numel(), self.config.batch_size):
-            seeds = ids[lo : lo + self.config.batch_size]
-            blocks = sample_blocks(self.host_topo, seeds, fanouts, key, self.adjacency)
-            x = self._eval_features(blocks[0].src_ids)  # type: ignore[arg-type]
-            pred[seeds] = self._forward(_Batch(seeds, blocks, x, 0.0, 0.0), None).argmax(-1).cpu()
-        return self.accuracies(pred, self.y.cpu(), self.masks)
 
     # ------------------------------------------------------------------------------------------------ summary
     def report(self) -> dict[str, Any]:
@@ -588,9 +438,10 @@ class HybridEngine(MiniBatchEngine):
     def state_dict(self) -> dict[str, Any]:
         """The DRM's assignment carries over a resume (the split and threads it converged to)."""
         return {"split": list(self.split), "threads": list(self.threads.as_tuple()),
-                "gpu_sampler": list(self.gpu_sampler)}
+                "gpu_sampler": list(self.gpu_sampler), **super().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.split = [float(s) for s in state["split"]]
         self.threads = Threads(*state["threads"])
         self.gpu_sampler = [bool(b) for b in state["gpu_sampler"]]
+        super().load_state_dict({k: v for k, v in state.items() if k not in ("split", "threads", "gpu_sampler")})

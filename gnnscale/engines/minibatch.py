@@ -20,6 +20,10 @@ inference (every vertex's exact output, layer by layer over destination batches,
 the in-memory engine's evaluation and PyG's full-batch ``model(x, edge_index)``), or sampled inference with
 ``--eval-fanouts`` (the training blocks' semantics).
 
+The engine is the shared sampled loop (:class:`~gnnscale.engines.sampled.SampledLoop`) with XGNN's parts: a
+producer thread per trainer as the feed, model replicas on threads as the trainers, :class:`Replicas` as the
+reducer.
+
 Mini-batch training learns from sampled neighbourhoods, not the full graph, so ``--engine auto`` never picks it.
 With fanouts at least the largest in-degree a step equals the in-memory engine restricted to the batch's seeds.
 """
@@ -31,24 +35,35 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from gnnscale.engines.base import Engine
 from gnnscale.engines.replicas import Replicas
-from gnnscale.errors import ConfigError
-from gnnscale.graph.block import Block
-from gnnscale.graph.graph import MASK_NAMES, Graph
-from gnnscale.nn.decoupled import DECOUPLED_MODELS
+from gnnscale.engines.sampled import (
+    EVAL_BATCH,
+    EVAL_EPOCH,
+    SampledBatch,
+    SampledCounters,
+    SampledLoop,
+    backward_share,
+    check_fanouts,
+    cut,
+    default_fanouts,
+    epoch_order,
+    fetch_batch,
+    forward,
+)
+from gnnscale.engines.sampled_engine import SampledEngine
+from gnnscale.engines.sampled_eval import SampledInference
+from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.sample import CSRTopology, SampledAdjacency, Topology, sample_blocks, sample_key
+from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.global_store import GlobalMemoryStore, StoreReader
 
 if TYPE_CHECKING:
@@ -62,22 +77,6 @@ STORE_SHARE = 0.5
 """Share of the device budget the store may fill when the ratios are left to the engine."""
 PRESAMPLE_BATCHES = 8
 """Mini-batches sampled by ``--hotness presample`` to count how often each vertex is read."""
-EVAL_BATCH = 16384
-"""Destinations per step of layer-wise inference (at least ``--batch-size``): few large steps, no sampling."""
-EVAL_EPOCH = -1
-"""The epoch number keying sampled evaluation (``--eval-fanouts``): the same sample at every evaluation."""
-
-
-@dataclass(eq=False)
-class _Batch:
-    seeds: Tensor
-    blocks: list[Block]
-    x: Tensor
-    sample_s: float
-    extract_s: float
-    ready: torch.cuda.Event | None = None
-    """Recorded on the trainer's sampling stream after extraction (CUDA); training waits for it."""
-
 
 @dataclass(eq=False)
 class _Trainer:
@@ -91,30 +90,13 @@ class _Trainer:
     y: Tensor
 
 
-def epoch_order(seed: int, epoch: int, n: int) -> Tensor:
-    """The epoch's shuffle of ``n`` training vertices, a function of seed and epoch only: every sampled engine
-    (mini-batch, hybrid, distributed; every rank) cuts its batches from the same order."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=gen)
-
-
-def check_fanouts(config: TrainConfig, *, evaluation: bool = False) -> None:
-    """``--fanouts`` (and with ``evaluation``, ``--eval-fanouts``) give one value per layer, or none."""
-    if config.fanouts is not None and len(config.fanouts) != config.layers:
-        raise ConfigError(f"--fanouts has {len(config.fanouts)} value(s) for {config.layers} layers; give one per "
-                          "layer")
-    if evaluation and config.eval_fanouts is not None and len(config.eval_fanouts) != config.layers:
-        raise ConfigError(f"--eval-fanouts has {len(config.eval_fanouts)} value(s) for {config.layers} layers")
-
-
-def default_fanouts(layers: int) -> tuple[int, ...]:
-    """``15, 10`` for two layers (PyG/DGL's usual), 10 per hop otherwise."""
-    return (15, 10) if layers == 2 else (10,) * layers
-
-
-class MiniBatchEngine(Engine):
+class MiniBatchEngine(SampledEngine):
     """Sampled mini-batch training with topology and features in a global GPU+host store (XGNN), one trainer
-    per device."""
+    per device.
+
+    The :class:`~gnnscale.engines.sampled.SampledLoop`'s parts: the feed is a producer thread per trainer that
+    samples and extracts its shares through its reader ahead of training (:meth:`_batches`), the trainers are
+    model replicas on threads (:meth:`_run`), and :class:`Replicas` reduces."""
 
     name = "minibatch"
 
@@ -128,29 +110,10 @@ class MiniBatchEngine(Engine):
             return ["samples neighbourhoods instead of training on the full graph; choose it with --engine minibatch"]
         return cls.sampling_reasons(config)
 
-    @staticmethod
-    def sampling_reasons(config: TrainConfig) -> list[str]:
-        """Why sampled training (this engine, or one built on it) cannot train ``config``'s model."""
-        fanouts = config.fanouts or default_fanouts(config.layers)
-        reasons = []
-        if config.model in DECOUPLED_MODELS:
-            reasons.append(f"{config.model} is a decoupled model: train it with --engine inmemory or taskparallel")
-        if len(fanouts) != config.layers:
-            reasons.append(f"--fanouts has {len(fanouts)} values for {config.layers} layers")
-        if config.eval_fanouts is not None and len(config.eval_fanouts) != config.layers:
-            reasons.append(f"--eval-fanouts has {len(config.eval_fanouts)} values for {config.layers} layers")
-        return reasons
-
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
-        self.fanouts = tuple(config.fanouts or default_fanouts(config.layers))
         devices = [torch.device(d) for d in config.devices] if config.devices else [device]
         budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
-        self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
-        self.train_ids = torch.nonzero(self.masks["train_mask"]).view(-1)
-        if self.train_ids.numel() == 0:
-            raise ConfigError(f"graph {graph.name} has no training vertices")
-        self.adjacency = SampledAdjacency.from_graph(graph, model.adjacency, config.sample_norm)  # type: ignore[arg-type]
         hotness = self.presampled_hotness() if config.hotness == "presample" else None
         self.store = GlobalMemoryStore(graph, devices, adjacency=model.adjacency,
                                        gpu_graph_ratio=config.gpu_graph_ratio,
@@ -166,6 +129,12 @@ class MiniBatchEngine(Engine):
         self.pool = (ThreadPoolExecutor(len(devices), thread_name_prefix="gnnscale-trainer")
                      if len(devices) > 1 else None)
         self.y = self.trainers[0].y
+        self.loop = SampledLoop(self.optimizer, self.train_ids, seed=config.seed, batch_size=config.batch_size,
+                                reducer=self.replicas)
+        self.inference = SampledInference(
+            model, self.store, self.store.features, self.adjacency, graph.num_nodes, config.batch_size, device,
+            batches=lambda parts, fanouts, key: self._batches(self.trainers[0], parts, fanouts, key),
+            done=self.store.reset_stats)
 
     def presampled_hotness(self) -> Tensor:
         """Access counts from a short pre-sampling pass (XGNN's alternative to degree): how often each vertex is
@@ -190,30 +159,20 @@ class MiniBatchEngine(Engine):
                 f"{100 * s.hot_features / n:.0f}% of the vertices on {len(s.devices)} device(s), the rest in host "
                 "memory")
 
-    # ------------------------------------------------------------------------------------------------ pipeline
-    def _order(self, epoch: int) -> Tensor:
-        """The epoch's shuffle of the training vertices (:func:`epoch_order`)."""
-        return epoch_order(self.config.seed, epoch, self.train_ids.numel())
-
-    def _prepare(self, t: _Trainer, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> _Batch:
+    # ------------------------------------------------------------------------------------------------ the feed
+    def _prepare(self, t: _Trainer, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> SampledBatch:
         """Sample ``seeds`` (on ``t``'s device) and extract the input rows through ``t``'s reader."""
         with torch.cuda.stream(t.stream) if t.stream is not None else contextlib.nullcontext():
-            t0 = time.perf_counter()
-            blocks = sample_blocks(t.reader, seeds.to(t.device), fanouts, key, self.adjacency)
-            t1 = time.perf_counter()
-            src = blocks[0].src_ids
-            assert src is not None
-            x = t.reader.features(src)
-            ready = None
+            batch = fetch_batch(t.reader, t.reader.features, seeds.to(t.device), fanouts, key, self.adjacency)
             if t.stream is not None:
-                ready = torch.cuda.Event()
-                ready.record(t.stream)
-        return _Batch(blocks[-1].row_ids(blocks[-1].num_dst), blocks, x, t1 - t0, time.perf_counter() - t1, ready)
+                batch.ready = torch.cuda.Event()
+                batch.ready.record(t.stream)
+        return batch
 
     def _batches(self, t: _Trainer, parts: list[Tensor], fanouts: tuple[int, ...], key: int
-                 ) -> Generator[_Batch, None, None]:
+                 ) -> Generator[SampledBatch, None, None]:
         """``t``'s sampled and extracted batches of ``parts``, produced ahead by a thread through a bounded queue."""
-        q: queue.Queue[_Batch | BaseException | None] = queue.Queue(maxsize=QUEUE_DEPTH)
+        q: queue.Queue[SampledBatch | BaseException | None] = queue.Queue(maxsize=QUEUE_DEPTH)
         stop = threading.Event()
 
         def produce() -> None:
@@ -253,12 +212,8 @@ class MiniBatchEngine(Engine):
                 except queue.Empty:
                     thread.join(timeout=0.05)
 
-    def _forward(self, batch: _Batch, se: tuple[int, int] | None, model: GNN | None = None) -> Tensor:
-        model = self.model if model is None else model
-        h = batch.x
-        for i, (layer, block) in enumerate(zip(model.block_layers, batch.blocks, strict=True)):
-            h = layer(block, model.layer_input(i, h, block.row_ids(), se))
-        return h
+    def _forward(self, batch: SampledBatch, se: tuple[int, int] | None, model: GNN | None = None) -> Tensor:
+        return forward(self.model if model is None else model, batch.blocks, batch.x, se)
 
     def _run(self, fn: Callable[[_Trainer], T]) -> list[T]:
         """``fn`` on every trainer: inline for one, one thread each otherwise."""
@@ -266,127 +221,65 @@ class MiniBatchEngine(Engine):
             return [fn(self.trainers[0])]
         return [f.result() for f in [self.pool.submit(fn, t) for t in self.trainers]]
 
-    def _parts(self, seeds: Tensor, size: int) -> list[list[Tensor]]:
-        """Per trainer, its contiguous share of each global batch of ``size`` seeds, on its device (the epoch's
-        seeds are copied to each device once, not per batch)."""
-        out = []
+    def _parts(self, batches: list[Tensor]) -> list[list[Tensor]]:
+        """Per trainer, its contiguous share of each global batch, on its device (the epoch's seeds are copied to
+        each device once, not per batch): equal shares, or ``--shares``."""
+        if not batches:
+            return [[] for _ in self.trainers]
+        seeds, sizes = torch.cat(batches), [b.numel() for b in batches]
         shares = self.config.shares
-        cum = None if shares is None else torch.cumsum(torch.tensor(shares, dtype=torch.float64), 0)[:-1]
+        out = []
         for t in self.trainers:
-            on = seeds.to(t.device)
-            parts = []
-            for i in range(0, seeds.numel(), size):
-                batch = on[i : i + size]
-                if cum is None:
-                    parts.append(torch.tensor_split(batch, len(self.trainers))[t.index])
-                else:  # trainer t takes seeds [round(n * c_{t-1}), round(n * c_t)) of the batch
-                    bounds = torch.round(cum * batch.numel()).long().tolist()
-                    parts.append(torch.tensor_split(batch, bounds)[t.index])
-            out.append(parts)
+            on = torch.split(seeds.to(t.device), sizes)
+            if shares is None:
+                out.append([torch.tensor_split(batch, len(self.trainers))[t.index] for batch in on])
+            else:
+                out.append([cut(batch, shares)[t.index] for batch in on])
         return out
 
-    # ------------------------------------------------------------------------------------------------ training
-    def train_epoch(self, epoch: int) -> dict[str, float]:
-        self.model.train()
-        self.replicas.sync()
-        se = (self.config.seed, epoch)
-        key = sample_key(self.config.seed, epoch)
-        seeds = self.train_ids[self._order(epoch)]
-        size, G = self.config.batch_size, len(self.trainers)
-        parts = self._parts(seeds, size)
-        sizes = [min(size, seeds.numel() - i) for i in range(0, seeds.numel(), size)]
-        self.store.reset_stats()
+    def _feed(self, batches: list[Tensor], first: int, key: int) -> Iterator[list[Callable[[], SampledBatch]]]:
+        """The loop's feed: per global batch, a way for each trainer to take its share off its producer thread
+        (from its own thread, so a trainer starts as soon as its own share is ready)."""
+        del first
+        parts = self._parts(batches)
         streams = [self._batches(t, parts[t.index], self.fanouts, key) for t in self.trainers]
-        loss_sum = [torch.zeros((), device=t.device) for t in self.trainers]  # no host sync per batch
-        counters = [dict.fromkeys(("sample_s", "extract_s", "train_s", "sampled_edges", "seeds"), 0.0)
-                    for _ in self.trainers]
-
-        def step(t: _Trainer, total: int) -> None:
-            batch = next(streams[t.index])
-            c = counters[t.index]
-            c["sample_s"] += batch.sample_s
-            c["extract_s"] += batch.extract_s
-            c["sampled_edges"] += sum(b.num_edges for b in batch.blocks)
-            c["seeds"] += batch.seeds.numel()
-            if batch.seeds.numel() == 0:  # fewer seeds than trainers: nothing to add
-                return
-            t0 = time.perf_counter()
-            logits = self._forward(batch, se, t.model)
-            # this trainer's share of the global batch's mean loss: the gradients sum to the batch's
-            loss = F.cross_entropy(logits, t.y[batch.seeds], reduction="sum") / total
-            loss.backward()
-            loss_sum[t.index] += loss.detach() * total
-            c["train_s"] += time.perf_counter() - t0
-
         try:
-            for total in sizes:
-                self.optimizer.zero_grad(set_to_none=True)
-                self._run(functools.partial(step, total=total))
-                self.replicas.reduce()
-                self.optimizer.step()
-                self.replicas.sync()
+            for _ in batches:
+                yield [functools.partial(next, s) for s in streams]
         finally:
             for s in streams:
                 s.close()
-        stats = self.store.reset_stats()
-        out: dict[str, float] = {"loss": sum(float(x) for x in loss_sum) / seeds.numel(), "batches": len(sizes),
-                                 "trainers": G}
-        for k in counters[0]:
-            out[k] = sum(c[k] for c in counters)
-        out["sampled_edges"] = int(out["sampled_edges"])
-        out["trainer_seeds"] = [int(c["seeds"]) for c in counters]  # type: ignore[assignment]
-        out["trainer_sampled_edges"] = [int(c["sampled_edges"]) for c in counters]  # type: ignore[assignment]
-        del out["seeds"]
-        return {**out, **stats.metrics()}
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float | None]:
-        self.model.eval()
-        if self.config.eval_fanouts is not None:
-            return self._sampled_eval(tuple(self.config.eval_fanouts))
-        return self.accuracies(self._layerwise(), self.y.cpu(), self.masks)
+    # ------------------------------------------------------------------------------------------------ training
+    def _train(self, shares: list[Callable[[], SampledBatch]], total: int, se: tuple[int, int],
+               counters: SampledCounters) -> None:
+        """The loop's trainers: each takes its share and runs forward and backward on its replica."""
 
-    def predict(self) -> Tensor:
-        """Exact layer-wise inference over full neighbourhoods (``--eval-fanouts`` only changes evaluation)."""
-        self.model.eval()
-        return self._layerwise().argmax(dim=-1)
+        def step(t: _Trainer) -> None:
+            batch = shares[t.index]()
+            counters.took(t.index, batch)
+            if batch.seeds.numel() == 0:  # fewer seeds than trainers: nothing to add
+                return
+            t0 = time.perf_counter()
+            loss = backward_share(self._forward(batch, se, t.model), t.y[batch.seeds], total)
+            c = counters[t.index]
+            c["loss_sum"] += loss * total
+            c["train_s"] += time.perf_counter() - t0
 
-    def _eval_topology(self) -> Topology:
-        """What inference samples from: the store (through the training device's reader)."""
-        return self.store
+        self._run(step)
 
-    def _eval_features(self, src: Tensor) -> Tensor:
-        """Input rows of ``src`` for inference, on the training device."""
-        return self.store.features(src)
-
-    def _layerwise(self) -> Tensor:
-        """``[N, C]`` outputs: layer by layer, every vertex, full neighbourhoods, in batches."""
-        n = self.graph.num_nodes
-        size = max(self.config.batch_size, EVAL_BATCH)
-        h: Tensor | None = None
-        for i, layer in enumerate(self.model.block_layers):  # layer-wise, every vertex, full neighbourhoods
-            out = None
-            for lo in range(0, n, size):
-                dst = torch.arange(lo, min(lo + size, n), device=self.device)
-                block = sample_blocks(self._eval_topology(), dst, (-1,), adjacency=self.adjacency.exact())[0]
-                src = block.src_ids
-                assert src is not None
-                x = self._eval_features(src) if h is None else h[src.cpu()].to(self.device)
-                y = layer(block, self.model.layer_input(i, x, block.row_ids(), None)).cpu()
-                if out is None:
-                    out = torch.empty(n, y.shape[1])
-                out[lo : lo + y.shape[0]] = y
-            h = out
-        assert h is not None
+    def train_epoch(self, epoch: int) -> dict[str, Any]:
+        self.model.train()
+        self.replicas.sync()
+        se, key = (self.config.seed, epoch), sample_key(self.config.seed, epoch)
+        counters = SampledCounters(len(self.trainers))
+        for t in self.trainers:  # the loss stays on the trainer's device: no host sync per batch
+            counters[t.index]["loss_sum"] = torch.zeros((), device=t.device)
         self.store.reset_stats()
-        return h
+        self.loop.run(epoch, functools.partial(self._feed, key=key),
+                      functools.partial(self._train, se=se, counters=counters), counters)
+        return {**counters.record(), **self.store.reset_stats().metrics()}
 
-    def _sampled_eval(self, fanouts: tuple[int, ...]) -> dict[str, float | None]:
-        pred = torch.full((self.graph.num_nodes,), -1, dtype=torch.int64)
-        ids = torch.nonzero(torch.stack(list(self.masks.values())).any(0)).view(-1)
-        t = self.trainers[0]
-        parts = [ids[i : i + self.config.batch_size] for i in range(0, ids.numel(), self.config.batch_size)]
-        for batch in self._batches(t, parts, fanouts, sample_key(self.config.seed, EVAL_EPOCH)):
-            pred[batch.seeds.cpu()] = self._forward(batch, None).argmax(-1).cpu()
-        self.store.reset_stats()
-        return self.accuracies(pred, self.y.cpu(), self.masks)
+
+__all__ = ["EVAL_BATCH", "EVAL_EPOCH", "PRESAMPLE_BATCHES", "MiniBatchEngine", "check_fanouts", "default_fanouts",
+           "epoch_order"]

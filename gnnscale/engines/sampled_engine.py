@@ -1,0 +1,119 @@
+"""What every engine that trains on sampled neighbourhoods sets up the same way, and how it evaluates.
+
+:class:`SampledEngine` holds the common set-up (the fanouts, the masks, the training vertices, the adjacency the
+sampled blocks carry) and evaluation through the engine's :class:`~gnnscale.engines.sampled_eval.SampledInference`;
+each engine composes its :class:`~gnnscale.engines.sampled.SampledLoop` from its own parts (the feed, the
+trainers, the reducer) and calls it from ``train_epoch``. A new sampled engine is one module: a subclass that
+calls this constructor, builds its ``loop`` and ``inference``, and writes ``train_epoch`` as one
+:meth:`SampledLoop.run <gnnscale.engines.sampled.SampledLoop.run>`; with :class:`IterationCheckpoints` it also
+checkpoints within epochs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from gnnscale.engines.base import Engine
+from gnnscale.engines.sampled import (
+    EVAL_EPOCH,
+    SampledLoop,
+    check_fanouts,
+    default_fanouts,
+    epoch_order,
+    sampling_reasons,
+)
+from gnnscale.engines.sampled_eval import SampledInference, eval_ids
+from gnnscale.errors import ConfigError
+from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.nn.model import GNN
+from gnnscale.sample import SampledAdjacency, sample_key
+
+if TYPE_CHECKING:
+    from gnnscale.config import TrainConfig
+
+
+class SampledEngine(Engine):
+    """An engine that trains on sampled neighbourhoods: the common set-up, evaluation and prediction.
+
+    Subclasses call this constructor, then set :attr:`loop` (their :class:`SampledLoop`) and :attr:`inference`
+    (where evaluation reads), and implement ``name``, ``_not_supported_reasons`` and ``train_epoch``.
+    """
+
+    sampling_reasons = staticmethod(sampling_reasons)
+    loop: SampledLoop
+    """The engine's training loop, composed of its parts."""
+    inference: SampledInference
+    """Where evaluation and prediction read (an engine that infers otherwise overrides :meth:`evaluate`)."""
+
+    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+        super().__init__(graph, model, config, device)
+        self.fanouts = tuple(config.fanouts or default_fanouts(config.layers))
+        self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
+        self.train_ids = torch.nonzero(self.masks["train_mask"]).view(-1)
+        if self.train_ids.numel() == 0:
+            raise ConfigError(f"graph {graph.name} has no training vertices")
+        self.adjacency = SampledAdjacency.from_graph(graph, model.adjacency, config.sample_norm)  # type: ignore[arg-type]
+
+    @classmethod
+    def check_options(cls, config: TrainConfig) -> None:
+        check_fanouts(config)
+
+    def _order(self, epoch: int) -> Tensor:
+        """The epoch's shuffle of the training vertices (:func:`~gnnscale.engines.sampled.epoch_order`)."""
+        return epoch_order(self.config.seed, epoch, self.train_ids.numel())
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float | None]:
+        """Layer-wise full-neighbour inference, or with ``--eval-fanouts`` sampled inference over keyed samples
+        (the same at every evaluation)."""
+        self.model.eval()
+        fanouts = self.config.eval_fanouts
+        if fanouts is None:
+            pred = self._layerwise()
+        else:
+            pred = self.inference.sampled(eval_ids(self.masks), tuple(fanouts),
+                                          sample_key(self.config.seed, EVAL_EPOCH))
+        assert self.graph.y is not None
+        return self.accuracies(pred, self.graph.y, self.masks)
+
+    def predict(self) -> Tensor:
+        """Exact layer-wise inference over full neighbourhoods (``--eval-fanouts`` only changes evaluation)."""
+        self.model.eval()
+        return self._layerwise().argmax(dim=-1)
+
+    @torch.no_grad()
+    def _layerwise(self) -> Tensor:
+        """``[N, C]`` outputs: layer by layer, every vertex, full neighbourhoods."""
+        return self.inference.layerwise()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Within an epoch (an iteration checkpoint, :class:`IterationCheckpoints`): the loop's progress, what a
+        resume needs to go on from that iteration; nothing otherwise."""
+        return {} if self.loop.progress is None else {"progress": self.loop.progress}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's progress makes the next epoch of its number start after its iterations."""
+        self.loop.resume = state.get("progress")
+        super().load_state_dict({k: v for k, v in state.items() if k != "progress"})
+
+
+class IterationCheckpoints:
+    """Mixin for a :class:`SampledEngine` that checkpoints within epochs (HopGNN §8's iteration checkpoints): its
+    loop's hook, exposed as ``on_iteration``, which :func:`gnnscale.train.train` sets for
+    ``--checkpoint-iterations``; the engine's state then carries the loop's progress, and a resume goes on from
+    that iteration with the counters of the iterations before it. List it before :class:`SampledEngine`."""
+
+    loop: SampledLoop
+
+    @property
+    def on_iteration(self) -> Callable[[int, int], None] | None:
+        """Called after every optimiser step but an epoch's last with ``(epoch, iterations done)``."""
+        return self.loop.on_iteration
+
+    @on_iteration.setter
+    def on_iteration(self, hook: Callable[[int, int], None] | None) -> None:
+        self.loop.on_iteration = hook

@@ -32,33 +32,39 @@ trained batches or micrographs, and how many were this rank's: ``local_hit_rate`
 rows held at once: one iteration's with pre-gathering) and ``rank_rss_bytes`` (its resident memory at the epoch's
 end).
 
+The engine is the shared sampled loop (:class:`~gnnscale.engines.sampled.SampledLoop`) with HopGNN's parts: the
+global batches as the feed (the strategies sample and exchange rows as they train), the strategy's iteration as
+the trainers (this rank's model, or the models hopping through it), an all-reduce between the ranks as the
+reducer; the loop's iteration hook writes §8's iteration checkpoints, with every rank's counters.
+
 Testing hook: ``GNNSCALE_FAULT=RANK:EPOCH:ITERATION:kill|raise`` makes that rank SIGKILL itself (or raise) as
 that iteration (0-based) starts.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
-from gnnscale.engines.base import Engine
-from gnnscale.engines.minibatch import EVAL_BATCH, MiniBatchEngine, check_fanouts, default_fanouts, epoch_order
+from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
+from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
+from gnnscale.engines.sampled_exchange import RankReducer, assemble_rows, layerwise_across_ranks
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
 from gnnscale.partition.plan import PartitionPlan, graph_fingerprint, load_or_partition
 from gnnscale.plan.memory import proc_kib
-from gnnscale.sample import CSRTopology, SampledAdjacency, sample_blocks, sample_key
+from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.partitioned import PartitionedFeatures
 
 if TYPE_CHECKING:
@@ -67,6 +73,8 @@ if TYPE_CHECKING:
 SUMMED = ("loss_sum", "remote_rows", "remote_bytes", "needed_rows", "local_rows", "migration_bytes", "time_steps",
           "iterations", "sample_s", "fetch_s", "train_s", "migrate_s", "sync_s", "sampled_edges")
 """Per-epoch counters, summed over ranks (in this order in the reduced vector)."""
+RANK_COUNTERS = tuple(k for k in SUMMED if k not in ("iterations", "sync_s"))
+"""What the rank's trainer counts (the loop counts ``iterations`` and ``sync_s``)."""
 
 
 def owner_of(plan: PartitionPlan) -> Tensor:
@@ -90,7 +98,7 @@ def load_rank_plan(path: str, ranks: int) -> PartitionPlan:
     return plan
 
 
-class DistributedEngine(Engine):
+class DistributedEngine(IterationCheckpoints, SampledEngine):
     """One rank of a distributed job: its part of the features, a model replica, and the strategy's iteration."""
 
     name = "distributed"
@@ -103,7 +111,7 @@ class DistributedEngine(Engine):
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         if config.engine != "distributed":
             return ["runs as a job of ranks; choose it with --engine distributed (under torchrun, or --ranks R)"]
-        return MiniBatchEngine.sampling_reasons(config)
+        return cls.sampling_reasons(config)
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
@@ -115,22 +123,18 @@ class DistributedEngine(Engine):
         if self.world > graph.num_nodes:
             raise ConfigError(f"{self.world} ranks are more than the graph's {graph.num_nodes} vertices: every rank "
                               "needs a part; use fewer ranks")
-        self.fanouts = tuple(config.fanouts or default_fanouts(config.layers))
-        self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
-        self.train_ids = torch.nonzero(self.masks["train_mask"]).view(-1)
         t0 = time.perf_counter()
         self.owner, self.plan_path = self._partition()
         self.timings["partition_s"] = time.perf_counter() - t0
         assert graph.x is not None and graph.y is not None
         self.features = PartitionedFeatures(graph.x, self.owner, self.rank, device)
         self.topo = CSRTopology.from_graph(graph, model.adjacency)
-        self.adjacency = SampledAdjacency.from_graph(graph, model.adjacency, config.sample_norm)  # type: ignore[arg-type]
         self.y = graph.y.to(device)
         self.merge = MergeController(config.merge if config.strategy == "micrograph" else "off", self.world)
-        self.on_iteration: Callable[[int, int], None] | None = None
-        """Called after every optimiser step with ``(epoch, iterations done)`` (iteration checkpoints)."""
-        self._progress: dict[str, Any] | None = None
-        self._resume: dict[str, Any] | None = None
+        self.reducer = RankReducer(self.comm, model)
+        self.loop = SampledLoop(self.optimizer, self.train_ids, seed=config.seed,
+                                batch_size=config.batch_size * self.world, reducer=self.reducer,
+                                gather=self.reducer.gather, rank=self.rank)
         self._cache_peak = 0
         self._model_of_last_step = self.rank
         self._keep_held = False
@@ -181,7 +185,7 @@ class DistributedEngine(Engine):
 
     def _grads(self) -> list[Tensor]:
         """The hosted model's gradients, one per parameter (zeros where a parameter has none yet)."""
-        return [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self._params()]
+        return self.reducer.grads()
 
     def _flat(self, grads: bool) -> Tensor:
         parts = [p.detach().reshape(-1) for p in self._params()]
@@ -216,23 +220,9 @@ class DistributedEngine(Engine):
         self._cache_peak = max(self._cache_peak, rows.numel() * rows.element_size())
         return remote, rows
 
-    def _assemble(self, src: Tensor, local: Callable[[Tensor], Tensor], fetched: tuple[Tensor, Tensor]
-                  ) -> tuple[Tensor, int]:
-        """Rows of ``src`` (on the CPU): this rank's own from ``local``, the others from ``fetched`` (sorted
-        remote ids and their rows, from an exchange before); and how many were this rank's."""
-        rows = fetched[1]
-        x = torch.empty((src.numel(), rows.shape[1]), dtype=rows.dtype, device=self.device)
-        mine = self.owner[src] == self.rank
-        on = mine.to(self.device)
-        x[on] = local(src[mine])
-        rem = src[~mine]
-        if rem.numel():
-            x[~on] = rows[torch.searchsorted(fetched[0].cpu(), rem).to(rows.device)]
-        return x, int(mine.sum())
-
     def _inputs(self, src: Tensor, cache: tuple[Tensor, Tensor], c: dict[str, float]) -> Tensor:
         """Feature rows of ``src``: this rank's own, the rest from ``cache`` (rows fetched before)."""
-        x, local = self._assemble(src, self.features.local, cache)
+        x, local = assemble_rows(src, self.owner, self.rank, self.features.local, cache, self.device)
         c["needed_rows"] += src.numel()
         c["local_rows"] += local
         return x
@@ -252,12 +242,8 @@ class DistributedEngine(Engine):
         if seeds.numel() == 0:
             return
         t0 = time.perf_counter()
-        h = x
-        for i, (layer, block) in enumerate(zip(self.model.block_layers, blocks, strict=True)):
-            h = layer(block, self.model.layer_input(i, h, block.row_ids(), se))
-        loss = F.cross_entropy(h, self.y[seeds.to(self.device)], reduction="sum") / total
-        loss.backward()
-        c["loss_sum"] += float(loss.detach()) * total
+        loss = backward_share(forward(self.model, blocks, x, se), self.y[seeds.to(self.device)], total)
+        c["loss_sum"] += float(loss) * total
         c["train_s"] += time.perf_counter() - t0
 
     # ----------------------------------------------------------------------------------------- iterations
@@ -304,34 +290,19 @@ class DistributedEngine(Engine):
         self._model_of_last_step = sched.model_on(self.rank, sched.steps - 1)
         c["time_steps"] += sched.steps
 
-    def _reduce(self, c: dict[str, float]) -> None:
-        """Sum every model's gradients over the ranks (one all-reduce of one flat buffer)."""
-        t0 = time.perf_counter()
-        ps = self._params()
-        flat = torch.cat([g.reshape(-1) for g in self._grads()])
-        self.comm.all_reduce(flat, "sum", "gradient all-reduce")
-        off = 0
-        for p in ps:
-            p.grad = flat[off : off + p.numel()].view_as(p)
-            off += p.numel()
-        c["sync_s"] += time.perf_counter() - t0
-
-    def _iteration(self, batch: Tensor, key: int, se: tuple[int, int], c: dict[str, float]) -> None:
-        """One iteration up to the summed gradients: ``R`` mini-batches of ``batch`` by the strategy."""
+    def _iteration(self, batch: Tensor, total: int, key: int, se: tuple[int, int], c: dict[str, float]) -> None:
+        """The loop's trainers: one iteration's gradients, ``R`` mini-batches of ``batch`` by the strategy (the
+        loop sums them over the ranks)."""
         parts = list(torch.tensor_split(batch, self.world))
-        self.optimizer.zero_grad(set_to_none=True)
         if self.config.strategy == "model-centric":
-            self._model_centric(parts, batch.numel(), key, se, c)
+            self._model_centric(parts, total, key, se, c)
         else:
-            self._micrograph(parts, batch.numel(), key, se, c)
+            self._micrograph(parts, total, key, se, c)
         self._held = (self._model_of_last_step, [g.clone() for g in self._grads()]) if self._keep_held else None
-        self._reduce(c)
 
     def _batches(self, epoch: int) -> list[Tensor]:
         """The epoch's global batches (``R x --batch-size`` seeds each, the last one shorter)."""
-        seeds = self.train_ids[epoch_order(self.config.seed, epoch, self.train_ids.numel())]
-        size = self.config.batch_size * self.world
-        return [seeds[i : i + size] for i in range(0, seeds.numel(), size)]
+        return self.loop.batches(epoch)
 
     def iteration_gradients(self, epoch: int, iteration: int) -> dict[str, Any]:
         """Iteration ``iteration`` (0-based) of ``epoch`` without its optimiser step (the exactness tests). Every
@@ -340,13 +311,16 @@ class DistributedEngine(Engine):
         iteration with (``held_model``; the micrograph strategy's models migrate) and that model's gradients
         (``held_grads``: its whole mini-batch's, when the migrations carried them)."""
         self.model.train()
-        c = dict.fromkeys(SUMMED, 0.0)
+        counters = SampledCounters(1, RANK_COUNTERS)
         batch = self._batches(epoch)[iteration]
         self._keep_held = True
         try:
-            self._iteration(batch, sample_key(self.config.seed, epoch), (self.config.seed, epoch), c)
+            self.loop.gradients(functools.partial(self._iteration, batch, batch.numel(),
+                                                  sample_key(self.config.seed, epoch), (self.config.seed, epoch),
+                                                  counters[0]))
         finally:
             self._keep_held = False
+        c = counters.state()
         loss = torch.tensor([c["loss_sum"]], dtype=torch.float64)
         self.comm.all_reduce(loss, "sum", "loss")
         grads = [g.clone() for g in self._grads()]
@@ -365,37 +339,27 @@ class DistributedEngine(Engine):
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"fault injected at epoch {epoch}, iteration {it} (GNNSCALE_FAULT)")
 
+    def _feed(self, batches: list[Tensor], first: int, epoch: int) -> Iterator[Tensor]:
+        """The loop's feed: the global batches as they are (the strategies sample and fetch as they train); the
+        testing hook's fault as an iteration starts."""
+        for it, batch in enumerate(batches, first):
+            self._fault(epoch, it)
+            yield batch
+
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
         cfg = self.config
         se, key = (cfg.seed, epoch), sample_key(cfg.seed, epoch)
-        batches = self._batches(epoch)
-        c = dict.fromkeys(SUMMED, 0.0)
-        first = 0
-        if self._resume is not None and self._resume["epoch"] == epoch:
-            first, c = self._resume["iteration"], dict(self._resume["counters"][self.rank])
-        self._resume = None
+        counters = SampledCounters(1, RANK_COUNTERS)
         self._cache_peak = 0
         t_start = time.perf_counter()
-        for it in range(first, len(batches)):
-            self._fault(epoch, it)
-            self._iteration(batches[it], key, se, c)
-            t0 = time.perf_counter()
-            self.optimizer.step()
-            c["sync_s"] += time.perf_counter() - t0
-            c["iterations"] += 1
-            if self.on_iteration is not None and it + 1 < len(batches):
-                rows = torch.zeros(self.world, len(SUMMED), dtype=torch.float64)  # every rank's counters
-                rows[self.rank] = torch.tensor([c[k] for k in SUMMED], dtype=torch.float64)
-                self.comm.all_reduce(rows, "sum", "checkpoint")
-                self._progress = {"epoch": epoch, "iteration": it + 1,
-                                  "counters": [dict(zip(SUMMED, r, strict=True)) for r in rows.tolist()]}
-                self.on_iteration(epoch, it + 1)
-                self._progress = None
+        batches = self.loop.run(epoch, functools.partial(self._feed, epoch=epoch),
+                                functools.partial(self._iteration, key=key, se=se, c=counters[0]), counters)
         elapsed = torch.tensor([time.perf_counter() - t_start], dtype=torch.float64)
         self.comm.all_reduce(elapsed, "max", "epoch time")
         self.merge.epoch_done(epoch, float(elapsed))
-        vec = torch.tensor([c[k] for k in SUMMED], dtype=torch.float64)
+        state = counters.state()
+        vec = torch.tensor([state[k] for k in SUMMED], dtype=torch.float64)
         self.comm.all_reduce(vec, "sum", "counters")
         per_rank = torch.zeros(3, self.world, dtype=torch.float64)
         rss = (proc_kib("/proc/self/status", "VmRSS") or 0) * 1024
@@ -421,46 +385,21 @@ class DistributedEngine(Engine):
 
     # --------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"merge": self.merge.state_dict(), "ranks": self.world}
-        if self._progress is not None:
-            state["progress"] = self._progress
-        return state
+        return {"merge": self.merge.state_dict(), "ranks": self.world, **super().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("ranks", self.world) != self.world:
             raise ConfigError(f"--resume: the checkpoint was written by {state['ranks']} ranks, this job has "
                               f"{self.world}; resume with --ranks {state['ranks']}")
         self.merge.load_state_dict(state.get("merge", {}))
-        self._resume = state.get("progress")
+        super().load_state_dict({k: v for k, v in state.items() if k not in ("merge", "ranks")})
 
     # --------------------------------------------------------------------------------------------- inference
     @torch.no_grad()
     def _layerwise(self) -> Tensor:
-        """``[n_own, C]``: this rank's vertices' exact outputs, layer by layer over full neighbourhoods; each
-        layer's remote input rows come in one exchange with their owners."""
-        own = self.features.own
-        blocks = [sample_blocks(self.topo, own[lo : lo + EVAL_BATCH], (-1,), adjacency=self.adjacency.exact())[0]
-                  for lo in range(0, own.numel(), EVAL_BATCH)]
-        need = torch.unique(torch.cat([b.src_ids for b in blocks if b.src_ids is not None]
-                                      or [torch.empty(0, dtype=torch.int64)]))
-        remote = need[self.owner[need] != self.rank]
-        h = self.features.rows
-        for i, layer in enumerate(self.model.block_layers):
-            table = h
-
-            def serve(req: Tensor, table: Tensor = table) -> Tensor:
-                return table[self.features.local_index[req.cpu()].to(table.device)]
-
-            halo = self.comm.exchange(remote, self.owner, serve, table.shape[1], table.dtype, "inference")
-            outs = []
-            for b in blocks:
-                src = b.src_ids
-                assert src is not None
-                x, _ = self._assemble(src, serve, (remote, halo))
-                bd = b.to(self.device) if self.device.type != "cpu" else b
-                outs.append(layer(bd, self.model.layer_input(i, x, bd.row_ids(), None)))
-            h = torch.cat(outs)  # every rank holds a part (partitions are never empty)
-        return h
+        """``[n_own, C]``: this rank's vertices' exact outputs (:func:`layerwise_across_ranks`)."""
+        return layerwise_across_ranks(self.model, self.comm, self.topo, self.features, self.owner, self.adjacency,
+                                      self.device)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:

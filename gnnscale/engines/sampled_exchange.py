@@ -1,0 +1,100 @@
+"""The exchange between the ranks of a distributed sampled job (HopGNN; DistDGL's model-centric strategy): the
+parts of the sampled loop that cross ranks.
+
+* :class:`RankReducer`, the loop's reducer: every rank's gradients summed in one all-reduce of one flat buffer,
+  and every rank's counters gathered for an iteration checkpoint.
+* :func:`assemble_rows`: a sample's input rows put together from this rank's own and the rows fetched from their
+  owners (in one batched, de-duplicated :meth:`~gnnscale.distributed.comm.Comm.exchange` before).
+* :func:`layerwise_across_ranks`: exact layer-wise inference of this rank's vertices, each layer's remote input
+  rows (its halo) fetched from their owners in one exchange.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from gnnscale.distributed.comm import Comm
+from gnnscale.engines.sampled import EVAL_BATCH
+from gnnscale.nn.model import GNN
+from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
+from gnnscale.store.partitioned import PartitionedFeatures
+
+
+class RankReducer:
+    """The distributed loop's reducer: the gradients of ``model`` (whichever models a rank trained, their
+    gradients added up) summed over the ranks in one all-reduce of one flat buffer. Every rank then takes the same
+    optimiser step, so there is nothing to hand back."""
+
+    def __init__(self, comm: Comm, model: torch.nn.Module):
+        self.comm, self.model = comm, model
+
+    def grads(self) -> list[Tensor]:
+        """The model's gradients, one per parameter (zeros where a parameter has none yet)."""
+        return [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
+
+    def reduce(self) -> None:
+        flat = torch.cat([g.reshape(-1) for g in self.grads()])
+        self.comm.all_reduce(flat, "sum", "gradient all-reduce")
+        off = 0
+        for p in self.model.parameters():
+            p.grad = flat[off : off + p.numel()].view_as(p)
+            off += p.numel()
+
+    def sync(self) -> None:
+        pass
+
+    def gather(self, counters: dict[str, float]) -> list[dict[str, float]]:
+        """Every rank's ``counters`` (an iteration checkpoint keeps the job's): one all-reduce of a rank x counter
+        table."""
+        keys = list(counters)
+        rows = torch.zeros(self.comm.world, len(keys), dtype=torch.float64)
+        rows[self.comm.rank] = torch.tensor([counters[k] for k in keys], dtype=torch.float64)
+        self.comm.all_reduce(rows, "sum", "checkpoint")
+        return [dict(zip(keys, r, strict=True)) for r in rows.tolist()]
+
+
+def assemble_rows(src: Tensor, owner: Tensor, rank: int, local: Callable[[Tensor], Tensor],
+                  fetched: tuple[Tensor, Tensor], device: torch.device) -> tuple[Tensor, int]:
+    """``[len(src), F]`` rows of ``src`` (ids on the CPU) on ``device``: this rank's own from ``local``, the others
+    from ``fetched`` (sorted remote ids and their rows, from an exchange before); and how many were this rank's."""
+    rows = fetched[1]
+    x = torch.empty((src.numel(), rows.shape[1]), dtype=rows.dtype, device=device)
+    mine = owner[src] == rank
+    on = mine.to(device)
+    x[on] = local(src[mine])
+    rem = src[~mine]
+    if rem.numel():
+        x[~on] = rows[torch.searchsorted(fetched[0].cpu(), rem).to(rows.device)]
+    return x, int(mine.sum())
+
+
+def layerwise_across_ranks(model: GNN, comm: Comm, topology: Topology, features: PartitionedFeatures,
+                           owner: Tensor, adjacency: SampledAdjacency, device: torch.device) -> Tensor:
+    """``[n_own, C]``: this rank's vertices' exact outputs, layer by layer over full neighbourhoods; each layer's
+    remote input rows come in one exchange with their owners (every rank calls it together)."""
+    rank, own = comm.rank, features.own
+    blocks = [sample_blocks(topology, own[lo : lo + EVAL_BATCH], (-1,), adjacency=adjacency.exact())[0]
+              for lo in range(0, own.numel(), EVAL_BATCH)]
+    need = torch.unique(torch.cat([b.src_ids for b in blocks if b.src_ids is not None]
+                                  or [torch.empty(0, dtype=torch.int64)]))
+    remote = need[owner[need] != rank]
+    h = features.rows
+    for i, layer in enumerate(model.block_layers):
+        table = h
+
+        def serve(req: Tensor, table: Tensor = table) -> Tensor:
+            return table[features.local_index[req.cpu()].to(table.device)]
+
+        halo = comm.exchange(remote, owner, serve, table.shape[1], table.dtype, "inference")
+        outs = []
+        for b in blocks:
+            src = b.src_ids
+            assert src is not None
+            x, _ = assemble_rows(src, owner, rank, serve, (remote, halo), device)
+            bd = b.to(device) if device.type != "cpu" else b
+            outs.append(layer(bd, model.layer_input(i, x, bd.row_ids(), None)))
+        h = torch.cat(outs)  # every rank holds a part (partitions are never empty)
+    return h

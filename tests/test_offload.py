@@ -92,12 +92,12 @@ def test_offload_engine_layout() -> None:
         halo = c.rows[c.num_dst :]
         assert bool((halo[1:] > halo[:-1]).all())  # outside neighbours sorted: sequential gathers
     # layer 0 (8 -> 16) and layer 1 (16 -> 16) aggregate first: cached; the last layer is fused with the loss
-    assert off.cached == {0, 1}
+    assert off.host.caching == {0, 1}
     # the last layer (16 -> classes) projects first: each vertex is projected once and the narrow rows move
-    assert off.projected == {2} and off.p[2].shape[1] == g.num_classes
-    assert 0 not in off.g  # layer 0 computes no gradient for the input features
+    assert off.host.projecting == {2} and off.host.projected[2].shape[1] == g.num_classes
+    assert 0 not in off.host.input_grads  # layer 0 computes no gradient for the input features
     _, gat = _engines(g, TrainConfig(model="gat", layers=3, hidden=16, heads=2, partitions=2, chunks=3))
-    assert gat.cached == set()
+    assert gat.host.caching == set()
 
 
 def _budget_for(g: Graph, cfg: TrainConfig, chunks: int) -> int:
@@ -181,6 +181,6 @@ def test_several_cpu_devices_count_each_workers_peak() -> None:
     peaks = stats["device_peak_bytes"]
     assert len(peaks) == 2 and stats["peak_device_bytes"] == max(peaks)
     for w, peak in zip(eng.workers, peaks, strict=True):
-        ks = [k for k, _ in eng.sequence[w.index]]
+        ks = [k for k, _ in eng.sweep.sequence[w.index]]
         rows = min(eng.chunks[k].rows.numel() for k in ks) * g.num_features * 4
         assert peak >= replica_baseline(w.model, w.index) + rows

@@ -13,7 +13,8 @@ from torch import Tensor
 
 from gnnscale import TrainConfig
 from gnnscale.engines import OffloadEngine
-from gnnscale.engines import offload as off_mod
+from gnnscale.engines import mover as mover_mod
+from gnnscale.engines import offload_exchange as exchange_mod
 from gnnscale.graph.block import Block
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
@@ -45,7 +46,7 @@ class _Spy:
         self.d2h = 0
         self.stores: Counter[tuple[int, int]] = Counter()  # (host tensor, first row) -> writes
         self.store_targets: list[int] = []
-        M = off_mod._Mover
+        M = mover_mod.RowMover
         rows, index, slice_, move, store, acc = M.rows, M.index, M.slice, M._move_block, M.store, M.accumulate
 
         def rows_(io, host, r, rows_dev):  # noqa: ANN001, ANN202
@@ -108,7 +109,7 @@ def test_byte_counters_equal_the_bytes_handed_over_and_each_host_row_is_written_
         assert not twice, f"host rows written more than once per epoch: {twice}"
     spy.clear()
     eng.evaluate()
-    cached = {id(t) for t in eng.agg.values()}
+    cached = {id(t) for t in eng.host.aggregates.values()}
     assert not cached & set(spy.store_targets), "inference copied aggregations to host memory"
 
 
@@ -129,16 +130,16 @@ def test_transition_buffers_allocated_are_priced_by_the_planner(monkeypatch: pyt
     priced for them (GAT recomputes layer 1: its backward pass holds both at the widest row)."""
     g = csbm(nodes=500, features=12, avg_degree=8, seed=3)
     eng = _offload(g, model="gat", layers=3, dedup="full")
-    assert eng.exchange is not None and eng.plan.exchange is not None
+    assert eng.sweep.exchange is not None and eng.plan.exchange is not None
     seen = []
-    begin = off_mod._Exchange.begin_pass
+    begin = exchange_mod.Exchange.begin_pass
 
     def spy(ex, src, grad):  # noqa: ANN001, ANN202
         begin(ex, src, grad)
         seen.append(max(sum(_nbytes(t) for t in (ex.buf[w], ex.gbuf[w]) if t is not None)
                         for w in range(len(ex.workers))))
 
-    monkeypatch.setattr(off_mod._Exchange, "begin_pass", spy)
+    monkeypatch.setattr(exchange_mod.Exchange, "begin_pass", spy)
     eng.train_epoch(1)
     priced = transition_bytes(eng.model, eng.plan.exchange.capacity)
     assert max(seen) <= priced

@@ -226,6 +226,16 @@ class ExchangePlan:
     counts: dict[str, int] = field(default_factory=dict)
     """Rows per layer pass: ``rows_ori``, ``rows_p2p``, ``rows_h2d``, ``rows_reused``, ``rows_d2d``."""
 
+    def pin_memory(self) -> None:
+        """Pin the index tensors in place, so that their per-batch copies to a GPU are asynchronous."""
+        for moves in self.moves:
+            for mv in moves:
+                mv.new_rows, mv.new_slots = mv.new_rows.pin_memory(), mv.new_slots.pin_memory()
+                mv.leave_rows, mv.leave_slots = mv.leave_rows.pin_memory(), mv.leave_slots.pin_memory()
+        for asm in self.assembly.values():
+            asm.parts = [(d, None if pos is None else pos.pin_memory(), slots.pin_memory())
+                         for d, pos, slots in asm.parts]
+
 
 def plan_exchange(rows: list[Tensor], part_ptr: Tensor, schedule: Tensor, mode: str, device_of: list[int],
                   volume: CommVolume | None = None) -> ExchangePlan:

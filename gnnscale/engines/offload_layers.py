@@ -1,0 +1,291 @@
+"""The offload engine's layer passes: what each chunk computes in a layer's forward, in the last layer's fused
+loss and backward, in a layer's backward, and in the projections (HongTu Algorithm 1, §4.2).
+
+Every vertex's rows live in host memory (:class:`HostRows`); a pass walks the chunk schedule
+(:class:`~gnnscale.engines.offload_sweep.Sweep`) and each worker computes its chunks in order, reading the rows its
+:class:`~gnnscale.engines.offload_sweep.LayerPass` names and writing its outputs back to host memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gnnscale.engines.offload_sweep import ChunkStep, LayerPass, Sweep
+from gnnscale.engines.offload_workers import Worker
+from gnnscale.nn.model import GNN
+
+Key = tuple[int, int]
+"""``(seed, epoch)``: what dropout masks are keyed by (``None`` in inference: no dropout)."""
+
+
+@dataclass(eq=False)
+class HostRows:
+    """Every vertex's rows in host memory (pinned for a GPU), in the engine's vertex order: features, each layer's
+    input and its gradient, the projected rows of projecting layers and the cached aggregations."""
+
+    x: Tensor
+    """``[N, F0]`` the features (layer 0's input before its dropout)."""
+    inputs: dict[int, Tensor]
+    """``h[l]``, ``l >= 1``: layer ``l``'s input (layer ``l - 1``'s output, activation and dropout applied once per
+    vertex when it was written)."""
+    input_grads: dict[int, Tensor]
+    """``dL/dh[l]``, accumulated over the chunks of a backward pass (zero between epochs)."""
+    projecting: set[int]
+    """Layers that project before a parameter-free propagation (GCN/SAGE wider in than out): every vertex is
+    projected once into :attr:`projected`, and the chunks move those narrower rows."""
+    caching: set[int]
+    """Layers (all but the last) whose aggregation (or propagation) is kept in :attr:`aggregates` for backward."""
+    projected: dict[int, Tensor]
+    """``p[l]`` of a projecting layer."""
+    projected_grads: dict[int, Tensor]
+    """``dL/dp[l]``."""
+    aggregates: dict[int, Tensor]
+    """``a[l]`` of a caching layer (its recomputation then runs only UPDATE)."""
+    reading_dst: set[int]
+    """Layers whose UPDATE reads the destinations' own rows besides the aggregation."""
+
+    @classmethod
+    def allocate(cls, model: GNN, x: Tensor, host: Callable[[Tensor], Tensor]) -> HostRows:
+        """The buffers ``model`` needs for ``x``'s vertices (``host``: pins a buffer for a GPU)."""
+        N, L = x.shape[0], len(model.layers)
+        layers = model.block_layers
+        widths = [layer.in_features for layer in layers]
+        inputs = {l: host(torch.empty(N, widths[l])) for l in range(1, L)}
+        input_grads = {l: host(torch.zeros(N, widths[l])) for l in range(1, L)}
+        projecting = {l for l in range(L) if layers[l].projects_first}
+        caching = {l for l in range(L - 1) if layers[l].cacheable or l in projecting}
+        with torch.no_grad():
+            agg_width = {l: layers[l].project(torch.zeros(1, widths[l])).shape[1] if l in projecting
+                         else widths[l] for l in range(L)}
+        return cls(x, inputs, input_grads, projecting, caching,
+                   projected={l: host(torch.empty(N, agg_width[l])) for l in projecting},
+                   projected_grads={l: host(torch.zeros(N, agg_width[l])) for l in projecting},
+                   aggregates={l: host(torch.empty(N, agg_width[l])) for l in caching},
+                   reading_dst={l for l in range(L) if layers[l].update_uses_dst})
+
+    def input(self, layer: int) -> Tensor:
+        return self.x if layer == 0 else self.inputs[layer]
+
+    def source(self, layer: int) -> tuple[Tensor, Tensor | None]:
+        """What a layer gathers per chunk (its input, or its projected rows) and the destination rows its UPDATE
+        reads besides (projecting layers that read them only)."""
+        if layer not in self.projecting:
+            return self.input(layer), None
+        return self.projected[layer], (self.input(layer) if layer in self.reading_dst else None)
+
+    def source_grad(self, layer: int) -> Tensor | None:
+        """Where a layer's backward adds its source rows' gradients (layer 0's features get none)."""
+        if layer in self.projecting:
+            return self.projected_grads[layer]
+        return self.input_grads[layer] if layer > 0 else None
+
+    def zero_grads(self) -> None:
+        for t in (*self.input_grads.values(), *self.projected_grads.values()):
+            t.zero_()
+
+
+class LayerPasses:
+    """The passes of an epoch over the chunk schedule; the engine's epoch calls them layer by layer.
+
+    Each public method is one pass (or two: a projecting layer's projection comes first in the forward and last in
+    the backward); its ``_*_chunks`` method is what one worker computes over its chunks.
+    """
+
+    def __init__(self, model: GNN, host: HostRows, sweep: Sweep, num_train: int):
+        self.model, self.host, self.sweep, self.num_train = model, host, sweep, num_train
+        self.num_layers = len(model.layers)
+
+    # ------------------------------------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def forward(self, layer: int, key: Key | None) -> None:
+        """Layer ``layer`` over every chunk into the next layer's input ``h[layer + 1]``; while training (``key``
+        given) a caching layer also stores its aggregation for the backward."""
+        if layer in self.host.projecting:
+            self.project(layer, key)
+        src, dst_rows = self.host.source(layer)
+        cache = key is not None and layer in self.host.caching
+        self.sweep.run(LayerPass(src=src, slices=(dst_rows,)), partial(self._forward_chunks, layer, key, cache))
+
+    def _forward_chunks(self, layer: int, key: Key | None, cache: bool, worker: Worker,
+                        steps: Iterator[ChunkStep]) -> None:
+        next_input = self.host.inputs[layer + 1]
+        for step in steps:
+            (x_dst,) = step.slices
+            y = self._apply(worker, layer, step, step.source_rows(), x_dst, key, cache)
+            # the next layer's input: activation and dropout applied once per vertex (not once per copy)
+            dst_ids = step.block.row_ids(step.chunk.num_dst)
+            worker.io.store(next_input, step.chunk.lo, worker.model.layer_input(layer + 1, y, dst_ids, key))
+
+    def _apply(self, worker: Worker, layer: int, step: ChunkStep, x_src: Tensor, x_dst: Tensor | None,
+               key: Key | None, cache: bool) -> Tensor:
+        """Layer ``layer`` on the step's chunk from its source rows (projected rows for a projecting layer); with
+        ``cache`` the aggregation is copied to host memory for the backward."""
+        block_layer, block, num_dst = worker.model.block_layers[layer], step.block, step.chunk.num_dst
+        ids = block.row_ids()
+        if layer in self.host.projecting:
+            agg = block_layer.propagate(block, x_src)
+            xd = None if x_dst is None else self._layer_input(worker, layer, x_dst, ids[:num_dst], key)
+        else:
+            x = self._layer_input(worker, layer, x_src, ids, key)
+            if not cache:
+                return block_layer(block, x)
+            agg, xd = block_layer.aggregate(block, x), x[:num_dst]
+        if cache:
+            worker.io.store(self.host.aggregates[layer], step.chunk.lo, agg)
+        return block_layer.update(agg, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
+
+    @staticmethod
+    def _layer_input(worker: Worker, layer: int, rows: Tensor, ids: Tensor, key: Key | None) -> Tensor:
+        """Layer ``layer``'s input from rows read from host memory: ``h[layer]`` already holds it (activation and
+        dropout were applied once per vertex when it was written); the features still need layer 0's dropout."""
+        return worker.model.layer_input(0, rows, ids, key) if layer == 0 else rows
+
+    # ------------------------------------------------------------------------------------------------ projection
+    @torch.no_grad()
+    def project(self, layer: int, key: Key | None) -> None:
+        """``p[layer]`` = the layer's projection of its input, once per vertex, chunk by chunk (destination rows
+        only)."""
+        self.sweep.run(LayerPass(slices=(self.host.input(layer),), blocks=False),
+                       partial(self._project_chunks, layer, key))
+
+    def _project_chunks(self, layer: int, key: Key | None, worker: Worker, steps: Iterator[ChunkStep]) -> None:
+        projected = self.host.projected[layer]
+        for step in steps:
+            (x_dst,) = step.slices
+            assert x_dst is not None
+            x = self._layer_input(worker, layer, x_dst, step.dst_ids(), key)
+            worker.io.store(projected, step.chunk.lo, worker.model.block_layers[layer].project(x))
+
+    def project_backward(self, layer: int, key: Key) -> None:
+        """Backpropagate the accumulated ``dL/dp[layer]`` through the projection, chunk by chunk, into the
+        parameters and ``dL/dh[layer]``; ``dL/dp[layer]`` is zeroed after (consumed)."""
+        grads = self.host.projected_grads[layer]
+        self.sweep.run(LayerPass(slices=(self.host.input(layer), grads), blocks=False),
+                       partial(self._project_backward_chunks, layer, key))
+        grads.zero_()
+
+    def _project_backward_chunks(self, layer: int, key: Key, worker: Worker, steps: Iterator[ChunkStep]) -> None:
+        for step in steps:
+            x_dst, grad_projected = step.slices
+            assert x_dst is not None and grad_projected is not None
+            x = self._layer_input(worker, layer, x_dst, step.dst_ids(), key).detach().requires_grad_(layer > 0)
+            worker.model.block_layers[layer].project(x).backward(grad_projected)
+            if layer > 0:
+                assert x.grad is not None
+                worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], x.grad)
+
+    # ------------------------------------------------------------------------------------------------ loss
+    def loss_and_last_backward(self, key: Key) -> float:
+        """The last layer, the loss and their backward, fused per chunk (the last layer's output never makes a
+        host round trip); returns the loss: the sum over the training vertices divided by their count."""
+        layer = self.num_layers - 1
+        projecting = layer in self.host.projecting
+        if projecting:
+            self.project(layer, key)
+        src, dst_rows = self.host.source(layer)
+        # backward through the propagation needs the blocks' transposes (rows that require a gradient)
+        transpose = self.model.block_layers[layer].sparse_backward and (projecting or layer > 0)
+        layer_pass = LayerPass(src=src, grad=self.host.source_grad(layer), slices=(dst_rows,), transpose=transpose)
+        loss = sum(float(t) for t in self.sweep.run(layer_pass, partial(self._loss_chunks, layer, key)))
+        if projecting:
+            self.project_backward(layer, key)
+        return loss
+
+    def _loss_chunks(self, layer: int, key: Key, worker: Worker, steps: Iterator[ChunkStep]) -> Tensor:
+        """The worker's share of the loss (on its device: read back once per pass)."""
+        block_layer, projecting = worker.model.block_layers[layer], layer in self.host.projecting
+        total = torch.zeros((), device=worker.device)
+        for step in steps:
+            (x_dst,) = step.slices
+            block, chunk = step.block, step.chunk
+            ids = block.row_ids()
+            xd = None
+            if projecting:  # gradients flow into the projected rows (then the projection) and the dst rows
+                x = step.source_rows().detach().requires_grad_(True)
+                if x_dst is not None:
+                    xd = self._layer_input(worker, layer, x_dst, ids[: chunk.num_dst], key)
+                    xd = xd.detach().requires_grad_(layer > 0)
+                logits = block_layer.update(block_layer.propagate(block, x), xd)  # type: ignore[arg-type]
+            else:
+                x = self._layer_input(worker, layer, step.source_rows(), ids, key).detach().requires_grad_(layer > 0)
+                logits = block_layer(block, x)  # [V, C]
+            train, y = worker.io.index(chunk.train_local), worker.io.index(chunk.y_train, kind="row")
+            loss = F.cross_entropy(logits.index_select(0, train), y, reduction="sum") / self.num_train
+            loss.backward()
+            total += loss.detach()
+            if step.grad is not None:
+                assert x.grad is not None
+                step.push(x.grad)
+            if xd is not None and xd.grad is not None:
+                worker.io.accumulate(self.host.input_grads[layer], chunk.rows[: chunk.num_dst], xd.grad)
+        return total
+
+    # ------------------------------------------------------------------------------------------------ backward
+    def backward(self, layer: int, key: Key) -> None:
+        """Recompute layer ``layer`` per chunk and backpropagate ``dL/dh[layer + 1]`` into the parameters and the
+        layer's source rows; ``dL/dh[layer + 1]`` is zeroed after (consumed: ready for the next epoch)."""
+        block_layer, next_grad = self.model.block_layers[layer], self.host.input_grads[layer + 1]
+        caching = layer in self.host.caching
+        # a caching layer backpropagates through its cached propagation to its source rows (not layer 0's features)
+        through_propagation = caching and (layer > 0 or layer in self.host.projecting)
+        layer_pass = LayerPass(
+            src=None if caching else self.host.input(layer),
+            grad=self.host.source_grad(layer),
+            slices=(self.host.aggregates[layer] if caching else None,
+                    self.host.input(layer) if caching and layer in self.host.reading_dst else None,
+                    next_grad),
+            blocks=not caching or through_propagation,  # a cached layer 0 needs no topology: its dst ids only
+            transpose=block_layer.sparse_backward and (through_propagation or (not caching and layer > 0)))
+        self.sweep.run(layer_pass, partial(self._backward_chunks, layer, key, through_propagation))
+        next_grad.zero_()
+        if layer in self.host.projecting:
+            self.project_backward(layer, key)
+
+    def _backward_chunks(self, layer: int, key: Key, through_propagation: bool, worker: Worker,
+                         steps: Iterator[ChunkStep]) -> None:
+        block_layer, caching = worker.model.block_layers[layer], layer in self.host.caching
+        for step in steps:
+            agg, x_dst, grad_next = step.slices
+            assert grad_next is not None
+            dst_ids = step.dst_ids()
+            xd = x = None
+            if caching:  # recompute only UPDATE from the cached aggregation
+                assert agg is not None
+                agg = agg.detach().requires_grad_(through_propagation)
+                if x_dst is not None:
+                    xd = self._layer_input(worker, layer, x_dst, dst_ids, key).detach().requires_grad_(layer > 0)
+                y = block_layer.update(agg, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
+            else:  # recompute the whole layer (GAT)
+                block = step.block
+                x = self._layer_input(worker, layer, step.source_rows(), block.row_ids(), key)
+                x = x.detach().requires_grad_(layer > 0)
+                y = block_layer(block, x)
+            worker.model.layer_input(layer + 1, y, dst_ids, key).backward(grad_next)
+            if through_propagation and agg is not None and agg.grad is not None:
+                step.push(block_layer.aggregate_vjp(step.block, agg.grad))
+            elif not caching and layer > 0:
+                assert x is not None and x.grad is not None
+                step.push(x.grad)
+            if xd is not None and xd.grad is not None:
+                worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], xd.grad)
+
+    # ------------------------------------------------------------------------------------------------ inference
+    def predict_last(self, pred: Tensor) -> None:
+        """Every vertex's predicted class into host ``pred`` (after the forward of the layers before the last)."""
+        layer = self.num_layers - 1
+        if layer in self.host.projecting:
+            self.project(layer, None)
+        src, dst_rows = self.host.source(layer)
+        self.sweep.run(LayerPass(src=src, slices=(dst_rows,)), partial(self._predict_chunks, layer, pred))
+
+    def _predict_chunks(self, layer: int, pred: Tensor, worker: Worker, steps: Iterator[ChunkStep]) -> None:
+        for step in steps:
+            (x_dst,) = step.slices
+            out = self._apply(worker, layer, step, step.source_rows(), x_dst, None, False)
+            worker.io.store(pred, step.chunk.lo, out.argmax(dim=-1))

@@ -184,11 +184,11 @@ def test_more_devices_than_tasks_form_hybrid_groups(graph) -> None:  # type: ign
     assert eng.plan.regime.startswith("hybrid")
     assert _stages(eng) == [("T", "g1", [0, 1]), ("T", "g2", [2, 3]), ("P", "p1", [4, 5]), ("P", "p2", [6, 7])]
     assert eng.plan.chunks_per_subgraph % 2 == 0  # a multiple of the group size
-    eng.trace = []
+    eng.tasks.trace = []
     eng.train_epoch(2)
     # data parallel inside a group: both members of p1's group propagate chunks, both of g1's run subgraphs
-    p1 = {eng._p_runner(0, k).index for op, l, k in eng.trace if op == "PF" and l == 0}
-    g1 = {eng._t_runner(eng.plan.t_stages[0], s).index for op, st, s in eng.trace if op == "TF" and st == 0}
+    p1 = {eng.tasks.p_runner(0, k).index for op, l, k in eng.tasks.trace if op == "PF" and l == 0}
+    g1 = {eng.tasks.t_runner(eng.plan.t_stages[0], s).index for op, st, s in eng.tasks.trace if op == "TF" and st == 0}
     assert p1 == {4, 5} and g1 == {0, 1}
 
 
@@ -202,7 +202,7 @@ def test_p_group_members_fetch_only_the_rows_their_chunks_read(graph) -> None:  
     for epoch in (1, 2):
         stats = eng.train_epoch(epoch)
         parts = p_group_parts(eng.plan, cfg.seed, epoch)
-        owner = torch.tensor([eng._p_runner(0, int(torch.searchsorted(eng.ptr, v, right=True)) - 1).index
+        owner = torch.tensor([eng.tasks.p_runner(0, int(torch.searchsorted(eng.ptr, v, right=True)) - 1).index
                               for v in range(graph.num_nodes)])
         assert torch.equal(owner - 4, parts)  # p1's group is devices 4 and 5
         rows = round(replication_factor(graph, parts) * graph.num_nodes)
@@ -258,7 +258,7 @@ def test_skip_mode_overlaps_t_and_p_devices(graph) -> None:  # type: ignore[no-u
         if s == 3:
             met.append(started.wait(timeout=30))
 
-    eng.hooks = {"t_forward": t_hook, "p_forward": lambda s: started.set()}
+    eng.tasks.hooks = {"t_forward": t_hook, "p_forward": lambda s: started.set()}
     eng.train_epoch(1)
     assert met == [True]
 
@@ -281,7 +281,7 @@ def test_t_stages_run_at_most_the_queue_depth_ahead(graph) -> None:  # type: ign
         if (k, s) == (1, 0):
             met.append(ahead.wait(timeout=0.5))
 
-    eng.hooks = {"t_forward": t_hook}
+    eng.tasks.hooks = {"t_forward": t_hook}
     eng.train_epoch(1)
     assert met == [False]
     # and the stages still ran every subgraph, stage 0 no more than QUEUE_DEPTH ahead of stage 1 at any start
@@ -300,33 +300,33 @@ def _saved_at_backward(eng: TaskParallelEngine, keep_forward: bool = False) -> t
     found: list[bool] = []
 
     def wrap(name: str, hook) -> None:  # type: ignore[no-untyped-def]
-        original = getattr(eng, name)
+        original = getattr(eng.tasks, name)
 
         def wrapped(k, s, *rest):  # type: ignore[no-untyped-def]
             return hook(original, k, s, *rest)
 
-        setattr(eng, name, wrapped)
+        setattr(eng.tasks, name, wrapped)
 
     def snapshot(original, k, s, *rest):  # type: ignore[no-untyped-def]
-        r = eng._t_runner(eng.t_stages[k], s)
+        r = eng.tasks.t_runner(eng.t_stages[k], s)
         first.setdefault(r.index, set(r.saved))
         return original(k, s, *rest)
 
     def backward(original, k, s, *rest):  # type: ignore[no-untyped-def]
-        r = eng._t_runner(eng.t_stages[k], s)
+        r = eng.tasks.t_runner(eng.t_stages[k], s)
         first.setdefault(r.index, set(r.saved))
         found.append((k, s) in r.saved)
         return original(k, s, *rest)
 
     def forward(original, k, s, *rest):  # type: ignore[no-untyped-def]
         out = original(k, s, *rest)
-        eng._t_runner(eng.t_stages[k], s).saved[(k, s)] = out
+        eng.tasks.t_runner(eng.t_stages[k], s).saved[(k, s)] = out
         return out
 
-    wrap("_t_refwd", snapshot)
-    wrap("_t_backward", backward)
+    wrap("t_refwd", snapshot)
+    wrap("t_backward", backward)
     if keep_forward:
-        wrap("_t_forward", forward)
+        wrap("t_forward", forward)
     return first, found
 
 
@@ -338,11 +338,11 @@ def test_t_tasks_are_recomputed_not_stored(graph) -> None:  # type: ignore[no-un
     every device's tensors when it ends), and shown to see a forward that keeps its activations."""
     cfg = _config("dgcn", 3, 4, t_devices=3, subgraphs=3)
     eng = TaskParallelEngine(graph, _model(graph, cfg), cfg, CPU)
-    eng.trace = []
+    eng.tasks.trace = []
     first, found = _saved_at_backward(eng)
     eng.train_epoch(1)
     for op, want in (("TF", 3 * 3), ("TR", 2 * 3), ("TB", 3 * 3)):
-        assert sum(1 for o, _, _ in eng.trace if o == op) == want
+        assert sum(1 for o, _, _ in eng.tasks.trace if o == op) == want
     last = 2  # the backward goes from the last subgraph of the epoch's order
     assert first == {0: set(), 1: set(), 2: {(2, last)}}
     assert found == [True] * (3 * 3)

@@ -22,6 +22,7 @@ import torch
 
 from gnnscale.config import TrainConfig
 from gnnscale.engines import TaskParallelEngine
+from gnnscale.engines.taskparallel_tasks import TaskOps
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
@@ -52,17 +53,17 @@ def _engine(g: Graph, cfg: TrainConfig) -> TaskParallelEngine:
     return TaskParallelEngine(g, m, cfg, CPU)
 
 
-def _before(eng: TaskParallelEngine, name: str, hook: Callable[..., None]) -> None:
-    """Call ``hook`` with the arguments of every call of the engine's method ``name``, just before it runs (on the
-    device thread that runs it). The engine looks its methods up when it submits or runs an operation, so an
-    instance attribute takes their place."""
-    original = getattr(eng, name)
+def _before(ops: TaskOps, name: str, hook: Callable[..., None]) -> None:
+    """Call ``hook`` with the arguments of every call of the engine's operation ``name`` (a method of its
+    ``tasks``), just before it runs (on the device thread that runs it). The engine looks the operations up when it
+    submits an operation, so an instance attribute takes their place."""
+    original = getattr(ops, name)
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         hook(*args, **kwargs)
         return original(*args, **kwargs)
 
-    setattr(eng, name, wrapped)
+    setattr(ops, name, wrapped)
 
 
 # ------------------------------------------------------------------------------------------------ 1. backward overlap
@@ -85,13 +86,13 @@ def test_skip_mode_overlaps_the_t_backward_with_the_p_backward(graph: Graph) -> 
             t_started.set()
 
     def on_p_backward(l: int, c: Any, source: Any, se: Any) -> None:
-        s = eng._sub_of[c.k]
+        s = eng.tasks.sub_of[c.k]
         p_order.append((l, s))
         if l == cfg.layers - 1 and s == 0:  # the last subgraph the P device reaches
             met.append(t_started.wait(timeout=30))
 
-    _before(eng, "_t_backward", on_t_backward)
-    _before(eng, "_p_backward", on_p_backward)
+    _before(eng.tasks, "t_backward", on_t_backward)
+    _before(eng.tasks, "p_backward", on_p_backward)
     eng.train_epoch(1)
     k = eng.plan.chunks_per_subgraph
     assert met == [True] * k
@@ -178,7 +179,7 @@ def _cache_snapshots(eng: TaskParallelEngine) -> dict[int, tuple[int, dict[int, 
     snaps: dict[int, tuple[int, dict[int, int], dict[int, int]]] = {}
 
     def on_p_backward(l: int, c: Any, source: Any, se: Any) -> None:
-        r = eng._p_runner(l, c.k)
+        r = eng.tasks.p_runner(l, c.k)
         if r.index in snaps:
             return
         held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in r.cache.values()}
@@ -186,7 +187,7 @@ def _cache_snapshots(eng: TaskParallelEngine) -> dict[int, tuple[int, dict[int, 
         tracked = {key: n for key, (ref, n) in r.counter.live.items() if key in held and not ref.expired()}
         snaps[r.index] = (len({layer for layer, _ in r.cache}), held, tracked)
 
-    _before(eng, "_p_backward", on_p_backward)
+    _before(eng.tasks, "p_backward", on_p_backward)
     return snaps
 
 

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gnnscale.config import DistributedOptions, PartitionOptions, SamplingOptions
 from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
@@ -102,6 +103,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     """One rank of a distributed job: its part of the features, a model replica, and the strategy's iteration."""
 
     name = "distributed"
+    options = (SamplingOptions, DistributedOptions, PartitionOptions)
 
     @classmethod
     def check_options(cls, config: TrainConfig) -> None:

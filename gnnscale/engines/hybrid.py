@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gnnscale.config import HybridOptions, MiniBatchOptions, SamplingOptions
 from gnnscale.engines.pipeline import Pipeline
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backward_share, check_fanouts, cut, forward
@@ -109,6 +110,7 @@ class HybridEngine(SampledEngine):
     (HyScale-GNN)."""
 
     name = "hybrid"
+    options = (SamplingOptions, MiniBatchOptions, HybridOptions)
 
     @classmethod
     def check_options(cls, config: TrainConfig) -> None:

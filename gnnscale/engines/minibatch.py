@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import Tensor
 
+from gnnscale.config import MiniBatchOptions, OffloadOptions, SamplingOptions, StoreOptions
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import (
     EVAL_BATCH,
@@ -99,6 +100,8 @@ class MiniBatchEngine(SampledEngine):
     model replicas on threads (:meth:`_run`), and :class:`Replicas` reduces."""
 
     name = "minibatch"
+    options = (SamplingOptions, MiniBatchOptions, StoreOptions, OffloadOptions)
+    """Its store also reads ``--gather`` (the offload group's): how host rows reach the devices."""
 
     @classmethod
     def check_options(cls, config: TrainConfig) -> None:

@@ -1,5 +1,6 @@
 """Pinning host tensors in place (cudaHostRegister in slices): slicing, failure clean-up, unregistering once.
-A fake runtime records the calls on CPU; the CUDA test registers real memory and reads it from the GPU."""
+A fake runtime records the calls on CPU; the CUDA test registers real memory and reads it from the GPU.
+(``gnnscale.store.pinning`` moved to the runtime: :mod:`gnnscale.runtime.pinned`.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from gnnscale.errors import ConfigError
-from gnnscale.store.pinning import HOST_REGISTER_FLAGS, pin_in_place, pinned_host
+from gnnscale.runtime import HOST_REGISTER_FLAGS, pin_in_place, pinned_host
 from gnnscale.testing import only_cuda
 
 

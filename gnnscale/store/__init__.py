@@ -3,6 +3,7 @@ host, pinned host, device, memory-mapped file, partitioned over ranks, and a cac
 host-memory row I/O for offload engines (gathers to the device, accumulations back), and XGNN's global GPU+host
 memory store for mini-batch training (a composition of feature sources for its features)."""
 
+from gnnscale.runtime.pinned import PinnedRegion, pin_in_place, pinned_host  # moved to the runtime; names kept
 from gnnscale.store.cache import DeviceCache, SortedIndex
 from gnnscale.store.features import FeatureIndexError, FeatureSource, FeatureSourceError, ReadStats
 from gnnscale.store.gather import (
@@ -15,9 +16,9 @@ from gnnscale.store.gather import (
 )
 from gnnscale.store.global_store import GlobalMemoryStore, StoreReader, StoreStats
 from gnnscale.store.partitioned import PartitionedFeatures
-from gnnscale.store.pinning import PinnedRegion, pin_in_place, pinned_host
 from gnnscale.store.sharded import ShardedDeviceSource
 from gnnscale.store.sources import DeviceSource, InMemorySource, MmapSource, PinnedHostSource
+from gnnscale.store.transfer import PeerLink
 
 __all__ = [
     "GATHER_METHODS",
@@ -31,6 +32,7 @@ __all__ = [
     "InMemorySource",
     "MmapSource",
     "PartitionedFeatures",
+    "PeerLink",
     "PinnedHostSource",
     "PinnedRegion",
     "ReadStats",

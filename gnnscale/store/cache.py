@@ -10,8 +10,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.store.features import FeatureSource, FeatureSourceError
 from gnnscale.store.sources import DeviceSource
+from gnnscale.store.transfer import as_device, host_values, place
 
 __all__ = ["DeviceCache", "SortedIndex"]
 
@@ -25,8 +27,8 @@ class SortedIndex:
         device: where lookups run (the cache's device).
     """
 
-    def __init__(self, hot_ids: Tensor, device: torch.device):
-        self.hot = hot_ids.to(device)  # [H]
+    def __init__(self, hot_ids: Tensor, device: rt.Device):
+        self.hot = place(hot_ids, device)  # [H]
 
     def __call__(self, ids: Tensor) -> Tensor:
         if self.hot.numel() == 0:
@@ -43,7 +45,9 @@ class DeviceCache(FeatureSource):
     order asked. The wrapper serves nothing itself: its counters are its tiers' (:meth:`tiers`: the cache's, then
     the fallback's), so they say how many rows each tier served. Host syncs per read: one, which also checks the
     ids' range; the cache's own split (:meth:`~gnnscale.store.features.FeatureSource.route`, e.g. by holder
-    device) is folded into it (the fallback may sync on its own).
+    device) is folded into it (the fallback may sync on its own). On an accelerator every step runs on the stream
+    current there when :meth:`gather` is called, and the rows are ready for that stream; misses go to the fallback
+    as ids on this device when the fallback's rows go to this device too (a host fallback gets host ids).
 
     Args:
         fallback: the whole table (it defines ``num_rows``, ``dim``, ``dtype``); serves every miss.
@@ -56,25 +60,25 @@ class DeviceCache(FeatureSource):
     """
 
     def __init__(self, fallback: FeatureSource, cache: FeatureSource, lookup: Callable[[Tensor], Tensor], *,
-                 device: torch.device | str | None = None, tier: str = "cache"):
+                 device: rt.Device | str | None = None, tier: str = "cache"):
         super().__init__(tier)
         if (cache.dim, cache.dtype) != (fallback.dim, fallback.dtype):
             raise FeatureSourceError(f"a cache of [{cache.dim}] {cache.dtype} rows cannot stand in front of "
                                      f"[{fallback.dim}] {fallback.dtype} rows")
         self.fallback, self.cache, self.lookup = fallback, cache, lookup
-        self._device = cache.device if device is None else torch.device(device)
+        self._device = cache.device if device is None else as_device(device)
 
     @classmethod
-    def of(cls, fallback: FeatureSource, hot_ids: Tensor, device: torch.device | str, *,
+    def of(cls, fallback: FeatureSource, hot_ids: Tensor, device: rt.Device | str, *,
            tier: str = "cache") -> DeviceCache:
         """A cache of the rows ``hot_ids`` (any order, repeats ignored) of ``fallback`` on ``device``.
 
         The rows are read once through ``fallback`` (counted there: reset the counters after building to count
         only what follows) and kept in a :class:`~gnnscale.store.sources.DeviceSource` named ``tier``.
         """
-        hot = torch.unique(fallback.check_ids(hot_ids).cpu())  # [H] ascending
+        hot = torch.unique(place(fallback.check_ids(hot_ids), torch.device("cpu")))  # [H] ascending
         rows = fallback.gather_unchecked(hot)  # [H, dim]
-        dev = torch.device(device)
+        dev = as_device(device)
         return cls(fallback, DeviceSource(rows, dev, tier=tier), SortedIndex(hot, dev), device=dev, tier=tier)
 
     @property
@@ -90,7 +94,7 @@ class DeviceCache(FeatureSource):
         return self.fallback.dtype
 
     @property
-    def device(self) -> torch.device:
+    def device(self) -> rt.Device:
         return self._device
 
     def tiers(self) -> list[FeatureSource]:
@@ -100,7 +104,7 @@ class DeviceCache(FeatureSource):
 
     def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
         dev, N, K = self._device, self.num_rows, self.cache.num_keys
-        ids = ids.to(dev)
+        ids = place(ids, dev)
         n = ids.numel()
         if N == 0:
             self.range_error(ids)
@@ -111,18 +115,22 @@ class DeviceCache(FeatureSource):
         key = torch.where(hit, self.cache.route(slot), K)  # [n] the cache's keys, then K for the fallback
         span = max(N, self.cache.num_rows)
         order = torch.sort(key * span + torch.where(hit, slot, safe)).indices  # [n] by key, then row
-        counts = torch.zeros(K + 2, dtype=torch.int64, device=dev).index_add_(0, key, torch.ones_like(key))
+        counts = torch.zeros(K + 2, dtype=torch.int64, device=rt.torch_device(dev)).index_add_(
+            0, key, torch.ones_like(key))
         counts[K + 1] = (ids != safe).sum()
-        got = counts.tolist()  # the one sync of a read: rows per key, and how many ids were out of range
+        got = host_values(counts, dev)  # the one sync of a read: rows per key, and how many ids were out of range
         if got[K + 1]:
             self.range_error(ids)
         n_hit = n - got[K]
         if out is None:
-            out = torch.empty(n, self.dim, dtype=self.dtype, device=dev)
+            out = rt.empty((n, self.dim), dtype=self.dtype, device=dev)
         if n_hit:
             pos = order[:n_hit]
             self.cache.read_sorted(slot[pos], got[:K], out, pos)
         if n_hit < n:
             pos = order[n_hit:]  # ascending ids: sequential reads from a host or disk fallback
-            out.index_copy_(0, pos, self.fallback.gather_unchecked(safe[pos]).to(dev))
+            miss = safe[pos]
+            if self.fallback.device == dev:
+                miss = rt.adopt(miss, dev)  # computed on this device (a sim device counts it there)
+            out.index_copy_(0, pos, place(self.fallback.gather_unchecked(miss), dev))
         return out

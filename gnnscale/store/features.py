@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.errors import GnnscaleError
+from gnnscale.store.transfer import host_values, place
 
 __all__ = ["FeatureIndexError", "FeatureSource", "FeatureSourceError", "ReadStats", "TableSource"]
 
@@ -115,8 +117,10 @@ class FeatureSource(ABC):
 
     @property
     @abstractmethod
-    def device(self) -> torch.device:
-        """Where :meth:`gather` puts the rows."""
+    def device(self) -> rt.Device:
+        """Where :meth:`gather` puts the rows: a ``torch.device`` or a sim device (:data:`gnnscale.runtime.Device`).
+        On an accelerator the rows are ready for the stream that was current there when :meth:`gather` was
+        called."""
 
     @property
     def row_bytes(self) -> int:
@@ -152,7 +156,7 @@ class FeatureSource(ABC):
         pass on ids they have checked or computed themselves. ``ids`` must be int64 and in range."""
         n = ids.numel()
         if n == 0:
-            empty = torch.empty(0, self.dim, dtype=self.dtype, device=self.device)
+            empty = rt.empty((0, self.dim), dtype=self.dtype, device=self.device)
             return empty if out is None else out[:0]
         got = self._gather(ids, None if out is None else out[:n])
         if out is not None and got.data_ptr() != out.data_ptr():
@@ -187,7 +191,7 @@ class FeatureSource(ABC):
         """Write the rows of ``ids`` (in range, sorted by :meth:`route`'s key; ``counts[k]`` of them have key
         ``k``, host integers) into ``out[pos]`` (``out`` on any device); no host sync of its own where the counts
         are all it needs."""
-        out.index_copy_(0, pos, self.gather_unchecked(ids).to(out.device))
+        out.index_copy_(0, pos, place(self.gather_unchecked(ids), rt.device_of(out)))
 
     # ------------------------------------------------------------------------------------------------ checks
     def as_ids(self, ids: Tensor) -> Tensor:
@@ -201,7 +205,7 @@ class FeatureSource(ABC):
     def check_range(self, ids: Tensor) -> None:
         """Raise :class:`FeatureIndexError` unless every id lies in ``[0, num_rows)`` (one host sync)."""
         if ids.numel():
-            lo, hi = torch.stack(list(torch.aminmax(ids))).tolist()
+            lo, hi = host_values(torch.stack(list(torch.aminmax(ids))), rt.device_of(ids))
             if lo < 0 or hi >= self.num_rows:
                 self.range_error(ids)
 
@@ -220,9 +224,9 @@ class FeatureSource(ABC):
     def _check_out(self, out: Tensor, n: int) -> None:
         want = f"[>= {n}, {self.dim}] {self.dtype} on {self.device}"
         if (out.dim() != 2 or out.shape[0] < n or out.shape[1] != self.dim or out.dtype != self.dtype
-                or out.device != self.device):
+                or rt.device_of(out) != self.device):
             raise FeatureSourceError(f"{self._name()}: out must be {want}, got {tuple(out.shape)} {out.dtype} on "
-                                     f"{out.device}")
+                                     f"{rt.device_of(out)}")
         if out.shape[1] > 1 and out.stride(1) != 1:
             raise FeatureSourceError(f"{self._name()}: out's rows must be contiguous (stride 1 along dim 1)")
 
@@ -262,6 +266,7 @@ class TableSource(FeatureSource):
         if table.dim() != 2:
             raise FeatureSourceError(f"a feature table must be [rows, dim], got shape {tuple(table.shape)}")
         self.table = table
+        self._table_device = rt.device_of(table)
 
     @property
     def num_rows(self) -> int:
@@ -276,11 +281,11 @@ class TableSource(FeatureSource):
         return self.table.dtype
 
     @property
-    def device(self) -> torch.device:
-        return self.table.device
+    def device(self) -> rt.Device:
+        return self._table_device
 
     def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
-        ids = ids.to(self.device)
+        ids = place(ids, self.device)
         got = self.table.index_select(0, ids) if out is None else torch.index_select(self.table, 0, ids, out=out)
         self._record(ids.numel())
         return got

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
 
 GATHER_METHODS = ("index_select", "uva")
@@ -57,9 +58,9 @@ def _interpret() -> bool:
     return bool(knobs.runtime.interpret)
 
 
-def default_gather_method(device: torch.device) -> str:
-    """``"uva"`` on CUDA when triton is importable, else ``"index_select"``."""
-    if torch.device(device).type == "cuda" and triton_available():
+def default_gather_method(device: rt.Device | str) -> str:
+    """``"uva"`` on CUDA when triton is importable, else ``"index_select"`` (the CPU, the sim device)."""
+    if rt.needs_pinning(torch.device(device) if isinstance(device, str) else device) and triton_available():
         return "uva"
     return "index_select"
 
@@ -113,13 +114,13 @@ def _gather_uva(host: Tensor, rows: Tensor, out: Tensor, block_r: int | None = N
     kernel = _uva_kernel(_interpret())
     grid = ((num_rows + block_r - 1) // block_r, (num_features + block_f - 1) // block_f)
     args = (host, rows, out, num_rows, num_features, host.stride(0), out.stride(0))
-    if out.device.type == "cuda":
+    if rt.is_accelerator(out.device):
         # Triton launches on torch's current device and stream; make that out's device. The launcher translates
         # host.data_ptr() with cuPointerGetAttribute (see the module docstring), which needs this device's context.
         # TO VERIFY ON A GPU (only the interpreter path is tested on CPU-only machines): that this launch accepts the
         # pinned CPU tensor (no "cannot be accessed from Triton" error), that the result equals host[rows], and
         # that it is asynchronous on the current stream (benchmarks/gather.py checks the first two bit for bit).
-        with torch.cuda.device(out.device):
+        with rt.on_device(out.device):
             kernel[grid](*args, BLOCK_R=block_r, BLOCK_F=block_f, num_warps=num_warps)
     else:  # Triton interpreter: every tensor on the CPU
         kernel[grid](*args, BLOCK_R=block_r, BLOCK_F=block_f)
@@ -155,47 +156,55 @@ def gather_rows(host: Tensor, rows: Tensor, out: Tensor, *, method: str = "index
         rows: ``[R]`` int64 row ids, sorted ascending (sequential host reads make ``"uva"`` about 3x faster;
             both paths are correct for any order). On the CPU for ``"index_select"``, on ``out.device`` for
             ``"uva"``.
-        out: ``[>= R, F]`` on the compute device, same dtype as ``host``; its rows are contiguous.
-        method: ``"index_select"``: on the CPU ``torch.index_select`` writes ``out`` directly; on CUDA the CPU
-            gathers into ``staging`` and ``out`` is filled by a non-blocking copy on the current stream.
-            ``"uva"``: a Triton kernel on ``out.device`` reads the pinned host rows directly (zero-copy); on the
-            CPU only under ``TRITON_INTERPRET=1``. On CUDA both methods are asynchronous, enqueued on the current
-            stream of ``out.device``.
-        staging: ``[>= R, F]`` pinned CPU buffer, same dtype; required by ``"index_select"`` on CUDA. The caller
-            must not overwrite it before the copy reading it has finished (record an event after this call).
+        out: ``[>= R, F]`` on the compute device (the CPU, a GPU or a sim device), same dtype as ``host``; its
+            rows are contiguous.
+        method: ``"index_select"``: on the CPU ``torch.index_select`` writes ``out`` directly; on an accelerator
+            the CPU gathers into ``staging`` and ``out`` is filled by an asynchronous copy on the current stream
+            of ``out``'s device (:func:`gnnscale.runtime.copy_async`). ``"uva"``: a Triton kernel on
+            ``out.device`` reads the pinned host rows directly (zero-copy); on the CPU only under
+            ``TRITON_INTERPRET=1``; never on a sim device. On an accelerator both methods are asynchronous,
+            enqueued on the current stream of ``out``'s device: wait for it before reading ``out`` elsewhere.
+        staging: ``[>= R, F]`` CPU buffer (pinned on CUDA), same dtype; required by ``"index_select"`` on an
+            accelerator. The caller must not overwrite it before the copy reading it has finished (record an event
+            after this call, and synchronise on it before the buffer's next use).
 
     Returns:
         ``out[:R]``.
 
     Raises:
-        ConfigError: unknown ``method``; ``"uva"`` without triton, or on the CPU outside the Triton interpreter.
+        ConfigError: unknown ``method``; ``"uva"`` without triton, on a sim device, or on the CPU outside the
+            Triton interpreter.
         ValueError: inconsistent shapes, dtypes or devices.
     """
     _check(host, rows, out, method)
     n = rows.numel()
     dst = out[:n]  # [R, F]
+    dev = rt.device_of(out)
     if method == "index_select":
-        if rows.device.type != "cpu":
-            raise ValueError(f"'index_select' needs rows on the CPU, got {rows.device}")
-        if out.device.type == "cpu":
+        if rows.device.type != "cpu" or rt.is_accelerator(rt.device_of(rows)):
+            raise ValueError(f"'index_select' needs rows on the CPU, got {rt.device_of(rows)}")
+        if not rt.is_accelerator(dev):
             torch.index_select(host, 0, rows, out=dst)
             return dst
         if staging is None:
-            raise ValueError("'index_select' into a CUDA tensor needs a pinned CPU staging buffer")
+            raise ValueError(f"'index_select' into a tensor on {dev} needs a (pinned) CPU staging buffer")
         if (staging.device.type != "cpu" or staging.dtype != host.dtype or staging.dim() != 2
                 or staging.shape[0] < n or staging.shape[1] != host.shape[1]):
             raise ValueError(f"staging must be a CPU {host.dtype} tensor [>= {n}, {host.shape[1]}], got "
                              f"{tuple(staging.shape)} {staging.dtype} on {staging.device}")
         buf = staging[:n]  # [R, F]
         torch.index_select(host, 0, rows, out=buf)
-        dst.copy_(buf, non_blocking=True)
+        rt.copy_async(dst, buf)  # on the current stream of out's device
         return dst
     # method == "uva"
     if not triton_available():
         raise ConfigError("gather method 'uva' needs triton (pip install triton); use 'index_select'")
+    if rt.is_sim(dev):
+        raise ConfigError(f"gather method 'uva' reads pinned host memory from a real GPU; out is on {dev}: use "
+                          "'index_select'")
     if rows.device != out.device:
         raise ValueError(f"'uva' needs rows on out's device {out.device}, got {rows.device}")
-    if out.device.type == "cuda":
+    if rt.is_accelerator(dev):
         if not host.is_pinned():
             raise ValueError("'uva' reads host memory from the GPU: host must be pinned (host.pin_memory())")
     elif not _interpret():
@@ -222,24 +231,31 @@ def scatter_add_rows(host: Tensor, rows: Tensor, src: Tensor) -> None:
 class HostRowReader:
     """Reads rows of host tables onto one device, for every table a reader reads (one staging buffer for all).
 
-    On the CPU: an index. On CUDA: the zero-copy ``"uva"`` gather, or a CPU gather into a pinned staging buffer
-    (allocated once, grown when a request needs more, reused) and an asynchronous copy; before the buffer is
-    overwritten, the copy out of it that an event marks has landed. Under ``TRITON_INTERPRET=1`` the ``"uva"``
-    kernel also runs on the CPU.
+    On the CPU: an index. On an accelerator (a GPU, a sim device): the zero-copy ``"uva"`` gather (a real GPU
+    only), or a CPU gather into a staging buffer (pinned on CUDA; allocated once, grown when a request needs more,
+    reused) and an asynchronous copy on the reading device's current stream (:func:`gather_rows`). Row ids on the
+    device are read on the host first (:func:`gnnscale.runtime.to_host`, blocking: one sync on that stream), and
+    before the staging buffer is overwritten the host waits for the event recorded after the copy that last read
+    it (one sync per read from the second on): the host is that buffer's producer, the copy on the stream its
+    consumer. Under ``TRITON_INTERPRET=1`` the ``"uva"`` kernel also runs on the CPU.
+
+    A read's rows are ready for the stream that was current on the device when it was made.
 
     Args:
         device: where the rows go.
         method: ``"index_select"`` or ``"uva"`` (:data:`GATHER_METHODS`).
     """
 
-    def __init__(self, device: torch.device, method: str = "index_select"):
+    def __init__(self, device: rt.Device | str, method: str = "index_select"):
         if method not in GATHER_METHODS:
             raise ConfigError(f"unknown gather method {method!r}; expected one of {', '.join(GATHER_METHODS)}")
-        self.device, self.method = torch.device(device), method
+        self.device: rt.Device = torch.device(device) if isinstance(device, str) else device
+        self.method = method
         self.staging_allocs = 0
-        """Pinned staging buffers allocated so far (the CPU-gather path on CUDA; reused, so this stays small)."""
+        """Staging buffers allocated so far (the CPU-gather path on an accelerator; reused, so this stays
+        small)."""
         self._staging: Tensor | None = None
-        self._staging_done: torch.cuda.Event | None = None
+        self._staging_done: rt.Event | None = None
 
     def host_rows(self, host: Tensor, rows: Tensor) -> Tensor:
         """``host[rows]`` on this reader's device with this reader's method (see :meth:`read`)."""
@@ -247,22 +263,24 @@ class HostRowReader:
 
     def read(self, host: Tensor, rows: Tensor, method: str) -> Tensor:
         """``host[rows]`` (``[R, w]`` contiguous host table; ``rows`` int64, best ascending, on this reader's
-        device, or the CPU) as a new ``[len(rows), w]`` tensor on this reader's device."""
-        if self.device.type == "cpu" and method == "index_select":
-            return host.index_select(0, rows if rows.device.type == "cpu" else rows.cpu())
+        device, or the CPU) as a new ``[len(rows), w]`` tensor on this reader's device, ready for its current
+        stream."""
+        dev = self.device
+        on_device = rt.is_accelerator(rt.device_of(rows)) or rows.device.type != "cpu"
+        if not rt.is_accelerator(dev) and method == "index_select":
+            return host.index_select(0, rt.to_host(rows, blocking=True) if on_device else rows)
         n, w = rows.numel(), host.shape[1]
-        out = torch.empty(n, w, dtype=host.dtype, device=self.device)
+        out = rt.empty((n, w), dtype=host.dtype, device=dev)
         if method == "uva":
-            return gather_rows(host, rows.to(self.device), out, method="uva")
+            return gather_rows(host, rt.to_device(rows, dev), out, method="uva")
+        stream = rt.current_stream(dev)
+        ids = rt.to_host(rows, stream=stream, blocking=True) if on_device else rows  # the host reads the ids
         need = n * w * host.element_size()
-        if self._staging_done is not None:
-            self._staging_done.synchronize()  # the previous copy out of the buffer has landed
+        rt.synchronize(self._staging_done)  # the copy that last read the staging buffer is done with it
         if self._staging is None or self._staging.numel() < need:
-            self._staging = torch.empty(max(need, 1 << 20), dtype=torch.uint8, pin_memory=True)
+            self._staging = rt.pinned_empty((max(need, 1 << 20),), dtype=torch.uint8, device=dev)
             self.staging_allocs += 1
         staging = self._staging[:need].view(host.dtype).view(n, w)
-        gather_rows(host, rows.cpu(), out, method="index_select", staging=staging)
-        if self._staging_done is None:
-            self._staging_done = torch.cuda.Event()
-        self._staging_done.record(torch.cuda.current_stream(self.device))
+        gather_rows(host, ids, out, method="index_select", staging=staging)
+        self._staging_done = rt.record_event(stream)
         return out

@@ -4,7 +4,7 @@ Vertices are ranked by *hotness* (out-degree by default: an in-neighbour sampler
 out-edge; or access counts from a pre-sampling pass). The hottest ``gpu_graph_ratio`` of the vertices keep their
 in-neighbour lists, and the hottest ``gpu_feature_ratio`` their feature rows, on the GPUs, split by rank modulo
 the number of GPUs (§4.3: logical partition ``p`` holds ranks ``r`` with ``r % G == p``, at local row ``r // G``);
-everything else stays in host memory (page-locked in place on CUDA, :mod:`gnnscale.store.pinning`), which GPUs
+everything else stays in host memory (page-locked in place on CUDA, :func:`gnnscale.runtime.pinned_host`), which GPUs
 read directly (the UVA gather of :mod:`gnnscale.store.gather`) or through a CPU gather into a reused pinned
 buffer and an asynchronous copy. Which device stores which logical partition, and where each device reads each
 partition from (itself, a linked device, or host memory), is the placement solver's plan
@@ -17,7 +17,9 @@ within a source, and answered with one read per source: one request to each remo
 host memory. Topology requests are two-phase (:class:`~gnnscale.sample.NeighborRequest`): the degrees of a
 frontier, then only the entries the sampler picked. Host syncs per request are a constant, none per vertex,
 partition or holder: a topology read has one for the per-source counts and one for the entry counts; a feature
-read three (the ids' range check, the number of device hits, the per-holder counts).
+read one (the ids' range check, the device hits and the per-holder counts together); on an accelerator each read
+from host memory adds one for its row ids and one before its staging buffer is reused, and each request to
+another device is one stream wait on either side (:mod:`gnnscale.store.reader`).
 
 The feature part is a composition of feature sources (:mod:`gnnscale.store.features`): each reader reads through
 a :class:`~gnnscale.store.cache.DeviceCache` whose cache is the device tier as that reader reaches it
@@ -27,23 +29,30 @@ topology part (neighbour lists) is routed by :class:`~gnnscale.store.reader.Stor
 
 Every read is counted per reader and per source (:class:`StoreStats`), in bytes too, on CPU "devices" as on GPUs,
 so tests can check that each row came from the tier the placement says. With ``devices`` on the CPU the same code
-runs with "GPU" partitions in ordinary memory (the tests do this).
+runs with "GPU" partitions in ordinary memory (the tests do this); with sim devices
+(:class:`~gnnscale.runtime.SimDevice`) the partitions sit in their bounded pools and every copy between the devices
+and host memory is deferred until waited for, as on GPUs.
+
+All device work goes through :mod:`gnnscale.runtime`. The partitions and rank directories are copied to the devices
+on their current streams while the store is built, and the build ends with one sync per device, so that any
+reader's stream may read them. Reads: :mod:`gnnscale.store.reader`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, sampling_csr
 from gnnscale.graph.graph import Graph, csr_slices
 from gnnscale.sample.neighbor import NeighborRequest, full_lists
 from gnnscale.store.features import FeatureSource
 from gnnscale.store.gather import default_gather_method, gather_rows
-from gnnscale.store.pinning import PinnedRegion, pinned_host
 from gnnscale.store.placement import Placement, solve_placement
 from gnnscale.store.reader import StoreReader
 from gnnscale.store.stats import StoreStats
@@ -52,13 +61,14 @@ from gnnscale.units import format_bytes
 __all__ = ["GlobalMemoryStore", "StoreReader", "StoreStats", "default_links", "fit_hot_counts"]
 
 
-def default_links(devices: list[torch.device]) -> list[list[float]]:
-    """Link matrix of ``devices``: CUDA peer access (1 where a device reads another's memory directly); CPU test
-    devices share one memory, so they count as fully linked."""
+def default_links(devices: Sequence[rt.Device]) -> list[list[float]]:
+    """Link matrix of ``devices``: peer access (1 where a device reads another's memory directly,
+    :func:`gnnscale.runtime.can_access_peer`: GPUs as the driver says, sim devices all linked); CPU test devices
+    share one memory, so they count as fully linked."""
     G = len(devices)
-    if devices[0].type != "cuda":
+    if not rt.is_accelerator(devices[0]):
         return [[0.0 if i == j else 1.0 for j in range(G)] for i in range(G)]
-    return [[0.0 if i == j or devices[i] == devices[j] or not torch.cuda.can_device_access_peer(devices[i], devices[j])
+    return [[0.0 if i == j or devices[i] == devices[j] or not rt.can_access_peer(devices[i], devices[j])
              else 1.0 for j in range(G)] for i in range(G)]
 
 
@@ -67,7 +77,8 @@ class GlobalMemoryStore:
 
     Args:
         graph: the graph; its features become ``float32``.
-        devices: the "GPUs" (CUDA devices, or CPU devices for testing); one logical partition each.
+        devices: the "GPUs" (accelerator devices, sim devices, or CPU devices for testing); one logical partition
+            each.
         adjacency: the model's adjacency: the store serves what a sampler for it draws from
             (:func:`~gnnscale.graph.block.sampling_csr`: raw weights for GCN, no self-loops when the layers add
             them; :class:`~gnnscale.sample.SampledAdjacency` adds and normalises them per block).
@@ -77,13 +88,14 @@ class GlobalMemoryStore:
         gpu_feature_ratio: fraction of the vertices (the hottest) whose feature rows live on the devices;
             ``None``: as many as the budget left after the topology holds.
         hotness: ``[N]`` scores (higher = hotter), or ``None`` for out-degree.
-        memory_budget: bytes each device may hold for its share (rank directory included); ``None``: no check.
+        memory_budget: bytes each device may hold for its share (rank directory included); ``None``: no check
+            (a device that cannot hold its share raises :class:`~gnnscale.runtime.DeviceOutOfMemory`).
         gather: host-row path on CUDA: ``uva``, ``index_select`` or ``auto``.
         links: ``[G, G]`` link bandwidths between the devices for the placement solver (0 = no link); ``None``:
             :func:`default_links`.
     """
 
-    def __init__(self, graph: Graph, devices: list[torch.device], *, adjacency: AdjacencySpec | None = None,
+    def __init__(self, graph: Graph, devices: Sequence[rt.Device], *, adjacency: AdjacencySpec | None = None,
                  gpu_graph_ratio: float | None = 0.0, gpu_feature_ratio: float | None = 0.0,
                  hotness: Tensor | None = None,
                  memory_budget: int | None = None, gather: str = "auto", links: object | None = None):
@@ -106,8 +118,8 @@ class GlobalMemoryStore:
         indptr, indices, weight = sampling_csr(graph, adjacency or AdjacencySpec())[:3]
         x = graph.x.float()
         self.feature_width = x.shape[1]
-        cuda = self.devices[0].type == "cuda"
-        self.gather = gather if cuda and gather != "auto" else "index_select"
+        pin = rt.needs_pinning(self.devices[0])  # CUDA: host tables page-locked, read by the UVA gather or a copy
+        self.gather = gather if pin and gather != "auto" else "index_select"
         # the devices' shares: logical partition p on every device the placement stores it on
         self.placement: Placement = solve_placement(default_links(self.devices) if links is None else links)
         edge_bytes = 8 + (4 if weight is not None else 0)
@@ -143,24 +155,26 @@ class GlobalMemoryStore:
                 raise ConfigError(f"the memory store puts {format_bytes(need)} on device {g} at --gpu-graph-ratio "
                                   f"{gpu_graph_ratio} and --gpu-feature-ratio {gpu_feature_ratio}, more than the "
                                   f"budget ({format_bytes(memory_budget)}); lower the ratios")
-            self.dev_x.append({p: x.index_select(0, parts[p][0]).to(dev) for p in stored})
-            self.dev_csr.append({p: (parts[p][1][0].to(dev), indices.index_select(0, parts[p][1][1]).to(dev),
-                                     None if weight is None else weight.index_select(0, parts[p][1][1]).to(dev))
+            self.dev_x.append({p: rt.to_device(x.index_select(0, parts[p][0]), dev) for p in stored})
+            self.dev_csr.append({p: (rt.to_device(parts[p][1][0], dev),
+                                     rt.to_device(indices.index_select(0, parts[p][1][1]), dev),
+                                     None if weight is None else rt.to_device(weight.index_select(0, parts[p][1][1]),
+                                                                              dev))
                                  for p in stored})
-        self.directory: dict[torch.device, Tensor] = {}
+        self.directory: dict[rt.Device, Tensor] = {}
         for dev in self.devices:
             if dev not in self.directory:
-                self.directory[dev] = self.rank.to(dev)
+                self.directory[dev] = rt.to_device(self.rank, dev)
         # host memory keeps everything (cold rows are read from it; hot ones never are), as [rows, width] tables
         # the gathers read: row pointers, entries, weights, features
         # On CUDA they are page-locked in place (cudaHostRegister; a pinned copy only where that fails).
-        self.pinned: list[PinnedRegion] = []
+        self.pinned: list[rt.PinnedRegion] = []
 
         def host(t: Tensor) -> Tensor:
             t = t.contiguous()
-            if not cuda:
+            if not pin:
                 return t
-            t, region = pinned_host(t)
+            t, region = rt.pinned_host(t, device=self.devices[0])
             if region is not None:
                 self.pinned.append(region)
             return t
@@ -168,27 +182,28 @@ class GlobalMemoryStore:
         self.host_x = host(x)
         self.host_csr = (host(indptr).view(-1, 1), host(indices).view(-1, 1),
                          None if weight is None else host(weight).view(-1, 1))
-        if cuda and gather == "auto" and default_gather_method(self.devices[0]) == "uva":
+        if pin and gather == "auto" and default_gather_method(self.devices[0]) == "uva":
             self.gather = self._faster_gather()
         self.readers = [StoreReader(self, g) for g in range(G)]
+        for dev in self.directory:  # every copy made above has landed: any reader's stream may read it
+            rt.synchronize(dev)
 
     def _faster_gather(self, rows: int = 1 << 14, repeats: int = 3) -> str:
-        """``uva`` or ``index_select``, whichever reads random host feature rows onto the first device faster."""
-        import time
-
+        """``uva`` or ``index_select``, whichever reads random host feature rows onto the first device faster (a
+        timing on a real GPU; the syncs bracket each timed gather)."""
         dev = self.devices[0]
         ids = torch.randint(0, self.num_nodes, (min(rows, self.num_nodes),), generator=torch.Generator().manual_seed(0))
         ids = torch.sort(ids).values
-        out = torch.empty(ids.numel(), self.feature_width, device=dev)
-        staging = torch.empty(ids.numel(), self.feature_width, pin_memory=True)
-        ids_dev = ids.to(dev)
+        out = rt.empty((ids.numel(), self.feature_width), device=dev)
+        staging = rt.pinned_empty((ids.numel(), self.feature_width), device=dev)
+        ids_dev = rt.to_device(ids, dev)
         best: dict[str, float] = {}
         for method in ("uva", "index_select"):
             for _ in range(repeats + 1):  # the first run warms up (compiles the kernel)
-                torch.cuda.synchronize(dev)
+                rt.synchronize(dev)
                 t0 = time.perf_counter()
                 gather_rows(self.host_x, ids_dev if method == "uva" else ids, out, method=method, staging=staging)
-                torch.cuda.synchronize(dev)
+                rt.synchronize(dev)
                 best[method] = min(best.get(method, float("inf")), time.perf_counter() - t0)
         return min(best, key=lambda m: best[m])
 

@@ -20,7 +20,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.store.features import FeatureIndexError, FeatureSource
+from gnnscale.store.transfer import as_device, place
 
 __all__ = ["READ_ROWS", "Exchange", "PartitionedFeatures"]
 
@@ -46,11 +48,12 @@ class PartitionedFeatures(FeatureSource):
             map): only this rank's rows are read from it.
         owner: ``[N]`` int64 owning rank of each vertex.
         rank: this rank.
-        device: where the rows are kept (and :meth:`gather` puts them); ``None``: the CPU.
+        device: where the rows are kept (and :meth:`gather` puts them): a ``torch.device`` or a sim device;
+            ``None``: the CPU.
         exchange: fetches the other ranks' rows for :meth:`gather`; ``None``: only own rows can be gathered.
     """
 
-    def __init__(self, x: Any, owner: Tensor, rank: int, device: torch.device | None = None,
+    def __init__(self, x: Any, owner: Tensor, rank: int, device: rt.Device | str | None = None,
                  exchange: Exchange | None = None, *, tier: str = "local"):
         super().__init__(tier)
         self.rank = rank
@@ -67,7 +70,8 @@ class PartitionedFeatures(FeatureSource):
             piece = x[self.own[lo : lo + READ_ROWS]]
             rows[lo : lo + piece.shape[0]] = piece
             self.rows_read += int(piece.shape[0])
-        self.rows = rows if device is None else rows.to(device)
+        self.rows = rows if device is None else place(rows, as_device(device))
+        self._device = rt.device_of(self.rows)
 
     @property
     def width(self) -> int:
@@ -91,45 +95,46 @@ class PartitionedFeatures(FeatureSource):
         return self.rows.dtype
 
     @property
-    def device(self) -> torch.device:
-        return self.rows.device
+    def device(self) -> rt.Device:
+        return self._device
 
     # ------------------------------------------------------------------------------------------------ reads
     def local(self, ids: Tensor) -> Tensor:
         """Rows of ``ids``, every one of them this rank's (a foreign id is an error, never a silent zero row)."""
-        idx = self.local_index[ids.cpu()]
+        ids = place(ids, torch.device("cpu"))
+        idx = self.local_index[ids]
         if idx.numel() and bool((idx < 0).any()):
-            bad = ids.cpu()[idx < 0][:5].tolist()
+            bad = ids[idx < 0][:5].tolist()
             raise FeatureIndexError(f"rank {self.rank} asked for vertices it does not hold: {bad}")
-        return self.rows[idx.to(self.rows.device)]
+        return self.rows[place(idx, self._device)]
 
     def gather_unchecked(self, ids: Tensor, out: Tensor | None = None) -> Tensor:
         """:meth:`FeatureSource.gather_unchecked`; collective when an exchange is given: every rank calls it
         together, even with no ids (its peers may ask for its rows)."""
         if self.exchange is not None and ids.numel() == 0:
             self._gather(ids.long(), None)  # take part in the exchange
-            return torch.empty(0, self.dim, dtype=self.dtype, device=self.device) if out is None else out[:0]
+            return rt.empty((0, self.dim), dtype=self.dtype, device=self.device) if out is None else out[:0]
         return super().gather_unchecked(ids, out)
 
     def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
-        ids = ids.cpu()
+        ids = place(ids, torch.device("cpu"))
         mine = self.owner[ids] == self.rank  # [n]
         if self.exchange is None:
             if not bool(mine.all()):
                 bad = ids[~mine][:5].tolist()
                 raise FeatureIndexError(f"rank {self.rank} asked for vertices it does not hold: {bad} (their "
                                         "owners serve them only through an exchange)")
-            got = self.rows.index_select(0, self.local_index[ids].to(self.device))
+            got = self.rows.index_select(0, place(self.local_index[ids], self.device))
             self._record(ids.numel())
             return got
         remote = torch.unique(ids[~mine])  # [k] ascending
-        fetched = self.exchange.exchange(remote, self.owner, self.local, self.dim, self.dtype).to(self.device)
+        fetched = place(self.exchange.exchange(remote, self.owner, self.local, self.dim, self.dtype), self.device)
         if out is None:
-            out = torch.empty(ids.numel(), self.dim, dtype=self.dtype, device=self.device)
-        on = mine.to(self.device)
-        out[on] = self.rows[self.local_index[ids[mine]].to(self.device)]
+            out = rt.empty((ids.numel(), self.dim), dtype=self.dtype, device=self.device)
+        on = place(mine, self.device)
+        out[on] = self.rows[place(self.local_index[ids[mine]], self.device)]
         if remote.numel():
-            out[~on] = fetched[torch.searchsorted(remote, ids[~mine]).to(self.device)]
+            out[~on] = fetched[place(torch.searchsorted(remote, ids[~mine]), self.device)]
         self._record(int(mine.sum()))
         self._record(int((~mine).sum()), tier="remote")  # rows served; the exchange moved each distinct one once
         return out

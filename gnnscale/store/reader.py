@@ -9,17 +9,28 @@ sources' per-tier counters become the reader's :class:`~gnnscale.store.stats.Sto
 
 Topology: a request is routed on the reader's device (the rank directory), ordered by source -- each holder
 device, then host memory -- and by vertex id within a source, and answered with one read per source.
+
+Streams: a reader works on the stream current on its device when it is called (the trainer's sampling stream, say;
+``None`` on the CPU), and what it returns is ready for that stream. A request to another device goes through the
+reader's :class:`~gnnscale.store.transfer.PeerLink` to it (two stream waits, one on each device; no host sync). A
+read from host memory on an accelerator goes through the reader's
+:class:`~gnnscale.store.gather.HostRowReader`: one sync to read the row ids on the host, and one before its
+staging buffer is reused (from the reader's second host read on). Each of :meth:`StoreReader.features`,
+:meth:`StoreReader.request` and :meth:`_StoreRequest.take` makes one more sync of its own (the per-source
+counts). On the CPU the host reads are plain indexing, and only those per-source syncs are counted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.graph.graph import csr_rows
 from gnnscale.sample.neighbor import NeighborRequest, full_lists
 from gnnscale.store.cache import DeviceCache
@@ -29,6 +40,7 @@ from gnnscale.store.placement import HOST, Placement
 from gnnscale.store.sharded import ShardedDeviceSource
 from gnnscale.store.sources import PinnedHostSource
 from gnnscale.store.stats import StoreStats
+from gnnscale.store.transfer import host_values, place
 
 __all__ = ["StoreReader", "StoreTables"]
 
@@ -36,7 +48,7 @@ __all__ = ["StoreReader", "StoreTables"]
 class StoreTables(Protocol):
     """What a reader reads: the tables of a :class:`~gnnscale.store.global_store.GlobalMemoryStore`."""
 
-    devices: list[torch.device]
+    devices: list[rt.Device]
     num_nodes: int
     feature_width: int
     hot_graph: int
@@ -44,7 +56,7 @@ class StoreTables(Protocol):
     gather: str
     """Host-row path on CUDA: ``uva`` or ``index_select``."""
     placement: Placement
-    directory: dict[torch.device, Tensor]
+    directory: dict[rt.Device, Tensor]
     """The rank of every vertex, on each device."""
     dev_x: list[dict[int, Tensor]]
     """``dev_x[h][p]``: device ``h``'s copy of partition ``p``'s hot feature rows."""
@@ -83,7 +95,7 @@ class StoreReader:
         self.holders = sorted({s for s in source if s != HOST})
         self.host_slot = len(self.holders)
         slot = [self.host_slot if s == HOST else self.holders.index(s) for s in source]
-        self.slot_of_part = torch.tensor(slot, dtype=torch.int64).to(self.device)  # [G]
+        self.slot_of_part = torch.tensor(slot, dtype=torch.int64, device=rt.torch_device(self.device))  # [G]
         self.rank = store.directory[self.device]
         self.stats = StoreStats()
         self._host = HostRowReader(self.device, "index_select")  # one staging buffer for every host table
@@ -91,6 +103,7 @@ class StoreReader:
         x = store.host_x
         hot = ShardedDeviceSource(store.dev_x, store.devices, source, self.device, store.hot_features,
                                   store.feature_width, x.dtype)
+        self.links = hot.links  # topology requests to a holder go the same way as feature requests
         host = PinnedHostSource(x, self.device, method="index_select", pin=False, reader=self, tier="host")
         self.feature_source: FeatureSource = DeviceCache(host, hot, self._hot_slots, device=self.device,
                                                          tier="devices")
@@ -99,19 +112,20 @@ class StoreReader:
     # ------------------------------------------------------------------------------------------------ routing
     def _route(self, ids: Tensor, hot: int) -> _Route:
         store, G = self.store, len(self.store.devices)
-        ids = ids.to(self.device).long()
+        ids = place(ids, self.device).long()
         r = self.rank[ids]  # [n]
         part, local = r % G, r // G
         on = r < hot
         slot = torch.where(on, self.slot_of_part[part], self.host_slot)
         seg = slot * G + torch.where(slot == self.host_slot, 0, part)  # [n] (source slot, partition)
         order = torch.sort(seg * store.num_nodes + ids).indices  # [n]
-        counts = torch.zeros(self._num_keys, dtype=torch.int64, device=self.device).index_add_(
+        dev = rt.torch_device(self.device)
+        counts = torch.zeros(self._num_keys, dtype=torch.int64, device=dev).index_add_(
             0, seg, torch.ones_like(seg))  # [slots * G] (bincount would sync on CUDA to find the largest key)
-        bounds = torch.zeros(self._num_keys + 1, dtype=torch.int64, device=self.device)
+        bounds = torch.zeros(self._num_keys + 1, dtype=torch.int64, device=dev)
         torch.cumsum(counts, 0, out=bounds[1:])
         segments: list[tuple[int, int, int, int]] = []
-        for key, c in enumerate(counts.tolist()):  # the one sync of a route
+        for key, c in enumerate(host_values(counts, self.device)):  # the one sync of a route
             if c:
                 s, p = divmod(key, G)
                 segments.append((HOST, -1, c, key) if s == self.host_slot else (self.holders[s], p, c, key))
@@ -130,28 +144,25 @@ class StoreReader:
             lo += c
         return out
 
-    def _remote(self, src: int, idx: Tensor, parts: list[tuple[int, int]],
-                read: Callable[[int, Tensor], Tensor]) -> Tensor:
+    def _remote(self, src: int, idx: Tensor, parts: list[tuple[int, int]], width: int,
+                read: Callable[[int, Tensor, Tensor], None]) -> Tensor:
         """One request to device ``src``: positions ``idx`` (``parts``: consecutive ``(partition, count)`` runs)
-        read there by ``read(partition, positions)``, the answers concatenated and returned on this reader's
-        device (one transfer each way)."""
-        dev = self.store.devices[src]
-        at = idx.to(dev)  # one transfer of the request to the holder
-        pieces, lo = [], 0
-        for p, c in parts:
-            pieces.append(read(p, at[lo : lo + c]))
-            lo += c
-        got = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        answered there by ``read(partition, positions, out)`` into ``[count, width]`` int64 rows, the answers
+        returned on this reader's device, ready for its stream (one transfer each way,
+        :class:`~gnnscale.store.transfer.PeerLink`)."""
+        runs = [(partial(read, p), c) for p, c in parts]
+        got = self.links[src].ask(idx, runs, width, torch.int64)
         if src != self.index:
             self.stats.remote_requests += 1
-        return got.to(self.device)  # one transfer of the answer back
+        return got
 
     # ------------------------------------------------------------------------------------------------ host reads
     def host_rows(self, host: Tensor, rows: Tensor) -> Tensor:
-        """``host[rows]`` (``[R, w]`` host table, ``rows`` ascending on this device) on this device: an index on
-        the CPU; on CUDA the UVA gather, or a CPU gather into the reader's reused pinned buffer and a copy
-        (:class:`~gnnscale.store.gather.HostRowReader`, one buffer for every table)."""
+        """``host[rows]`` (``[R, w]`` host table, ``rows`` ascending, computed on this device) on this device: an
+        index on the CPU; on an accelerator the UVA gather (CUDA), or a CPU gather into the reader's reused staging
+        buffer and a copy (:class:`~gnnscale.store.gather.HostRowReader`, one buffer for every table)."""
         allocs = self._host.staging_allocs
+        rows = rt.adopt(rows, self.device)  # computed on this reader's device (a sim device counts it there)
         got = self._host.read(host, rows, self.store.gather)
         self.stats.staging_allocs += self._host.staging_allocs - allocs
         return got
@@ -208,7 +219,7 @@ class _StoreRequest:
         store, st, dev = reader.store, reader.stats, reader.device
         self.route = route = reader._route(ids, store.hot_graph)
         n = route.order.numel()
-        start, deg = torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.int64, device=dev)
+        start, deg = rt.empty((n,), dtype=torch.int64, device=dev), rt.empty((n,), dtype=torch.int64, device=dev)
         self.sources = reader._by_holder(route)
         for src, parts, lo, hi in self.sources:
             if src == HOST:
@@ -219,11 +230,12 @@ class _StoreRequest:
             else:
                 csrs = store.dev_csr[src]
 
-                def bounds(p: int, i: Tensor, csrs: dict[int, tuple[Tensor, Tensor, Tensor | None]] = csrs) -> Tensor:
+                def bounds(p: int, i: Tensor, o: Tensor,
+                           csrs: dict[int, tuple[Tensor, Tensor, Tensor | None]] = csrs) -> None:
                     ptr = csrs[p][0]
-                    return torch.stack([ptr[i], ptr[i + 1]], 1)  # [c, 2] start and end of each list
+                    torch.stack([ptr[i], ptr[i + 1]], 1, out=o)  # [c, 2] start and end of each list
 
-                se = reader._remote(src, route.local[lo:hi], [(p, c) for p, c, _ in parts], bounds)
+                se = reader._remote(src, route.local[lo:hi], [(p, c) for p, c, _ in parts], 2, bounds)
                 s, e = se[:, 0], se[:, 1]
                 st.graph_hits += hi - lo
                 if src != reader.index:
@@ -237,20 +249,21 @@ class _StoreRequest:
     def take(self, indptr: Tensor, pos: Tensor) -> tuple[Tensor, Tensor | None]:
         reader, route = self.reader, self.route
         store, st, dev = reader.store, reader.stats, reader.device
-        indptr, pos = indptr.to(dev), pos.to(dev)
+        indptr, pos = place(indptr, dev), place(pos, dev)
         E = pos.numel()
+        tdev = rt.torch_device(dev)
         # the picked entries regrouped by source, in the route's row order (so host positions come ascending)
         take = indptr[1:] - indptr[:-1]  # [n]
         counts = take[route.order]  # [n]
-        ptr_s = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=dev)
+        ptr_s = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=tdev)
         torch.cumsum(counts, 0, out=ptr_s[1:])
         rows_s = csr_rows(ptr_s, E)  # [E] sorted row of each entry
-        epos = indptr[route.order][rows_s] + (torch.arange(E, device=dev) - ptr_s[rows_s])  # [E] request entry
+        epos = indptr[route.order][rows_s] + (torch.arange(E, device=tdev) - ptr_s[rows_s])  # [E] request entry
         q = self.start[rows_s] + pos[epos]  # [E] position in the source's entry table
-        ebounds = ptr_s[route.bounds].tolist()  # entry offset of every key's segment: the one sync of a take
+        ebounds = host_values(ptr_s[route.bounds], dev)  # entry offset of every key's segment: the one sync of a take
         weighted = store.host_csr[2] is not None
-        out = torch.empty(E, dtype=torch.int64, device=dev)
-        out_w = torch.empty(E, device=dev) if weighted else None
+        out = rt.empty((E,), dtype=torch.int64, device=dev)
+        out_w = rt.empty((E,), device=dev) if weighted else None
         entry_bytes = 8 + (4 if weighted else 0)
         for src, parts, _, _ in self.sources:
             a, b = ebounds[parts[0][2]], ebounds[parts[-1][2] + 1]  # a source's segments are consecutive keys
@@ -264,12 +277,14 @@ class _StoreRequest:
                 csrs = store.dev_csr[src]
                 sized = [(p, ebounds[key + 1] - ebounds[key]) for p, _, key in parts]
 
-                def entries(p: int, i: Tensor, csrs: dict[int, tuple[Tensor, Tensor, Tensor | None]] = csrs) -> Tensor:
+                def entries(p: int, i: Tensor, o: Tensor,
+                            csrs: dict[int, tuple[Tensor, Tensor, Tensor | None]] = csrs) -> None:
                     _, ind, wt = csrs[p]
-                    got = ind[i].view(-1, 1)  # weights travel in the same answer, their bits in a second column
-                    return got if wt is None else torch.cat([got, wt[i].view(torch.int32).long().view(-1, 1)], 1)
+                    o[:, 0] = ind[i]  # weights travel in the same answer, their bits in a second column
+                    if wt is not None:
+                        o[:, 1] = wt[i].view(torch.int32).long()
 
-                both = reader._remote(src, q[a:b], sized, entries)
+                both = reader._remote(src, q[a:b], sized, 2 if weighted else 1, entries)
                 idx = both[:, 0]
                 w = None if out_w is None else both[:, 1].int().view(torch.float32)
                 if src != reader.index:

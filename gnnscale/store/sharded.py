@@ -5,19 +5,23 @@ local row ``r // G`` (XGNN §4.3's "modulo and division"); the reading device re
 ``read_from[p]`` (itself, or a linked device storing a copy: the placement's row for this device,
 :func:`~gnnscale.store.placement.solve_placement`), where it is ``shards[read_from[p]][p]``. A read is ordered by
 holder (ascending device index, its partitions in turn) and answered with one request to each holder: the local
-rows are sent there once and the rows come back once. :class:`~gnnscale.store.global_store.GlobalMemoryStore` puts
+rows are sent there once and the rows come back once (:class:`~gnnscale.store.transfer.PeerLink`: two stream
+waits per request to another device, no host sync). :class:`~gnnscale.store.global_store.GlobalMemoryStore` puts
 one of these in a :class:`~gnnscale.store.cache.DeviceCache` in front of host memory for each reading device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.store.features import FeatureIndexError, FeatureSource
 from gnnscale.store.placement import HOST
+from gnnscale.store.transfer import PeerLink, host_values, place
 
 __all__ = ["ShardedDeviceSource"]
 
@@ -37,20 +41,26 @@ class ShardedDeviceSource(FeatureSource):
         num_rows: rows held (the hot count: ranks ``0 .. num_rows - 1``).
         dim, dtype: of the rows.
         prefix: tier names are ``f"{prefix}{h}"`` per holder ``h``.
+        links: the reader's :class:`~gnnscale.store.transfer.PeerLink` to each holder it reads from; ``None``:
+            new ones.
     """
 
-    def __init__(self, shards: Sequence[Mapping[int, Tensor]], devices: Sequence[torch.device],
-                 read_from: Sequence[int], device: torch.device, num_rows: int, dim: int,
-                 dtype: torch.dtype = torch.float32, *, prefix: str = "device"):
+    def __init__(self, shards: Sequence[Mapping[int, Tensor]], devices: Sequence[rt.Device],
+                 read_from: Sequence[int], device: rt.Device, num_rows: int, dim: int,
+                 dtype: torch.dtype = torch.float32, *, prefix: str = "device",
+                 links: Mapping[int, PeerLink] | None = None):
         super().__init__(f"{prefix}*")
         self.shards, self.devices, self.read_from = shards, list(devices), list(read_from)
-        self._device, self._num_rows, self._dim, self._dtype = torch.device(device), num_rows, dim, dtype
+        self._device, self._num_rows, self._dim, self._dtype = device, num_rows, dim, dtype
         self.prefix = prefix
         self.holders = sorted({s for s in self.read_from if s != HOST})
         """Devices this reader reads from, ascending."""
         host_slot = len(self.holders)
         slot = [host_slot if s == HOST else self.holders.index(s) for s in self.read_from]
-        self.slot_of_part = torch.tensor(slot, dtype=torch.int64).to(self._device)  # [G] holder slot per partition
+        self.slot_of_part = torch.tensor(slot, dtype=torch.int64, device=rt.torch_device(device))  # [G] per partition
+        self.links: dict[int, PeerLink] = {h: (links[h] if links is not None else PeerLink(device, self.devices[h]))
+                                           for h in self.holders}
+        """How this reader reaches each holder."""
 
     @property
     def num_rows(self) -> int:
@@ -65,7 +75,7 @@ class ShardedDeviceSource(FeatureSource):
         return self._dtype
 
     @property
-    def device(self) -> torch.device:
+    def device(self) -> rt.Device:
         return self._device
 
     def tier_of(self, holder: int) -> str:
@@ -84,13 +94,13 @@ class ShardedDeviceSource(FeatureSource):
 
     def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
         dev = self._device
-        ids = ids.to(dev)
+        ids = place(ids, dev)
         key = self.route(ids)  # [n]
         order = torch.sort(key * self._num_rows + ids).indices  # [n] by holder, partition, row
-        counts = torch.zeros(self.num_keys, dtype=torch.int64, device=dev).index_add_(
-            0, key, torch.ones_like(key)).tolist()  # the one sync of a read (bincount would sync to size itself)
+        counts = host_values(torch.zeros(self.num_keys, dtype=torch.int64, device=rt.torch_device(dev)).index_add_(
+            0, key, torch.ones_like(key)), dev)  # the one sync of a read (bincount would sync to size itself)
         if out is None:
-            out = torch.empty(ids.numel(), self._dim, dtype=self._dtype, device=dev)
+            out = rt.empty((ids.numel(), self._dim), dtype=self._dtype, device=dev)
         self.read_sorted(ids[order], counts, out, order)
         return out
 
@@ -107,12 +117,13 @@ class ShardedDeviceSource(FeatureSource):
             hi = lo + sum(c for _, c in parts)
             if hi == lo:
                 continue
-            at = local[lo:hi].to(self.devices[holder])  # one transfer of the request to the holder
-            got, a = [], 0
-            for p, c in parts:
-                got.append(self.shards[holder][p].index_select(0, at[a : a + c]))
-                a += c
-            rows = got[0] if len(got) == 1 else torch.cat(got)
-            out.index_copy_(0, pos[lo:hi], rows.to(out.device))  # one transfer of the answer back
+            shards = self.shards[holder]
+            runs = [(partial(_rows_of, shards[p]), c) for p, c in parts]
+            rows = self.links[holder].ask(local[lo:hi], runs, self._dim, self._dtype)  # one request, one answer
+            out.index_copy_(0, pos[lo:hi], rows)
             self._record(hi - lo, tier=self.tier_of(holder))
             lo = hi
+
+
+def _rows_of(shard: Tensor, at: Tensor, out: Tensor) -> None:
+    torch.index_select(shard, 0, at, out=out)

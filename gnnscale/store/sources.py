@@ -16,17 +16,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
 from gnnscale.store.features import FeatureSource, FeatureSourceError, TableSource
 from gnnscale.store.gather import GATHER_METHODS, HostRowReader, default_gather_method
-from gnnscale.store.pinning import PinnedRegion, pinned_host
+from gnnscale.store.transfer import as_device, place
 
 __all__ = ["DeviceSource", "HostRows", "InMemorySource", "MmapSource", "PinnedHostSource"]
 
 
 def _host_table(x: Tensor, what: str) -> Tensor:
-    if not isinstance(x, Tensor) or x.device.type != "cpu":
-        where = x.device if isinstance(x, Tensor) else type(x).__name__
+    if not isinstance(x, Tensor) or x.device.type != "cpu" or rt.is_accelerator(rt.device_of(x)):
+        where = rt.device_of(x) if isinstance(x, Tensor) else type(x).__name__
         raise FeatureSourceError(f"{what} needs a CPU tensor, got {where}")
     return x.contiguous()
 
@@ -39,10 +40,12 @@ class InMemorySource(TableSource):
 
 
 class DeviceSource(TableSource):
-    """Rows resident on a device (``x`` moved to ``device``, or kept where it is): read there by one index."""
+    """Rows resident on a device (``x`` moved to ``device``, or kept where it is): read there by one index.
+    On an accelerator the move is an asynchronous copy on its current stream (a sim device counts it in its
+    pool: :class:`~gnnscale.runtime.DeviceOutOfMemory` when it does not fit)."""
 
-    def __init__(self, x: Tensor, device: torch.device | str | None = None, *, tier: str = "device"):
-        super().__init__(x if device is None else x.to(device), tier)
+    def __init__(self, x: Tensor, device: rt.Device | str | None = None, *, tier: str = "device"):
+        super().__init__(x if device is None else place(x, as_device(device)), tier)
 
 
 class HostRows(Protocol):
@@ -54,45 +57,46 @@ class HostRows(Protocol):
 
 class PinnedHostSource(TableSource):
     """Rows in host memory, page-locked in place, read by ``device``: on CUDA by the zero-copy UVA gather or a CPU
-    gather into a reused pinned staging buffer and an asynchronous copy (:mod:`gnnscale.store.gather`); on the CPU
-    by an index (or the UVA kernel under ``TRITON_INTERPRET=1``). Ascending ids read fastest.
+    gather into a reused pinned staging buffer and an asynchronous copy (:mod:`gnnscale.store.gather`; the sim
+    device takes the second way, with plain host memory); on the CPU by an index (or the UVA kernel under
+    ``TRITON_INTERPRET=1``). Ascending ids read fastest.
 
     Args:
-        x: ``[N, F]`` CPU tensor; registered with CUDA in place (:func:`~gnnscale.store.pinning.pinned_host`; a
-            pinned copy only where registration fails), not copied.
+        x: ``[N, F]`` CPU tensor; registered with CUDA in place (:func:`gnnscale.runtime.pinned_host`; a pinned
+            copy only where registration fails), not copied.
         device: where the rows go.
         method: ``"uva"``, ``"index_select"`` or ``"auto"`` (:func:`~gnnscale.store.gather.default_gather_method`).
-        pin: page-lock ``x``; ``None``: when ``device`` is CUDA (the only case the gathers need it).
+        pin: page-lock ``x``; ``None``: when ``device`` needs it (:func:`gnnscale.runtime.needs_pinning`: CUDA).
         reader: reads the rows (``host_rows(host, rows)``); ``None``: a
             :class:`~gnnscale.store.gather.HostRowReader` of its own.
         cudart: the CUDA runtime binding's getter (tests give a fake one).
     """
 
-    def __init__(self, x: Tensor, device: torch.device | str, *, method: str = "auto", pin: bool | None = None,
+    def __init__(self, x: Tensor, device: rt.Device | str, *, method: str = "auto", pin: bool | None = None,
                  reader: HostRows | None = None, tier: str = "pinned",
                  cudart: Callable[[], Any] | None = None):
         x = _host_table(x, "PinnedHostSource")
-        self._device = torch.device(device)
+        self._device = as_device(device)
         if method == "auto":
             method = default_gather_method(self._device)
         if method not in GATHER_METHODS:
             raise ConfigError(f"unknown gather method {method!r}; expected one of auto, {', '.join(GATHER_METHODS)}")
         self.method = method
-        self.region: PinnedRegion | None = None
+        self.region: rt.PinnedRegion | None = None
         """The in-place registration of ``x`` (``None``: not pinned here, or pinned by a copy)."""
         if pin is None:
-            pin = self._device.type == "cuda"
+            pin = rt.needs_pinning(self._device)
         if pin:
-            x, self.region = pinned_host(x) if cudart is None else pinned_host(x, cudart=cudart)
+            x, self.region = rt.pinned_host(x) if cudart is None else rt.pinned_host(x, cudart=cudart)
         super().__init__(x, tier)
         self.reader: HostRows = HostRowReader(self._device, method) if reader is None else reader
 
     @property
-    def device(self) -> torch.device:
+    def device(self) -> rt.Device:
         return self._device
 
     def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
-        got = self.reader.host_rows(self.table, ids.to(self._device) if self.method == "uva" else ids)
+        got = self.reader.host_rows(self.table, place(ids, self._device) if self.method == "uva" else ids)
         self._record(ids.numel())
         return got
 
@@ -139,11 +143,11 @@ class MmapSource(FeatureSource):
         return self._dtype
 
     @property
-    def device(self) -> torch.device:
+    def device(self) -> rt.Device:
         return torch.device("cpu")
 
     def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
-        idx = ids.cpu().numpy()
+        idx = place(ids, torch.device("cpu")).numpy()
         if out is not None and out.is_contiguous():
             np.take(self.array, idx, axis=0, out=out.numpy(), mode="clip")  # ids are checked: clip never clips
             got = out

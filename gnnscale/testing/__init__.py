@@ -11,6 +11,7 @@ import torch
 
 from gnnscale import runtime as rt
 from gnnscale.graph.graph import Graph
+from gnnscale.runtime import backend as rt_backend
 
 DEVICES = ["cpu"] + ([rt.accelerator_type() or "cuda"] if rt.is_available() else [])
 
@@ -128,3 +129,11 @@ class SyncCounter:
         for m in reversed(self._modes):
             m.__exit__(*exc)
 
+
+
+def fake_accelerator(monkeypatch: pytest.MonkeyPatch, count: int, kind: str = "cuda") -> None:
+    """Make the runtime report ``count`` accelerators of type ``kind`` (device resolution only: nothing can run
+    on them). Patches :mod:`gnnscale.runtime.backend`, the one module that asks torch."""
+    monkeypatch.setattr(rt_backend, "accelerator_type", lambda: kind)
+    monkeypatch.setattr(rt_backend, "is_available", lambda: count > 0)
+    monkeypatch.setattr(rt_backend, "device_count", lambda: count)

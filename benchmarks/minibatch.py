@@ -144,7 +144,7 @@ def bench(g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int, epochs: in
             "mteps": edges / median / 1e6, "batches": int(last["batches"]),
             "feature_hit_rate": float(last["feature_hit_rate"]), "graph_hit_rate": float(last["graph_hit_rate"]),
             "h2d_bytes": int(last["h2d_bytes"]), "kind": "engine", "trainers": int(last["trainers"]),
-            **{k: int(last[k]) for k in ("fetched_neighbor_entries", "h2d_feature_bytes", "h2d_topology_bytes",
+            **{k: int(last[k]) for k in ("fetched_neighbor_entries", "h2d_row_bytes", "h2d_topology_bytes",
                                           "d2d_bytes")},
             "read_amplification": int(last["fetched_neighbor_entries"]) / max(int(last["sampled_edges"]), 1)}
 

@@ -99,14 +99,20 @@ class PartitionOptions:
 
 
 @dataclass(kw_only=True)
+class GatherOptions:
+    """How rows in host memory reach a device."""
+
+    gather: str = "auto"
+    """How host rows (offload's chunk rows, the mini-batch store's host tier) reach the device: ``index_select``
+    (CPU gather + async copy), ``uva`` (Triton kernel reading pinned host memory) or ``auto``."""
+
+
+@dataclass(kw_only=True)
 class OffloadOptions:
-    """HongTu's offload engine: partitions, row gathering, deduplication, chunk order."""
+    """HongTu's offload engine: partitions, deduplication, chunk order."""
 
     partitions: int = 1
     """Offload: level-1 partitions ``m`` (HongTu schedules one per GPU; on one device they run in turn)."""
-    gather: str = "auto"
-    """Offload: how chunk rows reach the device: ``index_select`` (CPU gather + async copy), ``uva`` (Triton
-    kernel reading pinned host memory) or ``auto``."""
     dedup: str = "full"
     """Offload: ``none`` (every chunk loads its rows), ``reuse`` (rows shared with the partition's previous chunk
     stay on the device) or ``full`` (HongTu: each batch's rows loaded once, shared between partitions, reused)."""
@@ -216,6 +222,7 @@ class TrainConfig(
     SamplingOptions,
     TaskParallelOptions,
     OffloadOptions,
+    GatherOptions,
     PartitionOptions,
     ChunkOptions,
     RunOptions,
@@ -297,6 +304,7 @@ OPTION_GROUPS: tuple[type, ...] = (
     RunOptions,
     ChunkOptions,
     PartitionOptions,
+    GatherOptions,
     OffloadOptions,
     TaskParallelOptions,
     SamplingOptions,

@@ -510,9 +510,9 @@ def test_gpus_per_rank(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
     GPUs, or one --device cuda:N for all its ranks, is a clear error (not NCCL's "duplicate GPU" abort)."""
     from gnnscale.engines.devices import resolve_devices
     from gnnscale.errors import ConfigError
+    from gnnscale.testing import fake_accelerator
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    fake_accelerator(monkeypatch, 2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     cfg = TrainConfig(engine="distributed")

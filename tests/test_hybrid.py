@@ -918,9 +918,9 @@ def test_the_hybrid_engines_training_device_is_the_cpu(monkeypatch: pytest.Monke
     """The synchronizer and master model live on the CPU: with or without --devices, even where a GPU would be
     --device auto's pick (CUDA faked present), and wherever the CPU stands in the list."""
     from gnnscale.engines.devices import resolve_devices
+    from gnnscale.testing import fake_accelerator
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    fake_accelerator(monkeypatch, 1)
     assert resolve_devices(_config(engine="hybrid"), "auto") == torch.device("cpu")
     assert resolve_devices(_config(engine="minibatch"), "auto") == torch.device("cuda")
     assert resolve_devices(_config(engine="hybrid", devices=("cuda:0", "cpu")), "auto") == torch.device("cpu")

@@ -320,7 +320,7 @@ def test_cuda_sampling_equals_cpu_sampling_with_real_fanouts() -> None:
     cpu, gpu = run(CPU), run(torch.device("cuda"))
     assert gpu["sampled_edges"] == cpu["sampled_edges"]
     assert gpu["fetched_neighbor_entries"] == cpu["fetched_neighbor_entries"]
-    assert gpu["h2d_feature_bytes"] == cpu["h2d_feature_bytes"] > 0
+    assert gpu["h2d_row_bytes"] == cpu["h2d_row_bytes"] > 0
     assert gpu["loss"] == pytest.approx(cpu["loss"], rel=1e-3)
 
 

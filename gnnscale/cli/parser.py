@@ -7,9 +7,11 @@ from typing import Any, NoReturn
 
 from gnnscale.config import (
     MODES,
+    OPTION_GROUPS,
     STRATEGIES,
     ChunkOptions,
     DistributedOptions,
+    GatherOptions,
     HybridOptions,
     MiniBatchOptions,
     ModelOptions,
@@ -71,8 +73,9 @@ def _option_groups(train: argparse.ArgumentParser) -> dict[type, Any]:
     """One flag group per option group of :class:`~gnnscale.config.TrainConfig`: an engine's own group is titled
     by the engine, a group several engines read names them; the model's and the run's flags stay ungrouped."""
     out: dict[type, Any] = {ModelOptions: train, RunOptions: train}
-    for options in (OffloadOptions, ChunkOptions, PartitionOptions, TaskParallelOptions, SamplingOptions,
-                    MiniBatchOptions, StoreOptions, HybridOptions, DistributedOptions):
+    for options in OPTION_GROUPS:
+        if options in out:
+            continue
         readers = readers_of(options)
         doc = (options.__doc__ or "").strip().rstrip(".")
         if len(readers) == 1:
@@ -150,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      help="chunks per partition n (default: the fewest that fit --gpu-memory)")
     group[PartitionOptions].add_argument("--partition-method", choices=PARTITION_METHODS, default="metis",
                    help="level-1 partitioner (default metis)")
-    o.add_argument("--gather", choices=["auto", *GATHER_METHODS], default="auto",
+    group[GatherOptions].add_argument("--gather", choices=["auto", *GATHER_METHODS], default="auto",
                    help="how chunk rows reach the GPU: index_select (CPU gather + async copy) or uva (Triton "
                         "kernel reading pinned host memory); default auto")
     t.add_argument("--devices", metavar="LIST",

@@ -52,5 +52,5 @@ class StoreStats:
     def metrics(self) -> dict[str, float]:
         """The counters a training record carries."""
         return {"fetched_neighbor_entries": self.fetched_neighbor_entries, "h2d_bytes": self.h2d_bytes,
-                "h2d_feature_bytes": self.h2d_feature_bytes, "h2d_topology_bytes": self.h2d_topology_bytes,
+                "h2d_row_bytes": self.h2d_feature_bytes, "h2d_topology_bytes": self.h2d_topology_bytes,
                 "d2d_bytes": self.d2d_bytes, **self.hit_rates()}

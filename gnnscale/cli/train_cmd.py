@@ -20,7 +20,7 @@ from gnnscale.config import TrainConfig
 from gnnscale.distributed.comm import current as current_comm
 from gnnscale.distributed.job import launched
 from gnnscale.distributed.launch import run_ranks
-from gnnscale.engines import ignored_options
+from gnnscale.engines import ignored_options, requested_mode
 from gnnscale.engines.devices import rank_device, resolve_devices
 from gnnscale.engines.distributed import load_rank_plan
 from gnnscale.errors import ConfigError
@@ -60,7 +60,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.checkpoint_iterations and args.checkpoint is None:
         raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
     rank = 0
-    if config.engine == "distributed":
+    if requested_mode(config) == "distributed":
         if not launched():
             if args.ranks is None:
                 raise ConfigError("--engine distributed runs as a job of ranks: start it with torchrun (torchrun "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gnnscale import runtime as rt
+from gnnscale.engines import requested_mode
 from gnnscale.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def resolve_devices(config: TrainConfig, device: str | torch.device) -> torch.de
     """The training device; with ``config.devices`` (validated here, all CPU or all CUDA), their first. The hybrid
     engine's is always the CPU (its synchronizer and master model live there)."""
     if not config.devices:
-        if config.engine == "distributed":  # one device per rank: torchrun's LOCAL_RANK picks the GPU
+        if requested_mode(config) == "distributed":  # one device per rank: torchrun's LOCAL_RANK picks the GPU
             return rank_device(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                int(os.environ.get("LOCAL_RANK", "0")))
         if config.engine == "hybrid":

@@ -103,6 +103,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     """One rank of a distributed job: its part of the features, a model replica, and the strategy's iteration."""
 
     name = "distributed"
+    mode = "distributed"
     options = (SamplingOptions, DistributedOptions, PartitionOptions)
 
     @classmethod
@@ -111,8 +112,6 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
-        if config.engine != "distributed":
-            return ["runs as a job of ranks; choose it with --engine distributed (under torchrun, or --ranks R)"]
         return cls.sampling_reasons(config)
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):

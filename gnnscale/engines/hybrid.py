@@ -110,6 +110,7 @@ class HybridEngine(SampledEngine):
     (HyScale-GNN)."""
 
     name = "hybrid"
+    mode = "sampled"
     options = (SamplingOptions, MiniBatchOptions, HybridOptions)
 
     @classmethod
@@ -123,9 +124,10 @@ class HybridEngine(SampledEngine):
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
-        if config.engine != "hybrid":
-            return ["trains on sampled neighbourhoods; choose it with --engine hybrid"]
-        return cls.sampling_reasons(config)
+        reasons = cls.sampling_reasons(config)
+        if config.engine == "auto" and not (config.devices and len(config.devices) > 1):
+            reasons.append("trains the CPU beside accelerators: name them with --devices (e.g. cpu,cuda:0)")
+        return reasons
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import Tensor
 
-from gnnscale.config import MiniBatchOptions, OffloadOptions, SamplingOptions, StoreOptions
+from gnnscale.config import GatherOptions, MiniBatchOptions, SamplingOptions, StoreOptions
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import (
     EVAL_BATCH,
@@ -100,8 +100,8 @@ class MiniBatchEngine(SampledEngine):
     model replicas on threads (:meth:`_run`), and :class:`Replicas` reduces."""
 
     name = "minibatch"
-    options = (SamplingOptions, MiniBatchOptions, StoreOptions, OffloadOptions)
-    """Its store also reads ``--gather`` (the offload group's): how host rows reach the devices."""
+    mode = "sampled"
+    options = (SamplingOptions, MiniBatchOptions, StoreOptions, GatherOptions)
 
     @classmethod
     def check_options(cls, config: TrainConfig) -> None:
@@ -109,9 +109,12 @@ class MiniBatchEngine(SampledEngine):
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
-        if config.engine != "minibatch":
-            return ["samples neighbourhoods instead of training on the full graph; choose it with --engine minibatch"]
-        return cls.sampling_reasons(config)
+        reasons = cls.sampling_reasons(config)
+        kinds = {d.split(":")[0].strip().lower() for d in config.devices or ()}
+        if "cpu" in kinds and len(kinds) > 1:
+            reasons.append(f"--devices {','.join(config.devices or ())} mixes the CPU and accelerators: the hybrid "
+                           "engine trains them together")
+        return reasons
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)

@@ -39,12 +39,12 @@ import statistics
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from gnnscale.config import HybridOptions, MiniBatchOptions, SamplingOptions
+from gnnscale.config import HybridOptions, MiniBatchOptions, SamplingOptions, TrainConfig
 from gnnscale.engines.pipeline import Pipeline
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backward_share, check_fanouts, cut, forward
@@ -75,9 +75,6 @@ from gnnscale.plan.memory import available_device_bytes
 from gnnscale.sample import CSRTopology, sample_key
 from gnnscale.store.global_store import GlobalMemoryStore
 
-if TYPE_CHECKING:
-    from gnnscale.config import TrainConfig
-
 DRM_TOLERANCE = 0.1
 """DRM leaves the work split alone while the trainers' times are within this fraction of each other: measured
 times are noisy, and moving seeds back and forth costs more than it gains."""
@@ -101,8 +98,7 @@ def hybrid_devices(config: TrainConfig) -> list[torch.device]:
     return [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
 
 
-_Iteration = Iteration
-"""One global mini-batch on its way through the pipeline (:class:`~gnnscale.engines.sampled_stages.Iteration`)."""
+_Iteration = Iteration  # one global mini-batch on its way through the pipeline (sampled_stages.Iteration)
 
 
 class HybridEngine(SampledEngine):

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.config import HybridOptions, MiniBatchOptions, SamplingOptions, TrainConfig
 from gnnscale.engines.pipeline import Pipeline
 from gnnscale.engines.replicas import Replicas
@@ -95,7 +96,8 @@ def hybrid_devices(config: TrainConfig) -> list[torch.device]:
     """The trainers' devices: ``--devices`` as given, else the CPU and every visible GPU."""
     if config.devices:
         return [torch.device(d) for d in config.devices]
-    return [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    kind = rt.accelerator_type() or "cuda"
+    return [torch.device("cpu")] + [torch.device(kind, i) for i in range(rt.device_count())]
 
 
 _Iteration = Iteration  # one global mini-batch on its way through the pipeline (sampled_stages.Iteration)
@@ -129,7 +131,7 @@ class HybridEngine(SampledEngine):
         super().__init__(graph, model, config, device)
         self.devices = hybrid_devices(config)
         self.cpu_index = next(i for i, d in enumerate(self.devices) if d.type == "cpu")
-        cuda = [d for d in self.devices if d.type == "cuda"]
+        cuda = [d for d in self.devices if rt.is_accelerator(d)]
         if cuda:  # topology on the GPUs for their samplers, as much as half the budget holds; features on the host
             budget = (config.memory_budget if config.memory_budget is not None
                       else available_device_bytes(cuda[0]))
@@ -146,7 +148,7 @@ class HybridEngine(SampledEngine):
         self.replicas = Replicas(model, self.devices, master=self.cpu_index)
         self.ys = [graph.y.to(d) for d in self.devices]
         self.y = graph.y
-        self.gpu_sampler = [d.type == "cuda" for d in self.devices]
+        self.gpu_sampler = [rt.is_accelerator(d) for d in self.devices]
         """Per trainer: its share is sampled on its own device (SA) rather than by the CPU sampler (SC)."""
         self.stages = SampledStages(self.devices, self.cpu_index, self.host_topo, self.host_x, self.store,
                                     self.fanouts, self.adjacency)
@@ -192,12 +194,12 @@ class HybridEngine(SampledEngine):
         size = min(self.config.batch_size, self.train_ids.numel())
         cpu_table = measure_sampling(self.host_topo, self.train_ids, self.fanouts, dims, size, cores, key,
                                      self.adjacency)
-        cuda = [d for d in self.devices if d.type == "cuda"]
+        cuda = [d for d in self.devices if rt.is_accelerator(d)]
         gpu_table = None
         if cuda:
             gpu_table = measure_sampling(self.store.reader(0), self.train_ids.to(cuda[0]), self.fanouts, dims,
                                          size, 1, key, self.adjacency)
-        rates = [device_rates(d if d.type == "cuda" else torch.device("cpu")) for d in self.devices]
+        rates = [device_rates(d if rt.is_accelerator(d) else torch.device("cpu")) for d in self.devices]
         return HybridModel(dims=dims, cpu_sampling=cpu_table, gpu_sampling=gpu_table, rates=rates,
                            cpu_index=self.cpu_index, gpu_sampled=list(self.gpu_sampler), cores=cores)
 
@@ -284,16 +286,15 @@ class HybridEngine(SampledEngine):
         dev, model = self.devices[g], self.replicas.models[g]
         ev = it.ready[g] if it.ready else None
         if ev is not None:
-            consumer = torch.cuda.current_stream(dev)
-            consumer.wait_event(ev)
+            rt.wait_event(ev, rt.current_stream(dev))
         if g == self.cpu_index:
             torch.set_num_threads(self.threads.trainer)
         t0, cpu0 = time.perf_counter(), time.thread_time()
         x = it.x[g]
         assert x is not None
         loss = backward_share(forward(model, it.blocks[g], x, se), self.ys[g][seeds.to(dev)], it.total)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        if rt.is_accelerator(dev):
+            rt.synchronize(dev)
         elapsed = time.perf_counter() - t0
         if self.slowdown[g] > 1.0:  # the work's CPU time again (f - 1) times, not the waits for a shared core
             extra = (self.slowdown[g] - 1.0) * (time.thread_time() - cpu0)
@@ -410,7 +411,7 @@ class HybridEngine(SampledEngine):
                              min_share=MIN_SHARE_SEEDS / self.config.batch_size, tolerance=DRM_TOLERANCE,
                              costs=[fit_cost(x) for x in self.samples])
 
-        cuda = [g for g in range(len(self.devices)) if self.devices[g].type == "cuda"]
+        cuda = [g for g in range(len(self.devices)) if rt.is_accelerator(self.devices[g])]
         out = apply_decision(d, Assignment(tuple(self.split), self.threads, tuple(self.gpu_sampler)), cuda=cuda,
                              balance=balance)
         if out is None:

@@ -30,7 +30,6 @@ With fanouts at least the largest in-degree a step equals the in-memory engine r
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import queue
 import threading
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.config import GatherOptions, MiniBatchOptions, SamplingOptions, StoreOptions
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import (
@@ -87,7 +87,7 @@ class _Trainer:
     device: torch.device
     model: GNN
     reader: StoreReader
-    stream: torch.cuda.Stream | None
+    stream: rt.Stream | None
     y: Tensor
 
 
@@ -130,7 +130,7 @@ class MiniBatchEngine(SampledEngine):
         self.replicas = Replicas(model, devices)
         self.trainers = [
             _Trainer(g, dev, self.replicas.models[g], self.store.reader(g),
-                     torch.cuda.Stream(dev) if dev.type == "cuda" else None, graph.y.to(dev))
+                     rt.new_stream(dev), graph.y.to(dev))
             for g, dev in enumerate(devices)]
         self.pool = (ThreadPoolExecutor(len(devices), thread_name_prefix="gnnscale-trainer")
                      if len(devices) > 1 else None)
@@ -168,11 +168,9 @@ class MiniBatchEngine(SampledEngine):
     # ------------------------------------------------------------------------------------------------ the feed
     def _prepare(self, t: _Trainer, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> SampledBatch:
         """Sample ``seeds`` (on ``t``'s device) and extract the input rows through ``t``'s reader."""
-        with torch.cuda.stream(t.stream) if t.stream is not None else contextlib.nullcontext():
+        with rt.use_stream(t.stream):
             batch = fetch_batch(t.reader, t.reader.features, seeds.to(t.device), fanouts, key, self.adjacency)
-            if t.stream is not None:
-                batch.ready = torch.cuda.Event()
-                batch.ready.record(t.stream)
+            batch.ready = rt.record_event(t.stream)
         return batch
 
     def _batches(self, t: _Trainer, parts: list[Tensor], fanouts: tuple[int, ...], key: int
@@ -192,7 +190,7 @@ class MiniBatchEngine(SampledEngine):
                 q.put(exc)
 
         if t.stream is not None:  # the seeds were copied to the device on this stream: sampling starts after
-            t.stream.wait_stream(torch.cuda.current_stream(t.device))
+            rt.wait_stream(t.stream, rt.current_stream(t.device))
         thread = threading.Thread(target=produce, name=f"gnnscale-sampler-{t.index}", daemon=True)
         thread.start()
         try:
@@ -203,12 +201,10 @@ class MiniBatchEngine(SampledEngine):
                 if isinstance(item, BaseException):
                     raise item
                 if item.ready is not None:  # training waits for the sampling stream on the device, not the host
-                    consumer = torch.cuda.current_stream(t.device)
-                    consumer.wait_event(item.ready)
-                    for b in item.blocks:
-                        b.record_stream(consumer)
-                    item.x.record_stream(consumer)
-                    item.seeds.record_stream(consumer)
+                    consumer = rt.current_stream(t.device)
+                    rt.wait_event(item.ready, consumer)
+                    for tensor in [*(x for b in item.blocks for x in b.tensors()), item.x, item.seeds]:
+                        rt.record_stream(tensor, consumer)
                 yield item
         finally:
             stop.set()

@@ -15,7 +15,6 @@ counts: :mod:`gnnscale.plan.hybrid`'s DRM).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.graph.block import Block
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
 from gnnscale.store.global_store import GlobalMemoryStore
@@ -43,7 +43,7 @@ class Iteration:
     times: dict[str, float] = field(default_factory=dict)
     transfer_s: list[float] = field(default_factory=list)
     bytes_to: list[int] = field(default_factory=list)
-    ready: list[torch.cuda.Event | None] = field(default_factory=list)
+    ready: list[rt.Event | None] = field(default_factory=list)
 
 
 STAGE_TIMES = ("SC", "SA", "Load", "Tran", "TC", "TA", "sync")
@@ -84,10 +84,10 @@ class SampledStages:
         self.devices, self.cpu_index = devices, cpu_index
         self.host_topo, self.host_x, self.store = host_topo, host_x, store
         self.fanouts, self.adjacency = fanouts, adjacency
-        cuda = [d for d in devices if d.type == "cuda"]
+        cuda = [d for d in devices if rt.is_accelerator(d)]
         self.store_index = {d: j for j, d in enumerate(cuda)}
-        self.copy_streams = [torch.cuda.Stream(d) if d.type == "cuda" else None for d in devices]
-        self.sample_streams = [torch.cuda.Stream(d) if d.type == "cuda" else None for d in devices]
+        self.copy_streams = [rt.new_stream(d) for d in devices]
+        self.sample_streams = [rt.new_stream(d) for d in devices]
         self.pools: dict[str, tuple[int, ThreadPoolExecutor]] = {}
 
     def pool(self, stage: str, threads: int) -> ThreadPoolExecutor:
@@ -114,12 +114,11 @@ class SampledStages:
         def gpu(g: int) -> float:
             dev, stream = self.devices[g], self.sample_streams[g]
             t0 = time.perf_counter()
-            with torch.cuda.stream(stream):  # no stream (a CPU stand-in, in tests): the host store's reader
+            with rt.use_stream(stream):  # no stream (a CPU stand-in, in tests): the host store's reader
                 reader = self.store.reader(self.store_index.get(dev, 0))
                 it.blocks[g] = sample_blocks(reader, it.parts[g].to(dev, non_blocking=True), self.fanouts, key,
                                              self.adjacency)
-                if stream is not None:
-                    stream.synchronize()
+                rt.synchronize(stream)
             return time.perf_counter() - t0
 
         # the GPU samplers run beside the CPU sampler; a failure in either reaches the pipeline's consumer
@@ -140,7 +139,7 @@ class SampledStages:
             src = blocks[0].src_ids
             assert src is not None
             src = src.cpu()
-            out = torch.empty(src.numel(), self.host_x.shape[1], pin_memory=self.devices[g].type == "cuda")
+            out = torch.empty(src.numel(), self.host_x.shape[1], pin_memory=rt.needs_pinning(self.devices[g]))
             xs.append(out)
             step = -(-src.numel() // threads) if src.numel() else 1
             jobs += [(src[lo : lo + step], out[lo : lo + step]) for lo in range(0, src.numel(), step)]
@@ -170,16 +169,13 @@ class SampledStages:
             x = it.x[g]
             assert x is not None
             moved = x.numel() * x.element_size()
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            with rt.use_stream(stream):
                 it.x[g] = x.to(dev, non_blocking=True)
                 if not gpu_sampler[g]:
                     moved += sum(b.nbytes() for b in it.blocks[g])
                     it.blocks[g] = [b.to(dev, non_blocking=True) for b in it.blocks[g]]
-                if stream is not None:
-                    ev = torch.cuda.Event()
-                    ev.record(stream)
-                    it.ready[g] = ev
-                    stream.synchronize()  # the stage's time is the copy's (this thread only waits on its own)
+                it.ready[g] = rt.record_event(stream)
+                rt.synchronize(stream)  # the stage's time is the copy's (this thread only waits on its own)
             it.transfer_s[g] = time.perf_counter() - t0
             it.bytes_to[g] = moved
         it.times["Tran"] = max((s for g, s in enumerate(it.transfer_s) if g != self.cpu_index), default=0.0)

@@ -264,6 +264,11 @@ class Block:
         rebuilt there on first use, without copying)."""
         return self.map(lambda t: t.to(device, non_blocking=non_blocking), transpose)
 
+    def tensors(self) -> list[Tensor]:
+        """The block's tensors (its transpose's included), for marking their use on a stream
+        (``runtime.record_stream``)."""
+        return [t for t in self._fields() if t is not None]
+
     def record_stream(self, stream: Any) -> None:
         """Mark the block's tensors as used on ``stream`` (made on another stream and read on this one: the
         caching allocator then keeps their memory until ``stream``'s work on them is done)."""

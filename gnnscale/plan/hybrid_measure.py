@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.plan.hybrid_model import BatchShape, DeviceRates, SamplingTable
 from gnnscale.plan.throughput import _name, _rate, cached, throughput
 from gnnscale.sample import sample_blocks
@@ -44,7 +45,7 @@ def measure_sampling(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims
     order = torch.randperm(n, generator=gen).to(ids.device)
     seconds = []
     shapes: dict[int, list[BatchShape]] = {s: [] for s in sizes}
-    cuda = ids.device.type == "cuda"
+    accelerator = rt.is_accelerator(ids.device)
     for k in threads:
         row = []
         with ThreadPoolExecutor(k) as pool:
@@ -53,12 +54,12 @@ def measure_sampling(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims
                 for r in range(SAMPLE_REPEATS + 1):
                     seeds = ids[order[(r * s) % max(1, n - s + 1):][:s]]
                     parts = [p for p in torch.tensor_split(seeds, k) if p.numel()]
-                    if cuda:
-                        torch.cuda.synchronize(ids.device)
+                    if accelerator:
+                        rt.synchronize(ids.device)
                     t0 = time.perf_counter()
                     out = list(pool.map(lambda p: sample_blocks(topo, p, fanouts, key, adjacency), parts))
-                    if cuda:
-                        torch.cuda.synchronize(ids.device)
+                    if accelerator:
+                        rt.synchronize(ids.device)
                     if r:
                         runs.append(time.perf_counter() - t0)
                     if k == 1 and r:

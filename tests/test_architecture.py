@@ -191,3 +191,11 @@ def test_the_check_passes_a_layered_package(tmp_path: Path) -> None:
     root = _package(tmp_path, {"low.py": "import os\n", "mid.py": "from pkg.low import x\n",
                                "top.py": "import pkg.mid\ndef f():\n    import json\n"})
     assert violations(root, LAYERS) == []
+
+
+def test_only_the_runtime_names_the_accelerator_api() -> None:
+    """Device calls go through gnnscale.runtime: ``torch.cuda`` and ``torch.accelerator`` are named in at most two
+    files, both in the runtime (code, comments and docstrings alike)."""
+    naming = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                    if re.search(r"torch\.(cuda|accelerator)\b", p.read_text()))
+    assert len(naming) <= 2 and all(n.startswith("runtime/") for n in naming), naming

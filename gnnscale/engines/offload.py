@@ -35,10 +35,14 @@ leaves the device (Algorithm 3).
 Dropout masks are keyed by (seed, epoch, layer, *original* vertex id), so forward, recomputation and the in-memory
 engine draw the same masks. The result is the in-memory engine's, up to floating-point summation order.
 
-On CUDA the host buffers are pinned, the next chunk's rows and topology are loaded on a side stream while the
-current chunk computes, and gradient accumulation into host memory runs on a worker thread (all in the row mover,
-:mod:`~gnnscale.engines.mover`); on CPU the same code runs synchronously and ``peak_device_bytes`` is measured by
-:class:`~gnnscale.plan.memory.LiveBytesCounter`.
+On an accelerator (a GPU, or the runtime's sim device) the host buffers are pinned where the device needs it, the
+next chunk's rows and topology are loaded on a copy stream while the current chunk computes, and gradient
+accumulation into host memory runs on a worker thread (all in the row mover, :mod:`~gnnscale.engines.mover`, through
+:mod:`gnnscale.runtime`), and ``peak_device_bytes`` is the device's allocation peak; on the CPU the same code runs
+synchronously and ``peak_device_bytes`` is measured by :class:`~gnnscale.plan.memory.LiveBytesCounter`. Per pass a
+device waits twice per chunk (its copy stream for its compute stream, its compute stream for the chunk's loads)
+and the host once (:meth:`~gnnscale.engines.mover.RowMover.barrier`), plus once per accumulation into host memory
+on the accumulating thread.
 """
 
 from __future__ import annotations
@@ -46,11 +50,13 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.engines.base import Engine
 from gnnscale.engines.chunks import Chunk, cut_chunks
 from gnnscale.engines.mover import RowMover
@@ -82,12 +88,13 @@ class OffloadEngine(Engine):
     name = "offload"
 
     @classmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
         if config.model in DECOUPLED_MODELS:
             return [f"{config.model} is a decoupled model: train it with --engine inmemory or taskparallel"]
         reasons = []
         devices = worker_devices(config, device)
-        if config.gather == "uva" and not (devices[0].type == "cuda" and triton_available()):
+        # the UVA gather reads pinned host memory from a CUDA kernel: a device that pins its host memory
+        if config.gather == "uva" and not (rt.needs_pinning(devices[0]) and triton_available()):
             reasons.append("--gather uva needs a CUDA device and Triton")
         try:
             plan_offload(graph, config, device)
@@ -95,8 +102,9 @@ class OffloadEngine(Engine):
             reasons.append(str(exc))
         return reasons
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
-        super().__init__(graph, model, config, device)
+    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: rt.Device):
+        super().__init__(graph, model, config, rt.torch_device(device))
+        self.device = device  # type: ignore[assignment]  # a runtime device: the model is where its tensors are
         self.plan: OffloadPlan = plan_offload(graph, config, device, model)
         self.timings = dict(self.plan.timings)
         part = self.plan.partition
@@ -111,7 +119,8 @@ class OffloadEngine(Engine):
                    [i for i in range(self.partitions) if i % len(devices) == w])
             for w, dev in enumerate(devices)]
         self.group = WorkerGroup(self.workers)
-        host = _pinned if devices[0].type == "cuda" else _unchanged
+        pin = rt.needs_pinning(devices[0])
+        host = partial(_pinned, device=devices[0]) if pin else _unchanged
         perm = part.perm
         assert graph.x is not None and graph.y is not None
         x = host(graph.x.index_select(0, perm).float())  # [N, F0] features in the new order
@@ -119,13 +128,13 @@ class OffloadEngine(Engine):
         self.masks = {m: getattr(graph, m).index_select(0, perm) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.num_train = int(self.masks["train_mask"].sum())
         self.chunks = self._build_chunks(graph, host)
-        if devices[0].type == "cuda" and self.plan.exchange is not None:
+        if pin and self.plan.exchange is not None:
             self.plan.exchange.pin_memory()
         self.sweep = Sweep(self.group, self.chunks, self.plan.schedule.tolist(), self.plan.exchange)
         self._pred = host(torch.empty(graph.num_nodes, dtype=torch.int64))
         self.host = HostRows.allocate(model, x, host)
         self.passes = LayerPasses(model, self.host, self.sweep, self.num_train)
-        cpu = devices[0].type == "cpu"
+        cpu = not rt.is_accelerator(devices[0])
         self.counter = LiveBytesCounter() if cpu and len(devices) == 1 else None
         if cpu and len(devices) > 1:
             for w in self.workers:
@@ -134,7 +143,7 @@ class OffloadEngine(Engine):
 
     def _build_chunks(self, graph: Graph, host: Callable[[Tensor], Tensor]) -> list[Chunk]:
         """Every chunk's block, cut once from the normalised adjacency in the new order: int32 where it fits, the
-        transpose built here when a layer's backward needs it, pinned on CUDA."""
+        transpose built here when a layer's backward needs it, pinned for a GPU."""
         part = self.plan.partition
         indptr, indices, weight = normalized_csr(graph, self.model.adjacency)
         indptr, indices, weight = permute_csr(indptr, indices, weight, part.perm, part.inverse())
@@ -172,8 +181,10 @@ class OffloadEngine(Engine):
         self.sweep.pass_widths.clear()
 
     def _counting(self) -> contextlib.AbstractContextManager[Any]:
-        """The epoch's device-byte count (CPU): each worker's counter, or the engine's around the epoch."""
+        """The epoch's device-byte count: each accelerator's allocation peak; on the CPU each worker's counter, or
+        the engine's around the epoch."""
         for w in self.workers:
+            w.io.reset_device_peak()
             if w.counter is not None:
                 w.counter.baseline = replica_baseline(w.model, w.index)
                 w.counter.reset_peak()
@@ -201,6 +212,7 @@ class OffloadEngine(Engine):
         if self.counter is not None:
             stats["peak_device_bytes"] = self.counter.peak
         peaks = [w.counter.peak for w in self.workers if w.counter is not None]
+        peaks += [p for p in (w.io.device_peak() for w in self.workers) if p is not None]
         if peaks:
             stats["device_peak_bytes"] = peaks  # type: ignore[assignment]
             stats["peak_device_bytes"] = max(peaks)
@@ -241,13 +253,14 @@ class OffloadEngine(Engine):
         return describe(self.plan)
 
 
-def worker_devices(config: TrainConfig, device: torch.device) -> list[torch.device]:
+def worker_devices(config: TrainConfig, device: rt.Device) -> list[rt.Device]:
     """The devices partitions run on: ``config.devices``, else the training device."""
-    return [torch.device(d) for d in config.devices] if config.devices else [device]
+    return [rt.resolve_device(d) for d in config.devices] if config.devices else [device]
 
 
-def _pinned(t: Tensor) -> Tensor:
-    return t.pin_memory()
+def _pinned(t: Tensor, device: rt.Device) -> Tensor:
+    """``t`` copied into page-locked host memory for ``device``."""
+    return rt.pinned_empty(t.shape, dtype=t.dtype, device=device).copy_(t)
 
 
 def _unchanged(t: Tensor) -> Tensor:

@@ -3,6 +3,9 @@ devices once, chunks' rows assembled from them, source-row gradients gathered in
 
 The plan (which rows each worker loads per batch, into which slots, which leave, how each chunk assembles its
 rows) is :class:`~gnnscale.partition.dedup.ExchangePlan`; this module carries it out, one pass at a time.
+
+A worker reads another worker's buffer on that device's current stream (the default stream, which both workers'
+threads share), after the group's barrier: no stream wait is needed between them.
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
-import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.engines.offload_workers import Worker, WorkerGroup
 from gnnscale.partition.dedup import ExchangePlan
 
@@ -54,8 +57,8 @@ class Exchange:
         self.src, self.grad = src, grad
         for w in self.workers:
             cap = self.plan.capacity[w.index]
-            self.buf[w.index] = None if src is None else torch.empty(cap, src.shape[1], device=w.device)
-            self.gbuf[w.index] = None if grad is None else torch.zeros(cap, grad.shape[1], device=w.device)
+            self.buf[w.index] = None if src is None else rt.empty((cap, src.shape[1]), device=w.device)
+            self.gbuf[w.index] = None if grad is None else rt.zeros((cap, grad.shape[1]), device=w.device)
 
     def end_pass(self) -> None:
         self.buf = [None] * len(self.workers)
@@ -83,7 +86,8 @@ class Exchange:
         """Write the newcomers into their slots; rows kept from the previous batch stay where they are."""
         buf = self.buf[w.index]
         if buf is not None and staged.rows is not None and staged.slots is not None:
-            buf.index_copy_(0, staged.slots, staged.rows)
+            with w.io.compute():
+                buf.index_copy_(0, staged.slots, staged.rows)
             mv = self.plan.moves[w.index][batch]
             w.count("rows_h2d", mv.new_rows.numel(), buf.shape[1])
             w.count("rows_reused", mv.kept, buf.shape[1])
@@ -97,11 +101,11 @@ class Exchange:
         width = parts[0][2].shape[1]
         w.count("rows_d2d", remote, width)
         if len(parts) == 1 and parts[0][1] is None:
-            return parts[0][2].to(w.device, non_blocking=True)
-        out = torch.empty(num_rows, width, device=w.device)
+            return rt.to_device(parts[0][2], w.device)
+        out = rt.empty((num_rows, width), device=w.device)
         for _, pos, rows in parts:
             assert pos is not None
-            out.index_copy_(0, pos, rows.to(w.device, non_blocking=True))
+            out.index_copy_(0, pos, rt.to_device(rows, w.device))
         return out
 
     def push(self, w: Worker, asm: AssemblyOnDevice, grad: Tensor) -> None:
@@ -111,7 +115,7 @@ class Exchange:
             gbuf = self.gbuf[d]
             assert gbuf is not None
             with self.locks[d]:
-                gbuf.index_add_(0, slots, g.to(gbuf.device, non_blocking=True))
+                gbuf.index_add_(0, slots, rt.to_device(g, self.workers[d].device))
 
     def end_batch(self, w: Worker, batch: int, staged: StagedRows) -> None:
         """Flush the gradients of rows whose slots the next batch replaces to host memory (Algorithm 3, lines
@@ -122,5 +126,6 @@ class Exchange:
         if gbuf is None or leaving is None or leaving.numel() == 0:
             return
         assert self.grad is not None
-        w.io.accumulate(self.grad, self.plan.moves[w.index][batch].leave_rows, gbuf.index_select(0, leaving))
-        gbuf.index_fill_(0, leaving, 0.0)
+        with w.io.compute():
+            w.io.accumulate(self.grad, self.plan.moves[w.index][batch].leave_rows, gbuf.index_select(0, leaving))
+            gbuf.index_fill_(0, leaving, 0.0)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.engines.offload_sweep import ChunkStep, LayerPass, Sweep
 from gnnscale.engines.offload_workers import Worker
 from gnnscale.nn.model import GNN
@@ -116,11 +117,12 @@ class LayerPasses:
                         steps: Iterator[ChunkStep]) -> None:
         next_input = self.host.inputs[layer + 1]
         for step in steps:
-            (x_dst,) = step.slices
-            y = self._apply(worker, layer, step, step.source_rows(), x_dst, key, cache)
-            # the next layer's input: activation and dropout applied once per vertex (not once per copy)
-            dst_ids = step.block.row_ids(step.chunk.num_dst)
-            worker.io.store(next_input, step.chunk.lo, worker.model.layer_input(layer + 1, y, dst_ids, key))
+            with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
+                (x_dst,) = step.slices
+                y = self._apply(worker, layer, step, step.source_rows(), x_dst, key, cache)
+                # the next layer's input: activation and dropout applied once per vertex (not once per copy)
+                dst_ids = step.block.row_ids(step.chunk.num_dst)
+                worker.io.store(next_input, step.chunk.lo, worker.model.layer_input(layer + 1, y, dst_ids, key))
 
     def _apply(self, worker: Worker, layer: int, step: ChunkStep, x_src: Tensor, x_dst: Tensor | None,
                key: Key | None, cache: bool) -> Tensor:
@@ -157,10 +159,11 @@ class LayerPasses:
     def _project_chunks(self, layer: int, key: Key | None, worker: Worker, steps: Iterator[ChunkStep]) -> None:
         projected = self.host.projected[layer]
         for step in steps:
-            (x_dst,) = step.slices
-            assert x_dst is not None
-            x = self._layer_input(worker, layer, x_dst, step.dst_ids(), key)
-            worker.io.store(projected, step.chunk.lo, worker.model.block_layers[layer].project(x))
+            with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
+                (x_dst,) = step.slices
+                assert x_dst is not None
+                x = self._layer_input(worker, layer, x_dst, step.dst_ids(), key)
+                worker.io.store(projected, step.chunk.lo, worker.model.block_layers[layer].project(x))
 
     def project_backward(self, layer: int, key: Key) -> None:
         """Backpropagate the accumulated ``dL/dp[layer]`` through the projection, chunk by chunk, into the
@@ -172,13 +175,14 @@ class LayerPasses:
 
     def _project_backward_chunks(self, layer: int, key: Key, worker: Worker, steps: Iterator[ChunkStep]) -> None:
         for step in steps:
-            x_dst, grad_projected = step.slices
-            assert x_dst is not None and grad_projected is not None
-            x = self._layer_input(worker, layer, x_dst, step.dst_ids(), key).detach().requires_grad_(layer > 0)
-            worker.model.block_layers[layer].project(x).backward(grad_projected)
-            if layer > 0:
-                assert x.grad is not None
-                worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], x.grad)
+            with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
+                x_dst, grad_projected = step.slices
+                assert x_dst is not None and grad_projected is not None
+                x = self._layer_input(worker, layer, x_dst, step.dst_ids(), key).detach().requires_grad_(layer > 0)
+                worker.model.block_layers[layer].project(x).backward(grad_projected)
+                if layer > 0:
+                    assert x.grad is not None
+                    worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], x.grad)
 
     # ------------------------------------------------------------------------------------------------ loss
     def loss_and_last_backward(self, key: Key) -> float:
@@ -200,30 +204,32 @@ class LayerPasses:
     def _loss_chunks(self, layer: int, key: Key, worker: Worker, steps: Iterator[ChunkStep]) -> Tensor:
         """The worker's share of the loss (on its device: read back once per pass)."""
         block_layer, projecting = worker.model.block_layers[layer], layer in self.host.projecting
-        total = torch.zeros((), device=worker.device)
+        total = torch.zeros((), device=rt.torch_device(worker.device))
         for step in steps:
-            (x_dst,) = step.slices
-            block, chunk = step.block, step.chunk
-            ids = block.row_ids()
-            xd = None
-            if projecting:  # gradients flow into the projected rows (then the projection) and the dst rows
-                x = step.source_rows().detach().requires_grad_(True)
-                if x_dst is not None:
-                    xd = self._layer_input(worker, layer, x_dst, ids[: chunk.num_dst], key)
-                    xd = xd.detach().requires_grad_(layer > 0)
-                logits = block_layer.update(block_layer.propagate(block, x), xd)  # type: ignore[arg-type]
-            else:
-                x = self._layer_input(worker, layer, step.source_rows(), ids, key).detach().requires_grad_(layer > 0)
-                logits = block_layer(block, x)  # [V, C]
-            train, y = worker.io.index(chunk.train_local), worker.io.index(chunk.y_train, kind="row")
-            loss = F.cross_entropy(logits.index_select(0, train), y, reduction="sum") / self.num_train
-            loss.backward()
-            total += loss.detach()
-            if step.grad is not None:
-                assert x.grad is not None
-                step.push(x.grad)
-            if xd is not None and xd.grad is not None:
-                worker.io.accumulate(self.host.input_grads[layer], chunk.rows[: chunk.num_dst], xd.grad)
+            with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
+                (x_dst,) = step.slices
+                block, chunk = step.block, step.chunk
+                ids = block.row_ids()
+                xd = None
+                if projecting:  # gradients flow into the projected rows (then the projection) and the dst rows
+                    x = step.source_rows().detach().requires_grad_(True)
+                    if x_dst is not None:
+                        xd = self._layer_input(worker, layer, x_dst, ids[: chunk.num_dst], key)
+                        xd = xd.detach().requires_grad_(layer > 0)
+                    logits = block_layer.update(block_layer.propagate(block, x), xd)  # type: ignore[arg-type]
+                else:
+                    x = self._layer_input(worker, layer, step.source_rows(), ids, key)
+                    x = x.detach().requires_grad_(layer > 0)
+                    logits = block_layer(block, x)  # [V, C]
+                train, y = worker.io.index(chunk.train_local), worker.io.index(chunk.y_train, kind="row")
+                loss = F.cross_entropy(logits.index_select(0, train), y, reduction="sum") / self.num_train
+                loss.backward()
+                total += loss.detach()
+                if step.grad is not None:
+                    assert x.grad is not None
+                    step.push(x.grad)
+                if xd is not None and xd.grad is not None:
+                    worker.io.accumulate(self.host.input_grads[layer], chunk.rows[: chunk.num_dst], xd.grad)
         return total
 
     # ------------------------------------------------------------------------------------------------ backward
@@ -251,29 +257,30 @@ class LayerPasses:
                          steps: Iterator[ChunkStep]) -> None:
         block_layer, caching = worker.model.block_layers[layer], layer in self.host.caching
         for step in steps:
-            agg, x_dst, grad_next = step.slices
-            assert grad_next is not None
-            dst_ids = step.dst_ids()
-            xd = x = None
-            if caching:  # recompute only UPDATE from the cached aggregation
-                assert agg is not None
-                agg = agg.detach().requires_grad_(through_propagation)
-                if x_dst is not None:
-                    xd = self._layer_input(worker, layer, x_dst, dst_ids, key).detach().requires_grad_(layer > 0)
-                y = block_layer.update(agg, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
-            else:  # recompute the whole layer (GAT)
-                block = step.block
-                x = self._layer_input(worker, layer, step.source_rows(), block.row_ids(), key)
-                x = x.detach().requires_grad_(layer > 0)
-                y = block_layer(block, x)
-            worker.model.layer_input(layer + 1, y, dst_ids, key).backward(grad_next)
-            if through_propagation and agg is not None and agg.grad is not None:
-                step.push(block_layer.aggregate_vjp(step.block, agg.grad))
-            elif not caching and layer > 0:
-                assert x is not None and x.grad is not None
-                step.push(x.grad)
-            if xd is not None and xd.grad is not None:
-                worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], xd.grad)
+            with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
+                agg, x_dst, grad_next = step.slices
+                assert grad_next is not None
+                dst_ids = step.dst_ids()
+                xd = x = None
+                if caching:  # recompute only UPDATE from the cached aggregation
+                    assert agg is not None
+                    agg = agg.detach().requires_grad_(through_propagation)
+                    if x_dst is not None:
+                        xd = self._layer_input(worker, layer, x_dst, dst_ids, key).detach().requires_grad_(layer > 0)
+                    y = block_layer.update(agg, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
+                else:  # recompute the whole layer (GAT)
+                    block = step.block
+                    x = self._layer_input(worker, layer, step.source_rows(), block.row_ids(), key)
+                    x = x.detach().requires_grad_(layer > 0)
+                    y = block_layer(block, x)
+                worker.model.layer_input(layer + 1, y, dst_ids, key).backward(grad_next)
+                if through_propagation and agg is not None and agg.grad is not None:
+                    step.push(block_layer.aggregate_vjp(step.block, agg.grad))
+                elif not caching and layer > 0:
+                    assert x is not None and x.grad is not None
+                    step.push(x.grad)
+                if xd is not None and xd.grad is not None:
+                    worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], xd.grad)
 
     # ------------------------------------------------------------------------------------------------ inference
     def predict_last(self, pred: Tensor) -> None:
@@ -286,6 +293,7 @@ class LayerPasses:
 
     def _predict_chunks(self, layer: int, pred: Tensor, worker: Worker, steps: Iterator[ChunkStep]) -> None:
         for step in steps:
-            (x_dst,) = step.slices
-            out = self._apply(worker, layer, step, step.source_rows(), x_dst, None, False)
-            worker.io.store(pred, step.chunk.lo, out.argmax(dim=-1))
+            with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
+                (x_dst,) = step.slices
+                out = self._apply(worker, layer, step, step.source_rows(), x_dst, None, False)
+                worker.io.store(pred, step.chunk.lo, out.argmax(dim=-1))

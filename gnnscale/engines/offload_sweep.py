@@ -22,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.engines.chunks import Chunk
 from gnnscale.engines.mover import record_streams
 from gnnscale.engines.offload_exchange import AssemblyOnDevice, Exchange, StagedRows
@@ -107,9 +108,12 @@ class ChunkStep:
         assert self.assembly is not None
         self.exchange.push(self.worker, self.assembly, grad)
 
-    def record_stream(self, stream: Any) -> None:
-        """The loaded tensors are used on ``stream`` (see :func:`~gnnscale.engines.mover.record_streams`)."""
-        record_streams((self.staged, self.assembly, self.block_, self.gathered, self.slices), stream)
+    def record_stream(self, stream: rt.Stream | None) -> None:
+        """The loaded tensors on the worker's device are used on ``stream`` (see
+        :func:`~gnnscale.engines.mover.record_streams`); slots in other workers' buffers are read on those devices'
+        own streams."""
+        own = [(pos, slots if d == self.worker.index else None) for d, pos, slots in self.assembly or ()]
+        record_streams((self.staged, own, self.block_, self.gathered, self.slices), stream)
 
 
 class Sweep:
@@ -129,7 +133,8 @@ class Sweep:
 
     def run(self, layer_pass: LayerPass, per_worker: Callable[[Worker, Iterator[ChunkStep]], T]) -> list[T]:
         """``per_worker(worker, steps)`` on every worker, ``steps`` its chunks of ``layer_pass``, with the
-        exchange's buffers set up around the pass."""
+        exchange's buffers set up around the pass. ``per_worker`` computes each step inside
+        ``worker.io.compute()`` (the device's scope), and takes the next step outside it (loads are no compute)."""
         if layer_pass.src is not None:
             self.pass_widths.append(layer_pass.src.shape[1])
 

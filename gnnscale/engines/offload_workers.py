@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import torch
-
+from gnnscale import runtime as rt
 from gnnscale.engines.mover import RowMover
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import LiveBytesCounter
@@ -23,7 +22,7 @@ class Worker:
     """One device's share of an epoch: its partitions, a model replica and its own mover (streams, counters)."""
 
     index: int
-    device: torch.device
+    device: rt.Device
     model: GNN
     io: RowMover
     partitions: list[int]

@@ -10,20 +10,23 @@ in tests, GPUs otherwise); the same code runs both.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 
+from gnnscale import runtime as rt
 from gnnscale.nn.model import GNN
 
 
 class Replicas:
     """``models[master]`` is the master (the model passed in, on ``devices[master]``), ``models[i]`` its replica
-    on ``devices[i]``."""
+    on ``devices[i]`` (a sim device's replica is in host memory, where its tensors are)."""
 
-    def __init__(self, model: GNN, devices: list[torch.device], master: int = 0):
-        self.devices = list(devices)
+    def __init__(self, model: GNN, devices: Sequence[rt.Device], master: int = 0):
+        self.devices: list[rt.Device] = list(devices)
         self.master = master
-        self.models = [model if i == master else copy.deepcopy(model).to(d) for i, d in enumerate(self.devices)]
+        self.models = [model if i == master else copy.deepcopy(model).to(rt.torch_device(d))
+                       for i, d in enumerate(self.devices)]
 
     def _replicas(self) -> list[GNN]:
         return [m for i, m in enumerate(self.models) if i != self.master]

@@ -28,8 +28,10 @@ it; what each operation computes is :mod:`~gnnscale.engines.taskparallel_tasks`.
 4. Parameter gradients summed over the devices' replicas, one optimiser step.
 
 Dropout masks are keyed by (seed, epoch, layer, vertex id), so recomputation and the in-memory engine draw the same
-masks. On CPU every device thread counts the bytes it allocates (:class:`~gnnscale.plan.memory.LiveBytesCounter`):
-``device_peak_bytes`` per device, measured, not modelled.
+masks. On the CPU every device thread counts the bytes it allocates (:class:`~gnnscale.plan.memory.LiveBytesCounter`):
+``device_peak_bytes`` per device, measured, not modelled; on an accelerator (a GPU, the runtime's sim device) they
+are the device's allocation peaks. Every device operation goes through :mod:`gnnscale.runtime` (in the row mover):
+the host waits once per operation for its device's work stream, and nothing else waits.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import torch
 from torch import Tensor
 
 from gnnscale import progress
+from gnnscale import runtime as rt
 from gnnscale.engines.base import Engine
 from gnnscale.engines.chunks import Chunk, cut_chunks
 from gnnscale.engines.replicas import Replicas
@@ -87,7 +90,7 @@ class TaskParallelEngine(Engine):
     name = "taskparallel"
 
     @classmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
         if config.model not in DECOUPLED_MODELS:
             return [f"runs decoupled models ({', '.join(DECOUPLED_MODELS)}), not {config.model}"]
         try:
@@ -96,20 +99,22 @@ class TaskParallelEngine(Engine):
             return [str(exc)]
         return []
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
-        super().__init__(graph, model, config, device)
+    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: rt.Device):
+        super().__init__(graph, model, config, rt.torch_device(device))
+        self.device = device  # type: ignore[assignment]  # a runtime device: the model is where its tensors are
         assert isinstance(model, DecoupledGNN)
         with progress.stage("plan", self.timings):
             self.plan: TaskPlan = plan_taskparallel(graph, config, device)
         self.dgat = model.kind == "dgat"
         self.L = model.num_t_tasks
         self._width = model.width
-        devices = [torch.device(d) for d in self.plan.devices]
+        devices = [rt.resolve_device(d) for d in config.devices] if config.devices else [device]
         self.replicas = Replicas(model, devices)
         self.runners = [Runner(i, d, self.replicas.models[i]) for i, d in enumerate(devices)]  # type: ignore[arg-type]
-        pin = devices[0].type == "cuda"
         assert graph.x is not None and graph.y is not None
-        x = graph.x.float().pin_memory() if pin else graph.x.float()
+        x = graph.x.float()
+        if rt.needs_pinning(devices[0]):
+            x = rt.pinned_empty(x.shape, dtype=x.dtype, device=devices[0]).copy_(x)
         self.y = graph.y
         self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.num_train = int(self.masks["train_mask"].sum())
@@ -323,7 +328,7 @@ class TaskParallelEngine(Engine):
             self._wait([*ops.t_out.values(), *ops.p_out.values()])
             pred = torch.empty(self.graph.num_nodes, dtype=torch.int64)
             for c in self.chunks:
-                pred[c.lo : c.hi] = ops.p_out[(self.L - 1, c.k)].result().cpu()
+                pred[c.lo : c.hi] = rt.to_host(ops.p_out[(self.L - 1, c.k)].result(), blocking=True)
         finally:
             for r in self.runners:
                 r.clear_epoch()

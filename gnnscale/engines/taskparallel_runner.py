@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.engines.chunks import Chunk
 from gnnscale.engines.mover import RowMover
 from gnnscale.graph.block import Block
@@ -24,18 +24,21 @@ OPS = ("TF", "TR", "TB", "PF", "PB")
 
 
 class Runner:
-    """One device's thread: runs submitted operations in order, times them by kind and (on CPU) counts the bytes
-    they allocate. On CUDA each runner issues its kernels on its own stream and an operation's future resolves
-    once its work is done on the device, so a consumer on another stream (or GPU) reads finished data."""
+    """One device's thread: runs submitted operations in order, times them by kind and (on the CPU) counts the
+    bytes they allocate. On an accelerator (a GPU, the sim device) each runner issues its work on its own stream
+    and an operation's future resolves once its work is done on the device (one host sync per operation), so a
+    consumer on another stream (or device) reads finished data."""
 
-    def __init__(self, index: int, device: torch.device, model: DecoupledGNN):
+    def __init__(self, index: int, device: rt.Device, model: DecoupledGNN):
         self.index, self.device, self.model = index, device, model
+        self.place = rt.torch_device(device)
+        """Where this device's tensors are (host memory for a sim device): what ``Tensor.to`` and factories take."""
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"gnnscale-task{index}")
-        self.counter = LiveBytesCounter() if device.type == "cpu" else None
+        self.counter = None if rt.is_accelerator(device) else LiveBytesCounter()
         self.io = RowMover(device, resident=True, own_stream=True)
         """Rows, blocks and hand-offs into this device, bytes counted by kind (``h2d``, ``topology``, ``t2p``,
         ``p2p``, ``p2t``, ``t2t``); chunk blocks are moved here once and kept (topology is read every epoch)."""
-        self.uses_host_blocks = device.type == "cpu" and index == 0
+        self.uses_host_blocks = not rt.is_accelerator(device) and index == 0
         """The host's blocks serve the first CPU device as they are (and count as its memory)."""
         self.shared_bytes = 0
         """Bytes of host blocks this device uses in place: counted as its memory, not copied."""

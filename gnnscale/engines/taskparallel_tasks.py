@@ -132,8 +132,8 @@ class TaskOps:
             indptr = torch.zeros(c.num_dst + 1, dtype=torch.int64)
             torch.cumsum(counts, 0, out=indptr[1:])
             indptr = indptr.to(base.indptr.dtype)
-            keep_d = keep.to(r.device)
-            b = Block(indptr=indptr.to(r.device), indices=base.indices[keep_d], num_src=base.num_src,
+            keep_d = keep.to(r.place)
+            b = Block(indptr=indptr.to(r.place), indices=base.indices[keep_d], num_src=base.num_src,
                       edge_weight=None if base.edge_weight is None else base.edge_weight[keep_d],
                       src_ids=base.src_ids)
         else:
@@ -161,7 +161,7 @@ class TaskOps:
         ids = self._sub_ids(s)
         x = self._stage_input(k, s, prev, r, ids)
         with torch.no_grad():
-            return r.model.transform(x, ids.to(r.device), se, stage.start, stage.stop)
+            return r.model.transform(x, ids.to(r.place), se, stage.start, stage.stop)
 
     def t_refwd(self, k: int, s: int, prev: Future[Any] | None, se: tuple[int, int]) -> Tensor:
         """Stage ``k``'s recomputation for subgraph ``s``: its input is kept for its backward."""
@@ -172,7 +172,7 @@ class TaskOps:
         x = self._stage_input(k, s, prev, r, ids)
         r.saved[(k, s)] = x
         with torch.no_grad():
-            return r.model.transform(x, ids.to(r.device), se, stage.start, stage.stop)
+            return r.model.transform(x, ids.to(r.place), se, stage.start, stage.stop)
 
     def t_backward(self, k: int, s: int, grad: Callable[[Runner], Tensor], se: tuple[int, int]) -> Tensor | None:
         """Stage ``k``'s backward for subgraph ``s`` from its kept input (the first stage re-reads the features);
@@ -186,7 +186,7 @@ class TaskOps:
             x = r.io.rows(self.x, ids, kind="h2d")
         x = x.detach().requires_grad_(k > 0)
         with torch.enable_grad():
-            y = r.model.transform(x, ids.to(r.device), se, stage.start, stage.stop)
+            y = r.model.transform(x, ids.to(r.place), se, stage.start, stage.stop)
             y.backward(grad(r))
         return x.grad
 
@@ -211,7 +211,7 @@ class TaskOps:
     def _rows(self, r: Runner, l: int, c: Chunk, source: RowSource) -> Tensor:
         """Chunk ``c``'s source rows of ``H^l`` on ``r``, from its cache (each chunk's rows fetched once; inside a
         hybrid P group, only the rows of chunk ``j`` that this device's chunks read)."""
-        x = torch.zeros(c.block.num_src, self.width, device=r.device)
+        x = torch.zeros(c.block.num_src, self.width, device=r.place)
         for j, pos, off in c.sources:
             if self.skip and self.sub_of[j] > self.sub_of[c.k]:
                 continue  # a later subgraph's rows: skipped this epoch (Algorithm 1)
@@ -224,7 +224,7 @@ class TaskOps:
                 cached = r.cache[(l, j)] = r.receive(t, owner, "t2p" if l == 0 else "p2p")
             if need is not None:
                 off = torch.searchsorted(need, off)
-            x.index_copy_(0, pos.to(r.device), cached.index_select(0, off.to(r.device)))
+            x.index_copy_(0, pos.to(r.place), cached.index_select(0, off.to(r.place)))
         return x
 
     def p_forward(self, l: int, c: Chunk, source: RowSource, train: bool) -> Tensor:
@@ -252,7 +252,7 @@ class TaskOps:
             if not train:
                 return out.argmax(dim=-1)
             logits = out.detach().requires_grad_(True)
-            idx, y = c.train_local.to(r.device), c.y_train.to(r.device)
+            idx, y = c.train_local.to(r.place), c.y_train.to(r.place)
             with torch.enable_grad():
                 loss = F.cross_entropy(logits.index_select(0, idx), y, reduction="sum") / self.num_train
                 (g,) = torch.autograd.grad(loss, logits)
@@ -269,13 +269,13 @@ class TaskOps:
         """The summed gradient shares posted for ``key`` (a chunk's rows), on ``r``."""
         with self._lock:
             parts = self._mailbox.pop(key, [])
-        g = torch.zeros(rows, self.width, device=r.device)
+        g = torch.zeros(rows, self.width, device=r.place)
         for off, part, owner in parts:
             part = r.receive(part, owner, "p2p" if key[0] >= 0 else "p2t")
             if off is None:
                 g += part
             else:
-                g.index_add_(0, off.to(r.device), part)
+                g.index_add_(0, off.to(r.place), part)
         return g
 
     def p_backward(self, l: int, c: Chunk, source: RowSource, se: tuple[int, int]) -> None:
@@ -303,7 +303,7 @@ class TaskOps:
         gradient summed over every P task: edge parameters' gradients, and the sources' shares of ``dL/dH^0``."""
         with self._lock:
             parts = self._mailbox.pop((-2, c.k), [])
-        d_alpha = torch.zeros(block.num_edges, device=r.device)
+        d_alpha = torch.zeros(block.num_edges, device=r.place)
         for _, part, owner in parts:
             d_alpha += r.receive(part, owner, "p2p")
         x = self._rows(r, 0, c, source).requires_grad_(True)
@@ -319,4 +319,4 @@ class TaskOps:
         for j, pos, off in c.sources:
             if self.skip and self.sub_of[j] > self.sub_of[c.k]:
                 continue
-            self._post((l, j), off, gin.index_select(0, pos.to(r.device)), r)
+            self._post((l, j), off, gin.index_select(0, pos.to(r.place)), r)

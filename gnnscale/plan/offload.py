@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
@@ -192,7 +193,7 @@ def topology_bytes(model: GNN, sizes: Tensor, num_nodes: int) -> Tensor:
 _MEMO: dict[int, tuple[Any, tuple[Any, ...], OffloadPlan]] = {}
 
 
-def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model: GNN | None = None) -> OffloadPlan:
+def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GNN | None = None) -> OffloadPlan:
     """Partition ``graph``, choose the chunk count, the chunker and the schedule for ``config``.
 
     Preprocessing runs each expensive step once: METIS once per (graph, method, partitions, seed), saved (see
@@ -210,13 +211,16 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
             forced ``--chunks`` does not fit.
     """
     devices = list(config.devices) if config.devices else [str(device)]
+    # without a budget, the device's size too: two sim devices of one name may have pools of different sizes
+    size = rt.mem_get_info(device)[1] if config.memory_budget is None else None
     key = (graph.num_nodes, graph.num_edges, config.model, config.layers, config.hidden, config.heads,
            config.partitions, config.chunks, config.partition_method, config.seed, config.memory_budget,
-           str(config.plan_dir), config.dedup, config.chunker, config.reorganize, tuple(devices), str(device))
+           str(config.plan_dir), config.dedup, config.chunker, config.reorganize, tuple(devices), str(device), size)
     memo = _MEMO.get(id(graph))
     if memo is not None and memo[0]() is graph and memo[1] == key:
         return memo[2]
-    budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(device)
+    budget = (config.memory_budget if config.memory_budget is not None
+              else available_device_bytes(device))  # type: ignore[arg-type]  # any runtime device
     m = config.partitions
     if len(devices) > m:
         raise ConfigError(f"--devices lists {len(devices)} devices but --partitions is {m}; use at least one "
@@ -275,7 +279,8 @@ def plan_offload(graph: Graph, config: TrainConfig, device: torch.device, model:
 
     def tp() -> Throughput:
         if not tps:
-            tps.append(throughput([torch.device(d) for d in devices]))
+            # measured where the devices' tensors are (a sim device's: host memory)
+            tps.append(throughput([rt.torch_device(rt.resolve_device(d)) for d in devices]))
         return tps[0]
 
     costs: dict[str, float] = {}

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.ops import mix_key
@@ -228,7 +229,7 @@ def estimate_bytes(graph: Graph, config: TrainConfig, stages: tuple[list[Stage],
     return [int(SAFETY * b) + 4 * params for b in out]
 
 
-def plan_taskparallel(graph: Graph, config: TrainConfig, device: torch.device,
+def plan_taskparallel(graph: Graph, config: TrainConfig, device: rt.Device,
                       times: dict[str, float] | None = None) -> TaskPlan:
     """Assign tasks to devices and choose the subgraph count (see the module docstring).
 
@@ -239,7 +240,7 @@ def plan_taskparallel(graph: Graph, config: TrainConfig, device: torch.device,
     devices = list(config.devices) if config.devices else [str(device)]
     n = len(devices)
     if times is None:  # Eqs. 5-6: they assign devices (1 < N < 2L, no --t-devices) and are reported after training
-        times = measured_times(graph, config, [torch.device(d) for d in devices])
+        times = measured_times(graph, config, [rt.resolve_device(d) for d in devices])
     regime, t_stages, p_stages, n_t, n_p = assign(n, config.layers, config, times)
     group = max(len(s.devices) for s in p_stages)
     t_group = max(len(s.devices) for s in t_stages)
@@ -250,7 +251,8 @@ def plan_taskparallel(graph: Graph, config: TrainConfig, device: torch.device,
     if config.subgraphs is not None and config.subgraphs * k > N:
         raise ConfigError(f"--subgraphs {config.subgraphs} x {k} chunk(s) is more than the {N} vertices of "
                           f"{graph.name}; use at most {max(N // k, 1)} subgraphs")
-    budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(device)
+    budget = (config.memory_budget if config.memory_budget is not None
+              else available_device_bytes(device))  # type: ignore[arg-type]  # any runtime device
     searched: dict[int, int] = {}
 
     def peak(s: int) -> tuple[int, list[int], torch.Tensor]:
@@ -285,9 +287,10 @@ def plan_taskparallel(graph: Graph, config: TrainConfig, device: torch.device,
     return plan
 
 
-def measured_times(graph: Graph, config: TrainConfig, devices: list[torch.device]) -> dict[str, float]:
-    """Eqs. 5-6 with the FLOPS and memory bandwidth of ``devices[0]`` (measured once per machine, cached)."""
-    flops, bandwidth = throughput.compute_rates(devices[0])
+def measured_times(graph: Graph, config: TrainConfig, devices: list[rt.Device]) -> dict[str, float]:
+    """Eqs. 5-6 with the FLOPS and memory bandwidth of ``devices[0]`` (measured once per machine, cached; a sim
+    device's where its tensors are: the host's)."""
+    flops, bandwidth = throughput.compute_rates(rt.torch_device(devices[0]))
     return model_times(graph, config, flops, bandwidth)
 
 

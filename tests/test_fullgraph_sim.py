@@ -240,6 +240,7 @@ def _taskparallel_run(g: Graph, cfg: TrainConfig, device: rt.Device, spy: _Spy) 
             ops = spy.of(r.device)["operations"]
             assert ops > 0 and rt.sync_count(r.device) == ops and rt.wait_count(r.device) == 0, (str(r.device), ops)
         assert len(stats["device_peak_bytes"]) == len(eng.runners) and min(stats["device_peak_bytes"]) > 0
+        assert stats["h2d_bytes"] == stats["h2d_row_bytes"] + stats["h2d_topology_bytes"]
     _assert_same_weights(ref.model, eng.model)
     ref.block = full
     assert ref.evaluate() == eng.evaluate()
@@ -259,7 +260,7 @@ def test_taskparallel_on_sim_devices_equals_the_reference(graph: Graph, sims: li
     eng = _taskparallel_run(graph, cfg, sims[0], _Spy(monkeypatch))
     assert [r.device for r in eng.runners] == sims[:devices]
     moved = eng.train_epoch(3)
-    assert moved["t2p_bytes"] > 0 and moved["h2d_bytes"] > 0
+    assert moved["t2p_bytes"] > 0 and moved["h2d_row_bytes"] > 0
 
 
 def test_taskparallel_over_the_pool_raises_a_clear_error(graph: Graph, sims: list[rt.SimDevice]) -> None:

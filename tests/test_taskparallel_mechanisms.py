@@ -197,9 +197,11 @@ def test_one_device_moves_no_bytes_between_tasks(graph: Graph) -> None:
     eng = _engine(graph, _config("dgcn", 2, 1))
     for epoch in (1, 2):
         stats = eng.train_epoch(epoch)
-        for kind in ("t2p", "p2p", "p2t", "t2t", "topology"):
+        for kind in ("t2p", "p2p", "p2t", "t2t"):
             assert stats.get(f"{kind}_bytes", 0) == 0, kind
-        assert stats["h2d_bytes"] == 2 * graph.num_nodes * graph.num_features * F32
+        assert stats["h2d_topology_bytes"] == 0
+        assert stats["h2d_row_bytes"] == 2 * graph.num_nodes * graph.num_features * F32
+        assert stats["h2d_bytes"] == stats["h2d_row_bytes"]
 
 
 def test_bytes_count_exactly_the_rows_that_cross_devices(graph: Graph) -> None:
@@ -221,7 +223,10 @@ def test_bytes_count_exactly_the_rows_that_cross_devices(graph: Graph) -> None:
     assert stats["p2p_bytes"] == N * row + sources * row  # H^1 forward, dL/dH^1 backward
     assert stats["p2t_bytes"] == sources * row
     assert stats.get("t2t_bytes", 0) == 0
-    assert stats["h2d_bytes"] == 2 * N * F * F32
+    assert stats["h2d_row_bytes"] == 2 * N * F * F32
+    # each P device moves every chunk's block (with its transpose) once, and keeps it
+    assert stats["h2d_topology_bytes"] == 2 * sum(c.block.nbytes() for c in eng.chunks)
+    assert stats["h2d_bytes"] == stats["h2d_row_bytes"] + stats["h2d_topology_bytes"]
     assert sorted(snaps) == [1, 2]
     for device, layers in ((1, 1), (2, 2)):
         cached_layers, held, tracked = snaps[device]

@@ -297,9 +297,11 @@ class TaskParallelEngine(Engine):
         for r in self.runners:
             for kind, n in r.io.moved.items():
                 moved[kind] = moved.get(kind, 0) + n
+        h2d = {"h2d_row_bytes": moved.pop("row", 0), "h2d_topology_bytes": moved.pop("topology", 0)}
         stats: dict[str, Any] = {
             "loss": float(sum(float(x) for x in self.tasks.losses)), "subgraphs": len(self.tasks.subs),
             "chunks": self.plan.num_chunks, "devices": len(self.runners), "pipeline_wall_s": wall,
+            "h2d_bytes": sum(h2d.values()), **h2d,
             "t_busy_s": sum(v for r in self.runners for op, v in r.busy.items() if op[0] == "T"),
             "p_busy_s": sum(v for r in self.runners for op, v in r.busy.items() if op[0] == "P"),
             "t_forward_s": sum(r.busy["TF"] for r in self.runners),

@@ -36,8 +36,9 @@ class Runner:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"gnnscale-task{index}")
         self.counter = None if rt.is_accelerator(device) else LiveBytesCounter()
         self.io = RowMover(device, resident=True, own_stream=True)
-        """Rows, blocks and hand-offs into this device, bytes counted by kind (``h2d``, ``topology``, ``t2p``,
-        ``p2p``, ``p2t``, ``t2t``); chunk blocks are moved here once and kept (topology is read every epoch)."""
+        """Rows, blocks and hand-offs into this device, bytes counted by kind (``row``: features from host memory,
+        ``topology``, ``t2p``, ``p2p``, ``p2t``, ``t2t``); chunk blocks are moved here once and kept (topology is
+        read every epoch)."""
         self.uses_host_blocks = not rt.is_accelerator(device) and index == 0
         """The host's blocks serve the first CPU device as they are (and count as its memory)."""
         self.shared_bytes = 0

@@ -149,7 +149,7 @@ class TaskOps:
         """Stage ``k``'s input for subgraph ``s`` on ``r``: the features from host memory (the first stage), else
         the previous stage's output handed over."""
         if prev is None:
-            return r.io.rows(self.x, ids, kind="h2d")
+            return r.io.rows(self.x, ids)
         return r.receive(prev.result(), self.t_runner(self.t_stages[k - 1], s), "t2t")
 
     def t_forward(self, k: int, s: int, prev: Future[Any] | None, se: tuple[int, int] | None) -> Tensor:
@@ -183,7 +183,7 @@ class TaskOps:
         ids = self._sub_ids(s)
         x = r.saved.pop((k, s), None)
         if x is None:  # the first stage re-reads the features
-            x = r.io.rows(self.x, ids, kind="h2d")
+            x = r.io.rows(self.x, ids)
         x = x.detach().requires_grad_(k > 0)
         with torch.enable_grad():
             y = r.model.transform(x, ids.to(r.place), se, stage.start, stage.stop)

@@ -10,6 +10,7 @@ import torch
 
 from gnnscale import TrainConfig, load_dataset, train
 from gnnscale.cli import main
+from gnnscale.config import ChunkOptions, GatherOptions, OffloadOptions, PartitionOptions
 from gnnscale.engines import InMemoryEngine, OffloadEngine
 from gnnscale.errors import EngineError
 from gnnscale.graph.generators import csbm
@@ -18,7 +19,7 @@ from gnnscale.nn import build_model
 from gnnscale.plan.memory import estimate_inmemory_bytes
 from gnnscale.plan.offload import plan_offload
 from gnnscale.testing import need_file, only_cuda
-from gnnscale.units import parse_bytes
+from gnnscale.units import format_bytes, parse_bytes
 
 CPU = torch.device("cpu")
 
@@ -184,3 +185,16 @@ def test_several_cpu_devices_count_each_workers_peak() -> None:
         ks = [k for k, _ in eng.sweep.sequence[w.index]]
         rows = min(eng.chunks[k].rows.numel() for k in ks) * g.num_features * 4
         assert peak >= replica_baseline(w.model, w.index) + rows
+
+
+def test_the_engine_declares_its_mode_options_and_estimate() -> None:
+    """Full-graph mode; it reads the chunk, partition, offload and gather option groups; its estimate for
+    `gnnscale plan` is the planner's chunk count and peak per device."""
+    assert OffloadEngine.mode == "full"
+    assert OffloadEngine.options == (ChunkOptions, PartitionOptions, OffloadOptions, GatherOptions)
+    g = csbm(nodes=500, features=8, seed=0)
+    cfg = TrainConfig(model="gcn", hidden=16, partitions=2, chunks=3)
+    plan = plan_offload(g, cfg, CPU)
+    line = OffloadEngine.estimate(g, cfg, CPU)
+    assert line == f"3 chunk(s) per partition x 2 partition(s) on 1 device(s), about {format_bytes(plan.estimate)} " \
+                   "per device"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gnnscale.cli import main
-from gnnscale.config import TrainConfig
+from gnnscale.config import ChunkOptions, TaskParallelOptions, TrainConfig
 from gnnscale.engines import InMemoryEngine, TaskParallelEngine, select_engine
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, normalized_csr
@@ -22,6 +22,7 @@ from gnnscale.nn import build_model
 from gnnscale.nn.decoupled import DecoupledGNN
 from gnnscale.plan.taskparallel import model_times, plan_taskparallel, replication_factor
 from gnnscale.testing import only_cuda
+from gnnscale.units import format_bytes
 
 CPU = torch.device("cpu")
 
@@ -420,3 +421,14 @@ def test_partition_command_prints_the_assignment(capsys: pytest.CaptureFixture[s
     st = json.loads(capsys.readouterr().out)
     assert rc == 0 and st["regime"].startswith("hybrid") and len(st["device_estimate_bytes"]) == 8
     assert st["p_group_size"] == 2 and 1.0 < st["p_group_replication"] < st["data_parallel_replication"]
+
+
+def test_the_engine_declares_its_mode_options_and_estimate(graph) -> None:  # type: ignore[no-untyped-def]
+    """Full-graph mode; it reads the chunk and task-parallel option groups; its estimate for `gnnscale plan` is
+    the planner's T/P split, subgraphs and busiest device."""
+    assert TaskParallelEngine.mode == "full" and TaskParallelEngine.options == (ChunkOptions, TaskParallelOptions)
+    cfg = _config("dgcn", 2, 3, t_devices=1)
+    plan = plan_taskparallel(graph, cfg, CPU)
+    line = TaskParallelEngine.estimate(graph, cfg, CPU)
+    assert line.startswith(f"{plan.n_t} T / {plan.n_p} P device(s)") and "\n" not in line
+    assert f"{plan.subgraphs} subgraph(s)" in line and format_bytes(max(plan.estimate)) in line

@@ -57,6 +57,7 @@ import torch
 from torch import Tensor
 
 from gnnscale import runtime as rt
+from gnnscale.config import ChunkOptions, GatherOptions, OffloadOptions, PartitionOptions
 from gnnscale.engines.base import Engine
 from gnnscale.engines.chunks import Chunk, cut_chunks
 from gnnscale.engines.mover import RowMover
@@ -73,6 +74,7 @@ from gnnscale.partition import permute_csr
 from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
 from gnnscale.plan.offload import OffloadPlan, describe, plan_offload
 from gnnscale.store import default_gather_method, triton_available
+from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -86,6 +88,8 @@ class OffloadEngine(Engine):
     """Full-graph training with vertex data in host memory, batch by batch (HongTu Algorithms 1-4)."""
 
     name = "offload"
+    mode = "full"
+    options = (ChunkOptions, PartitionOptions, OffloadOptions, GatherOptions)
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
@@ -101,6 +105,13 @@ class OffloadEngine(Engine):
         except ConfigError as exc:
             reasons.append(str(exc))
         return reasons
+
+    @classmethod
+    def estimate(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> str:
+        plan = plan_offload(graph, config, device)
+        p = plan.partition
+        return (f"{p.chunks} chunk(s) per partition x {p.partitions} partition(s) on {plan.devices} device(s), "
+                f"about {format_bytes(plan.estimate)} per device")
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: rt.Device):
         super().__init__(graph, model, config, rt.torch_device(device))

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from gnnscale import progress
 from gnnscale import runtime as rt
+from gnnscale.config import ChunkOptions, TaskParallelOptions
 from gnnscale.engines.base import Engine
 from gnnscale.engines.chunks import Chunk, cut_chunks
 from gnnscale.engines.replicas import Replicas
@@ -88,6 +89,8 @@ class TaskParallelEngine(Engine):
     """Decoupled T/P tasks over devices, pipelined over subgraphs (NeutronTask §4-5)."""
 
     name = "taskparallel"
+    mode = "full"
+    options = (ChunkOptions, TaskParallelOptions)
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
@@ -98,6 +101,13 @@ class TaskParallelEngine(Engine):
         except ConfigError as exc:
             return [str(exc)]
         return []
+
+    @classmethod
+    def estimate(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> str:
+        plan = plan_taskparallel(graph, config, device)
+        return (f"{plan.n_t} T / {plan.n_p} P device(s) ({plan.regime}), {plan.subgraphs} subgraph(s) x "
+                f"{plan.chunks_per_subgraph} chunk(s), about {format_bytes(max(plan.estimate))} on the busiest "
+                "device")
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: rt.Device):
         super().__init__(graph, model, config, rt.torch_device(device))

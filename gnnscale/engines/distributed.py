@@ -110,6 +110,9 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     def check_options(cls, config: TrainConfig) -> None:
         check_fanouts(config)
 
+    def checkpoint_written(self) -> None:
+        self.comm.barrier("iteration checkpoint")  # rank 0 has renamed the checkpoint into place
+
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         return cls.sampling_reasons(config)

@@ -116,4 +116,16 @@ class IterationCheckpoints:
 
     @on_iteration.setter
     def on_iteration(self, hook: Callable[[int, int], None] | None) -> None:
-        self.loop.on_iteration = hook
+        if hook is None:
+            self.loop.on_iteration = None
+            return
+
+        def checkpointed(epoch: int, done: int) -> None:
+            hook(epoch, done)
+            self.checkpoint_written()
+
+        self.loop.on_iteration = checkpointed
+
+    def checkpoint_written(self) -> None:
+        """After an iteration checkpoint: an engine of several processes waits here until the writer is done, so
+        that no process goes on (or fails) while the checkpoint is half in place; nothing by default."""

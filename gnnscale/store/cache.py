@@ -113,8 +113,10 @@ class DeviceCache(FeatureSource):
         hit = slot >= 0
         slot = slot.clamp(min=0)
         key = torch.where(hit, self.cache.route(slot), K)  # [n] the cache's keys, then K for the fallback
-        span = max(N, self.cache.num_rows)
-        order = torch.sort(key * span + torch.where(hit, slot, safe)).indices  # [n] by key, then row
+        # [n] by key, then id: the rows of a batch's new vertices come in ascending ids, so the writes into
+        # ``out`` are mostly sequential (by cache slot they scatter: 2-3x slower on the CPU), and the fallback
+        # reads its rows in ascending order (sequential reads from host memory or disk)
+        order = torch.sort(key * N + safe).indices
         counts = torch.zeros(K + 2, dtype=torch.int64, device=rt.torch_device(dev)).index_add_(
             0, key, torch.ones_like(key))
         counts[K + 1] = (ids != safe).sum()

@@ -9,8 +9,10 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
+from typing import Any
 
 from gnnscale.errors import ConfigError
 from gnnscale.nn.zoo import ALL_MODELS
@@ -19,6 +21,7 @@ from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
 from gnnscale.partition.plan import CHUNKERS
 from gnnscale.sample import SAMPLE_NORMS
 from gnnscale.store import GATHER_METHODS
+from gnnscale.units import parse_budget
 
 MODES = ("auto", "full", "sampled", "distributed")
 """``--mode``: the training modes ``--engine auto`` chooses in."""
@@ -73,9 +76,12 @@ class RunOptions:
     engines) or ``distributed`` (a job of ranks); ``auto``: the named engine's mode, else ``distributed`` when
     ranks are given, else ``full``."""
     memory_budget: int | None = None
-    """Device memory the engine may use, in bytes; ``None``: what is free on the device."""
+    """Device memory the engine may use, in bytes; ``None``: what is free on the device. A string reads as the
+    CLI's ``--gpu-memory`` does: ``"6"`` is 6 GiB, ``"512MB"`` 512 * 10^6 bytes, ``"6GiB"`` 6 * 2^30
+    (:mod:`gnnscale.units`); an int is bytes."""
     devices: tuple[str, ...] | None = None
-    """Offload: devices the partitions run on (partition ``i`` on ``devices[i % len(devices)]``), one thread each.
+    """Devices (a tuple, or a string ``"cuda:0,cuda:1"`` as the CLI's ``--devices`` takes). Offload: devices the
+    partitions run on (partition ``i`` on ``devices[i % len(devices)]``), one thread each.
     Mini-batch: one trainer per device, each training its share of every batch. ``None``: the training device.
     The first is the training device."""
 
@@ -233,6 +239,7 @@ class TrainConfig(
     which groups it reads (``Engine.options``), and a flag of a group it does not read has no effect on it."""
 
     def __post_init__(self) -> None:
+        _coerce_fields(self)
         checks = [
             (self.model in ALL_MODELS, f"unknown model {self.model!r}; choose one of {', '.join(ALL_MODELS)}"),
             (self.layers >= 1, f"--layers must be >= 1, got {self.layers}"),
@@ -297,6 +304,69 @@ class TrainConfig(
             raise ConfigError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads}) for GAT")
         for check in _CHECKS:
             check(self)
+
+
+def _flag(name: str) -> str:
+    return f"{name}= (--{name.replace('_', '-')})"
+
+
+def _scalar(name: str, kind: type, value: Any) -> Any:
+    """``value`` as ``kind`` (int, float or str): the value itself, or a string the CLI would take."""
+    if kind is str:
+        if isinstance(value, str):
+            return value
+        if name == "merge" and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"TrainConfig {_flag(name)} takes a string, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"TrainConfig {_flag(name)} takes {'an integer' if kind is int else 'a number'}, "
+                          f"got {value!r}")
+    try:
+        out = kind(value.strip()) if isinstance(value, str) else value
+    except ValueError:
+        raise ConfigError(f"TrainConfig {_flag(name)}: cannot read {value!r} as "
+                          f"{'an integer' if kind is int else 'a number'}") from None
+    if kind is int and isinstance(out, float):
+        if not out.is_integer():
+            raise ConfigError(f"TrainConfig {_flag(name)} takes an integer, got {value!r}")
+        out = int(out)
+    return kind(out)
+
+
+def _coerce_fields(config: Any) -> None:
+    """Give every field of ``config`` its declared type, reading what the CLI would read: ``"5,5"`` for a tuple of
+    ints, ``"cpu,cpu"`` for devices, ``"6GB"`` for a budget; anything else is one :class:`ConfigError` naming the
+    field (never a raw ``TypeError`` from deep inside an engine)."""
+    hints = typing.get_type_hints(type(config))
+    for f in fields(config):
+        value = getattr(config, f.name)
+        kind = hints[f.name]
+        args = typing.get_args(kind)
+        optional = type(None) in args
+        if value is None:
+            if not optional:
+                raise ConfigError(f"TrainConfig {_flag(f.name)} cannot be None")
+            continue
+        if optional:
+            kind = next(a for a in args if a is not type(None))
+        if f.name == "memory_budget" and isinstance(value, str):
+            try:
+                value = parse_budget(value)
+            except ConfigError as e:
+                raise ConfigError(f"TrainConfig {_flag(f.name)}: {e}") from None
+        elif typing.get_origin(kind) is tuple:
+            item = typing.get_args(kind)[0]
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v.strip()] if value.strip() else []
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = [value]
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"TrainConfig {_flag(f.name)} takes a tuple or a comma-separated string, got "
+                                  f"{value!r}")
+            value = tuple(_scalar(f.name, item, v.strip() if isinstance(v, str) else v) for v in value)
+        else:
+            value = _scalar(f.name, kind, value)
+        object.__setattr__(config, f.name, value)
 
 
 OPTION_GROUPS: tuple[type, ...] = (

@@ -72,7 +72,7 @@ def predict(graph: Graph, model: str | os.PathLike[str] | tuple[GNN, TrainConfig
                          f"{graph.num_features} features and {graph.num_classes} classes")
     config = replace(config, **engine_options)
     dev = resolve_devices(config, device)
-    engine_cls, _ = select_engine(graph, config, dev)
+    engine_cls, _ = select_engine(graph, config, dev, purpose="predict for")
     engine = engine_cls(graph, net, config, dev)
     try:
         with torch.no_grad():

@@ -15,12 +15,13 @@ import torch
 from gnnscale import runtime as rt
 from gnnscale.checkpoint import check_checkpoint_args, check_resumable, load_checkpoint, save_checkpoint
 from gnnscale.config import TrainConfig
-from gnnscale.engines import select_engine
+from gnnscale.engines import ignored_warning, select_engine
 from gnnscale.engines.base import Engine
 from gnnscale.engines.devices import peak_device_bytes, reset_peak_device_bytes, resolve_devices
 from gnnscale.errors import ConfigError, GraphError, TrainingError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
+from gnnscale.notes import warn
 from gnnscale.predict import save_model
 from gnnscale.progress import stage
 
@@ -126,6 +127,9 @@ def train(
     setup: dict[str, float] = {}
     with stage("setup", setup):
         engine = engine_cls(graph, model, config, dev)
+    ignored = ignored_warning(config, engine_cls.name)
+    if ignored and engine.is_primary:  # the API and the CLI say it alike, once per job
+        warn(ignored)
     # in the order the steps ran: the caller's (load), the engine's planning (in selection), its set-up
     ready = {**(timings or {}), **engine.timings, **setup}
     ready["ready_s"] = (timings or {}).get("load_s", 0.0) + time.perf_counter() - start

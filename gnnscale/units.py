@@ -1,4 +1,11 @@
-"""Byte sizes as users write them (``512MB``, ``8G``, a plain number of GiB for budgets) and as they are shown."""
+"""Byte sizes as users write them and as they are shown.
+
+Sizes follow the standards (and GNU's ``--block-size``): SI units are powers of 10 (``kB``, ``MB``, ``GB``, ``TB``:
+1000, 1000^2, ...), IEC units powers of 2 (``KiB``, ``MiB``, ``GiB``, ``TiB``: 1024, 1024^2, ...), and a bare
+letter (``K``, ``M``, ``G``, ``T``) is the IEC unit, as in ``ls -h`` and ``numfmt --from=iec``. Case does not
+matter. A plain number of a size is bytes; a plain number of a *budget* (``--gpu-memory 6``) is GiB. Sizes are
+shown in IEC units (:func:`format_bytes`).
+"""
 
 from __future__ import annotations
 
@@ -6,25 +13,30 @@ import re
 
 from gnnscale.errors import ConfigError
 
-__all__ = ["format_bytes", "parse_budget", "parse_bytes"]
+__all__ = ["format_bytes", "parse_budget", "parse_bytes", "UNITS_HELP"]
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
-          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+_SI = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_IEC = {"K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30,
+        "T": 1 << 40, "TIB": 1 << 40}
+_UNITS = {"": 1, "B": 1, **_SI, **_IEC}
+UNITS_HELP = "kB/MB/GB = powers of 1000, KiB/MiB/GiB (or K/M/G) = powers of 1024"
+"""How sizes read, for help texts."""
 
 
 def parse_bytes(text: str) -> int:
-    """``"512MB"``, ``"8G"``, ``"1.5GiB"``, ``"1000"`` -> bytes (binary units)."""
+    """``"512MB"`` (512 * 10^6), ``"8G"`` / ``"8GiB"`` (8 * 2^30), ``"1.5GiB"``, ``"1000"`` (bytes) -> bytes."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
     if not m or m.group(2).upper() not in _UNITS:
-        raise ConfigError(f"cannot read memory size {text!r}; use e.g. 512MB, 8GB, 1.5GiB")
+        raise ConfigError(f"cannot read memory size {text!r}; use e.g. 512MB, 8GB or 1.5GiB ({UNITS_HELP})")
     value = float(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value <= 0:
-        raise ConfigError(f"memory size must be positive, got {text!r}")
+    if value < 1:
+        raise ConfigError(f"memory size must be at least one byte, got {text!r}")
     return int(value)
 
 
 def parse_budget(text: str) -> int:
-    """A device-memory budget: a plain number is GiB (``--gpu-memory 6``), or a size with a unit (``512MB``)."""
+    """A memory budget: a plain number is GiB (``--gpu-memory 6``), else a size with a unit (``512MB``, ``6GiB``;
+    :func:`parse_bytes`)."""
     try:
         gib = float(text)
     except ValueError:
@@ -35,6 +47,7 @@ def parse_budget(text: str) -> int:
 
 
 def format_bytes(n: float) -> str:
+    """``n`` bytes in IEC units (``1.5 GiB``)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gnnscale.cli.data_cmd import cmd_convert, cmd_info, cmd_predict, cmd_report
-from gnnscale.cli.parser import USAGE_ERROR, build_parser
+from gnnscale.cli.parser import USAGE_ERROR, build_parser, join_negative_lists
 from gnnscale.cli.partition_cmd import cmd_partition, cmd_plan
 from gnnscale.cli.train_cmd import cmd_train
 from gnnscale.distributed.comm import current as current_comm
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = (signal.signal(signal.SIGTERM, _on_sigterm), signal.signal(signal.SIGINT, _on_sigint))
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(join_negative_lists(sys.argv[1:] if argv is None else argv))
         args.argv = list(sys.argv[1:] if argv is None else argv)
         args.entry = main  # what the ranks of a --ranks job run
         return int(COMMANDS[args.command](args))

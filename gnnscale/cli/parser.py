@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any, NoReturn
 
 from gnnscale.config import (
@@ -117,6 +118,22 @@ def _add_partition_args(pa: argparse.ArgumentParser, engine_default: str | None)
     pa.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
                     help="taskparallel: device memory budget (default: what is free)")
     pa.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+
+
+LIST_FLAGS = ("--fanouts", "--eval-fanouts")
+"""Flags whose lists may start with a negative number (``-1`` for every neighbour)."""
+_NEGATIVE_LIST = re.compile(r"-\d+(,-?\d+)*")
+
+
+def join_negative_lists(argv: list[str]) -> list[str]:
+    """``--fanouts -1,-1`` as ``--fanouts=-1,-1``: argparse takes ``-1,-1`` for an option, not a value."""
+    out: list[str] = []
+    for tok in argv:
+        if out and out[-1] in LIST_FLAGS and _NEGATIVE_LIST.fullmatch(tok):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

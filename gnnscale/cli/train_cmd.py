@@ -20,7 +20,7 @@ from gnnscale.config import TrainConfig
 from gnnscale.distributed.comm import current as current_comm
 from gnnscale.distributed.job import launched
 from gnnscale.distributed.launch import run_ranks
-from gnnscale.engines import ignored_options, requested_mode
+from gnnscale.engines import requested_mode
 from gnnscale.engines.devices import rank_device, resolve_devices
 from gnnscale.engines.distributed import load_rank_plan
 from gnnscale.errors import ConfigError
@@ -106,10 +106,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         def on_start(engine: Any, rejected: dict[str, list[str]], ready: dict[str, float]) -> None:
             for name, reasons in rejected.items():
                 print(f"engine {name} rejected: {'; '.join(reasons)}")
-            ignored = [f"--{name.replace('_', '-')}" for name in ignored_options(config, engine.name)]
-            if ignored and rank == 0:  # one warning per job, not per rank
-                print(f"warning: {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect on the "
-                      f"{engine.name} engine", file=sys.stderr)
             detail = engine.describe()
             if detail:
                 print(detail)
@@ -128,7 +124,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                        checkpoint_iterations=args.checkpoint_iterations, resume=args.resume, on_resume=on_resume)
         bar.close()
         s = result.summary
-        print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} epochs "
+        print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} "
+              f"epoch{'s' * (config.epochs != 1)} "
               f"in {s['total_time_s']:.1f}s")
         if s["best_by"] == "val":
             print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "

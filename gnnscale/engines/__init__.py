@@ -40,15 +40,36 @@ def readers_of(options: type) -> list[str]:
 
 
 def ignored_options(config: TrainConfig, engine: str) -> list[str]:
-    """The fields of ``config`` set to something other than their default that ``engine`` does not read
-    (``heads``: only GAT reads it)."""
+    """The fields of ``config`` set to something other than their default that have no effect when ``engine``
+    trains it (:func:`ignored_settings` says by which component)."""
+    return [name for name, _ in ignored_settings(config, engine)]
+
+
+def ignored_settings(config: TrainConfig, engine: str) -> list[tuple[str, str]]:
+    """``(field, component)`` for each field of ``config`` set to something other than its default that has no
+    effect: an option group ``engine`` does not read (``the offload engine``), ``heads`` of a model without
+    attention heads (``the gcn model``), ``hidden`` of a one-layer model (which has no hidden layer)."""
     defaults = TrainConfig()
     read = {f.name for group in (ModelOptions, RunOptions, *ENGINES[engine].options) for f in fields(group)}
-    out = [f.name for f in fields(TrainConfig)
+    out = [(f.name, f"the {engine} engine") for f in fields(TrainConfig)
            if f.name not in read and getattr(config, f.name) != getattr(defaults, f.name)]
     if config.model != "gat" and config.heads != defaults.heads:
-        out.append("heads")
+        out.append(("heads", f"the {config.model} model (only gat has attention heads)"))
+    if config.layers == 1 and config.hidden != defaults.hidden:
+        out.append(("hidden", "a 1-layer model (it has no hidden layer)"))
     return out
+
+
+def ignored_warning(config: TrainConfig, engine: str) -> str | None:
+    """One warning line's text for :func:`ignored_settings` (``None``: nothing ignored), naming each setting as
+    the API and the CLI spell it."""
+    by: dict[str, list[str]] = {}
+    for name, component in ignored_settings(config, engine):
+        by.setdefault(component, []).append(f"{name}={getattr(config, name)!r} (--{name.replace('_', '-')})")
+    if not by:
+        return None
+    return "; ".join(f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} no effect on {component}"
+                     for component, names in by.items())
 
 
 def requested_mode(config: TrainConfig) -> str:
@@ -91,10 +112,11 @@ def candidates(graph: Graph, config: TrainConfig, device: torch.device) -> list[
 
 
 def select_engine(
-    graph: Graph, config: TrainConfig, device: torch.device
+    graph: Graph, config: TrainConfig, device: torch.device, *, purpose: str = "train"
 ) -> tuple[type[Engine], dict[str, list[str]]]:
     """The engine to run and, for ``auto``, the reasons each engine before it was rejected: the first engine of
-    the requested mode (:func:`requested_mode`) with no reason against it, in the registry's order.
+    the requested mode (:func:`requested_mode`) with no reason against it, in the registry's order. ``purpose``
+    (``train``, ``predict for``) is what the error says no engine can do.
 
     Raises:
         EngineError: the named engine, or with ``auto`` every engine of the mode, cannot run; lists every reason.
@@ -108,12 +130,13 @@ def select_engine(
         rejected[name] = reasons
     detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected.items())
     mode = "" if config.engine != "auto" else f" in {requested_mode(config)} mode"
-    raise EngineError(f"no engine can train {graph.name} on {device}{mode}: {detail}")
+    raise EngineError(f"no engine can {purpose} {graph.name} on {device}{mode}: {detail}")
 
 
 __all__ = [
     "ENGINES", "DistributedEngine", "Engine", "HybridEngine",
     "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine",
-    "Candidate", "candidate_names", "candidates", "ignored_options", "readers_of", "requested_mode",
+    "Candidate", "candidate_names", "candidates", "ignored_options", "ignored_settings", "ignored_warning",
+    "readers_of", "requested_mode",
     "select_engine",
 ]

@@ -16,9 +16,8 @@ from torch import Tensor
 
 from gnnscale._compat import require
 from gnnscale.errors import GraphError
-from gnnscale.notes import note, warn
+from gnnscale.graph.pyg_data import MASK_NAMES, pyg_arguments
 
-MASK_NAMES = ("train_mask", "val_mask", "test_mask")
 # NaN/inf checks read features in slabs of this many rows, so a memory-mapped matrix is never loaded whole.
 _CHECK_ROWS = 1 << 16
 # degree and self-loop statistics read the edges in slabs of this many
@@ -55,6 +54,9 @@ class Graph:
     """Number of classes; inferred as ``y.max() + 1`` when omitted (so ``-1`` labels do not count)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (dataset spec, generator parameters); saved by :func:`gnnscale.graph.io.save`."""
+    node_ids: Tensor | None = None
+    """``[num_nodes]`` int64 original id of each vertex, where a reader renumbered them to ``0..n-1`` (an edge
+    list's raw ids, in ascending order); ``None``: the vertices' ids are ``0..n-1``."""
 
     def __post_init__(self) -> None:
         if self.y is not None and self.num_classes is None and self.y.numel() > 0:
@@ -136,6 +138,9 @@ class Graph:
         if self.x is not None:
             if self.x.dim() != 2 or self.x.shape[0] != n:
                 raise GraphError(f"features have shape {tuple(self.x.shape)}, expected ({n}, num_features)")
+            if self.x.layout != torch.strided:
+                raise GraphError(f"features are a {self.x.layout} tensor; give dense ones (x.to_dense(), or "
+                                 "Graph.from_pyg, which densifies them)")
             if self.x.dtype != torch.float32:
                 raise GraphError(f"features must be float32, got {self.x.dtype}")
             for start in range(0, n, _CHECK_ROWS):
@@ -168,7 +173,9 @@ class Graph:
             if m.dtype != torch.bool:
                 raise GraphError(f"{mname} must be a bool tensor, got {m.dtype}")
             if m.shape != (n,):
-                raise GraphError(f"{mname} has length {m.numel()}, expected {n} (one entry per vertex)")
+                raise GraphError(f"{mname} has shape {tuple(m.shape)}, expected ({n},) (one entry per vertex)"
+                                 + ("; a mask of several splits (PyG's [N, k]): pick one with mask[:, i] or "
+                                    "Graph.from_pyg(data, split=i)" if m.dim() == 2 and m.shape[0] == n else ""))
             if self.y is None and bool(m.any()):
                 raise GraphError(f"{mname} selects vertices but the graph has no labels")
             if unlabelled and self.y is not None:
@@ -177,6 +184,9 @@ class Graph:
                     first = int(torch.nonzero(m & (self.y < 0))[0])
                     raise GraphError(f"{mname} selects {k} unlabelled vertices (label -1), the first is vertex "
                                      f"{first}; a mask may select labelled vertices only")
+        if self.node_ids is not None and (self.node_ids.shape != (n,) or self.node_ids.dtype != torch.int64):
+            raise GraphError(f"node_ids must be an int64 tensor of shape ({n},), got {self.node_ids.dtype} "
+                             f"{tuple(self.node_ids.shape)}")
 
     # ---------------------------------------------------------- constructors
     @classmethod
@@ -234,40 +244,17 @@ class Graph:
         return cls.from_edge_index(ei, adj.shape[0], edge_weight=w, coalesce=coalesce, **data)
 
     @classmethod
-    def from_pyg(cls, data: Any, name: str = "pyg", coalesce: bool = False) -> Graph:
+    def from_pyg(cls, data: Any, name: str = "pyg", coalesce: bool = False, split: int | None = None) -> Graph:
         """Build from a ``torch_geometric.data.Data``: ``edge_index``, ``x``, ``y``, the train/val/test masks and
         one weight per edge; multi-edges are kept unless ``coalesce``.
 
         The weights are ``edge_weight`` (shape ``[E]`` or ``[E, 1]``), else a one-column ``edge_attr`` (``[E]`` or
         ``[E, 1]``, said in a one-line note on stderr). Whatever else the ``Data`` holds is dropped with a one-line
         warning naming it: an ``edge_attr`` of several columns (or one next to ``edge_weight``) and any other
-        attribute (``pos``, ``batch``, ...)."""
-        num_edges = int(data.edge_index.shape[1]) if getattr(data, "edge_index", None) is not None else 0
-        ew = getattr(data, "edge_weight", None)
-        ea = getattr(data, "edge_attr", None)
-        dropped = []
-        if ew is not None:
-            ew = _one_per_edge(ew, num_edges, "edge_weight")
-            if ea is not None:
-                dropped.append(f"edge_attr {list(ea.shape)} (edge_weight is used)")
-        elif ea is not None:
-            if ea.dim() == 1 or (ea.dim() == 2 and ea.shape[1] == 1):
-                ew = _one_per_edge(ea, num_edges, "edge_attr")
-                note(f"from_pyg: the one-column edge_attr {list(ea.shape)} is used as the edge weights")
-            else:
-                dropped.append(f"edge_attr {list(ea.shape)} (a Graph holds one weight per edge)")
-        keys = data.keys() if callable(getattr(data, "keys", None)) else []
-        dropped += sorted(k for k in keys if k not in _PYG_KEYS)
-        if dropped:
-            warn(f"from_pyg: dropped {', '.join(dropped)}")
-        kw: dict[str, Any] = {
-            "x": None if data.x is None else data.x.float().contiguous(),
-            "y": None if getattr(data, "y", None) is None else data.y.long().view(-1),
-            "name": name,
-        }
-        for mname in MASK_NAMES:
-            kw[mname] = getattr(data, mname, None)
-        return cls.from_edge_index(data.edge_index, int(data.num_nodes), edge_weight=ew, coalesce=coalesce, **kw)
+        attribute (``pos``, ``batch``, ...). Masks of several splits (shape ``[N, k]``, WikiCS) give column
+        ``split`` (default 0, said in a note); a sparse ``x`` is densified (said in a note)."""
+        edge_index, num_nodes, ew, kw = pyg_arguments(data, split)
+        return cls.from_edge_index(edge_index, num_nodes, edge_weight=ew, coalesce=coalesce, name=name, **kw)
 
     def to_pyg(self) -> Any:
         """Convert to a ``torch_geometric.data.Data`` with the same vertex order."""
@@ -404,17 +391,6 @@ class Graph:
             f"Graph(name={self.name!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
             f"features={self.num_features}, classes={self.num_classes})"
         )
-
-
-# what from_pyg reads from a Data; anything else is dropped with a warning
-_PYG_KEYS = frozenset({"edge_index", "x", "y", "num_nodes", "edge_weight", "edge_attr", *MASK_NAMES})
-
-
-def _one_per_edge(w: Tensor, num_edges: int, what: str) -> Tensor:
-    """``[E]`` float32 weights from ``w`` of shape ``[E]`` or ``[E, 1]``; another shape is a GraphError."""
-    if w.shape not in ((num_edges,), (num_edges, 1)):
-        raise GraphError(f"{what} has shape {tuple(w.shape)}, expected ({num_edges},) or ({num_edges}, 1)")
-    return w.reshape(-1).float()
 
 
 def csr_slices(indptr: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:

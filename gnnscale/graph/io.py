@@ -259,7 +259,7 @@ def read_npz(
             ).toarray()
         else:
             feats = np.asarray(d["attr_matrix"])
-        labels = np.asarray(d["labels"]).astype(np.int64).reshape(-1)
+        labels = class_labels(d["labels"], f"{path}")
     if labels.shape[0] != n or feats.shape[0] != n:
         raise DatasetError(
             f"{path}: adjacency has {n} rows but features/labels have {feats.shape[0]}/{labels.shape[0]}"
@@ -285,6 +285,26 @@ def read_npz(
         name=path.name.removesuffix(".npz"),
     )
     return symmetrized(g)
+
+
+def class_labels(values: Any, where: str) -> np.ndarray:
+    """``[N]`` int64 class labels from ``values``: integers as they are, floats only where integral (``2.0`` is
+    class 2; NaN is ``-1``, unlabelled, as OGB writes it). Other floats (regression targets such as 0.0-4.0) are
+    one DatasetError naming ``where`` and the first such value: truncating them would make up classes."""
+    v = np.asarray(values).reshape(-1)
+    if v.dtype.kind in "iub":
+        return v.astype(np.int64)
+    if v.dtype.kind != "f":
+        raise DatasetError(f"{where}: labels of type {v.dtype} are not class numbers; give integer class labels")
+    nan = np.isnan(v)
+    bad = ~nan & ((v != np.round(v)) | np.isinf(v))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DatasetError(f"{where}: labels are not integral ({int(bad.sum()):,} of {v.size:,}, the first "
+                           f"{v[i]:g} at vertex {i}): gnnscale trains classifiers, and regression targets are not "
+                           "classes; give integer class labels (floats such as 1.0 are read as classes)")
+    out = np.where(nan, -1, v).astype(np.int64)
+    return out
 
 
 def symmetrized(g: Graph, what: str | None = None) -> Graph:
@@ -336,8 +356,7 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True, coalesce: boo
     if ei.shape[0] != 2:
         raise DatasetError(f"{raw}/edge.csv: expected 2 columns, got {ei.shape[0]}")
     feats = _read_csv(find(raw / "node-feat"), np.float32)
-    labels = _read_csv(find(raw / "node-label"), np.float64).reshape(-1)
-    labels[np.isnan(labels)] = -1  # unlabelled: allowed outside the split (the Graph checks the masks)
+    labels = class_labels(_read_csv(find(raw / "node-label"), np.float64), f"{raw}/node-label")
     n = feats.shape[0]
     nn_file = raw / "num-node-list.csv.gz"
     if nn_file.exists():
@@ -358,7 +377,7 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True, coalesce: boo
         n,
         coalesce=coalesce,
         x=torch.from_numpy(feats),
-        y=torch.from_numpy(labels.astype(np.int64)),
+        y=torch.from_numpy(labels),
         train_mask=masks[0],
         val_mask=masks[1],
         test_mask=masks[2],

@@ -28,7 +28,9 @@ synchronizer, and DRM looking at every step.
 
 Further ``cpu:N`` devices (``--devices cpu:0,cpu:1``) stand in for accelerators on a machine without one: they
 take an accelerator's place in the pipeline (transfer stage, the ``Accel`` stage of Algorithm 1), which is how the
-CPU tests and benchmarks run this code.
+CPU tests and benchmarks run this code. Every device call is :mod:`gnnscale.runtime`'s, so an accelerator trainer
+also runs on the runtime's sim device (``devices=("cpu", "sim:0")``, in tests), whose copies read NaN until they
+are waited for (``tests/test_hybrid_sim.py``).
 """
 
 from __future__ import annotations
@@ -72,7 +74,6 @@ from gnnscale.plan.hybrid import (
     measure_sampling,
     rebalance,
 )
-from gnnscale.plan.memory import available_device_bytes
 from gnnscale.sample import CSRTopology, sample_key
 from gnnscale.store.global_store import GlobalMemoryStore
 
@@ -90,14 +91,16 @@ CALIBRATION_WARMUP = 2
 """Pipelined iterations before those, not measured (first touches of the features, the allocator's growth)."""
 MIN_SHARE_SEEDS = 1
 """Seeds every trainer keeps in a full batch under DRM (a trainer with none could not be measured)."""
+CPU = torch.device("cpu")
 
 
-def hybrid_devices(config: TrainConfig) -> list[torch.device]:
-    """The trainers' devices: ``--devices`` as given, else the CPU and every visible GPU."""
+def hybrid_devices(config: TrainConfig) -> list[rt.Device]:
+    """The trainers' devices: ``--devices`` as given (``cpu:N`` stand-ins and sim devices included), else the CPU
+    and every visible GPU."""
     if config.devices:
-        return [torch.device(d) for d in config.devices]
+        return [rt.resolve_device(d) for d in config.devices]
     kind = rt.accelerator_type() or "cuda"
-    return [torch.device("cpu")] + [torch.device(kind, i) for i in range(rt.device_count())]
+    return [CPU, *(torch.device(kind, i) for i in range(rt.device_count()))]
 
 
 _Iteration = Iteration  # one global mini-batch on its way through the pipeline (sampled_stages.Iteration)
@@ -133,20 +136,19 @@ class HybridEngine(SampledEngine):
         self.cpu_index = next(i for i, d in enumerate(self.devices) if d.type == "cpu")
         cuda = [d for d in self.devices if rt.is_accelerator(d)]
         if cuda:  # topology on the GPUs for their samplers, as much as half the budget holds; features on the host
-            budget = (config.memory_budget if config.memory_budget is not None
-                      else available_device_bytes(cuda[0]))
+            budget = config.memory_budget if config.memory_budget is not None else rt.mem_get_info(cuda[0])[0]
             self.store = GlobalMemoryStore(graph, cuda, adjacency=model.adjacency,
                                            gpu_graph_ratio=config.gpu_graph_ratio, gpu_feature_ratio=0.0,
                                            memory_budget=budget // 2, gather="index_select")
         else:
-            self.store = GlobalMemoryStore(graph, [torch.device("cpu")], adjacency=model.adjacency,
+            self.store = GlobalMemoryStore(graph, [CPU], adjacency=model.adjacency,
                                            gpu_graph_ratio=0.0, gpu_feature_ratio=0.0)
         indptr, indices, weight = self.store.host_csr
         self.host_topo = CSRTopology(indptr.view(-1), indices.view(-1), None if weight is None else weight.view(-1))
         self.host_x = self.store.host_x
         assert graph.y is not None
         self.replicas = Replicas(model, self.devices, master=self.cpu_index)
-        self.ys = [graph.y.to(d) for d in self.devices]
+        self.ys = [rt.to_device(graph.y, d) for d in self.devices]  # on the default stream: ordered before training
         self.y = graph.y
         self.gpu_sampler = [rt.is_accelerator(d) for d in self.devices]
         """Per trainer: its share is sampled on its own device (SA) rather than by the CPU sampler (SC)."""
@@ -197,9 +199,9 @@ class HybridEngine(SampledEngine):
         cuda = [d for d in self.devices if rt.is_accelerator(d)]
         gpu_table = None
         if cuda:
-            gpu_table = measure_sampling(self.store.reader(0), self.train_ids.to(cuda[0]), self.fanouts, dims,
-                                         size, 1, key, self.adjacency)
-        rates = [device_rates(d if rt.is_accelerator(d) else torch.device("cpu")) for d in self.devices]
+            gpu_table = measure_sampling(self.store.reader(0), rt.to_device(self.train_ids, cuda[0]), self.fanouts,
+                                         dims, size, 1, key, self.adjacency)
+        rates = [device_rates(rt.torch_device(d) if rt.is_accelerator(d) else CPU) for d in self.devices]
         return HybridModel(dims=dims, cpu_sampling=cpu_table, gpu_sampling=gpu_table, rates=rates,
                            cpu_index=self.cpu_index, gpu_sampled=list(self.gpu_sampler), cores=cores)
 
@@ -292,15 +294,18 @@ class HybridEngine(SampledEngine):
         t0, cpu0 = time.perf_counter(), time.thread_time()
         x = it.x[g]
         assert x is not None
-        loss = backward_share(forward(model, it.blocks[g], x, se), self.ys[g][seeds.to(dev)], it.total)
+        with rt.on_device(dev):  # on the device's default stream (a sim device checks every op there)
+            loss = backward_share(forward(model, it.blocks[g], x, se), self.ys[g][rt.to_device(seeds, dev)],
+                                  it.total)
+        loss = rt.to_host(loss)
         if rt.is_accelerator(dev):
-            rt.synchronize(dev)
+            rt.synchronize(dev)  # the trainer's work is done (its time) and its loss is in host memory
         elapsed = time.perf_counter() - t0
         if self.slowdown[g] > 1.0:  # the work's CPU time again (f - 1) times, not the waits for a shared core
             extra = (self.slowdown[g] - 1.0) * (time.thread_time() - cpu0)
             time.sleep(extra)
             elapsed += extra
-        return elapsed, loss.to("cpu") * it.total
+        return elapsed, loss * it.total
 
     def _train(self, it: Iteration, total: int, se: tuple[int, int],
                counters: SampledCounters) -> list[tuple[float, Tensor | None]]:

@@ -6,8 +6,16 @@ feature loading and data transfer of every trainer's share of a global batch. Ea
    own samples its share on its device (on a stream of its own), beside them (``SC`` and ``SA``).
 2. **Feature loading**: every share's input rows gathered from host memory (into pinned buffers for CUDA), cut
    into slices gathered by a pool of loader threads (``Load``).
-3. **Transfer**: each accelerator's rows (and the blocks the CPU sampled for it) copied on its copy stream; the
-   trainer waits for the copy's event, not the host (``Tran``, the slowest accelerator's).
+3. **Transfer**: each accelerator's rows (and the blocks the CPU sampled for it) copied on its copy stream, whose
+   event the trainer's stream waits for; the stage's thread also waits on the host for its own copies, which is
+   what times them (``Tran``, the slowest accelerator's).
+
+Every copy, stream and wait is a :mod:`gnnscale.runtime` call, so the accelerator trainers run on the runtime's sim
+device too (``tests/test_hybrid_sim.py``). Which wait orders what: the sampling stream's host synchronisation
+orders a share sampled on its device before its loading and training; the transfer's host synchronisation and the
+trainer's wait on the copy's event each order the copies before training (either alone suffices: the first times the
+stage, the second keeps training ordered without it); the trainer's host synchronisation brings its loss to the
+host and orders every later copy after the trainer's reads (a copy into memory it read then cannot race).
 
 The hybrid engine drives them with its dynamic assignment (which sampler samples each share, the stages' thread
 counts: :mod:`gnnscale.plan.hybrid`'s DRM).
@@ -15,6 +23,7 @@ counts: :mod:`gnnscale.plan.hybrid`'s DRM).
 
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -79,7 +88,7 @@ class SampledStages:
     topology in host memory (``host_topo``) and, for the accelerators' own samplers, in ``store``; features in
     host memory (``host_x``)."""
 
-    def __init__(self, devices: list[torch.device], cpu_index: int, host_topo: Topology, host_x: Tensor,
+    def __init__(self, devices: list[rt.Device], cpu_index: int, host_topo: Topology, host_x: Tensor,
                  store: GlobalMemoryStore, fanouts: tuple[int, ...], adjacency: SampledAdjacency):
         self.devices, self.cpu_index = devices, cpu_index
         self.host_topo, self.host_x, self.store = host_topo, host_x, store
@@ -116,9 +125,9 @@ class SampledStages:
             t0 = time.perf_counter()
             with rt.use_stream(stream):  # no stream (a CPU stand-in, in tests): the host store's reader
                 reader = self.store.reader(self.store_index.get(dev, 0))
-                it.blocks[g] = sample_blocks(reader, it.parts[g].to(dev, non_blocking=True), self.fanouts, key,
+                it.blocks[g] = sample_blocks(reader, rt.to_device(it.parts[g], dev), self.fanouts, key,
                                              self.adjacency)
-                rt.synchronize(stream)
+                rt.synchronize(stream)  # the loader reads the blocks' input ids, the trainer the blocks
             return time.perf_counter() - t0
 
         # the GPU samplers run beside the CPU sampler; a failure in either reaches the pipeline's consumer
@@ -138,8 +147,9 @@ class SampledStages:
         for g, blocks in enumerate(it.blocks):
             src = blocks[0].src_ids
             assert src is not None
-            src = src.cpu()
-            out = torch.empty(src.numel(), self.host_x.shape[1], pin_memory=rt.needs_pinning(self.devices[g]))
+            src = rt.to_host(src, blocking=True)  # the ids of a share sampled on its device
+            out = rt.pinned_empty((src.numel(), self.host_x.shape[1]), dtype=self.host_x.dtype,
+                                  device=self.devices[g])
             xs.append(out)
             step = -(-src.numel() // threads) if src.numel() else 1
             jobs += [(src[lo : lo + step], out[lo : lo + step]) for lo in range(0, src.numel(), step)]
@@ -158,7 +168,8 @@ class SampledStages:
 
     def transfer(self, it: Iteration, gpu_sampler: list[bool]) -> Iteration:
         """Stage 3: each accelerator's features (and its topology, when the CPU sampled it) copied to it,
-        asynchronously on its copy stream; the trainer waits for the copy's event, not the host."""
+        asynchronously on its copy stream; the trainer's stream waits for the copy's event (``it.ready``), and this
+        thread waits on the host for its own copies (the stage's time)."""
         G = len(self.devices)
         it.transfer_s, it.bytes_to, it.ready = [0.0] * G, [0] * G, [None] * G
         for g in range(G):
@@ -170,10 +181,10 @@ class SampledStages:
             assert x is not None
             moved = x.numel() * x.element_size()
             with rt.use_stream(stream):
-                it.x[g] = x.to(dev, non_blocking=True)
+                it.x[g] = rt.to_device(x, dev)
                 if not gpu_sampler[g]:
                     moved += sum(b.nbytes() for b in it.blocks[g])
-                    it.blocks[g] = [b.to(dev, non_blocking=True) for b in it.blocks[g]]
+                    it.blocks[g] = [b.map(functools.partial(rt.to_device, device=dev)) for b in it.blocks[g]]
                 it.ready[g] = rt.record_event(stream)
                 rt.synchronize(stream)  # the stage's time is the copy's (this thread only waits on its own)
             it.transfer_s[g] = time.perf_counter() - t0

@@ -83,8 +83,12 @@ def predict(graph: Graph, model: str | os.PathLike[str] | tuple[GNN, TrainConfig
             close()
 
 
-def write_predictions(path: str | os.PathLike[str], pred: Tensor) -> Path:
-    """``pred`` to ``.npy``, ``.pt`` or ``.csv`` (``vertex,label`` rows) by the file's extension, atomically."""
+def write_predictions(path: str | os.PathLike[str], pred: Tensor, node_ids: Tensor | None = None) -> Path:
+    """``pred`` to ``.npy``, ``.pt`` or ``.csv`` (``vertex,label`` rows) by the file's extension, atomically.
+
+    ``node_ids`` (``Graph.node_ids``: the original ids of renumbered vertices) are the csv's ``vertex`` column, so
+    the rows join back to the user's data; without them it is ``0..n-1``. ``.npy`` and ``.pt`` hold the labels
+    alone, row ``i`` for vertex ``i`` (the ``i``-th smallest original id)."""
     path = Path(path)
     if path.suffix not in OUTPUT_SUFFIXES:
         raise ConfigError(f"--out {path}: give a file ending in {', '.join(OUTPUT_SUFFIXES)}")
@@ -96,6 +100,7 @@ def write_predictions(path: str | os.PathLike[str], pred: Tensor) -> Path:
         elif path.suffix == ".pt":
             torch.save(pred, fh)
         else:
-            rows = np.stack([np.arange(pred.numel()), pred.numpy()], axis=1)
+            vertex = np.arange(pred.numel()) if node_ids is None else node_ids.numpy()
+            rows = np.stack([vertex, pred.numpy()], axis=1)
             np.savetxt(fh, rows, fmt="%d", delimiter=",", header="vertex,label", comments="")
     return path

@@ -21,7 +21,7 @@ from gnnscale.engines.devices import peak_device_bytes, reset_peak_device_bytes,
 from gnnscale.errors import ConfigError, GraphError, TrainingError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
-from gnnscale.notes import warn
+from gnnscale.notes import note, warn
 from gnnscale.predict import save_model
 from gnnscale.progress import stage
 
@@ -64,6 +64,25 @@ def check_trainable(graph: Graph) -> None:
                                  "disjoint (a vertex trained on cannot measure generalisation)")
 
 
+def as_graph(graph: object) -> Graph:
+    """``graph`` itself, or a PyG ``Data`` converted by :meth:`Graph.from_pyg` (said in a note); anything else is
+    a GraphError naming the ways to build a Graph."""
+    if isinstance(graph, Graph):
+        return graph
+    if getattr(graph, "edge_index", None) is not None:
+        note(f"train: converted the {type(graph).__name__} with Graph.from_pyg (call it yourself to pick a split=, "
+             "a name or coalesce=True)")
+        return Graph.from_pyg(graph)
+    raise GraphError(f"train takes a gnnscale Graph, got a {type(graph).__name__}: build one with Graph.from_pyg("
+                     "data), Graph.from_edge_index(edge_index, x=..., y=..., train_mask=...) or load_dataset(spec)")
+
+
+def made_up_parts(graph: Graph) -> list[str]:
+    """Which of the graph's ``features`` and ``labels`` a reader made up (drawn at random: the data had none), as
+    its ``meta["made_up"]`` records them."""
+    return [p for p in ("features", "labels") if p in (graph.meta.get("made_up") or [])]
+
+
 def train(
     graph: Graph,
     config: TrainConfig,
@@ -102,8 +121,13 @@ def train(
         GnnscaleError: bad config, unusable graph, or no engine fits; the message says which.
     """
     start = time.perf_counter()
+    graph = as_graph(graph)  # a PyG Data too
     dev = resolve_devices(config, device)
     check_trainable(graph)
+    made_up = made_up_parts(graph)
+    if made_up:
+        note(f"the {' and '.join(made_up)} of {graph.name} are made up (drawn at random: the data has none)"
+             + ("; accuracy on made-up labels is not a result" if "labels" in made_up else ""))
     check_checkpoint_args(checkpoint, checkpoint_every, resume)
     if checkpoint_iterations is not None and checkpoint_iterations < 0:
         raise ConfigError(f"--checkpoint-iterations must be >= 0, got {checkpoint_iterations}")
@@ -223,6 +247,7 @@ def train(
         "engine_report": engine.report(),
         "config": asdict(config),
         "resumed_from_epoch": first - 1 if saved is not None else None,
+        "made_up": made_up,
     }
     return TrainResult(model=model, history=history, summary=summary, engine=engine_cls.name, rejected=rejected,
                        best_state=best_state)

@@ -72,7 +72,7 @@ def test_converted_directory_records_its_draws_and_keeps_them(tmp_path: Path,
     io.save(g, tmp_path / "g")
     meta = json.loads((tmp_path / "g" / "meta.json").read_text())["meta"]
     assert meta == {"spec": f"edgelist:{f}:features=2,classes=2", "seed": 3,
-                    "generated": ["features", "labels", "split"]}
+                    "generated": ["features", "labels", "split"], "made_up": ["features", "labels"]}
     assert load_dataset(str(tmp_path / "g"), seed=3).equals(g)
     assert capsys.readouterr().err == ""  # the seed it was drawn with: nothing to say
     other = load_dataset(str(tmp_path / "g"), seed=5)

@@ -13,6 +13,7 @@ from gnnscale.cli.common import _device_list
 from gnnscale.errors import ConfigError
 from gnnscale.graph import io
 from gnnscale.graph.datasets import load_dataset
+from gnnscale.notes import note
 from gnnscale.predict import OUTPUT_SUFFIXES, load_model, predict, write_predictions
 from gnnscale.report import build_panels, markdown, read_run, render_png
 from gnnscale.units import format_bytes, parse_budget
@@ -21,7 +22,7 @@ from gnnscale.units import format_bytes, parse_budget
 def cmd_info(args: argparse.Namespace) -> int:
     progress.enable(sys.stderr.isatty())  # a terminal sees the load and statistics steps tick
     with progress.stage("load"):
-        g = load_dataset(args.dataset, args.root, seed=args.seed)
+        g = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)
     with progress.stage("statistics"):
         st = g.stats()
     if args.json:
@@ -59,9 +60,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"engine": args.engine, "partitions": args.partitions,
                                "devices": _device_list(args.devices),
                                "memory_budget": None if args.gpu_memory is None else parse_budget(args.gpu_memory)}
-    g = load_dataset(args.dataset, args.root, seed=args.seed)
+    g = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)
     pred = predict(g, (model, config), args.device, **options)
-    write_predictions(out, pred)
+    write_predictions(out, pred, g.node_ids)
+    if g.node_ids is not None and out.suffix != ".csv":
+        note(f"{out.name} holds one label per vertex in the order of the original ids; a .csv output pairs each "
+             "label with its vertex's original id")
     line = f"wrote {out}: {pred.numel():,} predicted labels"
     if g.y is not None and g.test_mask is not None and bool(g.test_mask.any()):
         acc = float((pred[g.test_mask] == g.y[g.test_mask]).float().mean())
@@ -90,7 +94,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"removed {stale}: partial output of an interrupted convert", file=sys.stderr)
     progress.enable(sys.stderr.isatty())
     with progress.stage("load"):
-        g = load_dataset(args.dataset, args.root, seed=args.seed)
+        g = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)
     with progress.stage("write"):
         io.save(g, out)
     print(f"wrote {out}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {format_bytes(g.nbytes()['total'])}")

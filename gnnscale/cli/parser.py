@@ -55,6 +55,13 @@ def _add_dataset_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for weights, dropout and random splits (default 0)")
 
 
+def _add_keep_ids(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep-ids", action="store_true",
+                   help="edge lists: keep the vertex ids as given (max id + 1 vertices; gaps become isolated "
+                        "vertices) instead of numbering the vertices 0..n-1 in id order (the default, said in a "
+                        "note; the original ids are kept and written by predict)")
+
+
 def _add_plan_dir(p: Any) -> None:
     p.add_argument("--plan-dir", metavar="DIR",
                    help="where partition plans are saved and reused (default: $GNNSCALE_CACHE_DIR/plans or "
@@ -144,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a model and report accuracy")
     _add_dataset_args(t, required=False)
+    _add_keep_ids(t)
     t.add_argument("--model", choices=list(ALL_MODELS), default="gcn",
                    help="layer type, or a decoupled model (T tasks, then P tasks): dgcn, dgat (default gcn)")
     t.add_argument("--layers", type=int, default=2, help="layers, the last one giving class scores (default 2)")
@@ -271,11 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="print size, degree statistics and memory footprint of a dataset")
     _add_dataset_args(i, required=True)
+    _add_keep_ids(i)
     i.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     i.set_defaults(command="info")
 
     pr = sub.add_parser("predict", help="predict every vertex's class with a saved model")
     _add_dataset_args(pr, required=True)
+    _add_keep_ids(pr)
     pr.add_argument("--model", required=True, metavar="PATH", help="a model written by 'train --save-model'")
     pr.add_argument("--out", required=True, metavar="FILE", help="predicted labels: .npy, .pt or .csv")
     pr.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
@@ -297,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(command="report")
     c = sub.add_parser("convert", help="write a dataset in gnnscale's memory-mappable directory format")
     _add_dataset_args(c, required=True)
+    _add_keep_ids(c)
     c.add_argument("--out", required=True, metavar="DIR", help="new directory to create")
     c.set_defaults(command="convert")
     return parser

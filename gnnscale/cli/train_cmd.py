@@ -86,7 +86,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     timings: dict[str, float] = {}
     try:
         with progress.stage("load", timings):
-            graph = load_dataset(args.dataset, args.root, seed=args.seed)
+            graph = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)
         check_trainable(graph)
         print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
               f"{graph.num_features} features, {graph.num_classes} classes")
@@ -127,12 +127,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} "
               f"epoch{'s' * (config.epochs != 1)} "
               f"in {s['total_time_s']:.1f}s")
+        caveat = "; made-up labels (random): this accuracy is not a result" if "labels" in s["made_up"] else ""
         if s["best_by"] == "val":
             print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
-                  f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}")
+                  f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}{caveat}")
         else:
             print(f"no validation vertices: best epoch {s['best_epoch']} by training accuracy, test accuracy "
-                  f"{_fmt(s['test_acc_at_best_val'])} there; final test accuracy {_fmt(s['final_test_acc'])}")
+                  f"{_fmt(s['test_acc_at_best_val'])} there; final test accuracy {_fmt(s['final_test_acc'])}{caveat}")
         last = result.history[-1]
         if "predicted_t_s" in last:
             print(f"task forward times, last epoch (summed over devices): T tasks {last['t_forward_s']:.3f}s "

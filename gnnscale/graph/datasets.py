@@ -83,13 +83,16 @@ def _resolve(path: str, root: str | None) -> Path:
     return p
 
 
-def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0) -> Graph:
+def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0, keep_ids: bool = False) -> Graph:
     """Load or generate the graph named by ``spec`` (see the module docstring); never downloads.
 
     Args:
         spec: the dataset spec, e.g. ``"csbm:nodes=5000"``, ``"planetoid:cora"``, ``"npz:computers.npz"``.
         root: folder holding Planetoid/OGB files (and a fallback folder for relative file paths).
         seed: default seed for generated graphs and random splits/features.
+        keep_ids: an edge list's vertex ids are kept as given (``max id + 1`` vertices) instead of renumbered
+            ``0..n-1`` (the CLI's ``--keep-ids``; the spec's ``keep_ids`` option wins). Other kinds number their
+            vertices ``0..n-1`` already.
 
     Raises:
         DatasetError: unknown kind, bad option, missing or corrupt file; the message names the problem.
@@ -127,7 +130,7 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0) -> Gr
             opts = {"seed": seed, **_options(io.read_npz, opt_text)}
             g = _drawn(io.read_npz(_resolve(arg, root_s), **opts), opts["seed"], ("split",))
         elif kind == "edgelist":
-            opts = {"seed": seed, **_options(edgelist.read_edgelist, opt_text)}
+            opts = {"seed": seed, "keep_ids": keep_ids, **_options(edgelist.read_edgelist, opt_text)}
             g = edgelist.read_edgelist(_resolve(arg, root_s), **opts)
             parts = (("features",) if g.x is not None else ()) + (("labels", "split") if g.y is not None else ())
             g = _drawn(g, opts["seed"], parts)

@@ -2,12 +2,17 @@
 
 What the file means is decided by the caller's options, never by its comments: a header calling the graph
 undirected gets a one-line note suggesting ``symmetrize=1`` but changes nothing, and a third column is read as
-an edge weight only when ``weight_column`` names it (SNAP's temporal graphs put Unix timestamps there).
+an edge weight only when ``weight_column`` names it (SNAP's temporal graphs put Unix timestamps there). A SNAP
+count header (``# Nodes: N Edges: M``) is a check: a file that contradicts it is an error.
+
+Vertex ids are renumbered ``0..n-1`` in ascending order when they are not already (raw SNAP ids, gaps), with a
+note, and the original ids are kept in ``Graph.node_ids``; ``keep_ids=1`` (``--keep-ids``) keeps them as given.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
 import re
 from pathlib import Path
 
@@ -20,13 +25,16 @@ from gnnscale.graph.graph import Graph
 from gnnscale.graph.io import reading, symmetrized
 from gnnscale.notes import note, warn
 
-_NODES_HEADER = re.compile(r"nodes:?\s*(\d+)", re.IGNORECASE)
+_NODES_HEADER = re.compile(r"\bnodes:?\s*(\d[\d,]*)", re.IGNORECASE)
+_EDGES_HEADER = re.compile(r"\bedges:?\s*(\d[\d,]*)", re.IGNORECASE)
 _UNDIRECTED = re.compile(r"\bundirected\b", re.IGNORECASE)
 _DIRECTED = re.compile(r"\bdirected\b", re.IGNORECASE)  # not "undirected": no word boundary inside it
 # integer weights above this look like Unix timestamps or ids, not weights
 _ID_LIKE = 1e6
 # at least this many edges whose integer weights are exactly a run min..min+E-1 look like edge ids
 _ID_RUN = 8
+# bytes per vertex besides its features: label, masks, CSR row pointer, degree counts and temporaries
+_VERTEX_BYTES = 40
 
 
 def _strip_comments(text: str) -> tuple[str, list[str]]:
@@ -141,6 +149,61 @@ def weights_look_like_ids(w: np.ndarray) -> str | None:
     return None
 
 
+def _header_count(line: str, pattern: re.Pattern[str]) -> int | None:
+    m = pattern.search(line)
+    return None if m is None else int(m.group(1).replace(",", ""))
+
+
+def _number_vertices(path: Path, ids: np.ndarray, nodes: int | None, keep_ids: bool) -> tuple[int, np.ndarray | None]:
+    """``(vertex count, original ids or None)``; renumbers ``ids`` in place to ``0..n-1`` (ascending order of the
+    original ids) unless they are kept: with ``keep_ids``, or when they already are ``0..n-1`` or fit the
+    ``0..nodes-1`` of a ``# Nodes:`` header (whose vertices beyond them are isolated). A header ``nodes`` smaller
+    than the distinct ids is an error naming both."""
+    top = int(ids.max())
+    if keep_ids:
+        if nodes is not None and top >= nodes:
+            raise DatasetError(f"{path}: the header says {nodes:,} nodes but the file has vertex id {top:,}, beyond "
+                               f"0..{nodes - 1:,} (ids kept as given); fix the header, or drop --keep-ids")
+        return max(nodes or 0, top + 1), None
+    if nodes is not None and top < nodes:
+        return nodes, None
+    if top < 4 * ids.size + 1024:  # ids of a moderate range: a table of the ids seen, O(E + max id)
+        seen = np.zeros(top + 1, dtype=bool)
+        seen[ids.ravel()] = True
+        uniq = np.flatnonzero(seen)
+        if uniq.size < top + 1:
+            ids[...] = (np.cumsum(seen) - 1)[ids]
+    else:  # raw ids far beyond the edge count (SNAP crawls): sort them
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        ids[...] = inverse.reshape(ids.shape)
+    k = int(uniq.size)
+    if nodes is not None and k > nodes:
+        raise DatasetError(f"{path}: the header says {nodes:,} nodes but the file names {k:,} distinct vertex ids; "
+                           "fix or remove the header line")
+    if k == top + 1:
+        return k, None
+    note(f"remapped {k:,} vertex ids (max id {top:,}) to 0..{k - 1}; --keep-ids (keep_ids=1) keeps them")
+    if nodes is not None and k < nodes:
+        note(f"the header of {path.name} says {nodes:,} nodes; its edges name {k:,}: the other {nodes - k:,} (with "
+             "no edges, ids unknown) are not in the file and left out")
+    return k, uniq.astype(np.int64)
+
+
+def _check_memory(path: Path, n: int, features: int, keep_ids: bool) -> None:
+    """A vertex count whose vertex data cannot fit in this machine's memory is one error (not an allocator
+    traceback), naming what ``--keep-ids`` asked for."""
+    need = n * (4 * max(features, 0) + _VERTEX_BYTES)
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        how = "the ids kept as given (--keep-ids)" if keep_ids else "the ids"
+        raise DatasetError(f"{path}: {how} make {n:,} vertices, whose vertex data (about {need / 2**30:,.1f} GiB) "
+                           f"exceeds this machine's memory ({have / 2**30:,.1f} GiB); without --keep-ids the "
+                           "vertices are numbered 0..n-1")
+
+
 def read_edgelist(
     path: Path | str,
     features: int = 64,
@@ -149,6 +212,7 @@ def read_edgelist(
     symmetrize: bool | None = None,
     weight_column: int = 0,
     coalesce: bool = False,
+    keep_ids: bool = False,
 ) -> Graph:
     """SNAP-style edge list (plain or .gz), read by column: ``#``/``%`` comment lines, then ``src dst`` and
     optionally more columns per line (0-based ids), separated by whitespace or commas; ``#`` starts a comment
@@ -168,14 +232,23 @@ def read_edgelist(
       once, as listed.
     * ``coalesce=1`` merges an edge listed twice (summing weights); otherwise it is two edges (a multi-edge).
 
-    A header comment such as ``# Nodes: 81306`` sets the vertex count (keeping isolated vertices); otherwise it is
-    ``max id + 1``. Features, labels and a 25/50/25 split are random and seeded, as for ``kronecker``.
+    Vertex ids: ids that are not ``0..n-1`` (raw SNAP ids up to tens of millions, gaps) are renumbered ``0..n-1``
+    in ascending order, said in a one-line note, and the original ids kept in ``Graph.node_ids`` (saved by
+    ``convert``, written by ``predict``); ``keep_ids=1`` keeps them as given (``max id + 1`` vertices).
+
+    A SNAP count header ``# Nodes: N Edges: M`` is a check: ``M`` must be the number of edge lines (before
+    ``symmetrize``), and the file may name at most ``N`` vertices; a contradiction is one error naming both
+    numbers. Ids within ``0..N-1`` are kept, the header's vertices beyond them isolated.
+
+    Features, labels and a 25/50/25 split are random and seeded, as for ``kronecker``; ``meta["made_up"]`` lists
+    them (``features``, ``labels``), and training says so.
     """
     path = Path(path)
     if weight_column < 0 or weight_column in (1, 2):
         raise DatasetError(f"weight_column={weight_column}: columns 1 and 2 are the source and destination ids; "
                            "give the number of the weight column (3 or more), or 0 for no weights")
-    declared = 0
+    nodes: int | None = None
+    edges: int | None = None
     undirected = None
     directed = False
     with reading(path):
@@ -184,9 +257,9 @@ def read_edgelist(
             text = fh.read()
         text, headers = _strip_comments(text)
         for line in headers:
-            m = _NODES_HEADER.search(line)
-            if m:
-                declared = max(declared, int(m.group(1)))
+            n_h, e_h = _header_count(line, _NODES_HEADER), _header_count(line, _EDGES_HEADER)
+            nodes = n_h if n_h is not None and (nodes is None or n_h > nodes) else nodes
+            edges = e_h if e_h is not None and (edges is None or e_h > edges) else edges
             if undirected is None and _UNDIRECTED.search(line) is not None:
                 undirected = line.strip()
             directed = directed or _DIRECTED.search(line) is not None
@@ -200,11 +273,22 @@ def read_edgelist(
         if why is not None:
             warn(f"the edge weights in column {weight_column} of {path.name} look like timestamps or ids ({why}), "
                  "not weights; check weight_column")
-    n = max(declared, int(ids.max()) + 1)
+    if edges is not None and edges != ids.shape[1]:
+        raise DatasetError(f"{path}: the header says {edges:,} edges but the file has {ids.shape[1]:,} edge lines; "
+                           "fix or remove the header line (SNAP's Edges counts the lines)")
+    n, node_ids = _number_vertices(path, ids, nodes, bool(keep_ids))
+    _check_memory(path, n, features, bool(keep_ids))
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, features), dtype=np.float32) if features > 0 else None
-    y = torch.from_numpy(rng.integers(0, classes, n)) if classes > 0 else None
+    try:
+        x = rng.standard_normal((n, features), dtype=np.float32) if features > 0 else None
+        y = torch.from_numpy(rng.integers(0, classes, n)) if classes > 0 else None
+    except MemoryError:
+        raise DatasetError(f"{path}: not enough memory for the made-up features of {n:,} vertices") from None
     masks = random_split(n, (0.25, 0.5, 0.25), rng) if y is not None else (None, None, None)
+    made_up = (["features"] if x is not None else []) + (["labels"] if y is not None else [])
+    meta: dict[str, object] = {"made_up": made_up} if made_up else {}
+    if w is not None:
+        meta["edge_weight"] = f"column {weight_column} of {path.name}"
     g = Graph.from_edge_index(
         ids,
         n,
@@ -217,7 +301,8 @@ def read_edgelist(
         test_mask=masks[2],
         num_classes=classes if classes > 0 else None,
         name=path.name.split(".")[0],
-        meta={} if w is None else {"edge_weight": f"column {weight_column} of {path.name}"},
+        meta=meta,
+        node_ids=None if node_ids is None else torch.from_numpy(node_ids),
     )
     if symmetrize:
         return symmetrized(g, path.name)

@@ -1,7 +1,8 @@
 """gnnscale's own on-disk format and readers for the common public formats. Nothing here touches the network.
 
 On-disk format (written by ``gnnscale convert``): a directory holding ``meta.json`` and one ``.npy`` per array
-(``indptr``, ``indices``, optional ``edge_weight``, ``x``, ``y``, ``train_mask``, ``val_mask``, ``test_mask``).
+(``indptr``, ``indices``, optional ``edge_weight``, ``x``, ``y``, ``train_mask``, ``val_mask``, ``test_mask``,
+``node_ids``: the original vertex ids of a renumbered edge list).
 :func:`open_dir` memory-maps every array, so a graph larger than RAM opens instantly and pages in on use.
 """
 
@@ -32,7 +33,7 @@ from gnnscale.notes import note
 
 FORMAT = "gnnscale-graph"
 FORMAT_VERSION = 1
-_ARRAYS = ("indptr", "indices", "edge_weight", "x", "y", *MASK_NAMES)
+_ARRAYS = ("indptr", "indices", "edge_weight", "x", "y", *MASK_NAMES, "node_ids")
 # Errors a reader raises on a truncated or malformed file; they become one DatasetError naming the file.
 _READ_ERRORS = (OSError, ValueError, EOFError, KeyError, IndexError, pickle.UnpicklingError, zipfile.BadZipFile,
                 zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError)

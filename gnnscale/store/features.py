@@ -164,6 +164,14 @@ class FeatureSource(ABC):
             return out[:n]
         return got
 
+    def gather_range(self, lo: int, hi: int) -> Tensor:
+        """The rows ``lo .. hi - 1`` (``0 <= lo <= hi <= num_rows``) as a new ``[hi - lo, dim]`` tensor on
+        :attr:`device`: a contiguous read (a table source: one bulk copy, no index), counted like :meth:`gather`.
+        By default :meth:`gather_unchecked` of ``arange(lo, hi)``."""
+        if not 0 <= lo <= hi <= self.num_rows:
+            raise FeatureIndexError(f"{self._name()}: rows [{lo}, {hi}) lie outside [0, {self.num_rows})")
+        return self.gather_unchecked(torch.arange(lo, hi))
+
     @abstractmethod
     def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
         """Return the rows ``ids`` (``[n]`` int64, ``n > 0``, on any device; in range unless :attr:`checks_range`)
@@ -289,3 +297,14 @@ class TableSource(FeatureSource):
         got = self.table.index_select(0, ids) if out is None else torch.index_select(self.table, 0, ids, out=out)
         self._record(ids.numel())
         return got
+
+    def gather_range(self, lo: int, hi: int) -> Tensor:
+        if not 0 <= lo <= hi <= self.num_rows:
+            raise FeatureIndexError(f"{self._name()}: rows [{lo}, {hi}) lie outside [0, {self.num_rows})")
+        got = self._copy_range(self.table[lo:hi])
+        self._record(hi - lo)
+        return got
+
+    def _copy_range(self, part: Tensor) -> Tensor:
+        """``part`` (a slice of the table) as a new tensor on :attr:`device`."""
+        return part.clone()

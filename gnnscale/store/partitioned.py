@@ -9,7 +9,9 @@ every rank while they load; convert them with ``gnnscale convert`` for the per-r
 Given an exchange (the job's :class:`~gnnscale.distributed.comm.Comm`: one batched, de-duplicated request per
 peer and one reply, ``Comm.exchange``), :meth:`PartitionedFeatures.gather` serves any vertex: its own rows from
 memory (tier ``"local"``), the others from their owners (tier ``"remote"``). That gather is collective: every rank
-calls it together, with or without remote ids.
+calls it together, with or without remote ids. :meth:`PartitionedFeatures.fetch` makes the exchange earlier: it
+fetches the remote rows of a set of ids once and returns a :class:`FetchedRows` source that serves them (HopGNN's
+pre-gathering).
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import torch
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.store.features import FeatureIndexError, FeatureSource
+from gnnscale.store.features import FeatureIndexError, FeatureSource, FeatureSourceError
 from gnnscale.store.transfer import as_device, place
 
-__all__ = ["READ_ROWS", "Exchange", "PartitionedFeatures"]
+__all__ = ["READ_ROWS", "Exchange", "FetchedRows", "PartitionedFeatures"]
 
 READ_ROWS = 1 << 16
 """Rows per read from the source features."""
@@ -129,12 +131,92 @@ class PartitionedFeatures(FeatureSource):
             return got
         remote = torch.unique(ids[~mine])  # [k] ascending
         fetched = place(self.exchange.exchange(remote, self.owner, self.local, self.dim, self.dtype), self.device)
-        if out is None:
-            out = rt.empty((ids.numel(), self.dim), dtype=self.dtype, device=self.device)
-        on = place(mine, self.device)
-        out[on] = self.rows[place(self.local_index[ids[mine]], self.device)]
-        if remote.numel():
-            out[~on] = fetched[place(torch.searchsorted(remote, ids[~mine]), self.device)]
+        out = _stitch(ids, mine, self.rows, self.local_index, remote, fetched, out)
         self._record(int(mine.sum()))
         self._record(int((~mine).sum()), tier="remote")  # rows served; the exchange moved each distinct one once
         return out
+
+    def fetch(self, ids: Tensor, what: str = "feature fetch") -> FetchedRows:
+        """The rows of ``ids`` that other ranks own, fetched now in one exchange (collective: every rank calls it
+        together, with or without ids), as a source that serves any of ``ids`` -- this rank's rows from its part,
+        the others from what was fetched -- with no exchange of its own (HopGNN's pre-gathering: one iteration's
+        remote rows fetched before its first step). The fetched rows are counted here, under ``"remote"`` (each
+        distinct one once); the returned source counts what it serves."""
+        if self.exchange is None:
+            raise FeatureSourceError(f"rank {self.rank}: fetching other ranks' rows needs an exchange")
+        ids = place(self.check_ids(ids), torch.device("cpu"))
+        remote = torch.unique(ids[self.owner[ids] != self.rank])  # [k] ascending
+        fetched = self.exchange.exchange(remote, self.owner, self.local, self.dim, self.dtype, what)
+        self._record(remote.numel(), tier="remote")
+        return FetchedRows(self, remote, fetched)
+
+
+class FetchedRows(FeatureSource):
+    """A rank's rows and rows of other ranks' vertices fetched before (:meth:`PartitionedFeatures.fetch`), as one
+    source: ``gather`` serves this rank's vertices from ``own`` (counted under ``"local"``) and the fetched ones
+    from ``fetched`` (under ``"fetched"``); any other id is an error. It makes no exchange.
+
+    Args:
+        part: the rank's part (its owners, its rank, its local index).
+        remote: ``[k]`` ascending ids of the fetched rows (none of them this rank's).
+        fetched: ``[k, dim]`` their rows.
+        own: ``[n_own, dim]`` the rank's rows in ``part.own`` order; ``None``: its features (``part.rows``). (Exact
+            layer-wise inference passes a layer's activations.)
+    """
+
+    def __init__(self, part: PartitionedFeatures, remote: Tensor, fetched: Tensor, own: Tensor | None = None, *,
+                 tier: str = "local", fetched_tier: str = "fetched"):
+        super().__init__(tier)
+        self.part, self.remote, self.fetched_tier = part, remote, fetched_tier
+        self.own_rows = part.rows if own is None else own
+        self._device = rt.device_of(self.own_rows)
+        self.fetched = place(fetched, self._device)
+
+    @property
+    def num_rows(self) -> int:
+        return self.part.num_rows
+
+    @property
+    def dim(self) -> int:
+        return int(self.own_rows.shape[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.own_rows.dtype
+
+    @property
+    def device(self) -> rt.Device:
+        return self._device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the fetched rows held."""
+        return self.fetched.numel() * self.fetched.element_size()
+
+    def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
+        ids = place(ids, torch.device("cpu"))
+        mine = self.part.owner[ids] == self.part.rank  # [n]
+        rem = ids[~mine]
+        if rem.numel():
+            pos = torch.searchsorted(self.remote, rem).clamp_(max=max(self.remote.numel() - 1, 0))
+            missing = (self.remote[pos] != rem) if self.remote.numel() else torch.ones_like(rem, dtype=torch.bool)
+            if bool(missing.any()):
+                raise FeatureIndexError(f"rank {self.part.rank}: rows {rem[missing][:5].tolist()} were not fetched")
+        out = _stitch(ids, mine, self.own_rows, self.part.local_index, self.remote, self.fetched, out)
+        self._record(int(mine.sum()))
+        self._record(int(rem.numel()), tier=self.fetched_tier)
+        return out
+
+
+def _stitch(ids: Tensor, mine: Tensor, own: Tensor, local_index: Tensor, remote: Tensor, fetched: Tensor,
+            out: Tensor | None) -> Tensor:
+    """``[n, dim]`` rows of ``ids`` (CPU) on ``own``'s device: ``own[local_index[id]]`` where ``mine``, else the
+    fetched row of ``id`` (``remote`` ascending, every other id among them)."""
+    dev = rt.device_of(own)
+    if out is None:
+        out = rt.empty((ids.numel(), own.shape[1]), dtype=own.dtype, device=dev)
+    on = place(mine, dev)
+    out[on] = own[place(local_index[ids[mine]], dev)]
+    if remote.numel():
+        out[~on] = fetched[place(torch.searchsorted(remote, ids[~mine]), dev)]
+    return out

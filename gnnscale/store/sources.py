@@ -100,6 +100,10 @@ class PinnedHostSource(TableSource):
         self._record(ids.numel())
         return got
 
+    def _copy_range(self, part: Tensor) -> Tensor:
+        """One bulk copy of the pinned rows to the device (asynchronous on its current stream; no staging)."""
+        return rt.to_device(part, self._device) if rt.is_accelerator(self._device) else part.clone()
+
     def close(self) -> None:
         """Unregister the pinned pages (once); the source must not be read afterwards."""
         if self.region is not None:

@@ -34,6 +34,7 @@ from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph, csr_rows
 from gnnscale.nn import build_model
 from gnnscale.plan.offload import plan_offload
+from gnnscale.store import FeatureSource
 
 CPU = torch.device("cpu")
 T = TypeVar("T")
@@ -309,15 +310,18 @@ def _reusing_rows(num_rows: int) -> Callable[..., Tensor]:
     rings: dict[tuple[int, int], list[Tensor]] = {}
     turn = Counter[tuple[int, int]]()
 
-    def rows(io: RowMover, host: Tensor, ids: Tensor, rows_dev: Tensor | None = None, kind: str = "row") -> Tensor:
-        R, F = ids.numel(), host.shape[1]
-        io.count(kind, R * F * host.element_size())
+    def rows(io: RowMover, host: Tensor | FeatureSource, ids: Tensor, rows_dev: Tensor | None = None,
+             kind: str = "row") -> Tensor:
+        R, F = ids.numel(), (host.dim if isinstance(host, FeatureSource) else host.shape[1])
+        io.count(kind, R * F * 4)
         key = (id(io), F)
         if key not in rings:
             rings[key] = [rt.empty((num_rows, F), device=io.device) for _ in range(2)]
         out = rings[key][turn[key] % 2][:R]
         turn[key] += 1
-        return rt.copy_async(out, host.index_select(0, ids))  # on the copy stream: the mover issues loads there
+        # the features are read through their source (on the sim device: onto the device), the rest by index
+        got = host.gather_unchecked(ids) if isinstance(host, FeatureSource) else host.index_select(0, ids)
+        return rt.copy_async(out, got)  # on the copy stream: the mover issues loads there
 
     return rows
 

@@ -42,7 +42,7 @@ from torch import Tensor
 from gnnscale import runtime as rt
 from gnnscale.engines.chunks import Chunk
 from gnnscale.graph.block import Block
-from gnnscale.store import gather_rows, scatter_add_rows
+from gnnscale.store import FeatureSource, InMemorySource, PinnedHostSource, gather_rows, scatter_add_rows
 
 T = TypeVar("T")
 
@@ -124,17 +124,41 @@ class RowMover:
             self._issue_accumulations()
 
     # -------------------------------------------------------------------------------------------- host -> device
-    def rows(self, host: Tensor, rows: Tensor, rows_dev: Tensor | None = None, kind: str = "row") -> Tensor:
+    def source(self, x: Tensor) -> FeatureSource:
+        """A feature source over the host table ``x`` (pinned by the caller where this device needs it) that reads
+        onto this device the way :meth:`rows` reads a host tensor: :class:`~gnnscale.store.InMemorySource` on the
+        CPU, else a :class:`~gnnscale.store.PinnedHostSource` with this mover as its reader (:meth:`host_rows`:
+        the same copies, staging and waits as a host tensor's rows; ``--gather uva`` the same kernel)."""
+        if not self.accelerator:
+            return InMemorySource(x)  # tier "host"
+        return PinnedHostSource(x, self.device, method=self.gather, pin=False, reader=self)  # tier "pinned"
+
+    def rows(self, host: Tensor | FeatureSource, rows: Tensor, rows_dev: Tensor | None = None,
+             kind: str = "row") -> Tensor:
         """``host[rows]`` on the device: ``[R, F]`` (``rows_dev``: the same ids on the device, for the UVA gather,
-        see :meth:`gather_ids`), counted as ``kind``."""
-        R, F = rows.numel(), host.shape[1]
-        self.count(kind, R * F * host.element_size())
+        see :meth:`gather_ids`), counted as ``kind``. A :class:`~gnnscale.store.FeatureSource` (one of
+        :meth:`source`'s, reading onto this device) is read through its ``gather``: the rows are counted by its
+        read counters too; ``rows`` must lie in its range (checked once by the caller, not per read)."""
+        uva = self.accelerator and self.gather == "uva"
+        if uva:
+            assert rows_dev is not None
+        ids = rows_dev if uva else rows
+        assert ids is not None
+        if isinstance(host, FeatureSource):
+            self.count(kind, rows.numel() * host.row_bytes)
+            return host.gather_unchecked(ids)
+        self.count(kind, rows.numel() * host.shape[1] * host.element_size())
+        return self.host_rows(host, ids)
+
+    def host_rows(self, host: Tensor, rows: Tensor) -> Tensor:
+        """``host[rows]`` read onto this device (``rows`` on the device for the UVA gather, else on the CPU); not
+        counted (:meth:`rows` counts). This mover is the reader of its :meth:`source` s
+        (:class:`~gnnscale.store.sources.HostRows`)."""
         if not self.accelerator:
             return host.index_select(0, rows)  # a new tensor, like the device copy it stands for
         if self.gather == "uva":
-            assert rows_dev is not None
-            out = rt.empty((R, F), dtype=host.dtype, device=self.device)
-            return gather_rows(host, rows_dev, out, method="uva")
+            out = rt.empty((rows.numel(), host.shape[1]), dtype=host.dtype, device=self.device)
+            return gather_rows(host, rows, out, method="uva")
         return rt.to_device(self._gathered(host, rows), self.device)
 
     def _gathered(self, host: Tensor, rows: Tensor) -> Tensor:
@@ -159,8 +183,12 @@ class RowMover:
             return t
         return rt.to_device(t, device)
 
-    def slice(self, host: Tensor, lo: int, hi: int) -> Tensor:
-        """``host[lo:hi]`` on the device (a contiguous bulk copy), counted as row bytes."""
+    def slice(self, host: Tensor | FeatureSource, lo: int, hi: int) -> Tensor:
+        """``host[lo:hi]`` on the device (a contiguous bulk copy), counted as row bytes; a feature source (one of
+        :meth:`source`'s) is read through its ``gather_range`` (the same copy, counted by its read counters too)."""
+        if isinstance(host, FeatureSource):
+            self.count("row", (hi - lo) * host.row_bytes)
+            return host.gather_range(lo, hi)
         part = host[lo:hi]
         self.count("row", nbytes(part))
         return rt.to_device(part, self.device) if self.accelerator else part.clone()

@@ -32,6 +32,13 @@ owns them (``full``, Algorithm 2) or per partition (``reuse``), rows kept from t
 slots. Source-row gradients go the opposite way into the same slots and reach host memory once each time a row
 leaves the device (Algorithm 3).
 
+The features (layer 0's input) are read only through feature sources (:mod:`gnnscale.store.features`; one per
+worker, :class:`~gnnscale.engines.offload_workers.Features`: an ``InMemorySource`` on the CPU, a
+``PinnedHostSource`` read by the worker's row mover on an accelerator, with the mover's copies, staging and
+waits), so every feature row read is counted per tier (``engine.features.read_stats()``). The later layers'
+inputs, gradients, projections and cached aggregations are plain host buffers: the engine's own scratch, written
+and read back during the epoch, not features.
+
 Dropout masks are keyed by (seed, epoch, layer, *original* vertex id), so forward, recomputation and the in-memory
 engine draw the same masks. The result is the in-memory engine's, up to floating-point summation order.
 
@@ -63,7 +70,7 @@ from gnnscale.engines.chunks import Chunk, cut_chunks
 from gnnscale.engines.mover import RowMover
 from gnnscale.engines.offload_layers import HostRows, LayerPasses
 from gnnscale.engines.offload_sweep import Sweep
-from gnnscale.engines.offload_workers import Worker, WorkerGroup
+from gnnscale.engines.offload_workers import Features, Worker, WorkerGroup
 from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import normalized_csr
@@ -135,15 +142,19 @@ class OffloadEngine(Engine):
         perm = part.perm
         assert graph.x is not None and graph.y is not None
         x = host(graph.x.index_select(0, perm).float())  # [N, F0] features in the new order
+        self.features = Features(tuple(w.io.source(x) for w in self.workers))
+        """The features, read only through their sources (each worker's; counted by ``features.read_stats()``)."""
         self.y = host(graph.y.index_select(0, perm))
         self.masks = {m: getattr(graph, m).index_select(0, perm) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.num_train = int(self.masks["train_mask"].sum())
         self.chunks = self._build_chunks(graph, host)
+        for chunk in self.chunks:  # the reads pass ids unchecked (no reduction per read): check them once here
+            self.features.sources[0].check_range(chunk.rows)
         if pin and self.plan.exchange is not None:
             self.plan.exchange.pin_memory()
         self.sweep = Sweep(self.group, self.chunks, self.plan.schedule.tolist(), self.plan.exchange)
         self._pred = host(torch.empty(graph.num_nodes, dtype=torch.int64))
-        self.host = HostRows.allocate(model, x, host)
+        self.host = HostRows.allocate(model, self.features, host)
         self.passes = LayerPasses(model, self.host, self.sweep, self.num_train)
         cpu = not rt.is_accelerator(devices[0])
         self.counter = LiveBytesCounter() if cpu and len(devices) == 1 else None

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.engines.offload_workers import Worker, WorkerGroup
+from gnnscale.engines.offload_workers import HostTable, Worker, WorkerGroup, width
 from gnnscale.partition.dedup import ExchangePlan
 
 AssemblyOnDevice = list[tuple[int, Tensor | None, Tensor]]
@@ -49,15 +49,16 @@ class Exchange:
         self.locks = [threading.Lock() for _ in self.workers]
         self.buf: list[Tensor | None] = [None] * len(self.workers)
         self.gbuf: list[Tensor | None] = [None] * len(self.workers)
-        self.src: Tensor | None = None
+        self.src: HostTable | None = None
         self.grad: Tensor | None = None
 
-    def begin_pass(self, src: Tensor | None, grad: Tensor | None) -> None:
-        """Allocate buffers for gathering rows of host ``src`` and/or accumulating gradients into host ``grad``."""
+    def begin_pass(self, src: HostTable | None, grad: Tensor | None) -> None:
+        """Allocate buffers for gathering rows of host ``src`` (the features: through each worker's source) and/or
+        accumulating gradients into host ``grad``."""
         self.src, self.grad = src, grad
         for w in self.workers:
             cap = self.plan.capacity[w.index]
-            self.buf[w.index] = None if src is None else rt.empty((cap, src.shape[1]), device=w.device)
+            self.buf[w.index] = None if src is None else rt.empty((cap, width(src)), device=w.device)
             self.gbuf[w.index] = None if grad is None else rt.zeros((cap, grad.shape[1]), device=w.device)
 
     def end_pass(self) -> None:
@@ -71,7 +72,7 @@ class Exchange:
         mv = self.plan.moves[w.index][batch]
         rows = slots = leaving = None
         if self.src is not None:
-            rows = w.io.rows(self.src, mv.new_rows, w.io.gather_ids(mv.new_rows))
+            rows = w.io.rows(w.reads(self.src), mv.new_rows, w.io.gather_ids(mv.new_rows))
             slots = w.io.index(mv.new_slots)
         if self.grad is not None:
             leaving = w.io.index(mv.leave_slots)

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.engines.offload_sweep import ChunkStep, LayerPass, Sweep
-from gnnscale.engines.offload_workers import Worker
+from gnnscale.engines.offload_workers import Features, HostTable, Worker
 from gnnscale.nn.model import GNN
 
 Key = tuple[int, int]
@@ -28,9 +28,11 @@ Key = tuple[int, int]
 @dataclass(eq=False)
 class HostRows:
     """Every vertex's rows in host memory (pinned for a GPU), in the engine's vertex order: features, each layer's
-    input and its gradient, the projected rows of projecting layers and the cached aggregations."""
+    input and its gradient, the projected rows of projecting layers and the cached aggregations. The features are
+    read through feature sources (:class:`~gnnscale.engines.offload_workers.Features`); the rest are the engine's
+    own scratch, plain host tensors it writes and reads during the epoch."""
 
-    x: Tensor
+    x: Features
     """``[N, F0]`` the features (layer 0's input before its dropout)."""
     inputs: dict[int, Tensor]
     """``h[l]``, ``l >= 1``: layer ``l``'s input (layer ``l - 1``'s output, activation and dropout applied once per
@@ -52,9 +54,9 @@ class HostRows:
     """Layers whose UPDATE reads the destinations' own rows besides the aggregation."""
 
     @classmethod
-    def allocate(cls, model: GNN, x: Tensor, host: Callable[[Tensor], Tensor]) -> HostRows:
+    def allocate(cls, model: GNN, x: Features, host: Callable[[Tensor], Tensor]) -> HostRows:
         """The buffers ``model`` needs for ``x``'s vertices (``host``: pins a buffer for a GPU)."""
-        N, L = x.shape[0], len(model.layers)
+        N, L = x.num_rows, len(model.layers)
         layers = model.block_layers
         widths = [layer.in_features for layer in layers]
         inputs = {l: host(torch.empty(N, widths[l])) for l in range(1, L)}
@@ -70,10 +72,10 @@ class HostRows:
                    aggregates={l: host(torch.empty(N, agg_width[l])) for l in caching},
                    reading_dst={l for l in range(L) if layers[l].update_uses_dst})
 
-    def input(self, layer: int) -> Tensor:
+    def input(self, layer: int) -> HostTable:
         return self.x if layer == 0 else self.inputs[layer]
 
-    def source(self, layer: int) -> tuple[Tensor, Tensor | None]:
+    def source(self, layer: int) -> tuple[HostTable, HostTable | None]:
         """What a layer gathers per chunk (its input, or its projected rows) and the destination rows its UPDATE
         reads besides (projecting layers that read them only)."""
         if layer not in self.projecting:

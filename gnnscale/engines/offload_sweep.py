@@ -30,7 +30,7 @@ from gnnscale import runtime as rt
 from gnnscale.engines.chunks import Chunk
 from gnnscale.engines.mover import record_streams
 from gnnscale.engines.offload_exchange import AssemblyOnDevice, Exchange, StagedRows
-from gnnscale.engines.offload_workers import Worker, WorkerGroup
+from gnnscale.engines.offload_workers import HostTable, Worker, WorkerGroup, width
 from gnnscale.graph.block import Block
 from gnnscale.partition.dedup import ExchangePlan
 
@@ -41,12 +41,12 @@ T = TypeVar("T")
 class LayerPass:
     """What every chunk of a pass reads besides its compute, and where its source rows' gradients go."""
 
-    src: Tensor | None = None
-    """The host tensor whose rows the chunks read (a layer's input or projected rows): gathered per chunk, or
-    assembled from the exchange's transition buffers."""
+    src: HostTable | None = None
+    """The host tensor whose rows the chunks read (a layer's input or projected rows; layer 0's: the features,
+    read through their sources): gathered per chunk, or assembled from the exchange's transition buffers."""
     grad: Tensor | None = None
     """The host gradient the chunks' source rows add into (directly, or through the transition buffers)."""
-    slices: tuple[Tensor | None, ...] = ()
+    slices: tuple[HostTable | None, ...] = ()
     """Host tensors whose destination rows ``[lo:hi]`` each chunk reads (``None``: nothing in that place)."""
     blocks: bool = True
     """The chunks need their topology (else they read destination rows only)."""
@@ -136,7 +136,7 @@ class Sweep:
         exchange's buffers set up around the pass. ``per_worker`` computes each step inside
         ``worker.io.compute()`` (the device's scope), and takes the next step outside it (loads are no compute)."""
         if layer_pass.src is not None:
-            self.pass_widths.append(layer_pass.src.shape[1])
+            self.pass_widths.append(width(layer_pass.src))
 
         def work(worker: Worker) -> T:
             return per_worker(worker, self.steps(worker, layer_pass))
@@ -179,8 +179,9 @@ class Sweep:
             rows_dev = worker.io.gather_ids(chunk.rows)
             block = worker.io.block(chunk, layer_pass.transpose)
             if layer_pass.src is not None and exchange is None:
-                gathered = worker.io.rows(layer_pass.src, chunk.rows, rows_dev)
-                worker.count("rows_h2d", chunk.rows.numel(), layer_pass.src.shape[1])
-        slices = tuple(None if t is None else worker.io.slice(t, chunk.lo, chunk.hi) for t in layer_pass.slices)
+                gathered = worker.io.rows(worker.reads(layer_pass.src), chunk.rows, rows_dev)
+                worker.count("rows_h2d", chunk.rows.numel(), width(layer_pass.src))
+        slices = tuple(None if t is None else worker.io.slice(worker.reads(t), chunk.lo, chunk.hi)
+                       for t in layer_pass.slices)
         return ChunkStep(worker, chunk, batch, last_of_batch, staged, assembly, block, gathered, slices,
                          exchange, layer_pass.grad)

@@ -29,6 +29,7 @@ from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.plan.memory import proc_kib
 from gnnscale.sample import sample_key
+from gnnscale.store.features import ReadStats
 from gnnscale.store.partitioned import PartitionedFeatures
 from gnnscale.train import train
 
@@ -160,16 +161,49 @@ def _gradients_task(rank: int, world: int, model_name: str, variants: list[dict[
             return exchange(ids, *a, **k)
 
         eng.comm.exchange = spy  # type: ignore[method-assign]
+        fetched: list[Any] = []  # the sources of rows fetched ahead (pre-gathering)
+        fetch = eng.features.fetch
+
+        def fetch_spy(ids: torch.Tensor, *a: Any, fetch: Any = fetch, fetched: list[Any] = fetched) -> Any:
+            fetched.append(fetch(ids, *a))
+            return fetched[-1]
+
+        eng.features.fetch = fetch_spy  # type: ignore[method-assign]
+        eng.features.reset_stats()
         before = dict(eng.comm.counters)
         got = eng.iteration_gradients(1, 0)
         after = eng.comm.counters
         Schedule.step_counts = step_counts  # type: ignore[method-assign]
-        out.append({**got,
+        reads = [eng.features.read_stats(), sum((f.read_stats() for f in fetched), ReadStats())]
+        out.append({**got, "reads": [{"rows": dict(r.rows), "bytes": dict(r.bytes)} for r in reads],
                     "exchanges": after["exchanges"] - before["exchanges"],
                     "migrations": after["migrations"] - before["migrations"],
                     "asked": asked, "owner": eng.owner.clone(), "cache_peak": eng._cache_peak,
                     "params": sum(p.numel() for p in eng.model.parameters()),
                     "own": eng.features.own.clone(), "rows_read": eng.features.rows_read})
+    eng.comm.close()
+    return out
+
+
+def _refuse_task(rank: int, world: int, plan_dir: str) -> list[str]:
+    """Each strategy with feature sources that refuse to read: the iteration fails (on every rank alike, before
+    any collective of the read), so no input row is read around them."""
+    from gnnscale.store.partitioned import FetchedRows
+
+    def refuse(*a: Any) -> Any:
+        raise RuntimeError("feature read refused")
+
+    PartitionedFeatures._gather = refuse  # type: ignore[method-assign]
+    FetchedRows._gather = refuse  # type: ignore[method-assign]
+    out = []
+    for v in ({"strategy": "model-centric"}, {"strategy": "micrograph", "pregather": "off"},
+              {"strategy": "micrograph", "pregather": "on"}):
+        eng = _dist_engine(_graph(), "sage", plan_dir, **v)
+        try:
+            eng.iteration_gradients(1, 0)
+            out.append("trained")
+        except RuntimeError as exc:
+            out.append(str(exc))
     eng.comm.close()
     return out
 
@@ -229,7 +263,8 @@ def _entry(rank: int, world: int, port: int, out: str, task: str, args: tuple[An
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    result = {"gradients": _gradients_task, "epochs": _epochs_task, "hang": _hang_task}[task](rank, world, *args)
+    result = {"gradients": _gradients_task, "epochs": _epochs_task, "hang": _hang_task,
+              "refuse": _refuse_task}[task](rank, world, *args)
     torch.save(result, Path(out) / f"rank{rank}.pt")
 
 
@@ -321,6 +356,17 @@ def test_micrograph_iteration_equals_model_centric_and_the_minibatch_engine(
             rows = sum(ids.numel() for ids in got["asked"])
             assert got["counters"]["remote_rows"] == rows and got["counters"]["remote_bytes"] == rows * width * 4
             assert got["cache_peak"] == max((ids.numel() for ids in got["asked"]), default=0) * width * 4
+        for v, got in zip(variants, ranks[r], strict=True):  # the counters are the feature sources' read counters
+            (part, ahead), c = got["reads"], got["counters"]
+            assert part["rows"].get("remote", 0) == c["remote_rows"], v
+            assert part["bytes"].get("remote", 0) == c["remote_bytes"], v
+            assert part["rows"].get("local", 0) + ahead["rows"].get("local", 0) == c["local_rows"], v
+            served = part["rows"].get("local", 0) + sum(ahead["rows"].values())
+            if v.get("pregather") != "on":  # fetched by the reads themselves (src is unique: each row once)
+                served += part["rows"].get("remote", 0)
+            else:
+                assert part["rows"].get("local", 0) == 0 and ahead["rows"].get("fetched", 0) > 0, v
+            assert served == c["needed_rows"], v
         assert pre["counters"]["needed_rows"] == nopre["counters"]["needed_rows"]
         # pre-gathering asks once for the union of what the steps ask for one by one
         assert sorted(torch.cat(pre["asked"]).tolist()) == sorted(set(torch.cat(nopre["asked"]).tolist()))
@@ -329,6 +375,11 @@ def test_micrograph_iteration_equals_model_centric_and_the_minibatch_engine(
     hit = [total["local_rows"][i] / total["needed_rows"][i] for i in range(len(variants))]
     assert hit[1] > hit[0] + 0.2  # micrographs are trained where their roots live
     assert total["remote_rows"][1] < total["remote_rows"][0]
+
+
+def test_every_input_row_is_read_through_the_rank_s_feature_source(tmp_path: Path) -> None:
+    ranks = _spawn(tmp_path, 2, "refuse", str(tmp_path / "plans"))
+    assert ranks == [["feature read refused"] * 3] * 2
 
 
 def test_epoch_records_sum_every_rank_and_the_examination_is_the_job_s(tmp_path: Path) -> None:

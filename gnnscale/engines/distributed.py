@@ -58,7 +58,7 @@ from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
 from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
-from gnnscale.engines.sampled_exchange import RankReducer, assemble_rows, layerwise_across_ranks
+from gnnscale.engines.sampled_exchange import RankReducer, layerwise_across_ranks
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
@@ -66,7 +66,8 @@ from gnnscale.nn.model import GNN
 from gnnscale.partition.plan import PartitionPlan, graph_fingerprint, load_or_partition
 from gnnscale.plan.memory import proc_kib
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
-from gnnscale.store.partitioned import PartitionedFeatures
+from gnnscale.store.features import FeatureSource, ReadStats
+from gnnscale.store.partitioned import FetchedRows, PartitionedFeatures
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -131,7 +132,9 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         self.owner, self.plan_path = self._partition()
         self.timings["partition_s"] = time.perf_counter() - t0
         assert graph.x is not None and graph.y is not None
-        self.features = PartitionedFeatures(graph.x, self.owner, self.rank, device)
+        self.features = PartitionedFeatures(graph.x, self.owner, self.rank, device, exchange=self.comm)
+        """This rank's feature source: its rows local, the others from their owners (every input row is read
+        through it, or through the rows it fetched ahead: :meth:`_inputs`)."""
         self.topo = CSRTopology.from_graph(graph, model.adjacency)
         self.y = graph.y.to(device)
         self.merge = MergeController(config.merge if config.strategy == "micrograph" else "off", self.world)
@@ -211,24 +214,35 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
                     off += p.numel()
         assert off == (2 * n if grads else n)
 
-    def _fetch(self, ids: Tensor, c: dict[str, float]) -> tuple[Tensor, Tensor]:
-        """The remote ones of ``ids`` (sorted, de-duplicated) and their rows, in one exchange (collective)."""
+    def _fetch(self, ids: Tensor, c: dict[str, float]) -> FetchedRows:
+        """The remote ones of ``ids`` fetched in one exchange (collective), as a source over them and this rank's
+        rows (HopGNN's pre-gathering); counted from the rank's feature source."""
         t0 = time.perf_counter()
-        ids = torch.unique(ids)
-        remote = ids[self.owner[ids] != self.rank]
-        rows = self.comm.exchange(remote, self.owner, self.features.local, self.features.width,
-                                  self.features.rows.dtype)
-        c["remote_rows"] += remote.numel()
-        c["remote_bytes"] += rows.numel() * rows.element_size()
+        before = self.features.read_stats()
+        rows = self.features.fetch(ids)
+        self._count_fetched(self.features.read_stats() - before, c)
         c["fetch_s"] += time.perf_counter() - t0
-        self._cache_peak = max(self._cache_peak, rows.numel() * rows.element_size())
-        return remote, rows
+        return rows
 
-    def _inputs(self, src: Tensor, cache: tuple[Tensor, Tensor], c: dict[str, float]) -> Tensor:
-        """Feature rows of ``src``: this rank's own, the rest from ``cache`` (rows fetched before)."""
-        x, local = assemble_rows(src, self.owner, self.rank, self.features.local, cache, self.device)
-        c["needed_rows"] += src.numel()
-        c["local_rows"] += local
+    def _count_fetched(self, read: ReadStats, c: dict[str, float]) -> None:
+        """Rows the other ranks sent (the ``"remote"`` tier: each distinct row once)."""
+        c["remote_rows"] += read.rows["remote"]
+        c["remote_bytes"] += read.bytes["remote"]
+        self._cache_peak = max(self._cache_peak, read.bytes["remote"])
+
+    def _inputs(self, src: Tensor, rows: FeatureSource, c: dict[str, float]) -> Tensor:
+        """Feature rows of ``src`` (unique ids, on the CPU) read through ``rows``: the rank's feature source (own
+        rows, the others fetched from their owners now, in one exchange: collective) or the rows fetched before
+        (:meth:`_fetch`). The counters come from the source's read counters."""
+        t0 = time.perf_counter()
+        before = rows.read_stats()
+        x = rows.gather(src)
+        read = rows.read_stats() - before
+        c["needed_rows"] += read.total_rows
+        c["local_rows"] += read.rows["local"]
+        if rows is self.features:  # fetched now (src is unique: each remote row once)
+            self._count_fetched(read, c)
+            c["fetch_s"] += time.perf_counter() - t0
         return x
 
     def _sample(self, seeds: Tensor, key: int, c: dict[str, float]) -> list[Block]:
@@ -257,9 +271,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         blocks = self._sample(seeds, key, c)
         src = blocks[0].src_ids
         assert src is not None
-        src = src.cpu()
-        cache = self._fetch(src, c)
-        self._train(blocks, self._inputs(src, cache, c), seeds, total, se, c)
+        self._train(blocks, self._inputs(src.cpu(), self.features, c), seeds, total, se, c)
         self._model_of_last_step = self.rank
         c["time_steps"] += 1
 
@@ -268,19 +280,17 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         sched = build_schedule(home_groups(parts, self.owner, self.world), self.merge.merges)
         mine = [sched.roots_on(self.rank, k) for k in range(sched.steps)]
         blocks: list[list[Block] | None] = [None] * sched.steps
-        cache: tuple[Tensor, Tensor] | None = None
+        rows: FeatureSource = self.features  # each step fetches its own remote rows
         if self.config.pregather == "on":  # §5.2: the whole iteration's remote rows in one exchange
             blocks = [self._sample(r, key, c) for r in mine]
             srcs = [b[0].src_ids.cpu() for b in blocks if b is not None and b[0].src_ids is not None]
-            cache = self._fetch(torch.cat(srcs) if srcs else torch.empty(0, dtype=torch.int64), c)
+            rows = self._fetch(torch.cat(srcs) if srcs else torch.empty(0, dtype=torch.int64), c)
         for k in range(sched.steps):
             bk = blocks[k] if blocks[k] is not None else self._sample(mine[k], key, c)
             assert bk is not None
             src = bk[0].src_ids
             assert src is not None
-            src = src.cpu()
-            step_cache = cache if cache is not None else self._fetch(src, c)
-            self._train(bk, self._inputs(src, step_cache, c), mine[k], total, se, c)
+            self._train(bk, self._inputs(src.cpu(), rows, c), mine[k], total, se, c)
             blocks[k] = None  # the step's intermediate data is dropped; only the gradients go on
             if k + 1 < sched.steps:  # migrate: this model to rank + hop, the next one from rank - hop
                 t0 = time.perf_counter()

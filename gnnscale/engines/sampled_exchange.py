@@ -3,15 +3,17 @@ parts of the sampled loop that cross ranks.
 
 * :class:`RankReducer`, the loop's reducer: every rank's gradients summed in one all-reduce of one flat buffer,
   and every rank's counters gathered for an iteration checkpoint.
-* :func:`assemble_rows`: a sample's input rows put together from this rank's own and the rows fetched from their
-  owners (in one batched, de-duplicated :meth:`~gnnscale.distributed.comm.Comm.exchange` before).
 * :func:`layerwise_across_ranks`: exact layer-wise inference of this rank's vertices, each layer's remote input
-  rows (its halo) fetched from their owners in one exchange.
+  rows (its halo) fetched from their owners in one exchange: layer 0's through the rank's feature source
+  (:meth:`~gnnscale.store.partitioned.PartitionedFeatures.fetch`), a later layer's activations alike
+  (:class:`~gnnscale.store.partitioned.FetchedRows` over them).
+
+A sample's input rows are read through the rank's feature source (its
+:class:`~gnnscale.store.partitioned.PartitionedFeatures`, or the rows pre-gathered for an iteration), in the
+engine (:mod:`gnnscale.engines.distributed`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -20,7 +22,8 @@ from gnnscale.distributed.comm import Comm
 from gnnscale.engines.sampled import EVAL_BATCH
 from gnnscale.nn.model import GNN
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
-from gnnscale.store.partitioned import PartitionedFeatures
+from gnnscale.store.features import FeatureSource
+from gnnscale.store.partitioned import FetchedRows, PartitionedFeatures
 
 
 class RankReducer:
@@ -56,21 +59,6 @@ class RankReducer:
         return [dict(zip(keys, r, strict=True)) for r in rows.tolist()]
 
 
-def assemble_rows(src: Tensor, owner: Tensor, rank: int, local: Callable[[Tensor], Tensor],
-                  fetched: tuple[Tensor, Tensor], device: torch.device) -> tuple[Tensor, int]:
-    """``[len(src), F]`` rows of ``src`` (ids on the CPU) on ``device``: this rank's own from ``local``, the others
-    from ``fetched`` (sorted remote ids and their rows, from an exchange before); and how many were this rank's."""
-    rows = fetched[1]
-    x = torch.empty((src.numel(), rows.shape[1]), dtype=rows.dtype, device=device)
-    mine = owner[src] == rank
-    on = mine.to(device)
-    x[on] = local(src[mine])
-    rem = src[~mine]
-    if rem.numel():
-        x[~on] = rows[torch.searchsorted(fetched[0].cpu(), rem).to(rows.device)]
-    return x, int(mine.sum())
-
-
 def layerwise_across_ranks(model: GNN, comm: Comm, topology: Topology, features: PartitionedFeatures,
                            owner: Tensor, adjacency: SampledAdjacency, device: torch.device) -> Tensor:
     """``[n_own, C]``: this rank's vertices' exact outputs, layer by layer over full neighbourhoods; each layer's
@@ -83,17 +71,22 @@ def layerwise_across_ranks(model: GNN, comm: Comm, topology: Topology, features:
     remote = need[owner[need] != rank]
     h = features.rows
     for i, layer in enumerate(model.block_layers):
-        table = h
+        rows: FeatureSource
+        if i == 0:  # the features: through the rank's source (its rows, the halo fetched from the owners)
+            rows = features.fetch(need, "inference")
+        else:  # a layer's activations: the engine's own, exchanged the same way
+            table = h
 
-        def serve(req: Tensor, table: Tensor = table) -> Tensor:
-            return table[features.local_index[req.cpu()].to(table.device)]
+            def serve(req: Tensor, table: Tensor = table) -> Tensor:
+                return table[features.local_index[req.cpu()].to(table.device)]
 
-        halo = comm.exchange(remote, owner, serve, table.shape[1], table.dtype, "inference")
+            halo = comm.exchange(remote, owner, serve, table.shape[1], table.dtype, "inference")
+            rows = FetchedRows(features, remote, halo, own=table)
         outs = []
         for b in blocks:
             src = b.src_ids
             assert src is not None
-            x, _ = assemble_rows(src, owner, rank, serve, (remote, halo), device)
+            x = rows.gather(src)
             bd = b.to(device) if device.type != "cpu" else b
             outs.append(layer(bd, model.layer_input(i, x, bd.row_ids(), None)))
         h = torch.cat(outs)  # every rank holds a part (partitions are never empty)

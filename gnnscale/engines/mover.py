@@ -10,7 +10,10 @@ A :class:`RowMover` belongs to one device and is driven by that device's thread.
 * device -> device: a tensor another device's mover produced (:meth:`~RowMover.receive`): nothing moves, and no
   byte is counted, when the sender is this mover.
 
-Every byte is counted in :attr:`RowMover.moved` under the kind the caller names (the engines' metric names).
+Rows are read from a host tensor, or through a feature source (:mod:`gnnscale.store.features`; :meth:`RowMover.source`
+makes one over a host table that reads with this mover's copies, so that an engine's feature reads are counted by
+the source's read counters as well). Every byte is counted in :attr:`RowMover.moved` under the kind the caller names
+(the engines' metric names).
 Every device operation goes through :mod:`gnnscale.runtime`, so one code path serves three kinds of device: on
 an accelerator the copies are asynchronous (pinned host memory, a copy stream, events); on the runtime's sim
 device the same copies read as NaN until they are waited for, so a missing wait fails a test on a CPU; on the CPU

@@ -68,7 +68,8 @@ class PinnedHostSource(TableSource):
         method: ``"uva"``, ``"index_select"`` or ``"auto"`` (:func:`~gnnscale.store.gather.default_gather_method`).
         pin: page-lock ``x``; ``None``: when ``device`` needs it (:func:`gnnscale.runtime.needs_pinning`: CUDA).
         reader: reads the rows (``host_rows(host, rows)``); ``None``: a
-            :class:`~gnnscale.store.gather.HostRowReader` of its own.
+            :class:`~gnnscale.store.gather.HostRowReader` of its own. (A chunked engine's row mover is one: its
+            per-read pinned staging and copy stream.)
         cudart: the CUDA runtime binding's getter (tests give a fake one).
     """
 

@@ -1,62 +1,133 @@
-"""README.md's Python snippets run as written, so they cannot rot.
+"""README.md's examples run (issue #28, item 13): an example that drifts from the code fails here.
 
-Rule: every ```python fenced block of README.md is executed, in the order it appears, in ONE shared namespace
-(``__name__ == "__main__"``, as a user's script would have), because the blocks build on each other (the layer
-example uses the ``g`` built in the API example). The working directory is the repository root, so relative
-paths such as ``root="../shared/datasets/planetoid"`` resolve as they do for a user who runs the snippets from a
-clone with ``../shared`` beside it (as CI does). When a ``root=`` folder a snippet names is missing, the test is
-skipped, naming the folder. Tracebacks point at README.md's own line numbers.
-
-Substitution: the code runs as written except that its two trainings on Cora are cut to 2 epochs (``SHORTEN``:
-the GCN's ``epochs=200`` and the GAT's default 100). Verbatim, the README takes 16-24 s on 2 idle CPU cores and
-over a minute when they are shared; 2 epochs exercise the same API calls in ~3 s. Each substitution must match
-exactly once in the Python blocks, or the test fails, so it cannot silently stop applying (edit ``SHORTEN``
-together with the README's training lines).
+- Every ```python block runs, in order, in one namespace (they build on each other), from the repository root
+  (the paths they name are relative to it); skipped with a reason when ../shared/datasets is missing.
+- Every ``gnnscale`` command, in a shell block or inline in the text, parses with the CLI's own parser, flag by
+  flag and value by value (placeholders such as ``DIR`` stand for paths; nothing is trained).
+- Every flag the CLI synopsis (the block with ``[--flag ...]``) lists exists on its command.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
+from gnnscale.cli.parser import build_parser, join_negative_lists
+from gnnscale.errors import GnnscaleError
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-
-# (README text, what the test runs instead); single-line, so README line numbers are kept
-SHORTEN = [
-    ('gs.TrainConfig(model="gcn", hidden=16, epochs=200,', 'gs.TrainConfig(model="gcn", hidden=16, epochs=2,'),
-    ('gs.TrainConfig(model="gat", hidden=64,', 'gs.TrainConfig(model="gat", hidden=64, epochs=2,'),
-]
-
-_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+DATASETS = ROOT.parent / "shared" / "datasets"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+COMMANDS = ("train", "partition", "plan", "predict", "report", "info", "convert")
+_COMMAND = "|".join(COMMANDS)
 
 
-def python_blocks(text: str) -> list[tuple[int, str]]:
-    """``(first line number of the code, code)`` of each ```python fenced block, in order."""
-    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in _BLOCK.finditer(text)]
+def _blocks(lang: str | None = None) -> list[str]:
+    text = README.read_text()
+    return [body for kind, body in FENCE.findall(text) if lang is None or kind == lang]
 
 
-def test_python_blocks_are_found() -> None:
-    blocks = python_blocks(README.read_text(encoding="utf-8"))
-    assert len(blocks) >= 2, "README.md should have its Python API and layer examples as ```python blocks"
-    assert all(code.strip() for _, code in blocks)
+def _shell_lines(body: str) -> list[str]:
+    """The block's commands, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", body)
+    out = []
+    for line in joined.splitlines():
+        line = line.split("  #")[0].split(" # ")[0].strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
 
 
-def test_readme_python_blocks_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    blocks = python_blocks(README.read_text(encoding="utf-8"))
-    assert blocks, "no ```python block found in README.md"
+PLACEHOLDERS = {"R": "2", "N": "2", "K": "2", "S": "2", "M": "2", "GIB": "6", "LIST": "cpu", "SPEC": "csbm",
+                "DIR": "runs/x", "PATH": "model.pt", "FILE": "out.csv", "RUN.jsonl": "run.jsonl"}
+"""Placeholders of the README's commands and a value each stands for."""
+
+
+def _argv(command: str) -> list[str]:
+    """The arguments after ``gnnscale`` (or ``-m gnnscale``), optional brackets and ``...`` dropped, placeholders
+    replaced."""
+    words = shlex.split(command.replace("[", " ").replace("]", " "))
+    start = words.index("gnnscale") + 1
+    return [PLACEHOLDERS.get(w, w) for w in words[start:] if w not in ("...", "|")]
+
+
+def _is_synopsis(body: str) -> bool:
+    return "[--" in body
+
+
+def _commands() -> list[str]:
+    """Whole commands: the shell blocks' lines that run gnnscale."""
+    found = []
+    for body in _blocks():
+        if _is_synopsis(body) or body.lstrip().startswith(("import", "from")):
+            continue
+        found += [line for line in _shell_lines(body)
+                  if re.search(rf"(^|\s)gnnscale\s+({_COMMAND})\b", line)]
+    return found
+
+
+def _mentions() -> list[str]:
+    """Commands named inline in the text (often partial: ``gnnscale train ... --resume``)."""
+    text = FENCE.sub("", README.read_text())
+    return [m.group(1) for m in re.finditer(rf"`(gnnscale (?:{_COMMAND})\b[^`]*)`", text)]
+
+
+def test_the_readme_has_examples_to_check() -> None:
+    assert len(_blocks("python")) >= 2
+    assert len(_commands()) >= 9 and len(_mentions()) >= 10
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_readme_command_parses(command: str) -> None:
+    argv = _argv(command)
+    if argv[0] not in COMMANDS:
+        pytest.fail(f"README command {command!r}: {argv[0]!r} is not a gnnscale command")
+    try:
+        build_parser().parse_args(join_negative_lists(argv))
+    except (SystemExit, GnnscaleError) as exc:
+        pytest.fail(f"README command {command!r} does not parse: {exc}")
+
+
+@pytest.mark.parametrize("mention", _mentions())
+def test_every_flag_named_inline_exists(mention: str) -> None:
+    argv = _argv(mention)
+    unknown = [w.split("=")[0] for w in argv[1:] if w.startswith("--") and w.split("=")[0] not in _flags_of(argv[0])]
+    assert not unknown, f"README mentions `{mention}`: {argv[0]} has no {unknown}"
+
+
+def _flags_of(command: str) -> set[str]:
+    sub = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    return {s for a in sub._actions for s in a.option_strings}
+
+
+def test_every_flag_of_the_synopsis_exists() -> None:
+    synopsis = next(body for body in _blocks() if _is_synopsis(body))
+    command = None
+    missing = []
+    for line in synopsis.splitlines():
+        m = re.search(r"gnnscale (\w+)", line)
+        if m:
+            command = m.group(1)
+            line = line[m.start():]  # torchrun's own flags come before it
+        assert command is not None
+        for flag in re.findall(r"(--[a-z][a-z-]*)", line):
+            if flag not in _flags_of(command):
+                missing.append(f"{command} {flag}")
+    assert not missing, f"flags in the README synopsis that the CLI does not have: {missing}"
+
+
+@pytest.mark.skipif(not DATASETS.is_dir(), reason=f"the README's examples read {DATASETS}, which is missing")
+def test_the_python_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
-    for _, code in blocks:
-        for root in re.findall(r"""root\s*=\s*["']([^"']+)["']""", code):
-            if not (ROOT / root).exists():
-                pytest.skip(f"README's dataset folder {root!r} not present beside the repository ({(ROOT / root)})")
-    for old, new in SHORTEN:
-        found = sum(code.count(old) for _, code in blocks)
-        assert found == 1, f"README's Python blocks contain {old!r} {found} times, expected once: update SHORTEN"
-        blocks = [(line, code.replace(old, new)) for line, code in blocks]
-    namespace: dict[str, object] = {"__name__": "__main__"}
-    for line, code in blocks:
-        # pad with newlines so the compiled code's line numbers are README.md's
-        exec(compile("\n" * (line - 1) + code, str(README), "exec"), namespace)
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    namespace: dict[str, object] = {"__name__": "readme"}
+    for i, body in enumerate(_blocks("python")):
+        try:
+            exec(compile(body, f"README.md python block {i + 1}", "exec"), namespace)  # noqa: S102
+        except Exception as exc:  # noqa: BLE001 -- any failure of an example is the finding
+            pytest.fail(f"README python block {i + 1} fails: {type(exc).__name__}: {exc}")

@@ -5,24 +5,34 @@ A checkpoint holds the model and optimiser state, the epoch, the best-epoch book
 records so far (a resumed run's metrics file continues the old one), the config, and what the engine declares in
 :meth:`gnnscale.engines.base.Engine.state_dict`. Dropout masks and sampling are keyed by (seed, epoch), so the
 epochs after a resume are the epochs an uninterrupted run would have trained.
+
+Models and checkpoints are files users pass around, so they hold plain data only -- tensors, numbers, strings and
+lists, tuples and dicts of them (:func:`plain`) -- and are read with ``torch.load(..., weights_only=True)``: a file
+that holds anything else (a pickled object, which could run code while it loads) is refused, never unpickled.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gnnscale.config import TrainConfig
 from gnnscale.errors import ConfigError
-from gnnscale.fsutil import atomic_file
+from gnnscale.fsutil import atomic_file, check_output
 
 FORMAT = "gnnscale-checkpoint"
 VERSION = 1
 FILE = "checkpoint.pt"
+
+_REFUSED = re.compile(r"GLOBAL ([\w.]+)")
+"""What torch's weights-only unpickler names when it refuses a global (``GLOBAL posix.system``)."""
 
 MODEL_FIELDS = ("model", "layers", "hidden", "heads", "dropout", "lr", "weight_decay", "seed")
 """Config fields that define what is learned: a resume that changes one of them is refused. The engine and its
@@ -42,16 +52,40 @@ def check_checkpoint_args(directory: str | os.PathLike[str] | None, every: int, 
         if resume:
             raise ConfigError("--resume needs --checkpoint DIR (the folder to resume from)")
         return
-    d = Path(directory)
-    if d.exists() and not d.is_dir():
-        raise ConfigError(f"--checkpoint {d} is a file, not a folder")
+    d = check_output(directory, "--checkpoint", folder=True)
     if not resume and checkpoint_path(d).exists():
         raise ConfigError(f"--checkpoint {d} already holds a checkpoint; add --resume to go on from it, or give "
                           "another folder")
 
 
+def plain(obj: Any, where: str = "") -> Any:
+    """``obj`` as what ``torch.load(..., weights_only=True)`` reads: tensors, numbers, strings, ``None`` and lists,
+    tuples and dicts of them; numpy arrays become tensors, numpy scalars numbers, paths strings. Anything else is a
+    bug of the writer (``TypeError`` naming where it sits)."""
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor, torch.dtype, torch.device, torch.Size)):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj))
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, dict):
+        items = {k: plain(v, f"{where}[{k!r}]") for k, v in obj.items()}
+        if all(items[k] is obj[k] for k in obj):
+            return obj  # unchanged: keeps an OrderedDict's metadata (a state dict's version numbers)
+        return items
+    if isinstance(obj, (list, tuple)):
+        seq = [plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return type(obj)(seq) if isinstance(obj, list) or type(obj) is tuple else tuple(seq)
+    raise TypeError(f"cannot save {type(obj).__name__} at {where or 'top level'}: a model or checkpoint holds "
+                    "plain data only (weights_only loading)")
+
+
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save(obj)`` to ``path`` durably and atomically (:func:`gnnscale.fsutil.atomic_file`)."""
+    """``torch.save(obj)`` to ``path`` durably and atomically (:func:`gnnscale.fsutil.atomic_file`), as
+    :func:`plain` data."""
+    obj = plain(obj)
     with atomic_file(path, durable=True) as fh:
         torch.save(obj, fh)
     return Path(path)
@@ -70,7 +104,14 @@ def load_versioned(path: Path, fmt: str, version: int, kind: str, what: str, hin
     another kind of file, another version) is one :class:`ConfigError` starting with ``what`` (the flag and path).
     """
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = _REFUSED.search(str(exc))
+        if found is None:  # not a pickle torch can read at all
+            raise ConfigError(f"{what} is not a readable {kind} file ({type(exc).__name__})") from None
+        raise ConfigError(f"{what}: refused to load it: the file holds Python objects ({found.group(1)}) besides "
+                          f"tensors and plain data, and loading those could run code; a gnnscale {kind} holds none"
+                          ) from None
     except Exception as exc:  # noqa: BLE001 -- any unreadable file is the same user-facing problem
         raise ConfigError(f"{what} is not a readable {kind} file ({type(exc).__name__})") from None
     if not isinstance(obj, dict) or obj.get("format") != fmt:

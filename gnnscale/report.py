@@ -13,13 +13,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from gnnscale import _compat
 from gnnscale.errors import ConfigError, DatasetError
 from gnnscale.fsutil import atomic_file
+from gnnscale.notes import note
 
 MIB = 2**20
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".pdf", ".gif", ".webp", ".tif", ".tiff", ".eps", ".bmp")
+"""Files ``report --format md --out`` refuses (Markdown into an image file)."""
 MB = 1e6
 SPLITS = ("train", "val", "test")
 # fields every epoch record is expected to carry (numbers, or null where not measured / not finite)
@@ -51,13 +54,12 @@ class Series:
 
 @dataclass
 class Panel:
-    """One subplot."""
+    """One subplot: lines coloured by run, styled by part (split, memory kind, counter)."""
 
     title: str
     ylabel: str
+    """The y axis label, with its unit: ``peak memory (MiB)``."""
     series: list[Series] = field(default_factory=list)
-    color_by: Literal["run", "part"] = "run"
-    """Lines of one colour share a run (line style then tells the part) or a part (line style tells the run)."""
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -79,13 +81,19 @@ def read_run(path: str | os.PathLike[str]) -> Run:
         raise DatasetError(f"{p}: cannot read metrics file ({exc})") from None
     records: list[dict[str, Any]] = []
     summary: dict[str, Any] | None = None
-    for lineno, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{p}:{lineno}"
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
+            if lineno == last and lineno > 1 and not text.endswith("\n"):
+                # the run was killed while it wrote this line: the complete records before it still count
+                note(f"{where}: skipped line {lineno}, cut short ({exc.msg}): the run was stopped while writing it")
+                break
             raise DatasetError(f"{where}: not JSON ({exc.msg}); expected a gnnscale train --metrics file") from None
         if not isinstance(rec, dict):
             raise DatasetError(f"{where}: expected a JSON object, got {type(rec).__name__}")
@@ -114,7 +122,8 @@ def _check_epoch_record(rec: dict[str, Any], where: str) -> None:
 def _label(path: Path, summary: dict[str, Any] | None) -> str:
     if summary is None:
         return path.stem  # interrupted: the file name is all we know
-    parts = [str(summary[k]) for k in ("engine", "model", "dataset") if summary.get(k) is not None]
+    dataset = summary.get("dataset_spec") or summary.get("dataset")  # the full spec: csbm:nodes=...,seed=0
+    parts = [str(v) for v in (summary.get("engine"), summary.get("model"), dataset) if v is not None]
     config = summary.get("config") or {}
     if summary.get("engine") == "offload" and isinstance(config, dict) and config.get("partitions"):
         parts.append(f"p{config['partitions']}")
@@ -144,15 +153,17 @@ def _num(v: Any, scale: float = 1.0) -> float:
 # ------------------------------------------------------------------------------------------------ panels
 def build_panels(runs: Sequence[Run]) -> list[Panel]:
     """Plot-ready panels for ``runs`` overlaid: loss, accuracy (train/val/test per run), epoch time, peak memory
-    (MiB) and, when any run recorded movement counters, bytes moved per epoch (MB). Nulls become NaN."""
+    by kind (MiB: ``device``, the training device's peak -- on CPU the engine's live bytes --, and ``host``, the
+    largest rank's resident memory where recorded) and, when any run recorded movement counters, bytes moved per
+    epoch (MB). Nulls become NaN."""
     if not runs:
         raise ConfigError("a report needs at least one metrics file")
     labels = _labels(runs)
     loss = Panel("loss", "training loss")
     acc = Panel("accuracy", "accuracy")
-    time_ = Panel("epoch time", "seconds")
-    peak = Panel("peak device memory", "MiB")
-    moved = Panel("moved per epoch", "MB", color_by="part")
+    time_ = Panel("epoch time", "epoch time (s)")
+    peak = Panel("peak memory", "peak memory (MiB)")
+    moved = Panel("moved per epoch", "moved per epoch (MB)")
     for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
         x = [int(r["epoch"]) for r in run.records]
 
@@ -163,7 +174,10 @@ def build_panels(runs: Sequence[Run]) -> list[Panel]:
         for split in SPLITS:
             acc.series.append(Series(f"{label} {split}", x, col(f"{split}_acc"), i, split))
         time_.series.append(Series(label, x, col("epoch_time_s"), i))
-        peak.series.append(Series(label, x, col("peak_device_bytes", MIB), i))
+        peak.series.append(Series(f"{label} device", x, col("peak_device_bytes", MIB), i, "device"))
+        if any(r.get("rank_rss_bytes") for r in run.records):
+            host = [_num(max(r["rank_rss_bytes"]) if r.get("rank_rss_bytes") else None, MIB) for r in run.records]
+            peak.series.append(Series(f"{label} host", x, host, i, "host"))
         keys = dict.fromkeys(k for r in run.records for k in _counters(r))  # first-seen order
         for key in keys:
             y = col(key, MB)
@@ -176,70 +190,90 @@ def build_panels(runs: Sequence[Run]) -> list[Panel]:
     return panels
 
 
-# ------------------------------------------------------------------------------------------------ PNG
+# ------------------------------------------------------------------------------------------------ figure
+_STYLES = [(ls, mk) for mk in ("o", "s", "^", "D", "v", "x") for ls in ("-", "--", ":", "-.")]
+"""Line style and marker of each part (split, memory kind, counter), in the order the parts first appear."""
+LEGEND_COLUMNS = 4
+
+
+def draw_figure(panels: Sequence[Panel], *, dpi: int = 100, title: str | None = None) -> Any:
+    """A matplotlib ``Figure`` of ``panels`` in a grid of two columns, for a paper: every line coloured by its run
+    and styled by its part, epochs as whole numbers on every x axis, units in the y labels, and one legend for
+    the whole figure below the panels (runs by colour, then parts by line style), never over a curve.
+
+    Headless: matplotlib's Agg canvas directly, never pyplot (no display needed, the caller's backend left alone).
+
+    Raises:
+        ConfigError: matplotlib is not installed, or there is nothing to draw.
+    """
+    if not _compat.WITH_MATPLOTLIB:
+        raise ConfigError("the PNG report needs matplotlib: pip install gnnscale[report] (or --format md)")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    if not panels:
+        raise ConfigError("nothing to draw: no panels")
+    ncols = 2 if len(panels) > 1 else 1
+    nrows = math.ceil(len(panels) / ncols)
+    runs: dict[int, str] = {}  # run index -> its label (the loss panel names every run by its label alone)
+    for panel in panels:
+        for s in panel.series:
+            runs.setdefault(s.run, s.name[: len(s.name) - len(s.part)].rstrip() if s.part else s.name)
+    parts = list(dict.fromkeys(s.part for p in panels for s in p.series if s.part))
+    style = {part: _STYLES[k % len(_STYLES)] for k, part in enumerate(parts)}
+    style[""] = ("-", "o")
+    entries = len(runs) + len(parts)
+    legend_rows = math.ceil(entries / LEGEND_COLUMNS)
+    foot = 0.3 + 0.25 * legend_rows  # inches below the panels for the legend
+    height = 3.6 * nrows + foot
+    fig = Figure(figsize=(6.0 * ncols, height), dpi=dpi)
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(nrows, ncols)
+    cells = [grid[k // ncols, k % ncols] for k in range(len(panels))]
+    if len(panels) % ncols:  # an odd last panel takes the whole row
+        cells[-1] = grid[nrows - 1, :]
+    nruns = 1 + max(runs, default=0)
+    for cell, panel in zip(cells, panels, strict=True):
+        ax = fig.add_subplot(cell)
+        for s in panel.series:
+            ls, mk = style[s.part]
+            # earlier runs drawn wider, so a later run that matches one (same losses) leaves it visible as a halo
+            wide = (nruns - 1 - s.run) / max(nruns - 1, 1)
+            ax.plot(s.x, s.y, ls, color=f"C{s.run % 10}", marker=mk, markersize=2.5 + 2.5 * wide,
+                    linewidth=1.2 + 2.0 * wide, alpha=0.55 if wide else 0.9)
+        ax.set_title(panel.title)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(panel.ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+        ax.grid(True, alpha=0.3)
+    handles = [Line2D([], [], color=f"C{r % 10}", linewidth=2.5) for r in runs]
+    handles += [Line2D([], [], color="0.3", linestyle=style[p][0], marker=style[p][1])  # type: ignore[arg-type]
+                for p in parts]
+    fig.legend(handles, [*runs.values(), *parts], loc="lower center", ncol=min(LEGEND_COLUMNS, entries),
+               fontsize="small", frameon=False, bbox_to_anchor=(0.5, 0.0))
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0.0, foot / height, 1.0, 1.0))
+    return fig
+
+
 def render_png(panels: Sequence[Panel], out: str | os.PathLike[str], *, dpi: int = 100,
                title: str | None = None) -> Path:
-    """Draw ``panels`` in a grid (two columns) and write a PNG to ``out`` atomically, with the umask's mode.
-
-    Headless: uses matplotlib's Agg canvas directly, never pyplot, so no display is needed and the caller's
-    matplotlib backend is left alone.
+    """Draw ``panels`` (:func:`draw_figure`) and write a PNG to ``out`` atomically, with the umask's mode.
 
     Raises:
         ConfigError: matplotlib is not installed, or ``out`` is a directory or in a directory that does not exist.
     """
     if not _compat.WITH_MATPLOTLIB:
         raise ConfigError("the PNG report needs matplotlib: pip install gnnscale[report] (or --format md)")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     out = Path(out)
     if out.is_dir():
         raise ConfigError(f"--out {out} is a directory")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: directory {out.parent} does not exist")
-    if not panels:
-        raise ConfigError("nothing to draw: no panels")
-    ncols = 2 if len(panels) > 1 else 1
-    nrows = math.ceil(len(panels) / ncols)
-    # the last panel (counters: many lines) with many lines gets its legend below it, three names a row, in
-    # room added at the foot of the figure; another panel with many lines gets a two-column legend inside
-    many = 6
-    foot = math.ceil(len(panels[-1].series) / 3) if len(panels[-1].series) > many else 0
-    fig = Figure(figsize=(6.0 * ncols, 3.6 * nrows + 0.25 * foot + (0.3 if foot else 0.0)), dpi=dpi)
-    FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(nrows, ncols)
-    # an odd last panel takes the whole row: room for a long legend beside it
-    cells = [grid[k // ncols, k % ncols] for k in range(len(panels))]
-    if len(panels) % ncols:
-        cells[-1] = grid[nrows - 1, :]
-    nruns = 1 + max((s.run for p in panels for s in p.series), default=0)
-    colors = [f"C{k}" for k in range(10)]
-    styles = ["-", "--", ":", "-."]
-    for cell, panel in zip(cells, panels, strict=True):
-        ax = fig.add_subplot(cell)
-        parts = list(dict.fromkeys(s.part for s in panel.series))
-        here = list(dict.fromkeys(s.run for s in panel.series))  # runs with a line in this panel
-        for s in panel.series:
-            k = parts.index(s.part)
-            if panel.color_by == "run":
-                color, style = colors[s.run % 10], styles[k % 4]
-            else:
-                color, style = colors[k % 10], styles[here.index(s.run) % 4]
-            # earlier runs drawn wider, so a later run that matches one (same losses) leaves it visible as a halo
-            wide = (nruns - 1 - s.run) / max(nruns - 1, 1)
-            ax.plot(s.x, s.y, style, color=color, label=s.name, marker="o", markersize=2.5 + 2.5 * wide,
-                    linewidth=1.2 + 2.0 * wide, alpha=0.55 if wide else 0.9)
-        ax.set_title(panel.title)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(panel.ylabel)
-        ax.grid(True, alpha=0.3)
-        if panel is panels[-1] and foot:
-            ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
-        elif panel.series:
-            ax.legend(fontsize="small" if len(panel.series) <= many else "x-small", ncol=1 + (len(panel.series) > many))
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+    fig = draw_figure(panels, dpi=dpi, title=title)
     with atomic_file(out) as fh:
         fig.savefig(fh, format="png", dpi=dpi, pil_kwargs={"optimize": True})
     return out

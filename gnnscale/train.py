@@ -96,6 +96,7 @@ def train(
     checkpoint_iterations: int | None = None,
     resume: bool = False,
     on_resume: Callable[[list[EpochRecord]], None] | None = None,
+    on_stop: Callable[[TrainResult, BaseException], None] | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on ``graph`` with the selected engine; same seed and device -> same metrics.
 
@@ -116,6 +117,9 @@ def train(
             trained again, and ``on_epoch`` is not called for them); a config that changes the model is refused.
         on_resume: called with the checkpoint's epoch records before the first new epoch (a metrics file
             continues from them).
+        on_stop: called when training stops before its last epoch (Ctrl-C, SIGTERM, an error) with what it has
+            (the model as it stands, the finished epochs' records, the best weights so far; ``summary`` holds
+            ``interrupted``, ``epochs_done`` and ``best_epoch``) and the exception, which is raised again after.
 
     Raises:
         GnnscaleError: bad config, unusable graph, or no engine fits; the message says which.
@@ -177,12 +181,16 @@ def train(
         assert checkpoint is not None
         if not engine.is_primary:  # one writer per job (the ranks of a distributed job hold the same state)
             return
-        Path(checkpoint).mkdir(parents=True, exist_ok=True)
-        save_model(Path(checkpoint) / "model.pt", model, config, graph, best_state)
-        save_checkpoint(checkpoint, {
-            "epoch": epoch, "config": asdict(config), "dataset": graph.name, "num_nodes": graph.num_nodes,
-            "engine_name": engine_cls.name, "model": model.state_dict(), "optimizer": engine.optimizer.state_dict(),
-            "engine": engine.state_dict(), "history": history, "best": best, "best_state": best_state})
+        try:
+            Path(checkpoint).mkdir(parents=True, exist_ok=True)
+            save_model(Path(checkpoint) / "model.pt", model, config, graph, best_state)
+            save_checkpoint(checkpoint, {
+                "epoch": epoch, "config": asdict(config), "dataset": graph.name, "num_nodes": graph.num_nodes,
+                "engine_name": engine_cls.name, "model": model.state_dict(),
+                "optimizer": engine.optimizer.state_dict(), "engine": engine.state_dict(), "history": history,
+                "best": best, "best_state": best_state})
+        except OSError as exc:  # the folder went away, the disk is full: one line (on_stop keeps the model)
+            raise ConfigError(f"could not write the checkpoint in {checkpoint} ({exc.strerror or exc})") from exc
 
     if checkpoint_iterations is None:
         checkpoint_iterations = ITERATION_CHECKPOINTS if checkpoint is not None and hasattr(engine, "on_iteration") \
@@ -198,36 +206,45 @@ def train(
 
         engine.on_iteration = save_within  # type: ignore[attr-defined]
 
-    for epoch in range(first, config.epochs + 1):
-        reset_peak_device_bytes(dev)
-        t0 = time.perf_counter()
-        stats = engine.train_epoch(epoch)
-        if rt.is_accelerator(dev):
-            rt.synchronize(dev)  # the epoch's time includes its device work
-        epoch_time = time.perf_counter() - t0
-        accs = engine.evaluate()
-        record: EpochRecord = {
-            "epoch": epoch,
-            "loss": stats.pop("loss"),
-            **accs,
-            "epoch_time_s": epoch_time,
-            "peak_device_bytes": peak_device_bytes(dev),
-            **stats,
-        }
-        history.append(record)
-        if not math.isfinite(record["loss"]):
+    try:
+        for epoch in range(first, config.epochs + 1):
+            reset_peak_device_bytes(dev)
+            t0 = time.perf_counter()
+            stats = engine.train_epoch(epoch)
+            if rt.is_accelerator(dev):
+                rt.synchronize(dev)  # the epoch's time includes its device work
+            epoch_time = time.perf_counter() - t0
+            accs = engine.evaluate()
+            record: EpochRecord = {
+                "epoch": epoch,
+                "loss": stats.pop("loss"),
+                **accs,
+                "epoch_time_s": epoch_time,
+                "peak_device_bytes": peak_device_bytes(dev),
+                **stats,
+            }
+            history.append(record)
+            if not math.isfinite(record["loss"]):
+                if on_epoch is not None:
+                    on_epoch(record)  # the metrics keep the epoch that diverged (its loss written as null)
+                raise TrainingError(f"the loss is {record['loss']} at epoch {epoch}: training diverged; try a lower "
+                                    f"--lr (now {config.lr}) or check the features for extreme values")
+            val = record[f"{best_by}_acc"]
+            if best is None or (val is not None and val > best["_val"]):
+                best = {"_val": val, "epoch": epoch, "test_acc": record["test_acc"]}
+                best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            if checkpoint is not None and (epoch % checkpoint_every == 0 or epoch == config.epochs):
+                save(epoch)  # before the epoch is reported: a record seen means its checkpoint is on disk
             if on_epoch is not None:
-                on_epoch(record)  # the metrics keep the epoch that diverged (its loss written as null)
-            raise TrainingError(f"the loss is {record['loss']} at epoch {epoch}: training diverged; try a lower "
-                                f"--lr (now {config.lr}) or check the features for extreme values")
-        val = record[f"{best_by}_acc"]
-        if best is None or (val is not None and val > best["_val"]):
-            best = {"_val": val, "epoch": epoch, "test_acc": record["test_acc"]}
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        if checkpoint is not None and (epoch % checkpoint_every == 0 or epoch == config.epochs):
-            save(epoch)  # before the epoch is reported: a record seen means its checkpoint is on disk
-        if on_epoch is not None:
-            on_epoch(record)
+                on_epoch(record)
+    except BaseException as exc:
+        if on_stop is not None:  # Ctrl-C, SIGTERM, a failed write: the caller keeps what was trained
+            done = history[-1]["epoch"] if history else first - 1
+            on_stop(TrainResult(model=model, history=history, engine=engine_cls.name, rejected=rejected,
+                                best_state=best_state,
+                                summary={"interrupted": True, "epochs_done": done,
+                                         "best_epoch": best["epoch"] if best is not None else None}), exc)
+        raise
     assert best is not None
     summary: EpochRecord = {
         "summary": True,
@@ -235,6 +252,7 @@ def train(
         "device": str(dev),
         "model": config.model,
         "dataset": graph.name,
+        "dataset_spec": graph.meta.get("spec", graph.name),
         "epochs": config.epochs,
         "best_val_acc": best["_val"] if best_by == "val" else None,
         "best_by": best_by,

@@ -57,12 +57,12 @@ def test_build_panels_series_names_and_lengths(runs: list[Run]) -> None:
     panels = build_panels(runs)
     got = {p.title: [(s.name, len(s.x), len(s.y)) for s in p.series] for p in panels}
     off, cut = "offload/gcn/tiny/p2", "cut"
-    assert list(got) == ["loss", "accuracy", "epoch time", "peak device memory", "moved per epoch"]
+    assert list(got) == ["loss", "accuracy", "epoch time", "peak memory", "moved per epoch"]
     assert got["loss"] == [(off, 3, 3), (cut, 2, 2)]
     assert got["accuracy"] == [(f"{off} train", 3, 3), (f"{off} val", 3, 3), (f"{off} test", 3, 3),
                                (f"{cut} train", 2, 2), (f"{cut} val", 2, 2), (f"{cut} test", 2, 2)]
     assert got["epoch time"] == [(off, 3, 3), (cut, 2, 2)]
-    assert got["peak device memory"] == [(off, 3, 3), (cut, 2, 2)]
+    assert got["peak memory"] == [(f"{off} device", 3, 3), (f"{cut} device", 2, 2)]  # by kind: device / host
     # peaks are memory, not movement; an all-zero counter and row counts (not bytes) stay out
     assert got["moved per epoch"] == [(f"{off} h2d_bytes", 3, 3), (f"{off} d2h_bytes", 3, 3)]
 
@@ -73,7 +73,7 @@ def test_build_panels_values_units_and_null_gaps(runs: list[Run]) -> None:
     assert loss_cut.x == [1, 2] and loss_cut.y[0] == 1.5 and math.isnan(loss_cut.y[1])
     assert math.isnan(panels["accuracy"].series[5].y[1])  # cut test_acc at epoch 2
     assert panels["accuracy"].series[1].y == [0.25, 0.55, 0.5]
-    peak_off, peak_cut = panels["peak device memory"].series
+    peak_off, peak_cut = panels["peak memory"].series
     assert peak_off.y == [2.0, 3.0, 3.0]  # MiB
     assert math.isnan(peak_cut.y[0]) and peak_cut.y[1] == 1.0
     h2d, d2h = panels["moved per epoch"].series
@@ -83,7 +83,7 @@ def test_build_panels_values_units_and_null_gaps(runs: list[Run]) -> None:
 
 def test_no_moved_panel_without_counters(tmp_path: Path) -> None:
     panels = build_panels([read_run(_write(tmp_path / "cut.jsonl", INTERRUPTED))])
-    assert [p.title for p in panels] == ["loss", "accuracy", "epoch time", "peak device memory"]
+    assert [p.title for p in panels] == ["loss", "accuracy", "epoch time", "peak memory"]
 
 
 def test_same_label_runs_get_their_file_names(tmp_path: Path) -> None:
@@ -117,7 +117,8 @@ def test_render_png_writes_a_png_atomically(runs: list[Run], tmp_path: Path) -> 
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 20_000  # five panels of lines and legends, not an empty canvas
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    assert (width, height) == (1200, 1080)  # 2 columns x 3 rows of 6.0 x 3.6 inches at 100 dpi
+    # 2 columns x 3 rows of 6.0 x 3.6 inches, and the figure's legend below them (8 names, 4 a row: 0.3 + 2 x 0.25)
+    assert (width, height) == (1200, 1160)
     assert out.stat().st_mode & 0o777 == 0o640  # the umask's mode, not tempfile's 0600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.jsonl", "off.jsonl", "report.png"]  # no temp left
 
@@ -173,7 +174,8 @@ def test_render_png_many_counters_legend_below(tmp_path: Path) -> None:
     panels = build_panels([read_run(_write(tmp_path / "many.jsonl", records))])
     assert len(panels[-1].series) == 7
     data = render_png(panels, tmp_path / "many.png").read_bytes()
-    # three legend rows (7 names, 3 a row) below the last panel: 10.8 + 0.75 + 0.3 inches at 100 dpi
+    # the figure's legend below the panels, 4 names a row: 1 run + 3 splits + device + 7 counters = 3 rows,
+    # 10.8 + 0.3 + 3 x 0.25 inches at 100 dpi
     assert int.from_bytes(data[20:24], "big") == 1185
 
 

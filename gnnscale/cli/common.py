@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 from gnnscale.errors import ConfigError
+from gnnscale.fsutil import check_output, make_parents
 
 
 class _MetricsWriter:
@@ -16,18 +15,12 @@ class _MetricsWriter:
     first record, so bad input that stops a run before its first epoch leaves nothing behind."""
 
     def __init__(self, path: str):
-        self.path = Path(path)
-        if self.path.is_dir():
-            raise ConfigError(f"--metrics {path} is a directory")
-        if not self.path.parent.is_dir():
-            raise ConfigError(f"--metrics {path}: directory {self.path.parent} does not exist")
-        if not os.access(self.path.parent, os.W_OK) or (self.path.exists() and not os.access(self.path, os.W_OK)):
-            raise ConfigError(f"--metrics {path}: not writable")
+        self.path = check_output(path, "--metrics")
         self.fh: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
         if self.fh is None:
-            self.fh = open(self.path, "w")  # noqa: SIM115 -- kept open across epochs, closed by close()
+            self.fh = open(make_parents(self.path), "w")  # noqa: SIM115 -- kept open across epochs, closed by close()
         self.fh.write(json.dumps(_finite(record), allow_nan=False) + "\n")
         self.fh.flush()
 

@@ -11,11 +11,12 @@ from typing import Any
 from gnnscale import progress
 from gnnscale.cli.common import _device_list
 from gnnscale.errors import ConfigError
+from gnnscale.fsutil import check_output, make_parents, write_output, write_text
 from gnnscale.graph import io
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.notes import note
 from gnnscale.predict import OUTPUT_SUFFIXES, load_model, predict, write_predictions
-from gnnscale.report import build_panels, markdown, read_run, render_png
+from gnnscale.report import IMAGE_SUFFIXES, build_panels, markdown, read_run, render_png
 from gnnscale.units import format_bytes, parse_budget
 
 
@@ -53,16 +54,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.engine == "distributed":
         raise ConfigError("predict runs in one process; the distributed engine only trains. A model it saved "
                           "predicts with any other engine (--engine auto, or offload for features beyond memory)")
-    out = Path(args.out)
-    if out.suffix not in OUTPUT_SUFFIXES or not out.parent.is_dir():
-        raise ConfigError(f"--out {out}: give a .npy, .pt or .csv file in an existing folder")
+    out = check_output(args.out, "--out")
+    if out.suffix not in OUTPUT_SUFFIXES:
+        raise ConfigError(f"--out {out}: give a .npy, .pt or .csv file")
     model, config = load_model(args.model)
     options: dict[str, Any] = {"engine": args.engine, "partitions": args.partitions,
                                "devices": _device_list(args.devices),
                                "memory_budget": None if args.gpu_memory is None else parse_budget(args.gpu_memory)}
     g = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)
     pred = predict(g, (model, config), args.device, **options)
-    write_predictions(out, pred, g.node_ids)
+    out = write_output(out, lambda p: write_predictions(p, pred, g.node_ids), flag="--out", what="predictions")
     if g.node_ids is not None and out.suffix != ".csv":
         note(f"{out.name} holds one label per vertex in the order of the original ids; a .csv output pairs each "
              "label with its vertex's original id")
@@ -75,19 +76,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.out:
+        check_output(args.out, "--out")
+        if args.format == "md" and Path(args.out).suffix.lower() in IMAGE_SUFFIXES:
+            raise ConfigError(f"--out {args.out}: --format md writes Markdown, not an image; give a .md file, or "
+                              "--format png for the figure")
+    elif args.format != "md":
+        raise ConfigError("report --format png needs --out FILE.png (or use --format md)")
     runs = [read_run(p) for p in args.runs]
     if args.format == "md":
-        print(markdown(runs))
-        return 0
-    if not args.out:
-        raise ConfigError("report --format png needs --out FILE.png (or use --format md)")
-    out = render_png(build_panels(runs), args.out)
+        text = markdown(runs)
+        if not args.out:
+            print(text)
+            return 0
+        out = write_output(args.out, lambda p: write_text(p, text + "\n"), flag="--out", what="report")
+    else:
+        out = write_output(args.out, lambda p: render_png(build_panels(runs), p), flag="--out", what="figure")
     print(f"wrote {out}: {len(runs)} run(s)")
     return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    out = check_output(args.out, "--out", folder=True)
     if out.exists():  # checked before the (possibly slow) load
         raise ConfigError(f"output directory {out} already exists; choose a new path")
     for stale in io.remove_stale_partials(out):
@@ -96,6 +106,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
     with progress.stage("load"):
         g = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)
     with progress.stage("write"):
-        io.save(g, out)
+        io.save(g, make_parents(out))
     print(f"wrote {out}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {format_bytes(g.nbytes()['total'])}")
     return 0

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -24,9 +25,10 @@ from gnnscale.engines import requested_mode
 from gnnscale.engines.devices import rank_device, resolve_devices
 from gnnscale.engines.distributed import load_rank_plan
 from gnnscale.errors import ConfigError
+from gnnscale.fsutil import check_output, write_output
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.predict import save_model
-from gnnscale.train import check_trainable, train
+from gnnscale.train import TrainResult, check_trainable, train
 from gnnscale.units import parse_budget
 
 
@@ -55,8 +57,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         plan=args.plan,
     )
     check_checkpoint_args(args.checkpoint, args.checkpoint_every, args.resume)
-    if args.save_model and (Path(args.save_model).is_dir() or not Path(args.save_model).parent.is_dir()):
-        raise ConfigError(f"--save-model {args.save_model}: give a file path in an existing folder")
+    if args.save_model:
+        check_output(args.save_model, "--save-model")
     if args.checkpoint_iterations and args.checkpoint is None:
         raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
     rank = 0
@@ -119,9 +121,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                 if writer:
                     writer.write(rec)
 
+        def on_stop(partial: TrainResult, exc: BaseException) -> None:
+            _keep_stopped_model(args, partial, exc, config, graph)
+
         result = train(graph, config, device, on_epoch=on_epoch, on_start=on_start, timings=timings,
                        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                       checkpoint_iterations=args.checkpoint_iterations, resume=args.resume, on_resume=on_resume)
+                       checkpoint_iterations=args.checkpoint_iterations, resume=args.resume, on_resume=on_resume,
+                       on_stop=on_stop)
         bar.close()
         s = result.summary
         print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} "
@@ -142,11 +148,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"{last['t_busy_s']:.3f}s, P {last['p_busy_s']:.3f}s)")
         if s.get("engine_report"):
             _print_stage_table(s["engine_report"])
-        if args.save_model:
-            print(f"saved the epoch-{s['best_epoch']} model to "
-                  f"{save_model(args.save_model, result.model, config, graph, result.best_state)}")
         if writer:
             writer.write(s)
+        if args.save_model:
+            saved = write_output(args.save_model, lambda p: save_model(p, result.model, config, graph,
+                                                                       result.best_state),
+                                 flag="--save-model", what="model")
+            print(f"saved the epoch-{s['best_epoch']} model to {saved}")
     finally:
         if writer:
             writer.close()
@@ -154,6 +162,51 @@ def cmd_train(args: argparse.Namespace) -> int:
     if comm is not None:  # a failed job keeps it: main names the failed rank through it
         comm.close()
     return 0
+
+
+def interrupted_model_path(save_model_path: str | None, checkpoint: str | None) -> Path | None:
+    """Where an interrupted run leaves its model: beside ``--save-model PATH`` as ``<stem>.interrupted<suffix>``
+    (a finished run's PATH is never overwritten by a partial model), else ``--checkpoint DIR/model.interrupted.pt``;
+    ``None`` when the run was asked to save neither."""
+    if save_model_path:
+        p = Path(save_model_path)
+        return p.with_name(f"{p.stem}.interrupted{p.suffix or '.pt'}")
+    if checkpoint:
+        return Path(checkpoint) / "model.interrupted.pt"
+    return None
+
+
+def _keep_stopped_model(args: argparse.Namespace, partial: TrainResult, exc: BaseException, config: TrainConfig,
+                        graph: Any) -> None:
+    """A run stopped by Ctrl-C or SIGTERM, or by a checkpoint it could not write, saves its model as it stands
+    (the best epoch's weights so far, or the current ones before the first epoch ends), marked ``interrupted``,
+    and says where: on stderr for a signal, in the error line for a failed write. Other errors (a diverged loss,
+    bad input) save nothing."""
+    failed_write = isinstance(exc.__cause__, OSError) and isinstance(exc, ConfigError)
+    target = interrupted_model_path(args.save_model, args.checkpoint)
+    if target is None or not (failed_write or not isinstance(exc, Exception)):
+        return
+    s = partial.summary
+    meta = {"interrupted": True, "epochs_done": s["epochs_done"], "epoch": s["best_epoch"]}
+    blocked = (signal.SIGINT, signal.SIGTERM)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # a second Ctrl-C does not stop the save half-way
+    try:
+        try:
+            saved = write_output(target, lambda p: save_model(p, partial.model, config, graph,
+                                                              partial.best_state or None, **meta),
+                                 flag="--save-model" if args.save_model else "--checkpoint", what="model")
+        except ConfigError as fallback:  # its fallback copy: the line names where it is
+            saved = None
+            note = str(fallback)
+        else:
+            note = f"the model is at {saved}"
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    best = f"epoch {s['best_epoch']}'s weights" if s["best_epoch"] else "the weights as they stood"
+    if failed_write:
+        raise ConfigError(f"{exc}; {note} ({best}, after {s['epochs_done']} epochs)") from exc
+    where = f"saved the model as it stood ({best}, {s['epochs_done']} epochs done) to {saved}" if saved else note
+    print(f"interrupted after epoch {s['epochs_done']}: {where}", file=sys.stderr, flush=True)
 
 
 def _print_stage_table(report: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from gnnscale.distributed.comm import exit_rank
 from gnnscale.distributed.job import LAUNCHED_BY, PEER_FAILED, PEER_GRACE_S
@@ -61,9 +62,18 @@ def run_ranks(entry: Callable[[list[str]], int], argv: list[str], ranks: int) ->
     # warn about them at exit; it takes this interpreter's -W options
     sys.warnoptions.append("ignore:resource_tracker:UserWarning")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets; said here, so it does not warn
+    # loopback only: the job's stores and the ranks' connections take no connection from another machine
+    rdzv_store = _loopback_store()
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=ranks, rdzv_backend="c10d",
-                          rdzv_endpoint="127.0.0.1:0", run_id=f"gnnscale-{os.getpid()}", max_restarts=0,
+                          rdzv_endpoint=f"{LOOPBACK}:{rdzv_store.port}", rdzv_configs={"is_host": False},
+                          local_addr=LOOPBACK, run_id=f"gnnscale-{os.getpid()}", max_restarts=0,
                           monitor_interval=0.1)
+    set_here = {k: v for k, v in _RANK_ENV.items() if k not in os.environ}
+    os.environ.update(set_here)  # the ranks inherit them
+    handler = _rendezvous_handler_class()
+    original = handler.__dict__.get("_create_tcp_store_server") if handler is not None else None
+    if original is not None:
+        handler._create_tcp_store_server = lambda self, addr, port: _loopback_store()  # type: ignore[union-attr]
     try:
         elastic_launch(config, _worker)(entry, argv)
     except SignalException as exc:  # Ctrl-C or SIGTERM to this process: the agent has stopped the ranks
@@ -91,4 +101,40 @@ def run_ranks(entry: Callable[[list[str]], int], argv: list[str], ranks: int) ->
         return 1
     finally:
         os.environ.pop(LAUNCHED_BY, None)
+        for k in set_here:
+            os.environ.pop(k, None)
+        if original is not None:
+            handler._create_tcp_store_server = original  # type: ignore[union-attr]
+        del rdzv_store
     return 0
+
+
+LOOPBACK = "127.0.0.1"
+_RANK_ENV = {"GLOO_SOCKET_IFNAME": "lo"} if sys.platform.startswith("linux") else {"GLOO_SOCKET_IFNAME": "lo0"}
+"""The ranks' gloo connections listen on the loopback interface only (a user's own setting is kept)."""
+
+
+def _loopback_store() -> Any:
+    """A job store (torch's ``TCPStore``) that listens on 127.0.0.1 only: torch's own store listens on every
+    interface, so the socket is bound here and handed over (``master_listen_fd``)."""
+    import socket
+
+    from torch.distributed import TCPStore
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LOOPBACK, 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    return TCPStore(LOOPBACK, port, is_master=True, multi_tenant=True, wait_for_workers=False,
+                    master_listen_fd=sock.detach())
+
+
+def _rendezvous_handler_class() -> Any:
+    """torch's c10d rendezvous handler, whose store for the ranks (the one ``MASTER_ADDR`` names) is made by
+    ``_create_tcp_store_server``: replaced during a ``--ranks`` job by :func:`_loopback_store`. ``None`` where a
+    torch version has no such method (its store then listens as torch makes it)."""
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+    except ImportError:
+        return None
+    return DynamicRendezvousHandler if "_create_tcp_store_server" in DynamicRendezvousHandler.__dict__ else None

@@ -175,6 +175,31 @@ def find_planetoid(root: Path | str, name: str) -> Path:
     raise DatasetError(f"Planetoid files ind.{stem}.* not found (looked in {looked}); pass --root DIR")
 
 
+class _PlanetoidUnpickler(pickle.Unpickler):
+    """The Planetoid pickles hold numpy arrays, a scipy CSR matrix and a ``defaultdict`` of lists: only those
+    types are looked up. Anything else a file names (``os.system``, ``builtins.eval``: a crafted file) is refused
+    before it is called, with a :class:`DatasetError` naming the file and the global."""
+
+    ALLOWED = frozenset({
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("scipy.sparse.csr", "csr_matrix"), ("scipy.sparse._csr", "csr_matrix"),
+        ("collections", "defaultdict"),
+        ("__builtin__", "list"), ("builtins", "list"),
+    })
+
+    def __init__(self, fh: Any, path: Path):
+        super().__init__(fh, encoding="latin1")
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise DatasetError(f"{self.path}: refused to load it: the pickle calls {module}.{name}, which a "
+                               "Planetoid file never holds (loading it could run code)")
+        return super().find_class(module, name)
+
+
 def read_planetoid(root: Path | str, name: str, normalize: bool = True, coalesce: bool = True) -> Graph:
     """Planetoid pickles ``ind.<name>.*`` (the GCN reference format), standard split.
 
@@ -188,7 +213,7 @@ def read_planetoid(root: Path | str, name: str, normalize: bool = True, coalesce
     def load(ext: str) -> Any:
         f = root / f"ind.{name}.{ext}"
         with reading(f), open(f, "rb") as fh:
-            return pickle.load(fh, encoding="latin1")
+            return _PlanetoidUnpickler(fh, f).load()  # numpy and scipy types only: a crafted file runs nothing
 
     x, tx, allx, y, ty, ally, graph = (load(e) for e in ("x", "tx", "allx", "y", "ty", "ally", "graph"))
     f = root / f"ind.{name}.test.index"

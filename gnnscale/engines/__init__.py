@@ -124,7 +124,11 @@ def select_engine(
     names = candidate_names(config)
     rejected: dict[str, list[str]] = {}
     for name in names:
-        reasons = ENGINES[name].not_supported_reasons(graph, config, device)
+        cls = ENGINES[name]
+        if purpose != "train" and not cls.predicts:
+            reasons = [f"it only trains; a model it saved can {purpose} with any other engine"]
+        else:
+            reasons = cls.not_supported_reasons(graph, config, device)
         if not reasons:
             return ENGINES[name], rejected
         rejected[name] = reasons

@@ -30,6 +30,12 @@ class Engine(ABC):
     """Training mode: ``full`` (full-graph: exact gradients of the whole graph), ``sampled`` (mini-batches of
     sampled neighbourhoods) or ``distributed`` (a job of ranks). ``--engine auto`` chooses among the engines of
     the requested mode."""
+    trains_beside_accelerators: ClassVar[bool] = False
+    """Whether the engine trains on the CPU *and* the accelerators together (its own device, where the master
+    model lives, is then always the CPU, and ``--devices`` names the CPU among the accelerators)."""
+    predicts: ClassVar[bool] = True
+    """Whether the engine runs inference in one process (``gnnscale predict``, :func:`gnnscale.predict.predict`);
+    an engine that only trains a job of ranks does not."""
     options: ClassVar[tuple[type, ...]] = ()
     """The option groups of :class:`~gnnscale.config.TrainConfig` this engine reads besides the model's and the
     run's (``ModelOptions``, ``RunOptions``): ``--help`` groups the flags by them, and a flag of another group

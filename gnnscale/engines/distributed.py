@@ -104,6 +104,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     """One rank of a distributed job: its part of the features, a model replica, and the strategy's iteration."""
 
     name = "distributed"
+    predicts = False  # a job of ranks trains; a model it saved predicts with any other engine
     mode = "distributed"
     options = (SamplingOptions, DistributedOptions, PartitionOptions)
 

@@ -112,6 +112,7 @@ class HybridEngine(SampledEngine):
 
     name = "hybrid"
     mode = "sampled"
+    trains_beside_accelerators = True
     options = (SamplingOptions, MiniBatchOptions, HybridOptions)
 
     @classmethod

@@ -27,7 +27,7 @@ from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.graph import io
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
-from gnnscale.plan.memory import proc_kib
+from gnnscale.runtime.host import proc_kib
 from gnnscale.sample import sample_key
 from gnnscale.store.features import ReadStats
 from gnnscale.store.partitioned import PartitionedFeatures

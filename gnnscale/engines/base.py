@@ -8,8 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
+from gnnscale.plan.memory import estimate_host_bytes
+from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -36,6 +39,11 @@ class Engine(ABC):
     predicts: ClassVar[bool] = True
     """Whether the engine runs inference in one process (``gnnscale predict``, :func:`gnnscale.predict.predict`);
     an engine that only trains a job of ranks does not."""
+    host_layer_copies: ClassVar[int] = 0
+    """Rows per vertex and hidden layer the engine keeps in host memory: 0 (the in-memory engine: its own estimate
+    counts its device), 1 (layer-wise inference keeps each layer's output), 2 (offload and task-parallel keep every
+    vertex's layer input and its gradient): its host memory grows with the graph and the hidden width
+    (:func:`~gnnscale.plan.memory.estimate_host_bytes`)."""
     options: ClassVar[tuple[type, ...]] = ()
     """The option groups of :class:`~gnnscale.config.TrainConfig` this engine reads besides the model's and the
     run's (``ModelOptions``, ``RunOptions``): ``--help`` groups the flags by them, and a flag of another group
@@ -63,8 +71,23 @@ class Engine(ABC):
 
     @classmethod
     def not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
-        """Why this engine cannot run this graph/model/budget on ``device``; empty when it can."""
-        return cls._not_supported_reasons(graph, config, device)
+        """Why this engine cannot run this graph/model/budget on ``device``; empty when it can. Besides the
+        engine's own reasons, the host memory it needs (:meth:`host_reason`)."""
+        reasons = cls._not_supported_reasons(graph, config, device)
+        host = cls.host_reason(graph, config)
+        return reasons + [host] if host else reasons
+
+    @classmethod
+    def host_reason(cls, graph: Graph, config: TrainConfig) -> str | None:
+        """Why the host cannot hold what this engine keeps there (its estimate against the available memory);
+        ``None`` when it can."""
+        parts = estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies)
+        need, have = sum(parts.values()), rt.mem_get_info(torch.device("cpu"))[0]
+        if need <= have:
+            return None
+        detail = ", ".join(f"{k} {format_bytes(v)}" for k, v in parts.items())
+        return (f"needs about {format_bytes(need)} of host memory ({detail}), more than is available "
+                f"({format_bytes(have)}): lower --hidden or --layers, or use a machine with more memory")
 
     @classmethod
     def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device) -> str:

@@ -64,7 +64,7 @@ from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
 from gnnscale.partition.plan import PartitionPlan, graph_fingerprint, load_or_partition
-from gnnscale.plan.memory import proc_kib
+from gnnscale.runtime.host import proc_kib
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.features import FeatureSource, ReadStats
 from gnnscale.store.partitioned import FetchedRows, PartitionedFeatures

@@ -95,6 +95,7 @@ class OffloadEngine(Engine):
     """Full-graph training with vertex data in host memory, batch by batch (HongTu Algorithms 1-4)."""
 
     name = "offload"
+    host_layer_copies = 2
     mode = "full"
     options = (ChunkOptions, PartitionOptions, OffloadOptions, GatherOptions)
 

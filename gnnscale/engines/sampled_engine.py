@@ -44,6 +44,7 @@ class SampledEngine(Engine):
     """
 
     sampling_reasons = staticmethod(sampling_reasons)
+    host_layer_copies = 1  # layer-wise inference keeps each layer's output for every vertex
     loop: SampledLoop
     """The engine's training loop, composed of its parts."""
     inference: SampledInference

@@ -89,6 +89,7 @@ class TaskParallelEngine(Engine):
     """Decoupled T/P tasks over devices, pipelined over subgraphs (NeutronTask §4-5)."""
 
     name = "taskparallel"
+    host_layer_copies = 2
     mode = "full"
     options = (ChunkOptions, TaskParallelOptions)
 

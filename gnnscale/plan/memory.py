@@ -41,21 +41,27 @@ def estimate_inmemory_bytes(graph: Graph, config: TrainConfig) -> dict[str, int]
     return {"graph": adjacency + data, "activations": acts, "parameters": params, "total": total}
 
 
+def estimate_host_bytes(graph: Graph, config: TrainConfig, *, layer_copies: int) -> dict[str, int]:
+    """Host bytes a run needs beyond the graph already loaded, by part (a lower bound, to refuse a run that cannot
+    fit before it starts rather than die in the allocator):
+
+    - ``model``: the parameters, their gradients and Adam's two moments (4 float32 copies);
+    - ``activations``: ``layer_copies`` rows per vertex and hidden layer (layer-wise inference keeps each layer's
+      output for every vertex: 1; engines that keep every vertex's activations in host memory keep a layer's
+      input and its gradient: 2, and copy the features once into their vertex order).
+    """
+    n, f = graph.num_nodes, max(graph.num_features, 1)
+    dims = [f] + [config.hidden] * (config.layers - 1) + [graph.num_classes or 1]
+    params = sum(dims[i] * dims[i + 1] * (2 if config.model in ("sage", "gin") else 1) for i in range(config.layers))
+    out = {"model": 4 * 4 * params}
+    if layer_copies:
+        out["activations"] = layer_copies * 4 * n * sum(dims[1:-1]) + (4 * n * f if layer_copies > 1 else 0)
+    return out
+
+
 def available_device_bytes(device: torch.device) -> int:
     """Free memory on ``device``: the accelerator's free memory, or the host's available RAM for CPU."""
     return int(rt.mem_get_info(device)[0])
-
-
-def proc_kib(path: str, key: str) -> int | None:
-    """The ``key:  N kB`` field of a Linux /proc file (``/proc/meminfo``, ``/proc/self/status``), or None."""
-    try:
-        with open(path) as fh:
-            for line in fh:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 def replica_baseline(model: torch.nn.Module, index: int) -> int:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import resource
 
-__all__ = ["mem_get_info", "memory_allocated", "peak_bytes", "reset_peak"]
+__all__ = ["mem_get_info", "memory_allocated", "peak_bytes", "proc_kib", "reset_peak"]
 
 
-def _proc_kib(path: str, key: str) -> int | None:
-    """The ``key:  N kB`` field of a Linux /proc file, or None."""
+def proc_kib(path: str, key: str) -> int | None:
+    """The ``key:  N kB`` field of a Linux /proc file (``/proc/meminfo``, ``/proc/self/status``), or None."""
     try:
         with open(path) as fh:
             for line in fh:
@@ -23,7 +23,7 @@ def _proc_kib(path: str, key: str) -> int | None:
 
 def mem_get_info() -> tuple[int, int]:
     """``(available, total)`` bytes of host RAM."""
-    avail, total = _proc_kib("/proc/meminfo", "MemAvailable"), _proc_kib("/proc/meminfo", "MemTotal")
+    avail, total = proc_kib("/proc/meminfo", "MemAvailable"), proc_kib("/proc/meminfo", "MemTotal")
     page = os.sysconf("SC_PAGE_SIZE")
     return (avail * 1024 if avail is not None else page * os.sysconf("SC_AVPHYS_PAGES"),
             total * 1024 if total is not None else page * os.sysconf("SC_PHYS_PAGES"))
@@ -31,7 +31,7 @@ def mem_get_info() -> tuple[int, int]:
 
 def memory_allocated() -> int:
     """The process's resident bytes now (VmRSS; 0 where unknown)."""
-    rss = _proc_kib("/proc/self/status", "VmRSS")
+    rss = proc_kib("/proc/self/status", "VmRSS")
     return rss * 1024 if rss is not None else 0
 
 
@@ -46,5 +46,5 @@ def reset_peak() -> None:
 
 def peak_bytes() -> int:
     """The process's peak resident bytes since :func:`reset_peak` (VmHWM), else its lifetime peak."""
-    hwm = _proc_kib("/proc/self/status", "VmHWM")
+    hwm = proc_kib("/proc/self/status", "VmHWM")
     return (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -1,0 +1,88 @@
+"""Host memory is priced before any work (issue #28, item 8): every engine's estimate of what it keeps in host memory
+is checked against what the machine has, and a run that cannot fit is one error naming both, instead of a
+traceback from the allocator."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnscale as gs
+import gnnscale.runtime as rt
+from gnnscale import TrainConfig
+from gnnscale.cli import main
+from gnnscale.engines import ENGINES, OffloadEngine, select_engine
+from gnnscale.errors import EngineError
+from gnnscale.graph.generators import csbm
+from gnnscale.nn import build_model
+from gnnscale.plan.memory import estimate_host_bytes
+from gnnscale.units import format_bytes
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def graph() -> gs.Graph:
+    return csbm(nodes=400, features=16, avg_degree=4, classes=3, seed=0)
+
+
+def _available(monkeypatch: pytest.MonkeyPatch, host_bytes: int) -> None:
+    """The host reports ``host_bytes`` available (devices other than the CPU are left alone)."""
+    real = rt.mem_get_info
+
+    def fake(device: rt.Device) -> tuple[int, int]:
+        if isinstance(device, torch.device) and device.type == "cpu":
+            return host_bytes, host_bytes
+        return real(device)
+
+    monkeypatch.setattr(rt, "mem_get_info", fake)
+
+
+def test_the_estimate_counts_the_model_and_each_engines_host_rows(graph: gs.Graph) -> None:
+    cfg = TrainConfig(hidden=32, layers=3)
+    n, f, c = graph.num_nodes, graph.num_features, graph.num_classes
+    params = f * 32 + 32 * 32 + 32 * c
+    assert estimate_host_bytes(graph, cfg, layer_copies=0) == {"model": 16 * params}
+    one = estimate_host_bytes(graph, cfg, layer_copies=1)
+    two = estimate_host_bytes(graph, cfg, layer_copies=2)
+    assert one["activations"] == 4 * n * (32 + 32)
+    assert two["activations"] == 2 * 4 * n * (32 + 32) + 4 * n * f  # input and gradient, and the features' copy
+    assert {name: cls.host_layer_copies for name, cls in ENGINES.items()} == {
+        "inmemory": 0, "taskparallel": 2, "offload": 2, "minibatch": 1, "hybrid": 1, "distributed": 1}
+
+
+def test_offloads_estimate_is_a_lower_bound_of_what_it_allocates(graph: gs.Graph) -> None:
+    cfg = TrainConfig(engine="offload", hidden=32, layers=3, chunks=2)
+    model = build_model("gcn", graph.num_features, 32, graph.num_classes or 1, layers=3, dropout=0.5, heads=1, seed=0)
+    eng = OffloadEngine(graph, model, cfg, CPU)
+    rows = eng.host
+    allocated = sum(t.numel() * 4 for d in (rows.inputs, rows.input_grads, rows.projected, rows.projected_grads,
+                                          rows.aggregates) for t in d.values())
+    est = estimate_host_bytes(graph, cfg, layer_copies=2)["activations"] - 4 * graph.num_nodes * graph.num_features
+    assert 0 < est <= allocated
+
+
+@pytest.mark.parametrize("engine", ["offload", "taskparallel", "minibatch", "hybrid"])
+def test_an_engine_that_cannot_fit_in_host_memory_is_refused_naming_both(
+        graph: gs.Graph, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = "dgcn" if engine == "taskparallel" else "gcn"
+    cfg = TrainConfig(engine=engine, model=model, hidden=256, devices=("cpu",) if engine == "hybrid" else None)
+    need = sum(estimate_host_bytes(graph, cfg, layer_copies=ENGINES[engine].host_layer_copies).values())
+    _available(monkeypatch, need - 1)
+    with pytest.raises(EngineError, match="of host memory") as info:
+        select_engine(graph, cfg, CPU)
+    assert f"needs about {format_bytes(need)} of host memory" in str(info.value)
+    assert f"more than is available ({format_bytes(need - 1)})" in str(info.value)
+    _available(monkeypatch, need)
+    assert select_engine(graph, cfg, CPU)[0] is ENGINES[engine]
+
+
+def test_the_cli_says_it_in_one_line_before_training(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    _available(monkeypatch, 1 << 20)  # 1 MiB: the in-memory engine does not fit either
+    assert main(["train", "--dataset", "csbm:nodes=300,features=8", "--hidden", "4096", "--epochs", "1",
+                 "--device", "cpu", "--metrics", "/dev/null"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no engine can train")
+    assert "offload: " in err[0] and "of host memory" in err[0]
+    assert "more than is available (1.0 MiB)" in err[0]

@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.gnnscale-installed
 # CPU build of torch available on the project's machines; a bare `torch` requirement would pull a CUDA build.
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup demo test lint bench gpu-check clean
+.PHONY: setup demo test lint docs bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,11 @@ lint: setup
 	$(VENV)/bin/mypy gnnscale
 	$(VPY) -m pytest -q -p no:cacheprovider tests/test_architecture.py
 
+# The API reference and the guides of docs/ as HTML in build/docs/ (open build/docs/index.html). -W: a warning
+# (a docstring autodoc cannot parse, a broken cross-reference between pages) fails the build; -E: read every page anew.
+docs: setup
+	$(VPY) -m sphinx -W --keep-going -E -q -b html docs build/docs
+
 bench: setup
 	$(VPY) benchmarks/inmemory_vs_pyg.py
 
@@ -36,4 +41,4 @@ gpu-check:
 	bash benchmarks/gpu_check.sh $(OUT) $(if $(DRY),--dry-run)
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache build/docs

@@ -19,7 +19,7 @@ class BlockLayer(nn.Module):
     """
 
     edge_compute: ClassVar[bool] = False
-    """True when AGGREGATE has trainable per-edge computation (GAT): caching it costs O(|E|), so recompute."""
+    """True when AGGREGATE has trainable per-edge computation (GAT): caching it costs ``O(|E|)``, so recompute."""
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec()
     """The normalised adjacency the layer aggregates over; engines build blocks from it."""
     update_uses_dst: ClassVar[bool] = True

@@ -65,7 +65,7 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
         "unreadable memory budget": ["train", "--dataset", SMALL, "--memory-budget", "lots", "--metrics", m],
         "GAT hidden not divisible by heads": ["train", "--model", "gat", "--hidden", "10", "--heads", "4"],
         "unknown device": ["train", "--dataset", SMALL, "--device", "tpu", "--metrics", m],
-        "metrics in missing directory": ["train", "--dataset", SMALL, "--metrics", str(tmp / "no" / "m.jsonl")],
+        "metrics under a file": ["train", "--dataset", SMALL, "--metrics", str(garbage / "m.jsonl")],
         "convert onto existing directory": ["convert", "--dataset", SMALL, "--out", str(exists)],
         "missing required flag": ["convert", "--dataset", SMALL],
         "offload budget below its minimum": ["train", "--dataset", SMALL, "--engine", "offload", "--gpu-memory",

@@ -102,10 +102,11 @@ def test_best_state_holds_the_best_epochs_weights() -> None:
 
 
 @pytest.mark.parametrize(("argv", "named"), [
-    (["--fanouts", "5,5", "--batch-size", "64"], "--batch-size, --fanouts have no effect on the inmemory engine"),
-    (["--partitions", "2"], "--partitions has no effect on the inmemory engine"),
-    (["--dependency", "skip"], "--dependency has no effect on the inmemory engine"),
-    (["--heads", "2"], "--heads has no effect"),
+    (["--fanouts", "5,5", "--batch-size", "64"],
+     "batch_size=64 (--batch-size), fanouts=(5, 5) (--fanouts) have no effect on the inmemory engine"),
+    (["--partitions", "2"], "partitions=2 (--partitions) has no effect on the inmemory engine"),
+    (["--dependency", "skip"], "dependency='skip' (--dependency) has no effect on the inmemory engine"),
+    (["--heads", "2"], "heads=2 (--heads) has no effect on the gcn model"),
 ])
 def test_flags_the_engine_ignores_are_named(argv: list[str], named: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:

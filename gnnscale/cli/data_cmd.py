@@ -10,6 +10,7 @@ from typing import Any
 
 from gnnscale import progress
 from gnnscale.cli.common import _device_list
+from gnnscale.engines import ENGINES
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import check_output, make_parents, write_output, write_text
 from gnnscale.graph import io
@@ -51,8 +52,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    if args.engine == "distributed":
-        raise ConfigError("predict runs in one process; the distributed engine only trains. A model it saved "
+    if args.engine in ENGINES and not ENGINES[args.engine].predicts:
+        raise ConfigError(f"predict runs in one process; the {args.engine} engine only trains. A model it saved "
                           "predicts with any other engine (--engine auto, or offload for features beyond memory)")
     out = check_output(args.out, "--out")
     if out.suffix not in OUTPUT_SUFFIXES:

@@ -103,7 +103,7 @@ def _add_partition_args(pa: argparse.ArgumentParser, engine_default: str | None)
     pa.add_argument("--chunker", choices=CHUNKERS, default="range",
                     help="level-2 splitter: range (edge-balanced) or metis (fewer shared rows); default range")
     _add_plan_dir(pa)
-    pa.add_argument("--engine", choices=["offload", "taskparallel", "hybrid"], default=engine_default,
+    pa.add_argument("--engine", choices=[n for n, cls in ENGINES.items() if cls.plan_kind], default=engine_default,
                     help="offload: the two-level plan (default); taskparallel: the task assignment, per-device "
                          "memory estimate and replication factors (with --model, --layers, --hidden, --devices, "
                          "--t-devices, --subgraphs, --gpu-memory); hybrid: the performance model's initial split "
@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa = sub.add_parser("partition",
                         help="a partition plan without training: two-level partition (offload), task assignment "
                              "(taskparallel) or pipeline prediction (hybrid)")
-    _add_partition_args(pa, engine_default="offload")
+    _add_partition_args(pa, engine_default=next(n for n, cls in ENGINES.items() if cls.plan_kind == "partition"))
     pa.set_defaults(command="partition")
     pl = sub.add_parser("plan",
                         help="which engine --engine auto would choose: every engine of the training mode with its "

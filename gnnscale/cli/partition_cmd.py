@@ -6,14 +6,14 @@ import argparse
 import json
 import time
 from dataclasses import asdict
+from typing import Any
 
 import torch
 
 from gnnscale.cli.common import _device_list, _num_list
 from gnnscale.config import TrainConfig
-from gnnscale.engines import candidates, requested_mode
+from gnnscale.engines import ENGINES, candidates, requested_mode
 from gnnscale.engines.devices import resolve_devices
-from gnnscale.engines.hybrid import HybridEngine
 from gnnscale.errors import ConfigError
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.nn import build_model
@@ -59,9 +59,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    if args.engine == "taskparallel":
+    kind = ENGINES[args.engine].plan_kind
+    if kind == "tasks":
         return _partition_taskparallel(args)
-    if args.engine == "hybrid":
+    if kind == "pipeline":
         return _plan_hybrid(args)
     args.chunks = 1 if args.chunks is None else args.chunks
     for flag, value in (("--partitions", args.partitions), ("--chunks", args.chunks)):
@@ -105,7 +106,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 def _plan_hybrid(args: argparse.Namespace) -> int:
     """``gnnscale plan --engine hybrid``: HyScale-GNN's performance model (§V) for this machine, graph and model:
     the initial split, each stage's predicted seconds per iteration, the epoch time and MTEPS, without training."""
-    config = TrainConfig(model=args.model or "gcn", layers=args.layers, hidden=args.hidden, engine="hybrid",
+    config = TrainConfig(model=args.model or "gcn", layers=args.layers, hidden=args.hidden, engine=args.engine,
                          devices=_device_list(args.devices), batch_size=args.batch_size, seed=args.seed,
                          fanouts=_num_list("--fanouts", args.fanouts, int, "15,10"),
                          shares=_num_list("--shares", args.shares, float, "0.25,0.75"),
@@ -113,18 +114,18 @@ def _plan_hybrid(args: argparse.Namespace) -> int:
     device = resolve_devices(config, "auto")
     g = load_dataset(args.dataset, args.root, seed=args.seed)
     check_trainable(g)
-    reasons = HybridEngine.not_supported_reasons(g, config, device)
+    reasons = ENGINES[args.engine].not_supported_reasons(g, config, device)
     if reasons:
         raise ConfigError(f"the hybrid engine cannot train {g.name}: {'; '.join(reasons)}")
     assert g.num_classes is not None
     model = build_model(config.model, g.num_features, config.hidden, g.num_classes, layers=config.layers,
                         dropout=config.dropout, heads=config.heads, seed=config.seed)
-    engine = HybridEngine(g, model, config, device)
+    engine: Any = ENGINES[args.engine](g, model, config, device)
     n = int(engine.train_ids.numel())
     t = engine.perf.stage_times(config.batch_size, engine.split, engine.threads)
     epoch = engine.perf.epoch_time(n, config.batch_size, engine.split, engine.threads)
     shapes = [engine.perf.cpu_sampling.shape(s * config.batch_size, engine.perf.dims) for s in engine.split]
-    st = {"dataset": g.name, "engine": "hybrid", "model": config.model,
+    st = {"dataset": g.name, "engine": args.engine, "model": config.model,
           "devices": [str(d) for d in engine.devices], "split": engine.split,
           "threads": list(engine.threads.as_tuple()), "batch_size": config.batch_size,
           "fanouts": list(engine.fanouts), "stages_s": t, "iterations": -(-n // config.batch_size),
@@ -148,7 +149,7 @@ def _plan_hybrid(args: argparse.Namespace) -> int:
 def _partition_taskparallel(args: argparse.Namespace) -> int:
     """``gnnscale partition --engine taskparallel``: the task assignment, per-device estimates and the replication
     factor of the P group against data parallelism over METIS parts of the same count."""
-    config = TrainConfig(model=args.model or "dgcn", layers=args.layers, hidden=args.hidden, engine="taskparallel",
+    config = TrainConfig(model=args.model or "dgcn", layers=args.layers, hidden=args.hidden, engine=args.engine,
                          devices=_device_list(args.devices or "cpu"), t_devices=args.t_devices,
                          subgraphs=args.subgraphs, chunks=None if args.chunks in (None, 1) else args.chunks,
                          seed=args.seed,
@@ -167,7 +168,7 @@ def _partition_taskparallel(args: argparse.Namespace) -> int:
 
     n = len(plan.devices)
     group = max(len(s.devices) for s in plan.p_stages)
-    st = {"dataset": g.name, "engine": "taskparallel", "model": args.model, "regime": plan.regime,
+    st = {"dataset": g.name, "engine": args.engine, "model": args.model, "regime": plan.regime,
           "n_t": plan.n_t, "n_p": plan.n_p,
           "stages": [{"tasks": s.label(args.model == "dgat"), "kind": s.kind, "devices": s.devices}
                      for s in (*plan.t_stages, *plan.p_stages)],

@@ -39,6 +39,10 @@ class Engine(ABC):
     predicts: ClassVar[bool] = True
     """Whether the engine runs inference in one process (``gnnscale predict``, :func:`gnnscale.predict.predict`);
     an engine that only trains a job of ranks does not."""
+    plan_kind: ClassVar[str | None] = None
+    """What ``gnnscale partition --engine NAME`` shows for this engine without training: ``"partition"`` (a
+    two-level partition plan), ``"tasks"`` (a task assignment), ``"pipeline"`` (a pipeline's predicted split);
+    ``None``: the engine has no such plan (``gnnscale plan`` still lists its estimate)."""
     host_layer_copies: ClassVar[int] = 0
     """Rows per vertex and hidden layer the engine keeps in host memory: 0 (the in-memory engine: its own estimate
     counts its device), 1 (layer-wise inference keeps each layer's output), 2 (offload and task-parallel keep every

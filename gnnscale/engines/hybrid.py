@@ -113,6 +113,7 @@ class HybridEngine(SampledEngine):
     name = "hybrid"
     mode = "sampled"
     trains_beside_accelerators = True
+    plan_kind = "pipeline"
     options = (SamplingOptions, MiniBatchOptions, HybridOptions)
 
     @classmethod

@@ -96,6 +96,7 @@ class OffloadEngine(Engine):
 
     name = "offload"
     host_layer_copies = 2
+    plan_kind = "partition"
     mode = "full"
     options = (ChunkOptions, PartitionOptions, OffloadOptions, GatherOptions)
 

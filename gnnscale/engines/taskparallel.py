@@ -90,6 +90,7 @@ class TaskParallelEngine(Engine):
 
     name = "taskparallel"
     host_layer_copies = 2
+    plan_kind = "tasks"
     mode = "full"
     options = (ChunkOptions, TaskParallelOptions)
 

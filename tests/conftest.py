@@ -1,14 +1,28 @@
+import gc
 import os
+from collections.abc import Iterator
 
 import pytest
 
 import gnnscale._compat  # noqa: F401  (warning filters)
+import gnnscale.runtime as rt
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _plan_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Partition plans go to a per-run folder, never to the user's ~/.cache (subprocesses inherit it)."""
     os.environ["GNNSCALE_CACHE_DIR"] = str(tmp_path_factory.mktemp("gnnscale-cache"))
+
+
+@pytest.fixture
+def sims(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[rt.SimDevice]]:
+    """The process's sim devices ``sim:0 .. sim:2`` (what ``--devices sim:0,sim:1`` names), counts reset."""
+    monkeypatch.setenv(rt.SIM_DEVICES_ENV, "3")
+    devices = [rt.sim_device(i) for i in range(3)]
+    gc.collect()  # earlier tests' engines give their device memory back
+    rt.reset_counts()
+    yield devices
+    gc.collect()
 
 
 # ``--cuda-only``: keep the tests that exercise a CUDA device (what `make gpu-check` runs on a lent GPU): those

@@ -12,7 +12,6 @@ fail, and so does a copy into a buffer the compute stream still reads (the last 
 
 from __future__ import annotations
 
-import gc
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -43,17 +42,6 @@ T = TypeVar("T")
 @pytest.fixture(scope="module")
 def graph() -> Graph:
     return csbm(nodes=300, features=12, avg_degree=6, classes=4, seed=3)
-
-
-@pytest.fixture
-def sims(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[rt.SimDevice]]:
-    """The process's sim devices ``sim:0 .. sim:2`` (what ``--devices sim:0,sim:1`` names), counts reset."""
-    monkeypatch.setenv(rt.SIM_DEVICES_ENV, "3")
-    devices = [rt.sim_device(i) for i in range(3)]
-    gc.collect()  # earlier tests' engines give their device memory back
-    rt.reset_counts()
-    yield devices
-    gc.collect()
 
 
 def _model(g: Graph, cfg: TrainConfig) -> Any:

@@ -19,10 +19,8 @@ which the sim device does not defer (docs/runtime.md, "Not caught"): its removal
 from __future__ import annotations
 
 import functools
-import gc
 import math
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -42,17 +40,6 @@ HOPS = 2  # test_hybrid's fanouts (4, 3)
 @pytest.fixture(scope="module")
 def graph() -> Graph:
     return csbm(nodes=600, features=12, avg_degree=8, seed=5)
-
-
-@pytest.fixture
-def sims(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[rt.SimDevice]]:
-    """The process's sim devices ``sim:0 .. sim:2`` (what ``devices=("cpu", "sim:0")`` names), counts reset."""
-    monkeypatch.setenv(rt.SIM_DEVICES_ENV, "3")
-    devices = [rt.sim_device(i) for i in range(3)]
-    gc.collect()  # earlier tests' engines give their device memory back
-    rt.reset_counts()
-    yield devices
-    gc.collect()
 
 
 @functools.cache

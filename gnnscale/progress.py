@@ -1,4 +1,5 @@
-"""Progress and timing of the steps before training: load, partition, chunking, planning, engine set-up.
+"""Progress and timing of the steps before training: load, partition, chunking, planning, engine set-up; and
+:func:`timed`, which adds a step's time to a part of the run's wall time without showing it.
 
 Every step runs inside :func:`stage`, which records its wall time in a ``timings`` dict (reported in the run's
 summary record) and, when progress display is on (the CLI turns it on for a terminal), shows a tqdm line with
@@ -23,6 +24,17 @@ def enable(flag: bool = True) -> None:
 
 def enabled() -> bool:
     return _state["enabled"]
+
+
+@contextmanager
+def timed(key: str, into: dict[str, float]) -> Iterator[None]:
+    """Add the ``with`` body's wall time to ``into[key]``, showing nothing (the training loop's parts of the wall
+    time: evaluation, checkpoints)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        into[key] = into.get(key, 0.0) + time.perf_counter() - t0
 
 
 @contextmanager

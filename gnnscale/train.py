@@ -23,7 +23,7 @@ from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
 from gnnscale.notes import note, warn
 from gnnscale.predict import save_model
-from gnnscale.progress import stage
+from gnnscale.progress import stage, timed
 
 EpochRecord = dict[str, Any]
 ITERATION_CHECKPOINTS = 100
@@ -106,8 +106,11 @@ def train(
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         on_epoch: called with each epoch's record (progress bars, metrics files).
         on_start: called before the first epoch with the engine, the engines ``auto`` rejected (and why) and the
-            seconds each preparation step took (``ready_s`` their total): the CLI prints the plan there.
-        timings: seconds of steps the caller ran before (``load_s``), reported with the engine's own.
+            seconds each preparation step took (``prepare_s`` this function's part, ``ready_s`` with the caller's
+            ``load_s``): the CLI prints the plan there.
+        timings: seconds of steps the caller ran before (``load_s``, a part of the summary's ``wall_s``),
+            reported with the engine's own. The summary's ``timings`` split the wall time into parts that sum to
+            it (``engines.schema.WALL_PARTS``, docs/metrics.md).
         checkpoint: a folder for ``checkpoint.pt`` (:mod:`gnnscale.checkpoint`), written every
             ``checkpoint_every`` epochs and after the last one.
         checkpoint_iterations: also every this many iterations within an epoch (engines that checkpoint mid-epoch:
@@ -158,9 +161,13 @@ def train(
     ignored = ignored_warning(config, engine_cls.name)
     if ignored and engine.is_primary:  # the API and the CLI say it alike, once per job
         warn(ignored)
-    # in the order the steps ran: the caller's (load), the engine's planning (in selection), its set-up
+    # in the order the steps ran: the caller's (load), the engine's steps (within its set-up), its set-up; then
+    # this function's part before the first epoch (prepare_s: checks, selection, model, set-up) and the total
+    load_s = (timings or {}).get("load_s", 0.0)
     ready = {**(timings or {}), **engine.timings, **setup}
-    ready["ready_s"] = (timings or {}).get("load_s", 0.0) + time.perf_counter() - start
+    ready["prepare_s"] = time.perf_counter() - start
+    ready["ready_s"] = load_s + ready["prepare_s"]
+    spent = {"training_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0}  # the loop's parts of the wall time
     if on_start is not None:
         on_start(engine, rejected, ready)
     history: list[EpochRecord] = []
@@ -178,6 +185,10 @@ def train(
             on_resume(history)
 
     def save(epoch: int) -> None:
+        with timed("checkpoint_s", spent):
+            write(epoch)
+
+    def write(epoch: int) -> None:
         assert checkpoint is not None
         if not engine.is_primary:  # one writer per job (the ranks of a distributed job hold the same state)
             return
@@ -209,12 +220,14 @@ def train(
     try:
         for epoch in range(first, config.epochs + 1):
             reset_peak_device_bytes(dev)
-            t0 = time.perf_counter()
+            t0, written = time.perf_counter(), spent["checkpoint_s"]
             stats = engine.train_epoch(epoch)
             if rt.is_accelerator(dev):
                 rt.synchronize(dev)  # the epoch's time includes its device work
             epoch_time = time.perf_counter() - t0
-            accs = engine.evaluate()
+            spent["training_s"] += epoch_time - (spent["checkpoint_s"] - written)  # less checkpoints within it
+            with timed("eval_s", spent):
+                accs = engine.evaluate()
             record: EpochRecord = {
                 "epoch": epoch,
                 "loss": stats.pop("loss"),
@@ -246,6 +259,10 @@ def train(
                                          "best_epoch": best["epoch"] if best is not None else None}), exc)
         raise
     assert best is not None
+    total_s = time.perf_counter() - start
+    parts = {"load_s": load_s, "prepare_s": ready["prepare_s"], **spent}
+    wall_s = load_s + total_s
+    parts["other_s"] = max(0.0, wall_s - sum(parts.values()))  # callbacks, best weights, resumed state, summary
     summary: EpochRecord = {
         "summary": True,
         "engine": engine_cls.name,
@@ -259,8 +276,9 @@ def train(
         "best_epoch": best["epoch"],
         "test_acc_at_best_val": best["test_acc"],
         "final_test_acc": history[-1]["test_acc"],
-        "total_time_s": time.perf_counter() - start,
-        "timings": {**ready, "epoch_s": sum(r["epoch_time_s"] for r in history) / len(history)},
+        "total_time_s": total_s,
+        "timings": {**ready, "epoch_s": sum(r["epoch_time_s"] for r in history) / len(history), **parts,
+                    "wall_s": wall_s},
         "engine_detail": engine.describe(),
         "engine_report": engine.report(),
         "config": asdict(config),

@@ -103,7 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if not args.quiet:
                 tqdm.write(f"epoch {rec['epoch']:>4}/{config.epochs}  loss {rec['loss']:.4f}  "
                            f"train {_fmt(rec['train_acc'])}  val {_fmt(rec['val_acc'])}  "
-                           f"test {_fmt(rec['test_acc'])}  {rec['epoch_time_s']:.3f}s", file=sys.stdout)
+                           f"test {_fmt(rec['test_acc'])}  training {rec['epoch_time_s']:.3f}s", file=sys.stdout)
 
         def on_start(engine: Any, rejected: dict[str, list[str]], ready: dict[str, float]) -> None:
             for name, reasons in rejected.items():
@@ -111,8 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             detail = engine.describe()
             if detail:
                 print(detail)
-            steps = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in ready.items() if k != "ready_s")
-            print(f"ready to train in {ready['ready_s']:.1f}s ({steps})", flush=True)
+            print(_ready_line(ready, engine.timings), flush=True)
 
         def on_resume(history: list[dict[str, Any]]) -> None:
             print(f"resuming from {args.checkpoint} after epoch {history[-1]['epoch'] if history else 0}")
@@ -131,8 +130,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         bar.close()
         s = result.summary
         print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} "
-              f"epoch{'s' * (config.epochs != 1)} "
-              f"in {s['total_time_s']:.1f}s")
+              f"epoch{'s' * (config.epochs != 1)} in {_wall_line(s, args.checkpoint is not None)}")
         caveat = "; made-up labels (random): this accuracy is not a result" if "labels" in s["made_up"] else ""
         if s["best_by"] == "val":
             print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
@@ -162,6 +160,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     if comm is not None:  # a failed job keeps it: main names the failed rank through it
         comm.close()
     return 0
+
+
+def _ready_line(ready: dict[str, float], engine_steps: dict[str, float]) -> str:
+    """Where the time before the first epoch went: the load, then train()'s preparation (checks, engine choice,
+    model), of which the engine's set-up, of which the engine's own steps (partition, plan, ...)."""
+    steps = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in engine_steps.items())
+    within = f" (of which engine set-up {ready['setup_s']:.1f}s{': ' + steps if steps else ''})"
+    return (f"ready to train in {ready['ready_s']:.1f}s: load {ready.get('load_s', 0.0):.1f}s, preparation "
+            f"{ready['prepare_s']:.1f}s{within}")
+
+
+def _wall_line(summary: dict[str, Any], checkpoints: bool) -> str:
+    """The run's wall time and its parts, which sum to it (docs/metrics.md, the summary's timings)."""
+    t = summary["timings"]
+    done = summary["epochs"] - (summary["resumed_from_epoch"] or 0)
+    parts = [f"load {t['load_s']:.1f}s", f"preparation {t['prepare_s']:.1f}s",
+             f"training {t['training_s']:.1f}s ({done} epoch{'s' * (done != 1)})", f"evaluation {t['eval_s']:.1f}s"]
+    if checkpoints:
+        parts.append(f"checkpoints {t['checkpoint_s']:.1f}s")
+    parts.append(f"other {t['other_s']:.1f}s")
+    return f"{t['wall_s']:.1f}s wall: {', '.join(parts)}"
 
 
 def interrupted_model_path(save_model_path: str | None, checkpoint: str | None) -> Path | None:

@@ -132,6 +132,37 @@ EPOCH_KEYS: dict[str, Key] = {
 H2D_PARTS = ("h2d_row_bytes", "h2d_topology_bytes", "h2d_index_bytes")
 """``h2d_bytes`` is their sum, in every engine that writes it."""
 
+WALL_PARTS = ("load_s", "prepare_s", "training_s", "eval_s", "checkpoint_s", "other_s")
+"""The summary's ``timings`` that split ``wall_s``: no two overlap, and they sum to it (``other_s`` is the rest)."""
+
+TIMING_KEYS: dict[str, Key] = {
+    "wall_s": Key("s", "The run's wall time: load_s and train()'s own time (total_time_s); the sum of the parts "
+                  "load_s, prepare_s, training_s, eval_s, checkpoint_s and other_s.", _LOOP),
+    "load_s": Key("s", "Part: reading the dataset (the command's, or the caller's timings={\"load_s\": ...}; 0 "
+                  "when not given).", _LOOP),
+    "prepare_s": Key("s", "Part: train()'s work before the first epoch: checks, reading the checkpoint to resume "
+                     "from, choosing the engine (with the estimates that takes), building the model and the "
+                     "engine's set-up (setup_s).", _LOOP),
+    "training_s": Key("s", "Part: the epochs' training (the sum of epoch_time_s over this run's epochs), less the "
+                      "checkpoints written within an epoch.", _LOOP),
+    "eval_s": Key("s", "Part: the evaluation after each epoch (the accuracies of the epoch records).", _LOOP),
+    "checkpoint_s": Key("s", "Part: writing checkpoints (--checkpoint), at epoch ends and within epochs.", _LOOP),
+    "other_s": Key("s", "Part: the rest of the wall time: the per-epoch callbacks (the command's epoch lines, "
+                   "progress bar and metrics records), keeping the best epoch's weights, restoring a resumed "
+                   "checkpoint's state, the summary itself.", _LOOP),
+    "ready_s": Key("s", "load_s + prepare_s: the time until the first epoch starts (the command's \"ready to "
+                   "train\" line).", _LOOP),
+    "setup_s": Key("s", "The engine's set-up, within prepare_s; it includes the engine's own steps below.", _LOOP),
+    "partition_s": Key("s", "Within setup_s: partitioning (or reading a saved partition plan).",
+                       "offload, distributed"),
+    "chunk_s": Key("s", "Within setup_s: splitting the partitions into chunks.", "offload"),
+    "plan_s": Key("s", "Within setup_s: choosing the plan (chunk counts; tasks and subgraphs).",
+                  "offload, taskparallel"),
+    "model_s": Key("s", "Within setup_s: building and calibrating the performance model.", "hybrid"),
+    "epoch_s": Key("s", "Mean of epoch_time_s over this run's epochs.", _LOOP),
+}
+"""Every key of the summary record's ``timings`` (seconds, wall clock)."""
+
 
 def markdown() -> str:
     """docs/metrics.md: the page is this function's output."""
@@ -149,6 +180,20 @@ def markdown() -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| `{name}` | {k.unit} | {k.written_by} | {k.meaning} |" for name, k in EPOCH_KEYS.items()]
+    lines += [
+        "",
+        "## The summary's timings",
+        "",
+        "The summary record's `timings` say where the run's time went. The parts `load_s`, `prepare_s`,",
+        "`training_s`, `eval_s`, `checkpoint_s` and `other_s` do not overlap and sum to `wall_s` (`other_s` is the",
+        "rest); the other keys are steps within a part. `gnnscale train` prints the parts on its last timing line",
+        "(`... N epochs in Ws wall: load ..., preparation ..., training ..., evaluation ..., checkpoints ...,",
+        "other ...`) and the steps before the first epoch on its `ready to train` line.",
+        "",
+        "| key | unit | written by | meaning |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{name}` | {k.unit} | {k.written_by} | {k.meaning} |" for name, k in TIMING_KEYS.items()]
     return "\n".join(lines) + "\n"
 
 

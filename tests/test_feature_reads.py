@@ -15,7 +15,7 @@ from torch import Tensor
 
 import gnnscale.runtime as rt
 from gnnscale import TrainConfig
-from gnnscale.engines import OffloadEngine
+from gnnscale.engines import OffloadEngine, TaskParallelEngine
 from gnnscale.engines.offload_workers import Features
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
@@ -161,3 +161,34 @@ def test_fetched_rows_serve_own_and_fetched_rows_counted_per_tier() -> None:
     before = part.read_stats()
     assert torch.equal(part.gather(ids), x[ids]) and ex.calls == 2
     assert dict((part.read_stats() - before).rows) == {"local": 2, "remote": 4}
+
+
+def _taskparallel(g: Graph, devices: tuple[str, ...]) -> TaskParallelEngine:
+    cfg = TrainConfig(model="dgcn", layers=2, hidden=8, engine="taskparallel", devices=devices, subgraphs=2, seed=1)
+    assert g.num_classes is not None
+    model = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers,
+                        dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
+    return TaskParallelEngine(g, model, cfg, CPU)
+
+
+def test_taskparallel_reads_every_feature_row_through_its_runners_sources() -> None:
+    """The T tasks' first stage reads the features (forward, recomputation and backward) only through each
+    runner's source: the sources count exactly the feature rows the engine reports moving host -> device."""
+    g = _graph(12)
+    eng = _taskparallel(g, ("cpu", "cpu"))
+    sources = list(eng.tasks.features.values())
+    assert len(sources) == 2 and all(isinstance(s, InMemorySource) for s in sources)
+    for epoch in (1, 2):
+        for s in sources:
+            s.reset_stats()
+        rec = eng.train_epoch(epoch)
+        read = sum(s.read_stats().total_bytes for s in sources)
+        assert read > 0 and read % (g.num_features * 4) == 0
+        assert read == rec["h2d_row_bytes"]
+
+
+def test_a_taskparallel_engine_whose_feature_source_refuses_fails() -> None:
+    eng = _taskparallel(_graph(12), ("cpu", "cpu"))
+    eng.tasks.features = {k: Refusing(s) for k, s in eng.tasks.features.items()}
+    with pytest.raises(RuntimeError, match="feature read refused"):
+        eng.train_epoch(1)

@@ -51,6 +51,9 @@ class TaskOps:
     def __init__(self, plan: TaskPlan, runners: list[Runner], chunks: list[Chunk], x: Tensor, *, num_train: int,
                  width: int, dgat: bool, num_layers: int):
         self.runners, self.chunks, self.x = runners, chunks, x
+        self.features = {id(r): r.io.source(x) for r in runners}
+        """Each runner's feature source over ``x`` (:meth:`RowMover.source`): every feature row is read through
+        one, and counted by its read counters."""
         self.num_train, self.width, self.dgat, self.L = num_train, width, dgat, num_layers
         self.t_stages, self.p_stages = plan.t_stages, plan.p_stages
         self.p_stage_of = [next(s for s in self.p_stages if s.start <= l < s.stop) for l in range(num_layers)]
@@ -149,7 +152,7 @@ class TaskOps:
         """Stage ``k``'s input for subgraph ``s`` on ``r``: the features from host memory (the first stage), else
         the previous stage's output handed over."""
         if prev is None:
-            return r.io.rows(self.x, ids)
+            return r.io.rows(self.features[id(r)], ids)
         return r.receive(prev.result(), self.t_runner(self.t_stages[k - 1], s), "t2t")
 
     def t_forward(self, k: int, s: int, prev: Future[Any] | None, se: tuple[int, int] | None) -> Tensor:
@@ -183,7 +186,7 @@ class TaskOps:
         ids = self._sub_ids(s)
         x = r.saved.pop((k, s), None)
         if x is None:  # the first stage re-reads the features
-            x = r.io.rows(self.x, ids)
+            x = r.io.rows(self.features[id(r)], ids)
         x = x.detach().requires_grad_(k > 0)
         with torch.enable_grad():
             y = r.model.transform(x, ids.to(r.place), se, stage.start, stage.stop)

@@ -10,36 +10,13 @@ import pytest
 import torch
 
 from gnnscale.errors import ConfigError
-from gnnscale.runtime import HOST_REGISTER_FLAGS, pin_in_place, pinned_host
-from gnnscale.testing import only_cuda
-
-
-class FakeRuntime:
-    def __init__(self, fail_at: int | None = None):
-        self.fail_at = fail_at
-        self.registered: dict[int, int] = {}  # ptr -> size
-        self.calls = 0
-        self.unregistered: list[int] = []
-
-    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
-        assert flags == HOST_REGISTER_FLAGS
-        self.calls += 1
-        if self.fail_at is not None and self.calls - 1 == self.fail_at:
-            return 2  # cudaErrorMemoryAllocation
-        assert ptr not in self.registered
-        self.registered[ptr] = size
-        return 0
-
-    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
-        assert ptr in self.registered, "unregistering what was not registered (or twice)"
-        del self.registered[ptr]
-        self.unregistered.append(ptr)
-        return 0
+from gnnscale.runtime import pin_in_place, pinned_host
+from gnnscale.testing import FakeCudart, only_cuda
 
 
 def test_slices_cover_the_tensor_exactly_and_close_once() -> None:
     t = torch.zeros(1000, 3)  # 12,000 bytes
-    rt = FakeRuntime()
+    rt = FakeCudart()
     region = pin_in_place(t, slice_bytes=5000, cudart=lambda: rt)
     assert region is not None and region.slices == 3
     spans = sorted(rt.registered.items())
@@ -54,28 +31,28 @@ def test_slices_cover_the_tensor_exactly_and_close_once() -> None:
 
 def test_a_failed_slice_unregisters_the_others() -> None:
     t = torch.zeros(4000)
-    rt = FakeRuntime(fail_at=2)
+    rt = FakeCudart(fail_at=2)
     with pytest.raises(ConfigError, match="cudaHostRegister error 2"):
         pin_in_place(t, slice_bytes=4096, cudart=lambda: rt)
     assert not rt.registered and len(rt.unregistered) == 2
-    rt = FakeRuntime(fail_at=0)
+    rt = FakeCudart(fail_at=0)
     assert pin_in_place(t, slice_bytes=4096, fallback=True, cudart=lambda: rt) is None
     assert not rt.registered
 
 
 def test_pinned_host_falls_back_to_a_copy_only_when_registration_fails() -> None:
     t = torch.arange(10.0)
-    rt = FakeRuntime()
+    rt = FakeCudart()
     same, region = pinned_host(t, cudart=lambda: rt)
     assert same.data_ptr() == t.data_ptr() and region is not None  # no copy
     region.close()
     if torch.cuda.is_available():  # the fallback copies into pinned memory, which needs CUDA
-        copy, none = pinned_host(t, cudart=lambda: FakeRuntime(fail_at=0))
+        copy, none = pinned_host(t, cudart=lambda: FakeCudart(fail_at=0))
         assert none is None and copy.is_pinned() and torch.equal(copy, t)
 
 
 def test_garbage_collection_unregisters_and_edge_cases() -> None:
-    rt = FakeRuntime()
+    rt = FakeCudart()
     region = pin_in_place(torch.zeros(100), cudart=lambda: rt)
     assert len(rt.registered) == 1
     del region

@@ -20,7 +20,7 @@ import torch
 import gnnscale.runtime as rt
 from gnnscale.errors import ConfigError
 from gnnscale.runtime import backend, sim
-from gnnscale.runtime.pinned import HOST_REGISTER_FLAGS
+from gnnscale.testing import FakeCudart
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = rt.accelerator_type() == "cuda" and rt.is_available()
@@ -411,29 +411,6 @@ def test_the_documented_prefetch_fails_without_its_waits(dev: rt.SimDevice) -> N
 
 
 # ----------------------------------------------------------------------------------------- pinned memory
-class FakeCudart:
-    def __init__(self, fail_at: int | None = None):
-        self.fail_at = fail_at
-        self.registered: dict[int, int] = {}  # ptr -> size
-        self.calls = 0
-        self.unregistered: list[int] = []
-
-    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
-        assert flags == HOST_REGISTER_FLAGS
-        self.calls += 1
-        if self.fail_at is not None and self.calls - 1 == self.fail_at:
-            return 2  # cudaErrorMemoryAllocation
-        assert ptr not in self.registered
-        self.registered[ptr] = size
-        return 0
-
-    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
-        assert ptr in self.registered, "unregistering what was not registered (or twice)"
-        del self.registered[ptr]
-        self.unregistered.append(ptr)
-        return 0
-
-
 def test_pinning_slices_cover_the_tensor_and_close_once() -> None:
     t = torch.zeros(1000, 3)  # 12,000 bytes
     fake = FakeCudart()

@@ -131,6 +131,32 @@ class SyncCounter:
 
 
 
+class FakeCudart:
+    """A stand-in for the CUDA runtime's host-registration calls (``cudart=lambda: fake`` of
+    :func:`gnnscale.runtime.pin_in_place`): records what is registered, and fails the ``fail_at``-th call."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.fail_at = fail_at
+        self.registered: dict[int, int] = {}  # ptr -> size
+        self.calls = 0
+        self.unregistered: list[int] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
+        assert flags == rt.HOST_REGISTER_FLAGS
+        self.calls += 1
+        if self.fail_at is not None and self.calls - 1 == self.fail_at:
+            return 2  # cudaErrorMemoryAllocation
+        assert ptr not in self.registered
+        self.registered[ptr] = size
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        assert ptr in self.registered, "unregistering what was not registered (or twice)"
+        del self.registered[ptr]
+        self.unregistered.append(ptr)
+        return 0
+
+
 def fake_accelerator(monkeypatch: pytest.MonkeyPatch, count: int, kind: str = "cuda") -> None:
     """Make the runtime report ``count`` accelerators of type ``kind`` (device resolution only: nothing can run
     on them). Patches :mod:`gnnscale.runtime.backend`, the one module that asks torch."""

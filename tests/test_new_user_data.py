@@ -234,3 +234,22 @@ def test_sparse_features_are_densified(capsys: pytest.CaptureFixture[str]) -> No
     assert "note: from_pyg: x is a sparse tensor" in capsys.readouterr().err
     with pytest.raises(GraphError, match="sparse"):
         Graph.from_edge_index(data.edge_index, 30, x=dense.to_sparse())
+
+
+@pytest.mark.parametrize("body", ["src,dst\n10,20\n20,30\n30,10\n",
+                                  "# a comment\nfrom to weight\n10 20 0.5\n20 30 1\n"])
+def test_a_column_header_line_is_read_as_names_not_an_edge(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           body: str) -> None:
+    f = tmp_path / "edges.csv"
+    f.write_text(body)
+    g = load_dataset(f"edgelist:{f}")
+    assert g.num_nodes == 3 and g.num_edges == body.count("\n") - body.count("#") - 1
+    assert g.node_ids is not None and g.node_ids.tolist() == [10, 20, 30]
+    assert any("read as column names, not an edge" in n for n in _notes(capsys.readouterr().err))
+
+
+def test_a_first_line_with_one_bad_id_is_still_an_error(tmp_path: Path) -> None:
+    f = tmp_path / "edges.txt"
+    f.write_text("1 x\n1 2\n")
+    with pytest.raises(DatasetError, match="line 1: non-integer vertex id"):
+        load_dataset(f"edgelist:{f}")

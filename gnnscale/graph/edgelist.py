@@ -86,6 +86,33 @@ def _bad_line(path: Path, text: str, i: int, why: str) -> DatasetError:
     return DatasetError(f"{path}: line {i + 1}: {why}: {line.strip()!r}")
 
 
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _skip_column_header(path: Path, text: str) -> str:
+    """``text`` with its first data line blanked when that line names columns (``src dst``, ``from,to,weight``:
+    none of its first two fields is a number, as pandas' and PyG's CSV readers take a header), said in a note;
+    otherwise ``text`` itself. Line numbers stay those of the file."""
+    pos = 0
+    while pos < len(text):
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        fields = text[pos:end].split()
+        if fields:
+            if len(fields) >= 2 and not any(_is_number(f) for f in fields[:2]):
+                line = text.count("\n", 0, pos) + 1
+                note(f"{path.name}: line {line} ({' '.join(fields)!r}) read as column names, not an edge")
+                return text[:pos] + " " * (end - pos) + text[end:]
+            return text
+        pos = end + 1
+    return text
+
+
 def _parse_columns(path: Path, text: str, weight_column: int) -> tuple[np.ndarray, np.ndarray | None]:
     """``([2, E] int64 ids, [E] float64 weights or None)`` from the data lines of an edge list (comments blanked,
     so line ``i`` of ``text`` is line ``i + 1`` of the file). Columns 1 and 2 are ``src dst``; column
@@ -267,7 +294,7 @@ def read_edgelist(
             text = text.replace(",", " ")
         if not text.endswith("\n"):
             text += "\n"
-        ids, w = _parse_columns(path, text, weight_column)
+        ids, w = _parse_columns(path, _skip_column_header(path, text), weight_column)
     if w is not None:
         why = weights_look_like_ids(w)
         if why is not None:

@@ -4,6 +4,7 @@ from gnnscale import _compat  # noqa: F401  (warning filters, optional-dependenc
 from gnnscale.errors import ConfigError, DatasetError, EngineError, GnnscaleError, GraphError
 from gnnscale.graph import Block, Graph
 from gnnscale.graph.datasets import load_dataset
+from gnnscale.launcher import launch
 from gnnscale.predict import load_model, predict, save_model
 from gnnscale.train import TrainConfig, TrainResult, train
 from gnnscale.version import __version__
@@ -19,6 +20,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "__version__",
+    "launch",
     "load_dataset",
     "load_model",
     "predict",

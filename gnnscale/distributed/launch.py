@@ -1,5 +1,6 @@
-"""``gnnscale train --engine distributed --ranks R``: R ranks on this machine through torch's launcher API (the
-elastic agent torchrun runs), without a separate ``torchrun`` command.
+"""``gnnscale train --engine distributed --ranks R`` and ``gnnscale.launch(..., ranks=R)``: R ranks on this machine
+through torch's launcher API (the elastic agent torchrun runs), without a separate ``torchrun`` command. Both go
+through :func:`run_ranks`; each passes the function its ranks run (the CLI's ``main``, the API's rank function).
 
 The agent starts the ranks with torch's variables set (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...), hosts the
 job's store, and stops the others when one fails. Rank 0 prints and writes the metrics; the others are silent
@@ -12,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -24,8 +26,9 @@ _QUIET_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "to
                   "torch.distributed.run")
 
 
-def _worker(entry: Callable[[list[str]], int], argv: list[str]) -> None:
-    """One rank: ``entry(argv)``, the ``gnnscale`` command with the same arguments."""
+def _worker(entry: Callable[[Any], int], argv: Any) -> None:
+    """One rank: ``entry(argv)``: the ``gnnscale`` command with the same arguments, or the API's rank function with
+    its job."""
     try:
         code = entry(argv)
     except Exception:
@@ -47,9 +50,14 @@ def _describe(exitcode: int) -> str:
     return f"exit status {exitcode}"
 
 
-def run_ranks(entry: Callable[[list[str]], int], argv: list[str], ranks: int) -> int:
-    """Run ``entry(argv)`` (the CLI's main, a module-level function: the ranks import it by name) as ``ranks``
-    ranks of one job on this machine; the job's exit status."""
+_HANDLED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+"""The signals torch's agent takes over (and leaves so): given back to the caller's handlers after a job."""
+
+
+def run_ranks(entry: Callable[[Any], int], argv: Any, ranks: int, say: Callable[[str], None] | None = None) -> int:
+    """Run ``entry(argv)`` (a module-level function, which the ranks import by name, returning an exit status: the
+    CLI's ``main`` with its argv, or :func:`gnnscale.launcher.run_rank` with its job) as ``ranks`` ranks of one
+    job on this machine; the job's exit status. ``say``: where the launcher's ``error:`` line goes (stderr)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -72,15 +80,19 @@ def run_ranks(entry: Callable[[list[str]], int], argv: list[str], ranks: int) ->
     os.environ.update(set_here)  # the ranks inherit them
     handler = _rendezvous_handler_class()
     original = handler.__dict__.get("_create_tcp_store_server") if handler is not None else None
+    tell = say if say is not None else (lambda line: print(line, file=sys.stderr))
+    signals = [getattr(signal, n) for n in _HANDLED if hasattr(signal, n)]
+    handlers = [(s, signal.getsignal(s)) for s in signals] if threading.current_thread() is threading.main_thread() \
+        else []
     if original is not None:
         handler._create_tcp_store_server = lambda self, addr, port: _loopback_store()  # type: ignore[union-attr]
     try:
         elastic_launch(config, _worker)(entry, argv)
     except SignalException as exc:  # Ctrl-C or SIGTERM to this process: the agent has stopped the ranks
         if exc.sigval == signal.SIGINT:
-            print("error: interrupted", file=sys.stderr)
+            tell("error: interrupted")
             return 130
-        print("error: terminated", file=sys.stderr)
+        tell("error: terminated")
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         codes = {rank: f.exitcode for rank, f in exc.failures.items()}
@@ -90,14 +102,13 @@ def run_ranks(entry: Callable[[list[str]], int], argv: list[str], ranks: int) ->
         # the launcher stopped (SIGTERM)
         own = {r: f for r, f in exc.failures.items() if f.exitcode not in (PEER_FAILED, -signal.SIGTERM)}
         if not own:  # every failed rank stopped because of a peer, which the launcher stopped before it ended
-            print(f"error: the job of {ranks} ranks stopped: rank(s) {', '.join(map(str, sorted(codes)))} stopped "
-                  "because another rank failed (their lines above name it)", file=sys.stderr)
+            tell(f"error: the job of {ranks} ranks stopped: rank(s) {', '.join(map(str, sorted(codes)))} stopped "
+                 "because another rank failed (their lines above name it)")
             return 1
         rank, first = min(own.items(), key=lambda kv: kv[1].timestamp)
         others = sorted(r for r in own if r != rank)
         also = f"; rank(s) {', '.join(map(str, others))} failed on their own too" if others else ""
-        print(f"error: rank {rank} of {ranks} failed ({_describe(first.exitcode)}); the job stopped{also}",
-              file=sys.stderr)
+        tell(f"error: rank {rank} of {ranks} failed ({_describe(first.exitcode)}); the job stopped{also}")
         return 1
     finally:
         os.environ.pop(LAUNCHED_BY, None)
@@ -105,6 +116,8 @@ def run_ranks(entry: Callable[[list[str]], int], argv: list[str], ranks: int) ->
             os.environ.pop(k, None)
         if original is not None:
             handler._create_tcp_store_server = original  # type: ignore[union-attr]
+        for s, h in handlers:  # a library call leaves the caller's Ctrl-C as it was
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
         del rdzv_store
     return 0
 

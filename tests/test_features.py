@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_pinning import FakeRuntime
 
 from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.graph.generators import csbm
@@ -35,7 +34,7 @@ from gnnscale.store import (
     triton_available,
 )
 from gnnscale.store.placement import HOST
-from gnnscale.testing import only_cuda
+from gnnscale.testing import FakeCudart, only_cuda
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +76,7 @@ def sources(x: torch.Tensor, tmp: Path) -> dict[str, FeatureSource]:
     return {
         "memory": InMemorySource(x),
         "pinned": PinnedHostSource(x, CPU),
-        "pinned-in-place": PinnedHostSource(x, CPU, pin=True, cudart=FakeRuntime),
+        "pinned-in-place": PinnedHostSource(x, CPU, pin=True, cudart=FakeCudart),
         "device": DeviceSource(x, CPU),
         "mmap": MmapSource(tmp / "x.npy"),
         "cache/memory": DeviceCache.of(InMemorySource(x), hot, CPU),
@@ -281,7 +280,7 @@ def test_bad_out_buffers_and_mismatched_tiers_are_refused() -> None:
 # ------------------------------------------------------------------------------------------------ pinned
 def test_pinned_source_registers_its_table_in_place_and_unregisters_once() -> None:
     x = table()
-    rt = FakeRuntime()
+    rt = FakeCudart()
     src = PinnedHostSource(x, CPU, pin=True, cudart=lambda: rt)
     assert src.table.data_ptr() == x.data_ptr()  # pinned in place, not copied
     assert src.region is not None and list(rt.registered) == [x.data_ptr()]

@@ -105,8 +105,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"removed {stale}: partial output of an interrupted convert", file=sys.stderr)
     progress.enable(sys.stderr.isatty())
     with progress.stage("load"):
-        g = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)
+        g = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids,
+                         feature_dtype=args.feature_dtype)
     with progress.stage("write"):
         io.save(g, make_parents(out))
-    print(f"wrote {out}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {format_bytes(g.nbytes()['total'])}")
+    dtype = "" if g.x is None else f", {str(g.x.dtype).removeprefix('torch.')} features"
+    print(f"wrote {out}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {format_bytes(g.nbytes()['total'])}{dtype}")
     return 0

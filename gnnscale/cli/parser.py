@@ -309,5 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataset_args(c, required=True)
     _add_keep_ids(c)
     c.add_argument("--out", required=True, metavar="DIR", help="new directory to create")
+    c.add_argument("--feature-dtype", choices=["fp32", "bf16"], default=None,
+                   help="store the features in float32 or bfloat16 (half the bytes on disk, in host memory and on "
+                        "the bus; engines upcast them to float32 on the device); default: as read, float32 for "
+                        "every reader (the spec's feature_dtype option wins)")
     c.set_defaults(command="convert")
     return parser

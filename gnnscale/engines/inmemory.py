@@ -48,7 +48,7 @@ class InMemoryEngine(Engine):
         self.block = Block.from_graph(graph, model.adjacency).to(device)
         self.block.adj(), self.block.adj_t(), self.block.dst_index()  # build caches now, not inside epoch 1
         assert graph.x is not None and graph.y is not None
-        self.x = graph.x.to(device)
+        self.x = graph.x.to(device).float()  # bfloat16 features cross at half the bytes, upcast on the device
         self.y = graph.y.to(device)
         self.masks = {m: getattr(graph, m).to(device) for m in MASK_NAMES if getattr(graph, m) is not None}
 

@@ -7,6 +7,9 @@ Grammar::
     npz:<file>[:key=val,...]      edgelist:<file>[:key=val,...]      ogb:<name>[:key=val,...]  (in --root)
     <directory written by `gnnscale convert`>
 
+Every kind also takes ``feature_dtype=bf16`` (a directory as ``<dir>:feature_dtype=bf16``): the features are then
+held in bfloat16, half the bytes, and every engine upcasts them to float32 for the model.
+
 Randomness (generated graphs, random splits and features) uses the spec's ``seed`` option when given, else the
 ``seed`` argument (the CLI passes ``--seed``). The graph's ``meta`` records the spec, and, where anything was drawn
 at random, the seed used and which parts were drawn (``generated``: some of ``graph``, ``features``, ``labels``,
@@ -22,9 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gnnscale.errors import DatasetError
+from gnnscale.errors import DatasetError, GraphError
 from gnnscale.graph import edgelist, generators, io
 from gnnscale.graph.graph import Graph
+from gnnscale.graph.graph import feature_dtype as graph_feature_dtype
 from gnnscale.notes import note
 
 _OPTS = re.compile(r"^\w+=[^,:]*(,\w+=[^,:]*)*$")
@@ -83,7 +87,8 @@ def _resolve(path: str, root: str | None) -> Path:
     return p
 
 
-def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0, keep_ids: bool = False) -> Graph:
+def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0, keep_ids: bool = False,
+                 feature_dtype: str | None = None) -> Graph:
     """Load or generate the graph named by ``spec`` (see the module docstring); never downloads.
 
     Args:
@@ -93,14 +98,41 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0, keep_
         keep_ids: an edge list's vertex ids are kept as given (``max id + 1`` vertices) instead of renumbered
             ``0..n-1`` (the CLI's ``--keep-ids``; the spec's ``keep_ids`` option wins). Other kinds number their
             vertices ``0..n-1`` already.
+        feature_dtype: ``bf16`` stores the features in bfloat16 (half the bytes; engines upcast them for the
+            model), ``fp32`` in float32; ``None`` keeps them as read (float32, or what a converted directory
+            holds). The spec's ``feature_dtype`` option, which every kind takes, wins.
 
     Raises:
         DatasetError: unknown kind, bad option, missing or corrupt file; the message names the problem.
     """
     spec = spec.strip()
-    root_s = None if root is None else str(root)
     if not spec:
         raise DatasetError("empty dataset spec")
+    spec, spec_dtype = _take_feature_dtype(spec)
+    name = feature_dtype if spec_dtype is None else spec_dtype
+    try:
+        dtype = None if name is None else graph_feature_dtype(name)
+    except GraphError as exc:
+        raise DatasetError(str(exc)) from None
+    g = _load(spec, root, seed, keep_ids)
+    return g if dtype is None else g.with_feature_dtype(dtype)
+
+
+def _take_feature_dtype(spec: str) -> tuple[str, str | None]:
+    """``spec`` without its ``feature_dtype=...`` option (every kind takes it, a directory too), and its value."""
+    head, sep, tail = spec.rpartition(":")
+    if not sep or not _OPTS.match(tail):
+        return spec, None
+    items = tail.split(",")
+    found = [i for i in items if i.partition("=")[0] == "feature_dtype"]
+    if not found:
+        return spec, None
+    rest = ",".join(i for i in items if i.partition("=")[0] != "feature_dtype")
+    return (f"{head}:{rest}" if rest else head), found[-1].partition("=")[2]
+
+
+def _load(spec: str, root: str | Path | None, seed: int, keep_ids: bool) -> Graph:
+    root_s = None if root is None else str(root)
     if Path(spec).is_dir():
         if io.is_graph_dir(spec):
             opened = io.open_dir(spec)

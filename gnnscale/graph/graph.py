@@ -18,6 +18,10 @@ from gnnscale._compat import require
 from gnnscale.errors import GraphError
 from gnnscale.graph.pyg_data import MASK_NAMES, pyg_arguments
 
+# The feature dtypes a Graph holds, by the names meta.json, ``--feature-dtype`` and the ``feature_dtype`` dataset
+# option use (``bf16`` and ``fp32`` are accepted too: :func:`feature_dtype`).
+FEATURE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_FEATURE_DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16"}
 # NaN/inf checks read features in slabs of this many rows, so a memory-mapped matrix is never loaded whole.
 _CHECK_ROWS = 1 << 16
 # degree and self-loop statistics read the edges in slabs of this many
@@ -40,7 +44,8 @@ class Graph:
     indices: Tensor
     """``[num_edges]`` int64 or int32 source vertex of each in-edge."""
     x: Tensor | None = None
-    """``[num_nodes, num_features]`` float32 features; may be backed by a memory-mapped file."""
+    """``[num_nodes, num_features]`` float32 features, or bfloat16 ones (half the bytes on disk, in host memory and
+    on the bus; every engine upcasts them to float32 for the model); may be backed by a memory-mapped file."""
     y: Tensor | None = None
     """``[num_nodes]`` int64 labels in ``[0, num_classes)``, or ``-1`` for an unlabelled vertex (the OGB/PyG
     convention), allowed only outside every mask."""
@@ -141,8 +146,9 @@ class Graph:
             if self.x.layout != torch.strided:
                 raise GraphError(f"features are a {self.x.layout} tensor; give dense ones (x.to_dense(), or "
                                  "Graph.from_pyg, which densifies them)")
-            if self.x.dtype != torch.float32:
-                raise GraphError(f"features must be float32, got {self.x.dtype}")
+            if self.x.dtype not in FEATURE_DTYPES.values():
+                raise GraphError(f"features must be float32 (or bfloat16, stored at half the bytes), got "
+                                 f"{self.x.dtype}")
             for start in range(0, n, _CHECK_ROWS):
                 ok = torch.isfinite(self.x[start : start + _CHECK_ROWS])
                 if not bool(ok.all()):
@@ -328,6 +334,14 @@ class Graph:
             raise GraphError("graph has too many vertices for int32 indices")
         return replace(self, indices=self.indices.to(dtype))
 
+    def with_feature_dtype(self, dtype: torch.dtype) -> Graph:
+        """Same graph with features stored as ``dtype``: ``torch.bfloat16`` (half the bytes; values rounded to
+        bfloat16's 8 significant bits) or ``torch.float32``; ``self`` when they already are."""
+        if self.x is None or self.x.dtype == dtype:
+            return self
+        feature_dtype_name(dtype)  # a dtype a Graph may hold, else GraphError
+        return replace(self, x=self.x.to(dtype))
+
     # ------------------------------------------------------------ statistics
     def nbytes(self) -> dict[str, int]:
         """Bytes held by each part of the graph (topology, features, labels, masks)."""
@@ -419,6 +433,23 @@ def _rank_in_run(key: Tensor) -> Tensor:
     start = torch.ones(key.numel(), dtype=torch.bool)
     start[1:] = key[1:] != key[:-1]
     return pos - torch.cummax(torch.where(start, pos, 0), 0).values
+
+
+def feature_dtype(name: str) -> torch.dtype:
+    """The feature dtype named ``name`` (``fp32``/``float32`` or ``bf16``/``bfloat16``, any case); GraphError
+    naming the choices otherwise."""
+    key = _FEATURE_DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in FEATURE_DTYPES:
+        raise GraphError(f"unknown feature dtype {name!r}; choose fp32 (float32) or bf16 (bfloat16)")
+    return FEATURE_DTYPES[key]
+
+
+def feature_dtype_name(dtype: torch.dtype) -> str:
+    """``float32`` or ``bfloat16``: the name meta.json records for a feature dtype."""
+    for name, d in FEATURE_DTYPES.items():
+        if d == dtype:
+            return name
+    raise GraphError(f"features must be float32 or bfloat16, not {dtype}")
 
 
 def _coo_to_csr(

@@ -2,7 +2,9 @@
 
 On-disk format (written by ``gnnscale convert``): a directory holding ``meta.json`` and one ``.npy`` per array
 (``indptr``, ``indices``, optional ``edge_weight``, ``x``, ``y``, ``train_mask``, ``val_mask``, ``test_mask``,
-``node_ids``: the original vertex ids of a renumbered edge list).
+``node_ids``: the original vertex ids of a renumbered edge list). ``meta.json``'s ``feature_dtype`` says how ``x.npy``
+is read: ``float32`` (also when absent, as in directories written before it existed) or ``bfloat16``, stored as
+the raw ``uint16`` bits (NumPy has no bfloat16) and mapped back as a zero-copy ``bfloat16`` view.
 :func:`open_dir` memory-maps every array, so a graph larger than RAM opens instantly and pages in on use.
 """
 
@@ -28,7 +30,7 @@ import torch
 from gnnscale.errors import DatasetError, GnnscaleError
 from gnnscale.fsutil import honour_umask
 from gnnscale.graph.generators import per_class_split
-from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.graph.graph import FEATURE_DTYPES, MASK_NAMES, Graph, feature_dtype_name
 from gnnscale.notes import note
 
 FORMAT = "gnnscale-graph"
@@ -73,7 +75,8 @@ def save(graph: Graph, out: Path | str) -> Path:
             t = getattr(graph, name)
             if t is None:
                 continue
-            arr = t.numpy()
+            # NumPy has no bfloat16: bfloat16 features are saved as their raw uint16 bits (meta.json says so)
+            arr = t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
             np.save(tmp / f"{name}.npy", arr)
             arrays[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
         meta = {
@@ -84,6 +87,7 @@ def save(graph: Graph, out: Path | str) -> Path:
             "num_edges": graph.num_edges,
             "num_classes": graph.num_classes,
             "arrays": arrays,
+            **({} if graph.x is None else {"feature_dtype": feature_dtype_name(graph.x.dtype)}),
             "meta": graph.meta,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -140,6 +144,10 @@ def open_dir(path: Path | str) -> Graph:
             raise DatasetError(f"{path} is not a gnnscale graph directory (meta.json has no format '{FORMAT}')")
         if meta.get("version") != FORMAT_VERSION:
             raise DatasetError(f"{path} has format version {meta.get('version')}; this gnnscale reads {FORMAT_VERSION}")
+        fdtype = meta.get("feature_dtype", "float32")  # directories written before bfloat16 hold float32
+        if fdtype not in FEATURE_DTYPES:
+            raise DatasetError(f"{path}/meta.json: feature_dtype {fdtype!r} is not one this gnnscale reads "
+                               f"({', '.join(FEATURE_DTYPES)})")
         data: dict[str, Any] = {}
         for name, info in meta["arrays"].items():
             if name not in _ARRAYS:
@@ -151,7 +159,13 @@ def open_dir(path: Path | str) -> Graph:
                 raise DatasetError(
                     f"{f} holds {arr.dtype}{list(arr.shape)} but meta.json says {info['dtype']}{info['shape']}"
                 )
-            data[name] = torch.from_numpy(arr)
+            if name == "x" and fdtype == "bfloat16":
+                if arr.dtype != np.uint16:
+                    raise DatasetError(f"{f} holds {arr.dtype} but meta.json says bfloat16 features (stored as "
+                                       "uint16 bits)")
+                data[name] = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)  # zero-copy: the mapping
+            else:
+                data[name] = torch.from_numpy(arr)
         if "indptr" not in data or "indices" not in data:
             raise DatasetError(f"{path} lacks indptr.npy or indices.npy")
         return Graph(name=meta["name"], num_classes=meta["num_classes"], meta=meta.get("meta", {}), **data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar, cast
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -86,12 +87,15 @@ class GNN(nn.Module):
         """What ``layers[layer]`` consumes: activation of the previous output (if any), then dropout.
 
         Args:
-            h: ``[rows, F]`` previous layer's output (or the features for layer 0).
+            h: ``[rows, F]`` previous layer's output (or the features for layer 0: bfloat16 ones are upcast to
+                float32 first).
             row_ids: ``[rows]`` global vertex ids of those rows.
             seed_epoch: ``(seed, epoch)`` while training; ``None`` disables dropout (evaluation).
         """
         if layer > 0:
             h = self.activation(h)
+        elif h.dtype == torch.bfloat16:  # features stored in bfloat16: upcast where they are (on the device)
+            h = h.float()
         key = None if seed_epoch is None else self.dropout_key(*seed_epoch, layer)
         return keyed_dropout(h, self.dropout, key, row_ids)
 

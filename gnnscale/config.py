@@ -183,6 +183,11 @@ class StoreOptions:
     hotness: str = "degree"
     """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
     of a few sampled batches)."""
+    host_memory: int | None = None
+    """Mini-batch: host memory, in bytes, for the disk tier's caches, buffers and activations (a string reads as
+    ``memory_budget`` does: ``"32MB"``, ``"2GiB"``, a plain number is GiB). Set, and the features a memory map of a
+    converted directory (``gnnscale convert``): they are read from its ``x.npy`` by positional reads behind a
+    host cache of the hottest rows, not held in host memory. ``None``: the features stay where the graph holds them."""
 
 
 @dataclass(kw_only=True)
@@ -251,6 +256,7 @@ class TrainConfig(
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
             (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
             (self.memory_budget is None or self.memory_budget > 0, "--gpu-memory must be positive"),
+            (self.host_memory is None or self.host_memory > 0, "--host-memory must be positive"),
             (self.mode in MODES, f"unknown --mode {self.mode!r}; choose one of {', '.join(MODES)}"),
             (self.partitions >= 1, f"--partitions must be >= 1, got {self.partitions}"),
             (self.chunks is None or self.chunks >= 1, f"--chunks must be >= 1, got {self.chunks}"),
@@ -349,7 +355,7 @@ def _coerce_fields(config: Any) -> None:
             continue
         if optional:
             kind = next(a for a in args if a is not type(None))
-        if f.name == "memory_budget" and isinstance(value, str):
+        if f.name in ("memory_budget", "host_memory") and isinstance(value, str):
             try:
                 value = parse_budget(value)
             except ConfigError as e:

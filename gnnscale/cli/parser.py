@@ -217,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     group[StoreOptions].add_argument("--hotness", choices=["degree", "presample"], default="degree",
                     help="rank vertices for device memory by out-degree or by access counts of a few sampled "
                          "batches (default degree)")
+    group[StoreOptions].add_argument("--host-memory", metavar="SIZE",
+                    help="host memory for the disk tier's caches, buffers and activations (e.g. 32MB, 2GiB; a plain "
+                         "number is GiB): the features of a converted directory are read from disk behind a host "
+                         "cache of the hottest rows (default: held in memory)")
     _add_hybrid_args(group[HybridOptions])
     tp = group[TaskParallelOptions]
     tp.add_argument("--dependency", choices=["exact", "skip"], default="exact",

@@ -43,6 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, seed=args.seed, engine=args.engine,
         mode=args.mode,
         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
+        host_memory=None if getattr(args, "host_memory", None) is None else parse_budget(args.host_memory),
         partitions=args.partitions, chunks=args.chunks, partition_method=args.partition_method, gather=args.gather,
         plan_dir=args.plan_dir, devices=_device_list(args.devices), dedup=args.dedup, chunker=args.chunker,
         reorganize=args.reorganize, batch_size=args.batch_size,

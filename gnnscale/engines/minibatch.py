@@ -64,7 +64,10 @@ from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import available_device_bytes
+from gnnscale.runtime.host import proc_kib
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
+from gnnscale.store.cache import DeviceCache
+from gnnscale.store.disk import BUFFER_BYTES, DiskSource, mapped_npy
 from gnnscale.store.global_store import GlobalMemoryStore, StoreReader
 
 if TYPE_CHECKING:
@@ -76,6 +79,9 @@ QUEUE_DEPTH = 2
 """Batches sampled and extracted ahead of training, per trainer."""
 STORE_SHARE = 0.5
 """Share of the device budget the store may fill when the ratios are left to the engine."""
+HOST_CACHE_SHARE = 0.5
+"""Share of ``--host-memory`` the disk tier's host cache and read buffer may fill (the rest: a batch's rows and
+activations)."""
 PRESAMPLE_BATCHES = 8
 """Mini-batches sampled by ``--hotness presample`` to count how often each vertex is read."""
 
@@ -121,11 +127,23 @@ class MiniBatchEngine(SampledEngine):
         devices = [torch.device(d) for d in config.devices] if config.devices else [device]
         budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
         hotness = self.presampled_hotness() if config.hotness == "presample" else None
+        graph_ratio, feature_ratio = config.gpu_graph_ratio, config.gpu_feature_ratio
+        self.disk: DiskSource | None = None
+        cache_bytes = 0
+        if config.host_memory is not None and graph.x is not None:
+            path = mapped_npy(graph.x)
+            if path is not None:  # the features are a converted directory's x.npy: read them from disk
+                buffer = min(BUFFER_BYTES, config.host_memory // 8)
+                self.disk = DiskSource(path, buffer_bytes=buffer)
+                cache_bytes = max(0, int(HOST_CACHE_SHARE * config.host_memory) - self.disk.buffer_bytes)
+                if not any(rt.is_accelerator(d) for d in devices):  # the "device" tier would be host memory too
+                    graph_ratio = 0.0 if graph_ratio is None else graph_ratio
+                    feature_ratio = 0.0 if feature_ratio is None else feature_ratio
         self.store = GlobalMemoryStore(graph, devices, adjacency=model.adjacency,
-                                       gpu_graph_ratio=config.gpu_graph_ratio,
-                                       gpu_feature_ratio=config.gpu_feature_ratio,
+                                       gpu_graph_ratio=graph_ratio,
+                                       gpu_feature_ratio=feature_ratio,
                                        memory_budget=int(STORE_SHARE * budget), gather=config.gather,
-                                       hotness=hotness)
+                                       hotness=hotness, host_source=self.disk, host_cache_bytes=cache_bytes)
         assert graph.y is not None
         self.replicas = Replicas(model, devices)
         self.trainers = [
@@ -160,10 +178,14 @@ class MiniBatchEngine(SampledEngine):
     def describe(self) -> str:
         s = self.store
         n = max(s.num_nodes, 1)
+        rest = "the rest in host memory"
+        if self.disk is not None:
+            cached = s.host_source.cache.num_rows if isinstance(s.host_source, DeviceCache) else 0
+            rest = (f"the rest of the topology in host memory, of the features {100 * cached / n:.0f}% in a host "
+                    f"cache and the rest read from {self.disk.path}")
         return (f"minibatch: batch {self.config.batch_size}, fanouts {','.join(map(str, self.fanouts))}, "
                 f"{len(self.trainers)} trainer(s); store: topology of {100 * s.hot_graph / n:.0f}% and features of "
-                f"{100 * s.hot_features / n:.0f}% of the vertices on {len(s.devices)} device(s), the rest in host "
-                "memory")
+                f"{100 * s.hot_features / n:.0f}% of the vertices on {len(s.devices)} device(s), {rest}")
 
     # ------------------------------------------------------------------------------------------------ the feed
     def _prepare(self, t: _Trainer, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> SampledBatch:
@@ -280,8 +302,13 @@ class MiniBatchEngine(SampledEngine):
         self.store.reset_stats()
         self.loop.run(epoch, functools.partial(self._feed, key=key),
                       functools.partial(self._train, se=se, counters=counters), counters)
-        return {**counters.record(), **self.store.reset_stats().metrics()}
+        stats = self.store.reset_stats()
+        if self.disk is None:
+            return {**counters.record(), **stats.metrics()}
+        anon = proc_kib("/proc/self/status", "RssAnon")
+        return {**counters.record(), **stats.metrics(), **stats.disk_metrics(),
+                "anon_rss_bytes": None if anon is None else anon * 1024}
 
 
-__all__ = ["EVAL_BATCH", "EVAL_EPOCH", "PRESAMPLE_BATCHES", "MiniBatchEngine", "check_fanouts", "default_fanouts",
-           "epoch_order"]
+__all__ = ["EVAL_BATCH", "EVAL_EPOCH", "HOST_CACHE_SHARE", "PRESAMPLE_BATCHES", "MiniBatchEngine", "check_fanouts",
+           "default_fanouts", "epoch_order"]

@@ -1,10 +1,11 @@
-"""Vertex data stores: one feature-source protocol with tiers by wrapping (:mod:`gnnscale.store.features`:
-host, pinned host, device, memory-mapped file, partitioned over ranks, and a cache in front of any of them),
-host-memory row I/O for offload engines (gathers to the device, accumulations back), and XGNN's global GPU+host
-memory store for mini-batch training (a composition of feature sources for its features)."""
+"""Vertex data stores: one feature-source protocol with tiers by wrapping (:mod:`gnnscale.store.features`: host, pinned
+host, device, memory-mapped file, the disk tier's positional reads, partitioned over ranks, and a cache in front of
+any of them), host-memory row I/O for offload engines (gathers to the device, accumulations back), and XGNN's global
+GPU+host memory store for mini-batch training (a composition of feature sources for its features)."""
 
 from gnnscale.runtime.pinned import PinnedRegion, pin_in_place, pinned_host  # moved to the runtime; names kept
 from gnnscale.store.cache import DeviceCache, SortedIndex
+from gnnscale.store.disk import DiskSource, host_cached
 from gnnscale.store.features import FeatureIndexError, FeatureSource, FeatureSourceError, ReadStats
 from gnnscale.store.gather import (
     GATHER_METHODS,
@@ -24,6 +25,7 @@ __all__ = [
     "GATHER_METHODS",
     "DeviceCache",
     "DeviceSource",
+    "DiskSource",
     "FeatureIndexError",
     "FeatureSource",
     "FeatureSourceError",
@@ -42,6 +44,7 @@ __all__ = [
     "StoreStats",
     "default_gather_method",
     "gather_rows",
+    "host_cached",
     "pin_in_place",
     "pinned_host",
     "scatter_add_rows",

@@ -51,6 +51,7 @@ from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, sampling_csr
 from gnnscale.graph.graph import Graph, csr_slices
 from gnnscale.sample.neighbor import NeighborRequest, full_lists
+from gnnscale.store.disk import host_cached
 from gnnscale.store.features import FeatureSource
 from gnnscale.store.gather import default_gather_method, gather_rows
 from gnnscale.store.placement import Placement, solve_placement
@@ -93,12 +94,19 @@ class GlobalMemoryStore:
         gather: host-row path on CUDA: ``uva``, ``index_select`` or ``auto``.
         links: ``[G, G]`` link bandwidths between the devices for the placement solver (0 = no link); ``None``:
             :func:`default_links`.
+        host_source: the host tier's feature rows when they are not to be held in host memory (the disk tier: a
+            :class:`~gnnscale.store.disk.DiskSource` of the graph's ``x.npy``, float32); ``graph.x`` is then never
+            read. ``None``: ``graph.x`` in host memory.
+        host_cache_bytes: with ``host_source``, bytes of a host cache in front of it holding the hottest rows
+            below the device tier's (:func:`~gnnscale.store.disk.host_cached`); its hits and the source's reads
+            are counted per tier (``"host-cache"``, ``"disk"``).
     """
 
     def __init__(self, graph: Graph, devices: Sequence[rt.Device], *, adjacency: AdjacencySpec | None = None,
                  gpu_graph_ratio: float | None = 0.0, gpu_feature_ratio: float | None = 0.0,
                  hotness: Tensor | None = None,
-                 memory_budget: int | None = None, gather: str = "auto", links: object | None = None):
+                 memory_budget: int | None = None, gather: str = "auto", links: object | None = None,
+                 host_source: FeatureSource | None = None, host_cache_bytes: int = 0):
         for name, ratio in (("--gpu-graph-ratio", gpu_graph_ratio), ("--gpu-feature-ratio", gpu_feature_ratio)):
             if ratio is not None and not 0.0 <= ratio <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1], got {ratio}")
@@ -116,7 +124,10 @@ class GlobalMemoryStore:
         self.rank = torch.empty(n, dtype=torch.int64)
         self.rank[order] = torch.arange(n)
         indptr, indices, weight = sampling_csr(graph, adjacency or AdjacencySpec())[:3]
-        x = graph.x.float()
+        if host_source is not None and (host_source.dtype != torch.float32 or host_source.num_rows != n):
+            raise ConfigError(f"the disk tier reads {n} float32 feature rows; {host_source} holds "
+                              f"{host_source.num_rows} {host_source.dtype} rows")
+        x = graph.x.float() if host_source is None else graph.x  # the disk tier: x (a memory map) is never read
         self.feature_width = x.shape[1]
         pin = rt.needs_pinning(self.devices[0])  # CUDA: host tables page-locked, read by the UVA gather or a copy
         self.gather = gather if pin and gather != "auto" else "index_select"
@@ -155,7 +166,9 @@ class GlobalMemoryStore:
                 raise ConfigError(f"the memory store puts {format_bytes(need)} on device {g} at --gpu-graph-ratio "
                                   f"{gpu_graph_ratio} and --gpu-feature-ratio {gpu_feature_ratio}, more than the "
                                   f"budget ({format_bytes(memory_budget)}); lower the ratios")
-            self.dev_x.append({p: rt.to_device(x.index_select(0, parts[p][0]), dev) for p in stored})
+            self.dev_x.append({p: rt.to_device(x.index_select(0, parts[p][0]) if host_source is None
+                                               else host_source.gather_unchecked(parts[p][0]), dev)
+                               for p in stored})
             self.dev_csr.append({p: (rt.to_device(parts[p][1][0], dev),
                                      rt.to_device(indices.index_select(0, parts[p][1][1]), dev),
                                      None if weight is None else rt.to_device(weight.index_select(0, parts[p][1][1]),
@@ -179,10 +192,15 @@ class GlobalMemoryStore:
                 self.pinned.append(region)
             return t
 
-        self.host_x = host(x)
+        self.host_x = host(x) if host_source is None else x
+        self.host_source: FeatureSource | None = None
+        """The host tier's rows when not in host memory: the disk tier behind its host cache (``None``: host_x)."""
+        if host_source is not None:
+            host_source.reset_stats()  # the device tier's rows read above are not the training's reads
+            self.host_source = host_cached(host_source, order[self.hot_features:], host_cache_bytes)
         self.host_csr = (host(indptr).view(-1, 1), host(indices).view(-1, 1),
                          None if weight is None else host(weight).view(-1, 1))
-        if pin and gather == "auto" and default_gather_method(self.devices[0]) == "uva":
+        if pin and gather == "auto" and host_source is None and default_gather_method(self.devices[0]) == "uva":
             self.gather = self._faster_gather()
         self.readers = [StoreReader(self, g) for g in range(G)]
         for dev in self.directory:  # every copy made above has landed: any reader's stream may read it

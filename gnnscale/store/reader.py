@@ -62,6 +62,8 @@ class StoreTables(Protocol):
     """``dev_x[h][p]``: device ``h``'s copy of partition ``p``'s hot feature rows."""
     dev_csr: list[dict[int, tuple[Tensor, Tensor, Tensor | None]]]
     host_x: Tensor
+    host_source: FeatureSource | None
+    """The host tier's rows when they are not ``host_x`` (the disk tier behind its host cache)."""
     host_csr: tuple[Tensor, Tensor, Tensor | None]
 
 
@@ -104,10 +106,12 @@ class StoreReader:
         hot = ShardedDeviceSource(store.dev_x, store.devices, source, self.device, store.hot_features,
                                   store.feature_width, x.dtype)
         self.links = hot.links  # topology requests to a holder go the same way as feature requests
-        host = PinnedHostSource(x, self.device, method="index_select", pin=False, reader=self, tier="host")
+        host: FeatureSource = (PinnedHostSource(x, self.device, method="index_select", pin=False, reader=self,
+                                                tier="host")
+                               if store.host_source is None else store.host_source)
         self.feature_source: FeatureSource = DeviceCache(host, hot, self._hot_slots, device=self.device,
                                                          tier="devices")
-        self._tier_source = {"host": HOST, **{hot.tier_of(h): h for h in self.holders}}
+        self._tier_source = {**{t.tier: HOST for t in host.tiers()}, **{hot.tier_of(h): h for h in self.holders}}
 
     # ------------------------------------------------------------------------------------------------ routing
     def _route(self, ids: Tensor, hot: int) -> _Route:
@@ -190,6 +194,11 @@ class StoreReader:
             st.rows_from[holder] += rows
             if holder == HOST:
                 st.h2d_feature_bytes += read.bytes[tier]
+                if tier == "host-cache":
+                    st.host_cache_hits += rows
+                elif tier == "disk":
+                    st.disk_rows += rows
+                    st.disk_read_bytes += read.bytes[tier]
                 continue
             st.feature_hits += rows
             if holder != self.index:

@@ -32,6 +32,12 @@ class StoreStats:
     """Bytes read from another device: feature rows, row pointers, entries."""
     remote_requests: int = 0
     """Reads sent to another device (one per holder per request)."""
+    host_cache_hits: int = 0
+    """Feature rows served by the disk tier's host cache (tier ``"host-cache"``)."""
+    disk_rows: int = 0
+    """Feature rows read from disk (tier ``"disk"``: the host cache's misses, each distinct row once per read)."""
+    disk_read_bytes: int = 0
+    """Bytes of those rows."""
     staging_allocs: int = 0
     """Pinned staging buffers allocated (the CPU-gather path on CUDA; reused, so this stays small)."""
     rows_from: Counter[int] = field(default_factory=Counter)
@@ -48,6 +54,11 @@ class StoreStats:
 
     def __add__(self, other: StoreStats) -> StoreStats:
         return StoreStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def disk_metrics(self) -> dict[str, float]:
+        """The disk tier's counters (a record carries them when the store reads its features from disk)."""
+        return {"disk_read_bytes": self.disk_read_bytes, "host_cache_hits": self.host_cache_hits,
+                "host_cache_misses": self.disk_rows}
 
     def metrics(self) -> dict[str, float]:
         """The counters a training record carries."""

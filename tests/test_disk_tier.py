@@ -1,0 +1,145 @@
+"""The disk tier (issue #29 item 2): positional reads of a converted directory's x.npy behind a bounded host cache,
+and the mini-batch engine reading through it under --host-memory. Mechanisms are checked by counts, not times."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gnnscale import TrainConfig
+from gnnscale.cli import main
+from gnnscale.engines import MiniBatchEngine
+from gnnscale.graph import io
+from gnnscale.graph.generators import csbm
+from gnnscale.nn import build_model
+from gnnscale.store import DeviceCache, FeatureSourceError, InMemorySource
+from gnnscale.store.disk import DiskSource, host_cached, hot_rows_fitting, mapped_npy, npy_layout
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    x = np.random.default_rng(0).standard_normal((500, 12)).astype(np.float32)
+    path = tmp_path / "x.npy"
+    np.save(path, x)
+    return path, x
+
+
+@pytest.mark.parametrize(("buffer_bytes", "threads"), [(1 << 20, 1), (48 * 7, 1), (48 * 7, 3)])
+def test_disk_reads_equal_memory_and_read_each_distinct_row_once(table: tuple[Path, np.ndarray],
+                                                                  buffer_bytes: int, threads: int) -> None:
+    path, x = table
+    disk, mem = DiskSource(path, buffer_bytes=buffer_bytes, threads=threads), InMemorySource(torch.from_numpy(x))
+    ids = torch.randint(0, 500, (800,), generator=torch.Generator().manual_seed(1))  # many repeats
+    assert torch.equal(disk.gather(ids), mem.gather(ids))
+    distinct = torch.unique(ids).numel()
+    st = disk.read_stats()
+    assert st.rows["disk"] == distinct and st.bytes["disk"] == distinct * 12 * 4  # a repeated row is read once
+    out = torch.empty(900, 12)
+    assert torch.equal(disk.gather(ids, out=out), mem.gather(ids)) and disk.gather(ids, out=out).data_ptr() == \
+        out.data_ptr()
+    disk.close()
+
+
+def test_adjacent_rows_are_one_read(table: tuple[Path, np.ndarray]) -> None:
+    disk = DiskSource(table[0])
+    disk.gather(torch.tensor([9, 3, 4, 5, 3, 10, 100]))  # runs 3-5, 9-10, 100
+    assert disk.preads == 3
+
+
+def test_host_cache_serves_hot_rows_without_disk_reads(table: tuple[Path, np.ndarray]) -> None:
+    path, x = table
+    ranked = torch.randperm(500, generator=torch.Generator().manual_seed(2))
+    budget = 40 * (48 + 8)  # 40 rows and their ids
+    src = host_cached(DiskSource(path), ranked, budget)
+    assert isinstance(src, DeviceCache) and src.cache.num_rows == hot_rows_fitting(budget, 48) == 40
+    assert src.read_stats().total_bytes == 0  # building it is not counted as reads
+    hot = ranked[:40][torch.randint(0, 40, (100,))]
+    assert torch.equal(src.gather(hot), torch.from_numpy(x)[hot])
+    st = src.reset_stats()
+    assert st.bytes["disk"] == 0 and st.rows["host-cache"] == 100  # a read that bypasses the cache fails here
+    cold = ranked[40:60]
+    assert torch.equal(src.gather(torch.cat([hot[:5], cold])), torch.from_numpy(x)[torch.cat([hot[:5], cold])])
+    st = src.read_stats()
+    assert st.rows["disk"] == 20 and st.rows["host-cache"] == 5
+
+
+@pytest.mark.parametrize("budget", [0, 100, 56 * 17 + 55, 10**9])
+def test_host_cache_never_holds_more_than_its_budget(table: tuple[Path, np.ndarray], budget: int) -> None:
+    src = host_cached(DiskSource(table[0]), torch.arange(500), budget)
+    held = 0
+    if isinstance(src, DeviceCache):
+        cache = src.cache
+        held = cache.num_rows * cache.row_bytes + cache.num_rows * 8  # rows and their ids in the lookup
+    assert held <= budget
+
+
+def test_bad_files_are_one_line(tmp_path: Path, table: tuple[Path, np.ndarray]) -> None:
+    with pytest.raises(FeatureSourceError, match="cannot read") as e:
+        DiskSource(tmp_path / "gone.npy")
+    assert "\n" not in str(e.value)
+    np.save(tmp_path / "o.npy", np.array([[object()]], dtype=object), allow_pickle=True)
+    with pytest.raises(FeatureSourceError, match="objects"):
+        DiskSource(tmp_path / "o.npy")
+    np.save(tmp_path / "f.npy", np.asfortranarray(np.ones((3, 4), np.float32)))
+    with pytest.raises(FeatureSourceError, match="Fortran"):
+        DiskSource(tmp_path / "f.npy")
+    # a file that shrinks (or whose directory is rewritten) while training reads it: one line, naming the file
+    path, _ = table
+    disk = DiskSource(path)
+    os.truncate(path, npy_layout(path)[0] + 10 * 48)
+    with pytest.raises(FeatureSourceError, match="short read") as e:
+        disk.gather(torch.tensor([400]))
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+def test_mapped_npy_finds_only_a_whole_memory_map(table: tuple[Path, np.ndarray]) -> None:
+    path, x = table
+    mapped = torch.from_numpy(np.load(path, mmap_mode="c"))
+    assert mapped_npy(mapped) == path
+    assert mapped_npy(torch.from_numpy(x)) is None and mapped_npy(mapped[1:]) is None
+
+
+def _run(g_dir: Path, host_memory: str | None, devices: tuple[str, ...] | None = None) -> list[dict[str, float]]:
+    g = io.open_dir(g_dir)
+    cfg = TrainConfig(model="sage", layers=2, hidden=16, engine="minibatch", batch_size=64, fanouts=(5, 3),
+                      epochs=2, host_memory=host_memory, devices=devices)
+    assert g.num_classes is not None
+    model = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers,
+                        dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
+    eng = MiniBatchEngine(g, model, cfg, CPU)
+    return [eng.train_epoch(e) for e in (1, 2)]
+
+
+def test_minibatch_from_disk_trains_like_from_memory(tmp_path: Path) -> None:
+    g = csbm(nodes=1500, features=32, avg_degree=8, seed=3)
+    io.save(g, tmp_path / "g")
+    plain, disk = _run(tmp_path / "g", None), _run(tmp_path / "g", "60KB")
+    assert [r["loss"] for r in disk] == [r["loss"] for r in plain]  # keyed sampling: the same steps
+    assert "disk_read_bytes" not in plain[0]  # without --host-memory nothing changes
+    for r in disk:
+        assert r["disk_read_bytes"] > 0 and r["host_cache_hits"] > 0 and r["host_cache_misses"] > 0
+        assert r["disk_read_bytes"] == r["host_cache_misses"] * 32 * 4
+        assert r["anon_rss_bytes"] is None or r["anon_rss_bytes"] > 0
+    # two trainers share the disk tier (one buffer, serialised) and still train alike
+    two = ("cpu", "cpu:1")
+    alike = [r["loss"] for r in _run(tmp_path / "g", None, two)]
+    assert [r["loss"] for r in _run(tmp_path / "g", "60KB", two)] == alike
+
+
+def test_cli_host_memory(tmp_path: Path) -> None:
+    io.save(csbm(nodes=600, features=8, seed=1), tmp_path / "g")
+    metrics = tmp_path / "m.jsonl"
+    assert main(["train", "--dataset", str(tmp_path / "g"), "--engine", "minibatch", "--fanouts", "4,3",
+                 "--batch-size", "50", "--epochs", "1", "--quiet", "--host-memory", "20KB",
+                 "--metrics", str(metrics)]) == 0
+    rec = json.loads(metrics.read_text().splitlines()[0])
+    assert rec["disk_read_bytes"] > 0 and "anon_rss_bytes" in rec
+    assert TrainConfig(host_memory="32MB").host_memory == 32 * 10**6
+    assert TrainConfig(host_memory="1").host_memory == 2**30  # a plain number is GiB, as --gpu-memory

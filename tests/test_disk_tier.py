@@ -143,3 +143,15 @@ def test_cli_host_memory(tmp_path: Path) -> None:
     assert rec["disk_read_bytes"] > 0 and "anon_rss_bytes" in rec
     assert TrainConfig(host_memory="32MB").host_memory == 32 * 10**6
     assert TrainConfig(host_memory="1").host_memory == 2**30  # a plain number is GiB, as --gpu-memory
+
+
+@pytest.mark.parametrize("spec", ["csbm:nodes=300,features=8", "DIR:feature_dtype=bf16"])
+def test_host_memory_without_a_disk_table_says_the_features_stay_in_memory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str) -> None:
+    io.save(csbm(nodes=300, features=8, seed=1), tmp_path / "g")
+    metrics = tmp_path / "m.jsonl"
+    assert main(["train", "--dataset", spec.replace("DIR", str(tmp_path / "g")), "--engine", "minibatch",
+                 "--epochs", "1", "--quiet", "--host-memory", "1MB", "--metrics", str(metrics)]) == 0
+    err = capsys.readouterr().err
+    assert "--host-memory: the features of" in err and "stay in host memory" in err
+    assert "disk_read_bytes" not in json.loads(metrics.read_text().splitlines()[0])

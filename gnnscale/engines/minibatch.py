@@ -63,6 +63,7 @@ from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
+from gnnscale.notes import note
 from gnnscale.plan.memory import available_device_bytes
 from gnnscale.runtime.host import proc_kib
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
@@ -139,6 +140,10 @@ class MiniBatchEngine(SampledEngine):
                 if not any(rt.is_accelerator(d) for d in devices):  # the "device" tier would be host memory too
                     graph_ratio = 0.0 if graph_ratio is None else graph_ratio
                     feature_ratio = 0.0 if feature_ratio is None else feature_ratio
+            else:
+                note(f"--host-memory: the features of {graph.name} are not the memory-mapped {graph.x.dtype} x.npy "
+                     "of a converted directory, so they stay in host memory (read from disk: gnnscale convert the "
+                     "dataset to a float32 directory and train from it)")
         self.store = GlobalMemoryStore(graph, devices, adjacency=model.adjacency,
                                        gpu_graph_ratio=graph_ratio,
                                        gpu_feature_ratio=feature_ratio,

@@ -317,5 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the features in float32 or bfloat16 (half the bytes on disk, in host memory and on "
                         "the bus; engines upcast them to float32 on the device); default: as read, float32 for "
                         "every reader (the spec's feature_dtype option wins)")
+    c.add_argument("--host-memory", metavar="SIZE",
+                   help="kronecker specs are written block by block, without holding the graph in memory: the "
+                        "host memory the blocks may use, GiB or a size (512MB; default: a quarter of the available "
+                        "RAM)")
     c.set_defaults(command="convert")
     return parser

@@ -118,6 +118,22 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0, keep_
     return g if dtype is None else g.with_feature_dtype(dtype)
 
 
+def kronecker_spec(spec: str, seed: int = 0, feature_dtype: str | None = None) -> tuple[dict[str, Any], str] | None:
+    """For a ``kronecker[:opts]`` spec: the generator's options (the spec's ``seed`` winning over ``seed``) and the
+    feature dtype's name (``fp32`` or ``bf16``: the spec's ``feature_dtype`` option winning over ``feature_dtype``,
+    float32 by default), as :func:`load_dataset` reads them; ``None`` for any other spec."""
+    spec, spec_dtype = _take_feature_dtype(spec.strip())
+    kind, _, rest = spec.partition(":")
+    if kind.lower() != "kronecker" or Path(spec).is_dir():
+        return None
+    name = feature_dtype if spec_dtype is None else spec_dtype
+    try:
+        graph_feature_dtype(name or "fp32")
+    except GraphError as exc:
+        raise DatasetError(str(exc)) from None
+    return {"seed": seed, **_options(generators.kronecker, rest)}, name or "fp32"
+
+
 def _take_feature_dtype(spec: str) -> tuple[str, str | None]:
     """``spec`` without its ``feature_dtype=...`` option (every kind takes it, a directory too), and its value."""
     head, sep, tail = spec.rpartition(":")

@@ -229,6 +229,33 @@ def _uniform_levels(rng: np.random.Generator, levels: int, m: int, threads: int 
     bits.advance(levels * m)
 
 
+RMAT = (0.57, 0.19, 0.19)
+"""Graph500's R-MAT quadrant probabilities a, b, c (d is the rest)."""
+
+
+def kronecker_edge_block(start: np.random.BitGenerator, scale: int, m: int, lo: int, hi: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Edges ``lo..hi`` of :func:`kronecker`'s ``m`` R-MAT draws (sources, destinations; before the vertex
+    permutation), ``start`` being the bit generator of ``np.random.default_rng(seed)`` untouched: the same numbers
+    :func:`kronecker` draws, a block at a time (level ``l``'s uniforms for edge ``e`` are the stream's
+    ``l * m + e``-th; ``start`` is copied, not advanced)."""
+    a, b, c = RMAT
+    acc = np.dtype(np.int32 if scale <= 30 else np.int64)
+    src: np.ndarray = np.zeros(hi - lo, dtype=acc)
+    dst: np.ndarray = np.zeros(hi - lo, dtype=acc)
+    for level in range(scale):
+        bits = copy.deepcopy(start)
+        bits.advance(level * m + lo)  # type: ignore[attr-defined]
+        r = np.random.Generator(bits).random(hi - lo)
+        bit = acc.type(1 << level)
+        src_bit = r >= a + b
+        dst_bit = (r >= a) != src_bit
+        dst_bit |= r >= a + b + c
+        src += src_bit * bit
+        dst += dst_bit * bit
+    return src, dst
+
+
 def kronecker(
     scale: int = 16,
     edgefactor: int = 16,
@@ -244,7 +271,7 @@ def kronecker(
     """
     if not 1 <= scale <= 34 or edgefactor < 1 or features < 1 or classes < 1:
         raise DatasetError("kronecker needs 1 <= scale <= 34, edgefactor >= 1, features >= 1, classes >= 1")
-    a, b, c = 0.57, 0.19, 0.19
+    a, b, c = RMAT
     rng = np.random.default_rng(seed)
     n, m = 1 << scale, edgefactor << scale
     acc = np.dtype(np.int32 if scale <= 30 else np.int64)  # ids as they are built: half the traffic in int32

@@ -66,10 +66,7 @@ def save(graph: Graph, out: Path | str) -> Path:
         raise DatasetError(f"output directory {out} already exists; choose a new path")
     if not out.parent.exists():
         raise DatasetError(f"parent directory {out.parent} does not exist")
-    remove_stale_partials(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=PARTIAL_SUFFIX, dir=out.parent))
-    try:
-        (tmp / PARTIAL_PID).write_text(str(os.getpid()))
+    with partial_dir(out) as tmp:
         arrays: dict[str, Any] = {}
         for name in _ARRAYS:
             t = getattr(graph, name)
@@ -79,25 +76,44 @@ def save(graph: Graph, out: Path | str) -> Path:
             arr = t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
             np.save(tmp / f"{name}.npy", arr)
             arrays[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
-        meta = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "name": graph.name,
-            "num_nodes": graph.num_nodes,
-            "num_edges": graph.num_edges,
-            "num_classes": graph.num_classes,
-            "arrays": arrays,
-            **({} if graph.x is None else {"feature_dtype": feature_dtype_name(graph.x.dtype)}),
-            "meta": graph.meta,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        write_meta(tmp, name=graph.name, num_nodes=graph.num_nodes, num_edges=graph.num_edges,
+                   num_classes=graph.num_classes, arrays=arrays,
+                   feature_dtype=None if graph.x is None else feature_dtype_name(graph.x.dtype), meta=graph.meta)
+    return out
+
+
+@contextmanager
+def partial_dir(out: Path) -> Iterator[Path]:
+    """A hidden temporary sibling of ``out`` (``.<name>.*.partial``, holding the writer's pid) to write into; renamed
+    to ``out`` when the ``with`` body ends, removed (with all it holds) when it raises, Ctrl-C included."""
+    remove_stale_partials(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=PARTIAL_SUFFIX, dir=out.parent))
+    try:
+        (tmp / PARTIAL_PID).write_text(str(os.getpid()))
+        yield tmp
         (tmp / PARTIAL_PID).unlink()
         honour_umask(tmp)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+
+
+def write_meta(folder: Path, *, name: str, num_nodes: int, num_edges: int, num_classes: int | None,
+               arrays: dict[str, Any], feature_dtype: str | None, meta: dict[str, Any]) -> None:
+    """``folder/meta.json`` as :func:`save` writes it (``arrays``: name -> dtype and shape, in ``_ARRAYS`` order)."""
+    doc = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "name": name,
+        "num_nodes": num_nodes,
+        "num_edges": num_edges,
+        "num_classes": num_classes,
+        "arrays": arrays,
+        **({} if feature_dtype is None else {"feature_dtype": feature_dtype}),
+        "meta": meta,
+    }
+    (folder / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
 PARTIAL_SUFFIX = ".partial"

@@ -127,6 +127,10 @@ class OffloadOptions:
     less balanced) or ``auto`` (both, the lower Eq. 4 cost; METIS runs once per chunk count and is saved)."""
     reorganize: str = "auto"
     """Offload: reorder chunks into batches by Algorithm 4: ``on``, ``off`` or ``auto`` (when it lowers Eq. 4)."""
+    scratch: str | None = None
+    """Offload with ``host_memory``: a folder the host buffers (layer inputs, gradients, projections, cached
+    aggregations) past the budget spill to, as unlinked file-backed maps (``""``: the system's temporary folder);
+    ``None``: they stay in RAM."""
 
 
 @dataclass(kw_only=True)

@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--reorganize", choices=REORGANIZE_MODES, default="auto",
                    help="reorder chunks into batches (HongTu Algorithm 4): on, off, or auto (when the modelled "
                         "cost drops); default auto")
+    o.add_argument("--scratch", metavar="DIR", nargs="?", const="",
+                   help="offload with --host-memory: spill the layer activations and gradients the budget cannot "
+                        "hold to files in DIR (default: the system's temporary folder), removed at the end")
     _add_plan_dir(group[PartitionOptions])
     mb = group[MiniBatchOptions]
     sampling = group[SamplingOptions]

@@ -46,7 +46,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         host_memory=None if getattr(args, "host_memory", None) is None else parse_budget(args.host_memory),
         partitions=args.partitions, chunks=args.chunks, partition_method=args.partition_method, gather=args.gather,
         plan_dir=args.plan_dir, devices=_device_list(args.devices), dedup=args.dedup, chunker=args.chunker,
-        reorganize=args.reorganize, batch_size=args.batch_size,
+        reorganize=args.reorganize, scratch=getattr(args, "scratch", None), batch_size=args.batch_size,
         fanouts=_num_list("--fanouts", args.fanouts, int, "15,10"),
         eval_fanouts=_num_list("--eval-fanouts", args.eval_fanouts, int, "15,10"),
         sample_norm=args.sample_norm,

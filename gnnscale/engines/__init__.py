@@ -51,6 +51,7 @@ def ignored_settings(config: TrainConfig, engine: str) -> list[tuple[str, str]]:
     attention heads (``the gcn model``), ``hidden`` of a one-layer model (which has no hidden layer)."""
     defaults = TrainConfig()
     read = {f.name for group in (ModelOptions, RunOptions, *ENGINES[engine].options) for f in fields(group)}
+    read |= set(ENGINES[engine].also_reads)
     out = [(f.name, f"the {engine} engine") for f in fields(TrainConfig)
            if f.name not in read and getattr(config, f.name) != getattr(defaults, f.name)]
     if config.model != "gat" and config.heads != defaults.heads:

@@ -43,6 +43,10 @@ class Engine(ABC):
     """What ``gnnscale partition --engine NAME`` shows for this engine without training: ``"partition"`` (a
     two-level partition plan), ``"tasks"`` (a task assignment), ``"pipeline"`` (a pipeline's predicted split);
     ``None``: the engine has no such plan (``gnnscale plan`` still lists its estimate)."""
+    also_reads: ClassVar[tuple[str, ...]] = ()
+    """Fields of option groups outside :attr:`options` that the engine reads too (not warned about as ignored)."""
+    spills_to_scratch: ClassVar[bool] = False
+    """Whether the host rows past ``--host-memory`` spill to ``--scratch`` (then they are not priced as RAM)."""
     host_layer_copies: ClassVar[int] = 0
     """Rows per vertex and hidden layer the engine keeps in host memory: 0 (the in-memory engine: its own estimate
     counts its device), 1 (layer-wise inference keeps each layer's output), 2 (offload and task-parallel keep every
@@ -86,6 +90,9 @@ class Engine(ABC):
         """Why the host cannot hold what this engine keeps there (its estimate against the available memory);
         ``None`` when it can."""
         parts = estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies)
+        if cls.spills_to_scratch and config.host_memory is not None and config.scratch is not None \
+                and "activations" in parts:  # what --host-memory cannot hold spills to --scratch: not RAM
+            parts["activations"] = min(parts["activations"], config.host_memory)
         need, have = sum(parts.values()), rt.mem_get_info(torch.device("cpu"))[0]
         if need <= have:
             return None

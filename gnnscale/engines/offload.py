@@ -35,9 +35,14 @@ leaves the device (Algorithm 3).
 The features (layer 0's input) are read only through feature sources (:mod:`gnnscale.store.features`; one per
 worker, :class:`~gnnscale.engines.offload_workers.Features`: an ``InMemorySource`` on the CPU, a
 ``PinnedHostSource`` read by the worker's row mover on an accelerator, with the mover's copies, staging and
-waits), so every feature row read is counted per tier (``engine.features.read_stats()``). The later layers'
+waits; with ``--host-memory`` and a converted directory's float32 ``x.npy``, a
+:class:`~gnnscale.engines.offload_workers.DiskRows` reading the file's rows by positional reads, the engine's
+vertex order mapped back to file rows), so every feature row read is counted per tier
+(``engine.features.read_stats()``). The later layers'
 inputs, gradients, projections and cached aggregations are plain host buffers: the engine's own scratch, written
-and read back during the epoch, not features.
+and read back during the epoch, not features; with ``--host-memory`` and ``--scratch`` those past
+:data:`HOST_ROWS_SHARE` of the budget are file-backed (:class:`~gnnscale.engines.offload_workers.Spill`: unlinked
+shared maps, bit-exact, nothing left in the folder whatever ends the run).
 
 Dropout masks are keyed by (seed, epoch, layer, *original* vertex id), so forward, recomputation and the in-memory
 engine draw the same masks. The result is the in-memory engine's, up to floating-point summation order.
@@ -70,21 +75,29 @@ from gnnscale.engines.chunks import Chunk, cut_chunks
 from gnnscale.engines.mover import RowMover
 from gnnscale.engines.offload_layers import HostRows, LayerPasses
 from gnnscale.engines.offload_sweep import Sweep
-from gnnscale.engines.offload_workers import Features, Worker, WorkerGroup
+from gnnscale.engines.offload_workers import DiskRows, Features, Spill, Worker, WorkerGroup
 from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
+from gnnscale.notes import note
 from gnnscale.partition import permute_csr
 from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
 from gnnscale.plan.offload import OffloadPlan, describe, plan_offload
+from gnnscale.runtime.host import proc_kib
 from gnnscale.store import default_gather_method, triton_available
+from gnnscale.store.disk import BUFFER_BYTES, DiskSource, mapped_npy
 from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
+
+HOST_ROWS_SHARE = 0.5
+"""With ``--host-memory`` and ``--scratch``: the share of the budget the host buffers (:class:`HostRows`) may keep
+in RAM; the rest of them is spilled to files (the remainder of the budget: the features' read buffers, topology,
+labels and the working set)."""
 
 H2D_KINDS = ("row", "topology", "index")
 """Host->device bytes by kind: vertex rows (features, activations, gradients, labels), chunk topology, and index
@@ -98,6 +111,8 @@ class OffloadEngine(Engine):
     host_layer_copies = 2
     plan_kind = "partition"
     mode = "full"
+    spills_to_scratch = True
+    also_reads = ("host_memory",)  # the features from disk, the host buffers past it spilled to --scratch
     options = (ChunkOptions, PartitionOptions, OffloadOptions, GatherOptions)
 
     @classmethod
@@ -143,9 +158,21 @@ class OffloadEngine(Engine):
         host = partial(_pinned, device=devices[0]) if pin else _unchanged
         perm = part.perm
         assert graph.x is not None and graph.y is not None
-        x = host(graph.x.index_select(0, perm).float())  # [N, F0] features in the new order
-        self.features = Features(tuple(w.io.source(x) for w in self.workers))
+        self.disk: list[DiskSource] = []
+        path = mapped_npy(graph.x) if config.host_memory is not None else None
+        if path is not None and graph.x.dtype == torch.float32:  # read x.npy's rows, mapped to the new order
+            buffer = min(BUFFER_BYTES, config.host_memory // 8)  # type: ignore[operator]  # host_memory is set
+            self.disk = [DiskSource(path, buffer_bytes=buffer) for _ in self.workers]
+            self.features = Features(tuple(DiskRows(d, perm, w.device) for d, w in zip(self.disk, self.workers,
+                                                                                            strict=True)))
+        else:
+            if config.host_memory is not None:
+                note(f"--host-memory: the features of {graph.name} are not the memory-mapped float32 x.npy of a "
+                     "converted directory, so offload copies them into host memory")
+            x = host(graph.x.index_select(0, perm).float())  # [N, F0] features in the new order
+            self.features = Features(tuple(w.io.source(x) for w in self.workers))
         """The features, read only through their sources (each worker's; counted by ``features.read_stats()``)."""
+        self._read_before = self.features.read_stats()
         self.y = host(graph.y.index_select(0, perm))
         self.masks = {m: getattr(graph, m).index_select(0, perm) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.num_train = int(self.masks["train_mask"].sum())
@@ -156,7 +183,17 @@ class OffloadEngine(Engine):
             self.plan.exchange.pin_memory()
         self.sweep = Sweep(self.group, self.chunks, self.plan.schedule.tolist(), self.plan.exchange)
         self._pred = host(torch.empty(graph.num_nodes, dtype=torch.int64))
-        self.host = HostRows.allocate(model, self.features, host)
+        self.spill: Spill | None = None
+        if config.host_memory is not None and config.scratch is not None:
+            need = HostRows.buffer_bytes(model, graph.num_nodes)
+            allowance = int(HOST_ROWS_SHARE * config.host_memory)
+            if need > allowance:
+                self.spill = Spill(config.scratch, allowance, need)
+        try:
+            self.host = HostRows.allocate(model, self.features, host, self.spill)
+        finally:
+            if self.spill is not None:
+                self.spill.finish()  # the files are unlinked already: nothing stays in the scratch folder
         self.passes = LayerPasses(model, self.host, self.sweep, self.num_train)
         cpu = not rt.is_accelerator(devices[0])
         self.counter = LiveBytesCounter() if cpu and len(devices) == 1 else None
@@ -182,6 +219,7 @@ class OffloadEngine(Engine):
         self.optimizer.zero_grad(set_to_none=True)
         self.replicas.sync()  # the replicas take the master's parameters
         self._reset_counters()
+        self._read_before = self.features.read_stats()
         key = (self.config.seed, epoch)
         num_layers = len(self.model.layers)
         try:
@@ -233,6 +271,7 @@ class OffloadEngine(Engine):
                                    "d2h_bytes": sum(w.io.moved.get("d2h", 0) for w in self.workers),
                                    "chunks": self.num_chunks, "partitions": self.partitions,
                                    "devices": len(self.workers), **self._row_counters()}
+        stats.update(self._tier_counters())
         if self.counter is not None:
             stats["peak_device_bytes"] = self.counter.peak
         peaks = [w.counter.peak for w in self.workers if w.counter is not None]
@@ -241,6 +280,28 @@ class OffloadEngine(Engine):
             stats["device_peak_bytes"] = peaks  # type: ignore[assignment]
             stats["peak_device_bytes"] = max(peaks)
         return stats
+
+    def _tier_counters(self) -> dict[str, Any]:
+        """The disk tier's and the spill's counters (``--host-memory`` only)."""
+        if self.config.host_memory is None:
+            return {}
+        out: dict[str, Any] = {}
+        if self.disk:
+            out["disk_read_bytes"] = (self.features.read_stats() - self._read_before).bytes["disk"]
+        if self.spill is not None:
+            out["spill_bytes"] = self.spill.spill_bytes
+        out["host_rows_ram_bytes"] = sum(t.numel() * t.element_size() for t in self.host.buffers()) - (
+            0 if self.spill is None else self.spill.spill_bytes)
+        anon = proc_kib("/proc/self/status", "RssAnon")
+        out["anon_rss_bytes"] = None if anon is None else anon * 1024
+        return out
+
+    def close(self) -> None:
+        """Close the features' files and the spill files' descriptors (the buffers stay readable while alive)."""
+        for d in self.disk:
+            d.close()
+        if self.spill is not None:
+            self.spill.close()
 
     def _row_counters(self) -> dict[str, int]:
         """The epoch's row counters, summed over its layer passes (see :mod:`gnnscale.partition.dedup`)."""

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.engines.offload_sweep import ChunkStep, LayerPass, Sweep
-from gnnscale.engines.offload_workers import Features, HostTable, Worker
+from gnnscale.engines.offload_workers import Features, HostTable, Spill, Worker
 from gnnscale.nn.model import GNN
 
 Key = tuple[int, int]
@@ -54,23 +54,49 @@ class HostRows:
     """Layers whose UPDATE reads the destinations' own rows besides the aggregation."""
 
     @classmethod
-    def allocate(cls, model: GNN, x: Features, host: Callable[[Tensor], Tensor]) -> HostRows:
-        """The buffers ``model`` needs for ``x``'s vertices (``host``: pins a buffer for a GPU)."""
+    def allocate(cls, model: GNN, x: Features, host: Callable[[Tensor], Tensor],
+                 spill: Spill | None = None) -> HostRows:
+        """The buffers ``model`` needs for ``x``'s vertices (``host``: pins a buffer for a GPU); with ``spill``,
+        those past its RAM allowance are file-backed (:class:`Spill`)."""
         N, L = x.num_rows, len(model.layers)
         layers = model.block_layers
         widths = [layer.in_features for layer in layers]
-        inputs = {l: host(torch.empty(N, widths[l])) for l in range(1, L)}
-        input_grads = {l: host(torch.zeros(N, widths[l])) for l in range(1, L)}
         projecting = {l for l in range(L) if layers[l].projects_first}
         caching = {l for l in range(L - 1) if layers[l].cacheable or l in projecting}
         with torch.no_grad():
             agg_width = {l: layers[l].project(torch.zeros(1, widths[l])).shape[1] if l in projecting
                          else widths[l] for l in range(L)}
-        return cls(x, inputs, input_grads, projecting, caching,
-                   projected={l: host(torch.empty(N, agg_width[l])) for l in projecting},
-                   projected_grads={l: host(torch.zeros(N, agg_width[l])) for l in projecting},
-                   aggregates={l: host(torch.empty(N, agg_width[l])) for l in caching},
+
+        def buf(w: int, zero: bool) -> Tensor:
+            if spill is not None and not spill.fits_ram(N * w * 4):
+                return spill.tensor(N, w)  # a new file reads as zeros
+            return host(torch.zeros(N, w) if zero else torch.empty(N, w))
+
+        return cls(x, {l: buf(widths[l], False) for l in range(1, L)},
+                   {l: buf(widths[l], True) for l in range(1, L)}, projecting, caching,
+                   projected={l: buf(agg_width[l], False) for l in projecting},
+                   projected_grads={l: buf(agg_width[l], True) for l in projecting},
+                   aggregates={l: buf(agg_width[l], False) for l in caching},
                    reading_dst={l for l in range(L) if layers[l].update_uses_dst})
+
+    @staticmethod
+    def buffer_bytes(model: GNN, num_rows: int) -> int:
+        """Bytes of the buffers :meth:`allocate` makes for ``num_rows`` vertices (float32)."""
+        layers, L = model.block_layers, len(model.layers)
+        widths = [layer.in_features for layer in layers]
+        total = sum(2 * widths[l] for l in range(1, L))
+        with torch.no_grad():
+            for l in range(L):
+                proj = layers[l].projects_first
+                agg = layers[l].project(torch.zeros(1, widths[l])).shape[1] if proj else widths[l]
+                total += 2 * agg if proj else 0
+                total += agg if l < L - 1 and (layers[l].cacheable or proj) else 0
+        return 4 * num_rows * total
+
+    def buffers(self) -> list[Tensor]:
+        """Every host buffer (not the features)."""
+        return [*self.inputs.values(), *self.input_grads.values(), *self.projected.values(),
+                *self.projected_grads.values(), *self.aggregates.values()]
 
     def input(self, layer: int) -> HostTable:
         return self.x if layer == 0 else self.inputs[layer]

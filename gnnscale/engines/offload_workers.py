@@ -3,19 +3,26 @@ a pass runs on every worker at once, one thread each when there are several."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import torch
 from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.engines.mover import RowMover
+from gnnscale.errors import ConfigError
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import LiveBytesCounter
-from gnnscale.store import FeatureSource, ReadStats
+from gnnscale.store import DiskSource, FeatureSource, ReadStats
+from gnnscale.store.transfer import place
+from gnnscale.units import format_bytes
 
 T = TypeVar("T")
 
@@ -55,6 +62,120 @@ class Features:
         for s in self.sources:
             s.reset_stats()
         return total
+
+
+class DiskRows(FeatureSource):
+    """The features in the engine's vertex order, read from a converted directory's ``x.npy`` (``--host-memory``):
+    engine row ``i`` is file row ``perm[i]``, so no copy of the features is made; the reads (tier ``"disk"``) are
+    the :class:`~gnnscale.store.disk.DiskSource`'s, placed on ``device``."""
+
+    def __init__(self, disk: DiskSource, perm: Tensor, device: rt.Device):
+        super().__init__(disk.tier)
+        self.disk, self.perm, self._device = disk, perm, device
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.perm.numel())
+
+    @property
+    def dim(self) -> int:
+        return self.disk.dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.disk.dtype
+
+    @property
+    def device(self) -> rt.Device:
+        return self._device
+
+    def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
+        rows = self.disk.gather_unchecked(self.perm.index_select(0, place(ids, torch.device("cpu"))))
+        return rows if not rt.is_accelerator(self._device) else place(rows, self._device)
+
+    def tiers(self) -> list[FeatureSource]:
+        return [self.disk]
+
+
+class Spill:
+    """Host buffers past a RAM allowance (``--host-memory``), as file-backed tensors (``--scratch DIR``).
+
+    Each buffer is a shared memory map of its own file in a private subfolder of ``DIR``: read and written by rows
+    exactly as a RAM tensor (the results are bit-exact), its pages written back to the file, not to anonymous
+    memory, when the kernel needs the room. A file is unlinked as soon as it is mapped (the mapping keeps it
+    alive; its descriptor stays open in :attr:`fds`) and the subfolder is removed once the buffers exist, so
+    nothing is left in ``DIR`` after the run, whatever ends it (an error, Ctrl-C, a kill): the kernel frees the
+    space when the process unmaps it or exits.
+
+    Args:
+        scratch: the folder (``""``: the system's temporary folder).
+        allowance: bytes of buffers kept in RAM (the first ones asked for that fit).
+        need: bytes of every buffer: those past ``allowance`` must fit the folder's free space.
+    """
+
+    def __init__(self, scratch: str, allowance: int, need: int):
+        root = scratch or tempfile.gettempdir()
+        try:
+            os.makedirs(root, exist_ok=True)
+            free = shutil.disk_usage(root).free
+        except OSError as exc:
+            raise ConfigError(f"--scratch {root}: {exc.strerror or exc}") from None
+        spill = max(0, need - allowance)
+        if spill > free:
+            raise ConfigError(f"--scratch {root}: the activations to spill need about {format_bytes(spill)}, the "
+                              f"folder's file system has {format_bytes(free)} free: choose another --scratch or "
+                              "raise --host-memory")
+        self.root, self.allowance = root, allowance
+        self.ram_bytes = 0
+        """Bytes of the buffers kept in RAM."""
+        self.spill_bytes = 0
+        """Bytes of the file-backed buffers (their files' sizes)."""
+        self.fds: list[int] = []
+        self.dir: str | None = tempfile.mkdtemp(prefix="gnnscale-spill-", dir=root)
+
+    def fits_ram(self, nbytes: int) -> bool:
+        """Whether a buffer of ``nbytes`` stays in RAM (counted if so)."""
+        if self.ram_bytes + nbytes > self.allowance:
+            return False
+        self.ram_bytes += nbytes
+        return True
+
+    def tensor(self, rows: int, width: int) -> Tensor:
+        """A zero ``[rows, width]`` float32 tensor mapped from a new file (unlinked at once)."""
+        assert self.dir is not None, "the spill folder was already finished"
+        path = os.path.join(self.dir, f"buffer{len(self.fds)}.f32")
+        n = rows * width
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, n * 4)
+            t = torch.from_file(path, shared=True, size=n, dtype=torch.float32).view(rows, width)
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            os.unlink(path)
+        self.fds.append(fd)
+        self.spill_bytes += n * 4
+        return t
+
+    def finish(self) -> None:
+        """Remove the (empty) private subfolder: called once the buffers exist, and on any failure before."""
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def close(self) -> None:
+        """Close the files' descriptors (the mappings stay valid while their tensors live)."""
+        self.finish()
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- interpreter shutdown
+            pass
 
 
 HostTable = Tensor | Features

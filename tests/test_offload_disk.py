@@ -1,0 +1,154 @@
+"""Offload with --host-memory from a converted directory (issue #29): features read from x.npy through the engine's
+vertex order, host buffers past the budget spilled to unlinked files in --scratch; bit-exact with the RAM run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from gnnscale import TrainConfig
+from gnnscale.cli import main
+from gnnscale.engines import OffloadEngine
+from gnnscale.engines.offload_layers import HostRows, LayerPasses
+from gnnscale.errors import ConfigError
+from gnnscale.graph import io
+from gnnscale.graph.generators import csbm
+from gnnscale.nn import build_model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def gdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("offload_disk") / "g"
+    io.save(csbm(nodes=1000, features=32, avg_degree=6, seed=5), out)
+    return out
+
+
+def _engine(gdir: Path, host_memory: str | None = None, scratch: str | None = None, model: str = "gcn",
+            hidden: int = 16, layers: int = 2) -> OffloadEngine:
+    g = io.open_dir(gdir)
+    cfg = TrainConfig(model=model, layers=layers, hidden=hidden, engine="offload", chunks=3, epochs=2,
+                      host_memory=host_memory, scratch=scratch)
+    assert g.num_classes is not None
+    net = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers,
+                      dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
+    return OffloadEngine(g, net, cfg, CPU)
+
+
+def _losses(eng: OffloadEngine) -> list[dict[str, float]]:
+    return [eng.train_epoch(e) for e in (1, 2)]
+
+
+def _deleted_maps(folder: Path) -> dict[int, int]:
+    """``{start address: size}`` of the mappings of deleted files that lay in ``folder``."""
+    out = {}
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith(str(folder)) and parts[5].rstrip().endswith("(deleted)"):
+                lo, hi = (int(a, 16) for a in parts[0].split("-"))
+                out[lo] = hi - lo
+    return out
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_spilled_run_equals_the_ram_run(gdir: Path, tmp_path: Path, model: str) -> None:
+    plain = _losses(_engine(gdir, model=model, layers=3))
+    scratch = tmp_path / "scr"
+    eng = _engine(gdir, "100KB", str(scratch), model=model, layers=3)
+    assert eng.spill is not None and eng.disk
+    assert list(scratch.iterdir()) == []  # unlinked at once: nothing in the folder, even while training
+    spilled = _losses(eng)
+    assert [r["loss"] for r in spilled] == [r["loss"] for r in plain]  # bit-exact
+    assert "disk_read_bytes" not in plain[0] and "spill_bytes" not in plain[0]
+    for r in spilled:
+        assert r["disk_read_bytes"] > 0 and r["spill_bytes"] > 0
+        assert r["disk_read_bytes"] % (32 * 4) == 0
+    assert list(scratch.iterdir()) == []
+
+
+def test_spill_is_file_backed_and_within_budget(gdir: Path, tmp_path: Path) -> None:
+    eng = _engine(gdir, "100KB", str(tmp_path))
+    spill = eng.spill
+    assert spill is not None
+    bufs = eng.host.buffers()
+    total = sum(t.numel() * 4 for t in bufs)
+    assert total == HostRows.buffer_bytes(eng.model, 1000)
+    # a budget overrun, counted: the RAM-resident buffers stay within the allowance (half of 100KB)
+    assert spill.ram_bytes <= 50_000 and spill.ram_bytes + spill.spill_bytes == total
+    assert eng.train_epoch(1)["host_rows_ram_bytes"] == spill.ram_bytes
+    # every spilled buffer is a shared map of a (deleted) file of exactly its bytes, in the scratch folder
+    maps = _deleted_maps(tmp_path)
+    spilled = [t for t in bufs if t.data_ptr() in maps]
+    assert len(spilled) == len(spill.fds) > 0
+    assert sum(t.numel() * 4 for t in spilled) == spill.spill_bytes
+    assert all(maps[t.data_ptr()] >= t.numel() * 4 for t in spilled)
+
+
+def test_values_go_through_the_spill_files(gdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mutant that zeroes the spill files (through their descriptors, not the tensors) between the forward and the
+    backward changes the loss of the next epoch: the buffers are read back from the files."""
+    ref = _losses(_engine(gdir, "100KB", str(tmp_path)))
+    eng = _engine(gdir, "100KB", str(tmp_path))
+    assert eng.spill is not None
+    real = LayerPasses.loss_and_last_backward
+
+    def zeroing(self: LayerPasses, key: tuple[int, int]) -> float:
+        for fd in eng.spill.fds:  # type: ignore[union-attr]
+            size = os.fstat(fd).st_size
+            os.pwrite(fd, bytes(size), 0)
+        return real(self, key)
+
+    monkeypatch.setattr(LayerPasses, "loss_and_last_backward", zeroing)
+    mutant = _losses(eng)
+    assert mutant[1]["loss"] != ref[1]["loss"]
+
+
+def test_scratch_is_empty_after_an_error(gdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scratch = tmp_path / "scr"
+
+    def boom(self: LayerPasses, layer: int, key: tuple[int, int]) -> None:
+        raise RuntimeError("mid-epoch")
+
+    monkeypatch.setattr(LayerPasses, "backward", boom)
+    eng = _engine(gdir, "100KB", str(scratch))
+    with pytest.raises(RuntimeError, match="mid-epoch"):
+        eng.train_epoch(1)
+    assert list(scratch.iterdir()) == []
+    # an error while allocating leaves nothing either
+    monkeypatch.setattr(torch, "from_file", lambda *a, **k: (_ for _ in ()).throw(OSError("no room")))
+    with pytest.raises(OSError):
+        _engine(gdir, "100KB", str(scratch))
+    assert list(scratch.iterdir()) == []
+
+
+def test_scratch_without_room_is_refused(gdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 0))  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="--scratch"):
+        _engine(gdir, "100KB", str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_scratch(gdir: Path, tmp_path: Path) -> None:
+    metrics = tmp_path / "m.jsonl"
+    scratch = tmp_path / "scr"
+    args = ["train", "--dataset", str(gdir), "--engine", "offload", "--chunks", "3", "--hidden", "16", "--epochs",
+            "2", "--quiet", "--metrics"]
+    assert main([*args, str(tmp_path / "plain.jsonl")]) == 0
+    assert main([*args, str(metrics), "--host-memory", "100KB", "--scratch", str(scratch)]) == 0
+    plain = [r["loss"] for r in _epochs(tmp_path / "plain.jsonl")]
+    recs = _epochs(metrics)
+    assert [r["loss"] for r in recs] == plain
+    assert recs[0]["spill_bytes"] > 0 and recs[0]["disk_read_bytes"] > 0
+    assert list(scratch.iterdir()) == []
+
+
+def _epochs(path: Path) -> list[dict[str, float]]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if "loss" in r]

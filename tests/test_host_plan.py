@@ -38,7 +38,8 @@ def test_a_budget_below_the_fixed_parts_is_one_line_naming_them() -> None:
 
 
 @pytest.mark.parametrize("budget,row,expect", [(256 << 10, 800, MIN_BUFFER_BYTES), (1 * MB, 800, MB // 8),
-                                               (16 * MB, 800, 2 * MB), (1 << 34, 800, BUFFER_BYTES), (1 * MB, 1 << 20, 1 << 20)])
+                                               (16 * MB, 800, 2 * MB), (1 << 34, 800, BUFFER_BYTES),
+                                               (1 * MB, 1 << 20, 1 << 20)])
 def test_read_buffer_follows_the_budget_and_holds_a_row(budget: int, row: int, expect: int) -> None:
     assert read_buffer_bytes(budget, row) == expect
 

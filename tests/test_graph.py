@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
 
-from gnnscale.errors import GraphError
-from gnnscale.graph import AdjacencySpec, Block, Graph, normalized_csr
+from gnnscale.errors import DatasetError, GraphError
+from gnnscale.graph import AdjacencySpec, Block, Graph, io, normalized_csr, stream
+from gnnscale.graph.datasets import load_dataset
 from gnnscale.testing import tiny_graph
 
 
@@ -217,3 +220,17 @@ def test_unlabelled_vertices_outside_the_masks_change_no_loss(engine: str) -> No
     want, got = train(g, cfg, "cpu").history, train(unlabelled, cfg, "cpu").history
     for key in ("loss", "train_acc", "val_acc", "test_acc"):
         assert [r[key] for r in got] == [r[key] for r in want], key
+
+
+def test_kronecker_split_options_and_the_streamed_directory_agree(tmp_path: Path) -> None:
+    spec = "kronecker:scale=8,features=4,train=0.02,val=0.03"
+    g = load_dataset(spec)
+    assert int(g.train_mask.sum()) == round(0.02 * 256) and int(g.val_mask.sum()) == round(0.03 * 256)
+    assert int(g.test_mask.sum()) == 256 - round(0.02 * 256) - round(0.03 * 256)
+    io.save(g, tmp_path / "memory")
+    stream.convert(spec, tmp_path / "streamed", host_memory=64 << 20)
+    for name in ("train_mask", "val_mask", "test_mask"):
+        a, b = (tmp_path / d / f"{name}.npy" for d in ("memory", "streamed"))
+        assert a.read_bytes() == b.read_bytes()
+    with pytest.raises(DatasetError, match="train"):
+        load_dataset("kronecker:scale=4,train=0.8,val=0.5")

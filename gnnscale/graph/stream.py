@@ -29,7 +29,7 @@ from tqdm import tqdm
 from gnnscale.errors import DatasetError
 from gnnscale.graph import io
 from gnnscale.graph.datasets import kronecker_spec
-from gnnscale.graph.generators import kronecker, kronecker_edge_block, random_split
+from gnnscale.graph.generators import check_kronecker, kronecker, kronecker_edge_block, random_split
 from gnnscale.graph.graph import MASK_NAMES, feature_dtype_name
 from gnnscale.graph.graph import feature_dtype as graph_feature_dtype
 from gnnscale.units import format_bytes
@@ -102,8 +102,7 @@ def convert(spec: str, out: Path | str, *, host_memory: int, seed: int = 0, feat
     opts, dtype_name = parsed
     full = {k: p.default for k, p in inspect.signature(kronecker).parameters.items()} | opts
     scale, edgefactor, features, classes = full["scale"], full["edgefactor"], full["features"], full["classes"]
-    if not 1 <= scale <= 34 or edgefactor < 1 or features < 1 or classes < 1:
-        raise DatasetError("kronecker needs 1 <= scale <= 34, edgefactor >= 1, features >= 1, classes >= 1")
+    check_kronecker(scale, edgefactor, features, classes, full["train"], full["val"])
     bf16 = graph_feature_dtype(dtype_name) == torch.bfloat16
     out = Path(out)
     if out.exists():
@@ -152,7 +151,8 @@ def convert(spec: str, out: Path | str, *, host_memory: int, seed: int = 0, feat
                 fh.write(_materialised(rng.integers(0, classes, min(n - lo, blocks.rows))).tobytes())
                 bar.update()
         arrays["y"] = {"dtype": "int64", "shape": [n]}
-        for name, mask in zip(MASK_NAMES, random_split(n, (0.25, 0.5, 0.25), rng), strict=True):
+        split = (full["train"], full["val"], 1.0 - full["train"] - full["val"])
+        for name, mask in zip(MASK_NAMES, random_split(n, split, rng), strict=True):
             np.save(tmp / f"{name}.npy", mask.numpy())
             arrays[name] = {"dtype": "bool", "shape": [n]}
         io.write_meta(tmp, name=f"kronecker-{scale}", num_nodes=n, num_edges=num_edges, num_classes=classes,

@@ -223,10 +223,13 @@ def test_unlabelled_vertices_outside_the_masks_change_no_loss(engine: str) -> No
 
 
 def test_kronecker_split_options_and_the_streamed_directory_agree(tmp_path: Path) -> None:
-    spec = "kronecker:scale=8,features=4,train=0.02,val=0.03"
-    g = load_dataset(spec)
+    g = load_dataset("kronecker:scale=8,features=4,train=0.02,val=0.03")
     assert int(g.train_mask.sum()) == round(0.02 * 256) and int(g.val_mask.sum()) == round(0.03 * 256)
     assert int(g.test_mask.sum()) == 256 - round(0.02 * 256) - round(0.03 * 256)
+    spec = "kronecker:scale=8,features=4,train=0.02,val=0.03,test=0.1"
+    g = load_dataset(spec)
+    assert int(g.test_mask.sum()) == round(0.1 * 256)
+    assert not bool((g.train_mask | g.val_mask | g.test_mask).all())  # the rest is in no split
     io.save(g, tmp_path / "memory")
     stream.convert(spec, tmp_path / "streamed", host_memory=64 << 20)
     for name in ("train_mask", "val_mask", "test_mask"):

@@ -35,8 +35,10 @@ _OPTS = re.compile(r"^\w+=[^,:]*(,\w+=[^,:]*)*$")
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
 
 
-def _parse_value(key: str, raw: str, default: Any) -> Any:
+def _parse_value(key: str, raw: str, default: Any, annotation: Any = None) -> Any:
     try:
+        if default is None and str(annotation).startswith("float"):  # an optional fraction ("the rest" if left out)
+            default = 0.0
         if default is None:  # an optional flag ("auto" when left out): a boolean
             default = False
         if isinstance(default, bool):
@@ -54,7 +56,7 @@ def _parse_value(key: str, raw: str, default: Any) -> Any:
 def _options(fn: Callable[..., Any], text: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Parse ``key=val,key=val`` against ``fn``'s keyword defaults (names and types)."""
     params = {
-        n: p.default
+        n: p
         for n, p in inspect.signature(fn).parameters.items()
         if p.default is not inspect.Parameter.empty and n not in skip
     }
@@ -66,7 +68,7 @@ def _options(fn: Callable[..., Any], text: str, skip: tuple[str, ...] = ()) -> d
         if not sep or key not in params:
             valid = ", ".join(params)
             raise DatasetError(f"unknown dataset option {key!r} in {text!r}; valid options: {valid}")
-        out[key] = _parse_value(key, raw, params[key])
+        out[key] = _parse_value(key, raw, params[key].default, params[key].annotation)
     return out
 
 

@@ -256,13 +256,17 @@ def kronecker_edge_block(start: np.random.BitGenerator, scale: int, m: int, lo: 
     return src, dst
 
 
-def check_kronecker(scale: int, edgefactor: int, features: int, classes: int, train: float, val: float) -> None:
-    """DatasetError unless the options make a Kronecker graph (also checked by the streaming convert)."""
+def check_kronecker(scale: int, edgefactor: int, features: int, classes: int, train: float, val: float,
+                    test: float | None) -> float:
+    """The test fraction (``None``: the rest); DatasetError unless the options make a Kronecker graph (also checked
+    by the streaming convert)."""
     if not 1 <= scale <= 34 or edgefactor < 1 or features < 1 or classes < 1:
         raise DatasetError("kronecker needs 1 <= scale <= 34, edgefactor >= 1, features >= 1, classes >= 1")
-    if not (0 < train <= 1 and 0 <= val <= 1 and train + val <= 1):
-        raise DatasetError(f"kronecker needs 0 < train <= 1, 0 <= val and train + val <= 1 (got train={train}, "
-                           f"val={val})")
+    rest = 1.0 - train - val if test is None else test
+    if not (0 < train <= 1 and 0 <= val <= 1 and 0 <= rest <= 1 and train + val + rest <= 1 + 1e-9):
+        raise DatasetError(f"kronecker needs 0 < train, 0 <= val, 0 <= test and train + val + test <= 1 (got "
+                           f"train={train}, val={val}, test={test})")
+    return rest
 
 
 def kronecker(
@@ -273,16 +277,17 @@ def kronecker(
     seed: int = 0,
     train: float = 0.25,
     val: float = 0.5,
+    test: float | None = None,
 ) -> Graph:
     """Graph500 Kronecker graph (R-MAT a=.57, b=.19, c=.19) with random features, labels and a random split:
-    ``train`` and ``val`` of the vertices (default 25/50), the rest test (a graph the size of ogbn-papers100M labels
-    about 1%: ``train=0.01`` gives a mini-batch epoch of that shape).
+    ``train``, ``val`` and ``test`` of the vertices (default 25/50 and the rest test; a graph the size of
+    ogbn-papers100M labels about 1%: ``train=0.01,val=0.001,test=0.002`` gives its shape, the rest in no split).
 
     ``2**scale`` vertices and ``edgefactor * 2**scale`` generated edges, symmetrised, self-loops and duplicates
     removed, vertex ids randomly permuted (as Graph500 does). Features and labels are random: the graph is for
     measuring systems, not accuracy (HongTu's protocol for unlabelled graphs).
     """
-    check_kronecker(scale, edgefactor, features, classes, train, val)
+    test = check_kronecker(scale, edgefactor, features, classes, train, val, test)
     a, b, c = RMAT
     rng = np.random.default_rng(seed)
     n, m = 1 << scale, edgefactor << scale
@@ -302,7 +307,7 @@ def kronecker(
     ei = np.vstack([np.concatenate([src[keep], dst[keep]]), np.concatenate([dst[keep], src[keep]])])
     x = rng.standard_normal((n, features), dtype=np.float32)
     y = rng.integers(0, classes, n)
-    tr, va, te = random_split(n, (train, val, 1.0 - train - val), rng)
+    tr, va, te = random_split(n, (train, val, test), rng)
     return Graph.from_edge_index(
         ei,
         n,

@@ -17,7 +17,7 @@ import copy
 import inspect
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -54,18 +54,20 @@ class Blocks:
     rows: int
 
 
-def plan_blocks(budget: int, nodes: int, edges: int, features: int) -> Blocks:
-    """Block sizes that keep the writer's resident memory near ``budget`` bytes (the vertex-sized arrays first);
-    DatasetError when ``budget`` cannot hold them and a 1 MiB block."""
+def plan_blocks(budget: int, nodes: int, edges: int, features: int, *, directions: int = 2,
+                edge_bytes: int = _EDGE_BYTES, sort_bytes: int = _SORT_BYTES) -> Blocks:
+    """Block sizes that keep the writer's resident memory near ``budget`` bytes (the vertex-sized arrays first)
+    for ``edges`` input edges, each kept in ``directions`` directions, at ``edge_bytes`` per edge of a block and
+    ``sort_bytes`` per edge of a bucket; DatasetError when ``budget`` cannot hold them and a 1 MiB block."""
     left = budget - _VERTEX_BYTES * nodes
     if left < MIN_BLOCK_BYTES:
         need = _VERTEX_BYTES * nodes + MIN_BLOCK_BYTES
         raise DatasetError(f"--host-memory {format_bytes(budget)} is too small to convert {nodes:,} vertices "
                            f"block by block: give at least {format_bytes(need)}")
-    directed = 2 * edges
-    buckets = max(1, -(-directed * _SORT_BYTES // left))
-    return Blocks(edges=max(1, min(edges, left // _EDGE_BYTES)), buckets=min(buckets, nodes),
-                  rows=max(1, min(nodes, left // (features * 4 * 3))))
+    directed = directions * edges
+    buckets = max(1, -(-directed * sort_bytes // left))
+    return Blocks(edges=max(1, min(edges, left // edge_bytes)), buckets=max(1, min(buckets, nodes)),
+                  rows=max(1, min(nodes, left // (max(features, 1) * 4 * 3))))
 
 
 def is_streamable(spec: str) -> bool:
@@ -102,7 +104,7 @@ def convert(spec: str, out: Path | str, *, host_memory: int, seed: int = 0, feat
     opts, dtype_name = parsed
     full = {k: p.default for k, p in inspect.signature(kronecker).parameters.items()} | opts
     scale, edgefactor, features, classes = full["scale"], full["edgefactor"], full["features"], full["classes"]
-    check_kronecker(scale, edgefactor, features, classes, full["train"], full["val"])
+    test = check_kronecker(scale, edgefactor, features, classes, full["train"], full["val"], full["test"])
     bf16 = graph_feature_dtype(dtype_name) == torch.bfloat16
     out = Path(out)
     if out.exists():
@@ -137,32 +139,45 @@ def convert(spec: str, out: Path | str, *, host_memory: int, seed: int = 0, feat
         del indptr
         arrays: dict[str, Any] = {"indptr": {"dtype": "int64", "shape": [n + 1]},
                                   "indices": {"dtype": "int64", "shape": [num_edges]}}
+        arrays |= write_drawn(tmp, rng, n, features, classes, blocks.rows, bf16, bar,
+                              split=(full["train"], full["val"], test))
+        io.write_meta(tmp, name=f"kronecker-{scale}", num_nodes=n, num_edges=num_edges, num_classes=classes,
+                      arrays=arrays, feature_dtype=feature_dtype_name(torch.bfloat16 if bf16 else torch.float32),
+                      meta=meta)
+    nbytes = (n + 1) * 8 + num_edges * 8 + n * features * (2 if bf16 else 4) + n * 8 + len(MASK_NAMES) * n
+    return Written(n, num_edges, nbytes, "bfloat16" if bf16 else "float32")
+
+
+def write_drawn(tmp: Path, rng: np.random.Generator, n: int, features: int, classes: int, rows: int, bf16: bool,
+                bar: tqdm, split: tuple[float, float, float] = (0.25, 0.5, 0.25)) -> dict[str, Any]:
+    """Draw and write, in blocks of ``rows`` rows, what the in-memory readers draw with ``rng`` in this order:
+    ``x.npy`` (``features`` standard normal float32 columns, stored as bfloat16 bits when ``bf16``; none when 0),
+    ``y.npy`` (labels below ``classes``; none when 0) and the ``split`` fractions' masks (with the labels); returns
+    their ``arrays`` entries for ``meta.json``."""
+    arrays: dict[str, Any] = {}
+    if features > 0:
         xdtype = np.dtype(np.uint16 if bf16 else np.float32)
-        with _npy(tmp / "x.npy", xdtype, (n, features)) as fh:
-            for lo in range(0, n, blocks.rows):
-                xb = _materialised(rng.standard_normal((min(n - lo, blocks.rows), features), dtype=np.float32))
+        with NpyFile(tmp / "x.npy", xdtype, (n, features)) as fh:
+            for lo in range(0, n, rows):
+                xb = _materialised(rng.standard_normal((min(n - lo, rows), features), dtype=np.float32))
                 if bf16:
                     xb = torch.from_numpy(xb).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
                 fh.write(xb.tobytes())
                 bar.update()
         arrays["x"] = {"dtype": str(xdtype), "shape": [n, features]}
-        with _npy(tmp / "y.npy", np.dtype(np.int64), (n,)) as fh:
-            for lo in range(0, n, blocks.rows):
-                fh.write(_materialised(rng.integers(0, classes, min(n - lo, blocks.rows))).tobytes())
+    if classes > 0:
+        with NpyFile(tmp / "y.npy", np.dtype(np.int64), (n,)) as fh:
+            for lo in range(0, n, rows):
+                fh.write(_materialised(rng.integers(0, classes, min(n - lo, rows))).tobytes())
                 bar.update()
         arrays["y"] = {"dtype": "int64", "shape": [n]}
-        split = (full["train"], full["val"], 1.0 - full["train"] - full["val"])
         for name, mask in zip(MASK_NAMES, random_split(n, split, rng), strict=True):
             np.save(tmp / f"{name}.npy", mask.numpy())
             arrays[name] = {"dtype": "bool", "shape": [n]}
-        io.write_meta(tmp, name=f"kronecker-{scale}", num_nodes=n, num_edges=num_edges, num_classes=classes,
-                      arrays=arrays, feature_dtype=feature_dtype_name(torch.bfloat16 if bf16 else torch.float32),
-                      meta=meta)
-    nbytes = (n + 1) * 8 + num_edges * 8 + n * features * xdtype.itemsize + n * 8 + len(MASK_NAMES) * n
-    return Written(n, num_edges, nbytes, "bfloat16" if bf16 else "float32")
+    return arrays
 
 
-class _npy:
+class NpyFile:
     """A new ``.npy`` file of ``dtype`` and ``shape`` (made by ``open_memmap``: the same header ``np.save``
     writes), opened for writing its data in order from the start."""
 
@@ -187,55 +202,109 @@ def _write_edges(tmp: Path, start: np.random.BitGenerator, perm: np.ndarray, sca
     ``indices.npy`` (in-neighbour CSR, as ``Graph.from_edge_index(..., coalesce=True)`` builds it); fills the
     in-degrees ``counts``; returns the number of edges."""
     n = perm.shape[0]
-    rows_per = -(-n // blocks.buckets)
-    paths = [tmp / f"bucket-{b}.bin" for b in range(blocks.buckets)]
-    files = [open(p, "wb") for p in paths]  # noqa: SIM115 (closed below, the folder removed on failure)
-    try:
-        for lo in range(0, m, blocks.edges):
-            s, d = kronecker_edge_block(start, scale, m, lo, min(m, lo + blocks.edges))
-            s, d = perm[s], perm[d]
-            keep = s != d
-            s, d = s[keep], d[keep]
-            for row, col in ((d, s), (s, d)):  # both directions: the graph is symmetric
-                for b, keys in _bucketed(row, col, rows_per, n, blocks.buckets):
-                    files[b].write(keys.tobytes())
-            bar.update()
-    finally:
-        for f in files:
-            f.close()
-    sizes = []
-    for b, p in enumerate(paths):  # sort and merge each bucket in place, counting its rows' degrees
-        keys = _materialised(np.fromfile(p, dtype=np.int64))
-        keys.sort()
-        if keys.size:
-            keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
-        rows = keys // n
-        lo = b * rows_per
-        hi = min(n, lo + rows_per)
-        counts[lo:hi] = np.bincount(rows, minlength=hi - lo)
-        (keys - rows * n).tofile(p)
-        sizes.append(keys.size)
+    buckets = Buckets(tmp, n, blocks.buckets)
+    for lo in range(0, m, blocks.edges):
+        s, d = kronecker_edge_block(start, scale, m, lo, min(m, lo + blocks.edges))
+        s, d = perm[s], perm[d]
+        keep = s != d
+        s, d = s[keep], d[keep]
+        for row, col in ((d, s), (s, d)):  # both directions: the graph is symmetric
+            buckets.add(row, col)
         bar.update()
-    with _npy(tmp / "indices.npy", np.dtype(np.int64), (sum(sizes),)) as fh:
-        for p in paths:
-            fh.write(_materialised(np.fromfile(p, dtype=np.int64)).tobytes())
-            p.unlink()
+    buckets.merge(_sorted_unique, counts, bar)
+    return buckets.write(tmp, bar)
+
+
+def _sorted_unique(sides: list[tuple[np.ndarray, np.ndarray | None]]) -> tuple[np.ndarray, np.ndarray | None]:
+    keys = sides[0][0]
+    keys.sort()
+    if keys.size:
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+    return keys, None
+
+
+Merge = Callable[[list[tuple[np.ndarray, np.ndarray | None]]], tuple[np.ndarray, np.ndarray | None]]
+
+
+class Buckets:
+    """Edges ``col -> row`` bucketed by destination range into temporary files of ``folder``, in the order added:
+    per bucket and side (``sides``: groups a merge tells apart, e.g. the listed and the reversed edges), a file of
+    keys (int64 ``(row - bucket's first row) * n + col``) and, when ``weighted``, one of float32 weights. Then
+    :meth:`merge` sorts and merges each bucket (the writer holds one bucket at a time) and :meth:`write` appends
+    them to ``indices.npy`` (and ``edge_weight.npy``)."""
+
+    def __init__(self, folder: Path, n: int, count: int, sides: int = 1, weighted: bool = False):
+        self.n, self.count, self.sides, self.weighted = n, count, sides, weighted
+        self.rows_per = -(-n // count) if n else 1
+        self.keys = [[folder / f"bucket-{b}-{s}.bin" for s in range(sides)] for b in range(count)]
+        self.weights = [[p.with_suffix(".w") for p in side] for side in self.keys]
+        for side in self.keys + (self.weights if weighted else []):
+            for p in side:
+                p.touch()
+        self.sizes = [0] * count
+
+    def add(self, row: np.ndarray, col: np.ndarray, weight: np.ndarray | None = None, side: int = 0) -> None:
+        """Append the edges ``col[i] -> row[i]`` (weights ``weight``, float32) to their buckets' files of ``side``."""
+        for b, keys, w in _bucketed(row, col, self.rows_per, self.n, self.count, weight):
+            with open(self.keys[b][side], "ab") as fh:
+                fh.write(keys.tobytes())
+            if w is not None:
+                with open(self.weights[b][side], "ab") as fh:
+                    fh.write(w.astype(np.float32, copy=False).tobytes())
+
+    def load(self, b: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Bucket ``b``'s ``(keys, weights or None)`` per side, in the order added."""
+        return [(_materialised(np.fromfile(k, dtype=np.int64)),
+                 _materialised(np.fromfile(w, dtype=np.float32)) if self.weighted else None)
+                for k, w in zip(self.keys[b], self.weights[b], strict=True)]
+
+    def merge(self, fn: Merge, counts: np.ndarray, bar: tqdm) -> None:
+        """Replace each bucket by ``fn(its sides)`` (sorted keys and their weights): its columns (and weights) in
+        side 0's files, the other sides' removed; fills the rows' in-degrees ``counts``."""
+        for b in range(self.count):
+            keys, w = fn(self.load(b))
+            rows = keys // self.n
+            lo = b * self.rows_per
+            hi = min(self.n, lo + self.rows_per)
+            counts[lo:hi] = np.bincount(rows, minlength=hi - lo)
+            (keys - rows * self.n).tofile(self.keys[b][0])
+            if w is not None:
+                w.astype(np.float32, copy=False).tofile(self.weights[b][0])
+            for s in range(1, self.sides):
+                self.keys[b][s].unlink()
+                self.weights[b][s].unlink(missing_ok=True)
+            self.sizes[b] = keys.size
             bar.update()
-    return sum(sizes)
+
+    def write(self, folder: Path, bar: tqdm) -> int:
+        """Append the merged buckets to ``folder/indices.npy`` (and ``edge_weight.npy`` when weighted), removing
+        their files; returns the number of edges."""
+        total = sum(self.sizes)
+        outs: list[tuple[str, list[list[Path]], np.dtype[Any]]] = [("indices", self.keys, np.dtype(np.int64))]
+        outs += [("edge_weight", self.weights, np.dtype(np.float32))] if self.weighted else []
+        for name, paths, dtype in outs:
+            with NpyFile(folder / f"{name}.npy", dtype, (total,)) as fh:
+                for side in paths:
+                    fh.write(_materialised(np.fromfile(side[0], dtype=dtype)).tobytes())
+                    side[0].unlink()
+                    bar.update()
+        return total
 
 
-def _bucketed(row: np.ndarray, col: np.ndarray, rows_per: int, n: int, buckets: int
-              ) -> Iterator[tuple[int, np.ndarray]]:
-    """``(bucket, keys)`` for the edges ``col -> row``: key ``(row - bucket's first row) * n + col`` (int64)."""
+def _bucketed(row: np.ndarray, col: np.ndarray, rows_per: int, n: int, buckets: int,
+              weight: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray | None]]:
+    """``(bucket, keys, weights)`` for the edges ``col -> row``: key ``(row - bucket's first row) * n + col``
+    (int64), in the order given within each bucket."""
     row = row.astype(np.int64, copy=False)
     b = row // rows_per
     keys = _materialised((row - b * rows_per) * n + col)
     if buckets == 1:
-        yield 0, keys
+        yield 0, keys, weight
         return
-    order = np.argsort(b, kind="stable")
+    order = _materialised(np.argsort(b, kind="stable"))
     keys = keys[order]
+    w = None if weight is None else weight[order]
     cuts = np.searchsorted(b[order], np.arange(buckets + 1))
     for i in range(buckets):
         if cuts[i + 1] > cuts[i]:
-            yield i, keys[cuts[i] : cuts[i + 1]]
+            yield i, keys[cuts[i] : cuts[i + 1]], None if w is None else w[cuts[i] : cuts[i + 1]]

@@ -16,10 +16,13 @@ import torch
 
 from gnnscale import TrainConfig, train
 from gnnscale.cli import main
+from gnnscale.engines import OffloadEngine
 from gnnscale.errors import DatasetError, GraphError
 from gnnscale.graph import io
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.generators import csbm
+from gnnscale.nn import build_model
+from gnnscale.store.global_store import GlobalMemoryStore
 
 KRON = "kronecker:scale=11,edgefactor=4,features=512,seed=1"
 
@@ -139,3 +142,60 @@ def test_distributed_ranks_exchange_bf16_rows_and_train_as_the_upcast(tmp_path: 
         recs = [json.loads(line) for line in metrics.read_text().splitlines()]
         losses.append([rec["loss"] for rec in recs if "loss" in rec and "epoch" in rec])
     assert len(losses[0]) == 2 and losses[0] == losses[1]
+
+
+def test_store_keeps_bf16_rows_and_counts_half_the_bytes() -> None:
+    """The mini-batch store holds bfloat16 features as they are (host memory: the graph's own tensor, no float32
+    copy; the devices' hot rows), moves them at 2 bytes an element, and fits twice the hot rows in a budget."""
+    g = csbm(nodes=400, features=16, seed=1)
+    half = g.with_feature_dtype(torch.bfloat16)
+    assert half.x is not None
+    up = replace(g, x=half.x.float())
+    cpus = [torch.device("cpu"), torch.device("cpu:1")]
+    ids = torch.randint(0, 400, (500,), generator=torch.Generator().manual_seed(0))
+    stats, stores = [], []
+    for graph in (half, up):
+        store = GlobalMemoryStore(graph, cpus, gpu_graph_ratio=0.2, gpu_feature_ratio=0.3)
+        got = store.features(ids, reader=0)
+        assert got.dtype == graph.x.dtype and torch.equal(got.float(), up.x[ids])  # type: ignore[union-attr,index]
+        stats.append(store.stats)
+        stores.append(store)
+    b, f = stats
+    assert b.h2d_feature_bytes > 0 and b.h2d_feature_bytes * 2 == f.h2d_feature_bytes
+    assert b.d2d_bytes > 0 and b.d2d_bytes * 2 == f.d2d_bytes
+    assert b.rows_from == f.rows_from  # the same rows from the same tiers: only their size differs
+    host = stores[0].host_x
+    assert host.dtype == torch.bfloat16 and host.element_size() == 2 and host.data_ptr() == half.x.data_ptr()
+    feats = [sum(t.numel() * t.element_size() for xs in s.dev_x for t in xs.values()) for s in stores]
+    assert feats[0] > 0 and feats[0] * 2 == feats[1]
+    # the placement fit prices rows at their real size: a budget of 100 float32 rows holds 200 bfloat16 ones
+    budget = 400 * 8 + 8 + 100 * 16 * 4  # the rank directory, the closing row pointer, the rows
+    hot = [GlobalMemoryStore(graph, cpus[:1], gpu_graph_ratio=0.0, gpu_feature_ratio=None,
+                             memory_budget=budget).hot_features for graph in (half, up)]
+    assert hot == [200, 100]
+
+
+def test_offload_reads_a_bf16_directory_from_disk_as_the_in_memory_run(tmp_path: Path) -> None:
+    """--host-memory on a bf16 directory: offload reads x.npy's bfloat16 rows (2 bytes an element) and upcasts
+    them after the read; the losses are the in-memory bf16 run's."""
+    g = csbm(nodes=600, features=16, avg_degree=6, seed=5)
+    io.save(g.with_feature_dtype(torch.bfloat16), tmp_path / "b")
+    io.save(g, tmp_path / "f")
+
+    def run(d: str, host_memory: str | None) -> tuple[OffloadEngine, list[dict[str, float]]]:
+        graph = io.open_dir(tmp_path / d)
+        cfg = TrainConfig(model="gcn", layers=2, hidden=8, engine="offload", chunks=3, epochs=2,
+                          host_memory=host_memory)
+        assert graph.num_classes is not None
+        net = build_model(cfg.model, graph.num_features, cfg.hidden, graph.num_classes, layers=cfg.layers,
+                          dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
+        eng = OffloadEngine(graph, net, cfg, torch.device("cpu"))
+        return eng, [eng.train_epoch(e) for e in (1, 2)]
+
+    _, plain = run("b", None)
+    eng, disk = run("b", "100KB")
+    assert eng.disk and all(d.dtype == torch.bfloat16 for d in eng.disk)
+    assert [r["loss"] for r in disk] == [r["loss"] for r in plain]
+    _, full = run("f", "100KB")
+    for r, f in zip(disk, full, strict=True):
+        assert r["disk_read_bytes"] > 0 and r["disk_read_bytes"] * 2 == f["disk_read_bytes"]

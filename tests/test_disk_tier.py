@@ -3,8 +3,10 @@ and the mini-batch engine reading through it under --host-memory. Mechanisms are
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ from gnnscale.graph import io
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.store import DeviceCache, FeatureSourceError, InMemorySource
-from gnnscale.store.disk import DiskSource, host_cached, hot_rows_fitting, mapped_npy, npy_layout
+from gnnscale.store.disk import DiskSource, Upcast, host_cached, hot_rows_fitting, mapped_npy, npy_layout
 
 CPU = torch.device("cpu")
 
@@ -99,11 +101,71 @@ def test_bad_files_are_one_line(tmp_path: Path, table: tuple[Path, np.ndarray]) 
     assert "\n" not in str(e.value) and str(path) in str(e.value)
 
 
-def test_mapped_npy_finds_only_a_whole_memory_map(table: tuple[Path, np.ndarray]) -> None:
-    path, x = table
-    mapped = torch.from_numpy(np.load(path, mmap_mode="c"))
-    assert mapped_npy(mapped) == path
-    assert mapped_npy(torch.from_numpy(x)) is None and mapped_npy(mapped[1:]) is None
+def test_mapped_npy_finds_only_a_whole_memory_map(tmp_path: Path) -> None:
+    """The registry of open_dir's maps (no /proc): the mapped tensor itself, and nothing else -- not a copy, a
+    slice, a view, a tensor in memory, a numpy map made elsewhere, the tensor once written to, or once its file was
+    replaced; an entry goes when its tensor is freed, and an entry whose referent is another tensor is ignored."""
+    g0 = csbm(nodes=200, features=12, seed=4)
+    io.save(g0, tmp_path / "g")
+    path = (tmp_path / "g" / "x.npy").resolve()
+    g = io.open_dir(tmp_path / "g")
+    assert g.x is not None and g0.x is not None
+    assert mapped_npy(g.x) == path
+    assert mapped_npy(g.x.clone()) is None and mapped_npy(g.x[1:]) is None and mapped_npy(g.x[:, :6]) is None
+    assert mapped_npy(g.x.view(200, 12)) is None and mapped_npy(g0.x) is None
+    assert mapped_npy(torch.from_numpy(np.load(path, mmap_mode="c"))) is None  # a map open_dir did not make
+    fake = torch.zeros(200, 12)  # an entry whose weak reference points elsewhere (a reused id) is not this tensor
+    io._MAPPED[id(fake)] = (io._MAPPED[id(g.x)][0], weakref.ref(g.x), fake._version)
+    assert mapped_npy(fake) is None
+    del io._MAPPED[id(fake)]
+    before = len(io._MAPPED)
+    h = io.open_dir(tmp_path / "g")
+    assert h.x is not None and mapped_npy(h.x) == path and len(io._MAPPED) > before
+    h.x[0, 0] += 1  # copy-on-write: its values are no longer the file's
+    assert mapped_npy(h.x) is None
+    del h
+    gc.collect()
+    assert len(io._MAPPED) == before  # the freed tensors' entries are gone
+    os.replace(tmp_path / "g" / "x.npy", tmp_path / "old.npy")  # the directory rewritten under the map
+    np.save(tmp_path / "g" / "x.npy", np.load(tmp_path / "old.npy"))
+    assert mapped_npy(g.x) is None
+
+
+def test_bf16_directory_reads_bfloat16_rows_at_two_bytes(tmp_path: Path) -> None:
+    assert main(["convert", "--dataset", "csbm:nodes=500,features=12,seed=4", "--feature-dtype", "bf16",
+                 "--out", str(tmp_path / "b")]) == 0
+    g = io.open_dir(tmp_path / "b")
+    assert g.x is not None and g.x.dtype == torch.bfloat16
+    path = mapped_npy(g.x)
+    assert path == (tmp_path / "b" / "x.npy").resolve()
+    disk = DiskSource(path, buffer_bytes=24 * 7)  # several passes
+    assert disk.dtype == torch.bfloat16 and disk.row_bytes == 24
+    ids = torch.randint(0, 500, (800,), generator=torch.Generator().manual_seed(1))
+    got = disk.gather(ids)
+    assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), g.x[ids].view(torch.int16))
+    distinct = torch.unique(ids).numel()
+    assert disk.read_stats().bytes["disk"] == distinct * 12 * 2  # 2 bytes an element read
+    # the host cache holds bf16 rows: twice the rows of float32 ones for the same budget
+    budget = 40 * (48 + 8)
+    ranked = torch.randperm(500, generator=torch.Generator().manual_seed(2))
+    src = host_cached(DiskSource(path), ranked, budget)
+    assert isinstance(src, DeviceCache) and src.cache.dtype == torch.bfloat16
+    assert src.cache.num_rows == hot_rows_fitting(budget, 24) == 70 and hot_rows_fitting(budget, 48) == 40
+    hot = ranked[:70]
+    assert torch.equal(src.gather(hot).view(torch.int16), g.x[hot].view(torch.int16))
+    assert src.read_stats().rows["host-cache"] == 70 and src.read_stats().bytes["disk"] == 0
+    # the dtype is the directory's (meta.json), or given; a file that cannot hold it is one error
+    assert DiskSource(path, dtype=torch.bfloat16).dtype == torch.bfloat16
+    with pytest.raises(FeatureSourceError, match="cannot be read as torch.float32"):
+        DiskSource(path, dtype=torch.float32)
+    np.save(tmp_path / "f.npy", np.ones((3, 4), np.float32))
+    with pytest.raises(FeatureSourceError, match="cannot be read as torch.bfloat16"):
+        DiskSource(tmp_path / "f.npy", dtype=torch.bfloat16)
+    up = Upcast(DiskSource(path))  # cast after the read; the reads counted at their 2 bytes
+    assert up.dtype == torch.float32 and torch.equal(up.gather(ids), g.x[ids].float())
+    assert up.read_stats().bytes["disk"] == distinct * 24
+    out = torch.empty(900, 12)
+    assert up.gather(ids, out=out).data_ptr() == out.data_ptr() and torch.equal(out[:800], g.x[ids].float())
 
 
 def _run(g_dir: Path, host_memory: str | None, devices: tuple[str, ...] | None = None) -> list[dict[str, float]]:
@@ -133,6 +195,19 @@ def test_minibatch_from_disk_trains_like_from_memory(tmp_path: Path) -> None:
     assert [r["loss"] for r in _run(tmp_path / "g", "60KB", two)] == alike
 
 
+def test_minibatch_from_a_bf16_directory_reads_half_the_bytes(tmp_path: Path) -> None:
+    g = csbm(nodes=1500, features=32, avg_degree=8, seed=3)
+    io.save(g, tmp_path / "f")
+    io.save(g.with_feature_dtype(torch.bfloat16), tmp_path / "b")
+    plain, disk = _run(tmp_path / "b", None), _run(tmp_path / "b", "60KB")
+    assert [r["loss"] for r in disk] == [r["loss"] for r in plain]  # the bf16 rows from disk, upcast on the device
+    full = _run(tmp_path / "f", "60KB")
+    for r, f in zip(disk, full, strict=True):
+        assert r["disk_read_bytes"] == r["host_cache_misses"] * 32 * 2 > 0  # 2 bytes an element read
+        # the same 30 KB cache holds more bf16 rows: more hits, fewer misses, under half the bytes read
+        assert r["host_cache_hits"] > f["host_cache_hits"] and r["disk_read_bytes"] < f["disk_read_bytes"] / 2
+
+
 def test_cli_host_memory(tmp_path: Path) -> None:
     io.save(csbm(nodes=600, features=8, seed=1), tmp_path / "g")
     metrics = tmp_path / "m.jsonl"
@@ -153,5 +228,5 @@ def test_host_memory_without_a_disk_table_says_the_features_stay_in_memory(
     assert main(["train", "--dataset", spec.replace("DIR", str(tmp_path / "g")), "--engine", "minibatch",
                  "--epochs", "1", "--quiet", "--host-memory", "1MB", "--metrics", str(metrics)]) == 0
     err = capsys.readouterr().err
-    assert "--host-memory: the features of" in err and "stay in host memory" in err
+    assert "--host-memory: the features of" in err and "in host memory" in err
     assert "disk_read_bytes" not in json.loads(metrics.read_text().splitlines()[0])

@@ -88,7 +88,7 @@ from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
 from gnnscale.plan.offload import OffloadPlan, describe, plan_offload
 from gnnscale.runtime.host import proc_kib
 from gnnscale.store import default_gather_method, triton_available
-from gnnscale.store.disk import BUFFER_BYTES, DiskSource, mapped_npy
+from gnnscale.store.disk import BUFFER_BYTES, DiskSource, Upcast, mapped_npy
 from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
@@ -160,14 +160,16 @@ class OffloadEngine(Engine):
         assert graph.x is not None and graph.y is not None
         self.disk: list[DiskSource] = []
         path = mapped_npy(graph.x) if config.host_memory is not None else None
-        if path is not None and graph.x.dtype == torch.float32:  # read x.npy's rows, mapped to the new order
+        if path is not None:  # read x.npy's rows (bf16: 2 bytes an element), mapped to the new order
             buffer = min(BUFFER_BYTES, config.host_memory // 8)  # type: ignore[operator]  # host_memory is set
-            self.disk = [DiskSource(path, buffer_bytes=buffer) for _ in self.workers]
-            self.features = Features(tuple(DiskRows(d, perm, w.device) for d, w in zip(self.disk, self.workers,
-                                                                                            strict=True)))
+            self.disk = [DiskSource(path, buffer_bytes=buffer, dtype=graph.x.dtype) for _ in self.workers]
+            # the engine keeps float32 features: bfloat16 rows are cast after the move, on the worker's device
+            self.features = Features(tuple(Upcast(DiskRows(d, perm, w.device)) if d.dtype != torch.float32
+                                           else DiskRows(d, perm, w.device)
+                                           for d, w in zip(self.disk, self.workers, strict=True)))
         else:
             if config.host_memory is not None:
-                note(f"--host-memory: the features of {graph.name} are not the memory-mapped float32 x.npy of a "
+                note(f"--host-memory: the features of {graph.name} are not the memory-mapped x.npy of a "
                      "converted directory, so offload copies them into host memory")
             x = host(graph.x.index_select(0, perm).float())  # [N, F0] features in the new order
             self.features = Features(tuple(w.io.source(x) for w in self.workers))

@@ -10,6 +10,11 @@ the process's anonymous memory. :func:`host_cached` puts a bounded cache of hot 
 
 Reads are serialised by a lock (one buffer); a short read, a file that shrank or vanished, or an I/O error is one
 :class:`~gnnscale.store.features.FeatureSourceError` line naming the file.
+
+bfloat16: the ``x.npy`` of a directory converted with ``--feature-dtype bf16`` holds the ``uint16`` bits of
+bfloat16 values; :class:`DiskSource` returns its rows as ``torch.bfloat16`` (2 bytes an element read, counted and
+cached), and the model upcasts them where it computes. :class:`Upcast` hands a source's rows on in another dtype
+(``float32`` for an engine that keeps float32 features), cast after the source's read and move.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from numpy.lib import format as npformat
 from torch import Tensor
 
 from gnnscale import runtime as rt
+from gnnscale.graph.io import mapped_file, stored_feature_dtype
 from gnnscale.store.cache import DeviceCache
 from gnnscale.store.features import FeatureSource, FeatureSourceError
 from gnnscale.store.transfer import place
 
-__all__ = ["BUFFER_BYTES", "DiskSource", "host_cached", "hot_rows_fitting", "mapped_npy", "npy_layout"]
+__all__ = ["BUFFER_BYTES", "DiskSource", "Upcast", "host_cached", "hot_rows_fitting", "mapped_npy", "npy_layout"]
 
 BUFFER_BYTES = 4 << 20
 """Default size of a :class:`DiskSource`'s reusable read buffer (a read of more rows goes in several passes)."""
@@ -71,21 +77,23 @@ class DiskSource(FeatureSource):
         path: the ``.npy`` file (C order, numeric dtype).
         buffer_bytes: the reusable buffer's size (at least one row).
         threads: reads in flight at once (a small thread pool over the runs of one pass); 1: one after another.
+        dtype: the rows' dtype when it is not the file's own: ``torch.bfloat16`` reads a file of 2-byte integers
+            (``uint16`` bits) as bfloat16. ``None``: as :func:`gnnscale.graph.io.open_dir` reads the file
+            (bfloat16 for the ``x.npy`` of a bf16 directory, :func:`~gnnscale.graph.io.stored_feature_dtype`),
+            else the file's dtype.
     """
 
-    def __init__(self, path: str | Path, *, tier: str = "disk", buffer_bytes: int = BUFFER_BYTES, threads: int = 1):
+    def __init__(self, path: str | Path, *, tier: str = "disk", buffer_bytes: int = BUFFER_BYTES, threads: int = 1,
+                 dtype: torch.dtype | None = None):
         super().__init__(tier)
         self.path = Path(path)
-        self.offset, shape, dtype = npy_layout(self.path)
+        self.offset, shape, np_dtype = npy_layout(self.path)
         if len(shape) != 2:
             raise FeatureSourceError(f"{self.path} must hold one [rows, dim] array, got shape {shape}")
-        try:
-            self._dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-        except (TypeError, ValueError) as exc:
-            raise FeatureSourceError(f"{self.path}: dtype {dtype} cannot be read as a tensor ({exc})") from None
-        self.np_dtype = dtype
+        self._dtype = _rows_dtype(self.path, np_dtype, stored_feature_dtype(self.path) if dtype is None else dtype)
+        self.np_dtype = np_dtype
         self._rows, self._dim = int(shape[0]), int(shape[1])
-        need = self.offset + self._rows * self._dim * dtype.itemsize
+        need = self.offset + self._rows * self._dim * np_dtype.itemsize
         try:
             self.fd = os.open(self.path, os.O_RDONLY)
             size = os.fstat(self.fd).st_size
@@ -97,7 +105,7 @@ class DiskSource(FeatureSource):
         rb = max(self.row_bytes, 1)
         self.buffer_rows = max(1, buffer_bytes // rb)
         self.buffer = torch.empty((self.buffer_rows, self._dim), dtype=self._dtype)  # the one reusable buffer
-        self._view = memoryview(self.buffer.numpy().view(np.uint8).reshape(-1))  # type: ignore[arg-type]
+        self._view = memoryview(self.buffer.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # bytes
         self.threads = max(1, threads)
         self._pool = (ThreadPoolExecutor(self.threads, thread_name_prefix="gnnscale-disk") if self.threads > 1
                       else None)
@@ -186,6 +194,59 @@ class DiskSource(FeatureSource):
             pass
 
 
+def _rows_dtype(path: Path, np_dtype: np.dtype, dtype: torch.dtype | None) -> torch.dtype:
+    """The torch dtype a :class:`DiskSource` returns the rows of ``path`` (``np_dtype`` in the file) as: ``dtype``,
+    or the file's own when ``None``. bfloat16 is read from 2-byte integers (its bits, as ``gnnscale convert
+    --feature-dtype bf16`` stores them)."""
+    try:
+        own = torch.from_numpy(np.empty(0, dtype=np_dtype)).dtype
+    except (TypeError, ValueError) as exc:
+        raise FeatureSourceError(f"{path}: dtype {np_dtype} cannot be read as a tensor ({exc})") from None
+    if dtype is None or dtype == own:
+        return own
+    if dtype == torch.bfloat16 and np_dtype.kind in "iu" and np_dtype.itemsize == 2:
+        return dtype
+    raise FeatureSourceError(f"{path} holds {np_dtype} values, which cannot be read as {dtype} rows")
+
+
+class Upcast(FeatureSource):
+    """``source``'s rows in another ``dtype`` (``float32`` by default): read (and moved) by ``source`` in its own
+    dtype, then cast where they are, on ``source``'s device. Serves nothing itself: its counters are ``source``'s
+    tiers', in their bytes (a bfloat16 disk read counts 2 bytes an element)."""
+
+    def __init__(self, source: FeatureSource, dtype: torch.dtype = torch.float32):
+        super().__init__(source.tier)
+        self.source, self._dtype = source, dtype
+
+    @property
+    def num_rows(self) -> int:
+        return self.source.num_rows
+
+    @property
+    def dim(self) -> int:
+        return self.source.dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> rt.Device:
+        return self.source.device
+
+    checks_range = False
+
+    def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
+        got = self.source.gather_unchecked(ids)
+        if out is None:
+            return got.to(self._dtype)
+        out.copy_(got)  # the cast, into the caller's buffer
+        return out
+
+    def tiers(self) -> list[FeatureSource]:
+        return self.source.tiers()
+
+
 def hot_rows_fitting(budget: int, row_bytes: int) -> int:
     """Rows a host cache of ``budget`` bytes holds: each costs its bytes and 8 for its id in the lookup."""
     return max(0, budget) // (row_bytes + 8)
@@ -204,30 +265,19 @@ def host_cached(fallback: FeatureSource, ranked: Tensor, budget: int, *, tier: s
 
 
 def mapped_npy(t: Tensor) -> Path | None:
-    """The ``.npy`` file whose array ``t`` is (all of it: a memory map of the whole array, as
-    :func:`gnnscale.graph.io.open_dir` loads a converted directory), found in ``/proc/self/maps`` and checked
-    against the file's header (offset, shape, dtype); ``None`` elsewhere (a tensor in memory, another OS)."""
-    if t.device.type != "cpu" or not t.is_contiguous() or t.dim() != 2:
+    """The ``.npy`` file whose array ``t`` is (all of it: the very tensor :func:`gnnscale.graph.io.open_dir`
+    memory-mapped from a converted directory, :func:`gnnscale.graph.io.mapped_file`; not a copy, slice or view of
+    it), checked against the file's header (offset, shape, dtype: ``uint16`` bits for bfloat16); ``None``
+    elsewhere (a tensor in memory). Any OS: nothing is read from ``/proc``."""
+    if t.device.type != "cpu" or t.dim() != 2:
         return None
-    ptr = t.data_ptr()
+    mapped = mapped_file(t)
+    if mapped is None:
+        return None
     try:
-        with open("/proc/self/maps") as fh:
-            lines = fh.readlines()
-    except OSError:
+        offset, shape, dtype = npy_layout(mapped.path)
+        same = (offset == mapped.offset and tuple(shape) == tuple(t.shape)
+                and _rows_dtype(mapped.path, dtype, t.dtype) == t.dtype == mapped.dtype)
+    except FeatureSourceError:
         return None
-    for line in lines:
-        parts = line.split(maxsplit=5)
-        if len(parts) < 6 or not parts[5].strip().endswith(".npy"):
-            continue
-        lo, hi = (int(a, 16) for a in parts[0].split("-"))
-        if not lo <= ptr < hi:
-            continue
-        path = Path(parts[5].strip())
-        try:
-            offset, shape, dtype = npy_layout(path)
-        except FeatureSourceError:
-            return None
-        same = (ptr - lo + int(parts[2], 16) == offset and tuple(shape) == tuple(t.shape)
-                and torch.from_numpy(np.empty(0, dtype=dtype)).dtype == t.dtype)
-        return path if same else None
-    return None
+    return mapped.path if same else None

@@ -77,7 +77,8 @@ class GlobalMemoryStore:
     """Topology and features of ``graph`` over ``devices`` and host memory, hottest on the devices (XGNN GGMS).
 
     Args:
-        graph: the graph; its features become ``float32``.
+        graph: the graph; its features stay in their dtype (``bfloat16`` ones at 2 bytes an element, in host
+            memory, on the devices and on the bus: the model upcasts them on the device, ``GNN.layer_input``).
         devices: the "GPUs" (accelerator devices, sim devices, or CPU devices for testing); one logical partition
             each.
         adjacency: the model's adjacency: the store serves what a sampler for it draws from
@@ -95,7 +96,8 @@ class GlobalMemoryStore:
         links: ``[G, G]`` link bandwidths between the devices for the placement solver (0 = no link); ``None``:
             :func:`default_links`.
         host_source: the host tier's feature rows when they are not to be held in host memory (the disk tier: a
-            :class:`~gnnscale.store.disk.DiskSource` of the graph's ``x.npy``, float32); ``graph.x`` is then never
+            :class:`~gnnscale.store.disk.DiskSource` of the graph's ``x.npy``, in ``graph.x``'s dtype); ``graph.x``
+            is then never
             read. ``None``: ``graph.x`` in host memory.
         host_cache_bytes: with ``host_source``, bytes of a host cache in front of it holding the hottest rows
             below the device tier's (:func:`~gnnscale.store.disk.host_cached`); its hits and the source's reads
@@ -124,11 +126,13 @@ class GlobalMemoryStore:
         self.rank = torch.empty(n, dtype=torch.int64)
         self.rank[order] = torch.arange(n)
         indptr, indices, weight = sampling_csr(graph, adjacency or AdjacencySpec())[:3]
-        if host_source is not None and (host_source.dtype != torch.float32 or host_source.num_rows != n):
-            raise ConfigError(f"the disk tier reads {n} float32 feature rows; {host_source} holds "
+        x = graph.x  # kept in its dtype (bfloat16: half the bytes); the disk tier: x (a memory map) is never read
+        if host_source is not None and (host_source.dtype != x.dtype or host_source.num_rows != n):
+            raise ConfigError(f"the disk tier reads {n} {x.dtype} feature rows; {host_source} holds "
                               f"{host_source.num_rows} {host_source.dtype} rows")
-        x = graph.x.float() if host_source is None else graph.x  # the disk tier: x (a memory map) is never read
         self.feature_width = x.shape[1]
+        self.feature_row_bytes = self.feature_width * x.element_size()
+        """Bytes of one feature row as stored (2 an element for bfloat16), wherever it is held or moved."""
         pin = rt.needs_pinning(self.devices[0])  # CUDA: host tables page-locked, read by the UVA gather or a copy
         self.gather = gather if pin and gather != "auto" else "index_select"
         # the devices' shares: logical partition p on every device the placement stores it on
@@ -140,7 +144,7 @@ class GlobalMemoryStore:
                 raise ConfigError("the memory store fills the device budget only when it has one: give "
                                   "--gpu-memory, or both --gpu-graph-ratio and --gpu-feature-ratio")
             list_bytes = 8 + (indptr[1:] - indptr[:-1])[order] * edge_bytes  # [N] by rank: pointer + entries
-            fit = fit_hot_counts(list_bytes, self.feature_width * 4, self.placement.stored, memory_budget - directory,
+            fit = fit_hot_counts(list_bytes, self.feature_row_bytes, self.placement.stored, memory_budget - directory,
                                  None if gpu_graph_ratio is None else int(round(gpu_graph_ratio * n)),
                                  None if gpu_feature_ratio is None else int(round(gpu_feature_ratio * n)))
             self.hot_graph, self.hot_features = fit
@@ -156,7 +160,7 @@ class GlobalMemoryStore:
         parts = [(hot_rows(self.hot_features, p), csr_slices(indptr, hot_rows(self.hot_graph, p))) for p in range(G)]
         for g, dev in enumerate(self.devices):
             stored = self.placement.stored[g]
-            need = directory + sum(parts[p][0].numel() * self.feature_width * 4 + parts[p][1][0].numel() * 8
+            need = directory + sum(parts[p][0].numel() * self.feature_row_bytes + parts[p][1][0].numel() * 8
                                    + parts[p][1][1].numel() * edge_bytes for p in stored)
             if memory_budget is not None and need > memory_budget:
                 if gpu_graph_ratio is None or gpu_feature_ratio is None:  # fitted: only the directory overflows
@@ -212,8 +216,8 @@ class GlobalMemoryStore:
         dev = self.devices[0]
         ids = torch.randint(0, self.num_nodes, (min(rows, self.num_nodes),), generator=torch.Generator().manual_seed(0))
         ids = torch.sort(ids).values
-        out = rt.empty((ids.numel(), self.feature_width), device=dev)
-        staging = rt.pinned_empty((ids.numel(), self.feature_width), device=dev)
+        out = rt.empty((ids.numel(), self.feature_width), dtype=self.host_x.dtype, device=dev)
+        staging = rt.pinned_empty((ids.numel(), self.feature_width), dtype=self.host_x.dtype, device=dev)
         ids_dev = rt.to_device(ids, dev)
         best: dict[str, float] = {}
         for method in ("uva", "index_select"):

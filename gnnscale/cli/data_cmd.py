@@ -15,7 +15,7 @@ from gnnscale.cli.common import _device_list
 from gnnscale.engines import ENGINES
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import check_output, make_parents, write_output, write_text
-from gnnscale.graph import io, stream
+from gnnscale.graph import io, stream, stream_edges
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.notes import note
 from gnnscale.predict import OUTPUT_SUFFIXES, load_model, predict, write_predictions
@@ -106,17 +106,22 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ConfigError(f"output directory {out} already exists; choose a new path")
     for stale in io.remove_stale_partials(out):
         print(f"removed {stale}: partial output of an interrupted convert", file=sys.stderr)
-    if stream.is_streamable(args.dataset):
+    if stream.is_streamable(args.dataset) or stream_edges.is_streamable(args.dataset):
         budget = (parse_budget(args.host_memory) if args.host_memory is not None
                   else mem_get_info(torch.device("cpu"))[0] // 4)
-        w = stream.convert(args.dataset, make_parents(out), host_memory=budget, seed=args.seed,
-                           feature_dtype=args.feature_dtype, show=sys.stderr.isatty())
+        if stream.is_streamable(args.dataset):
+            w = stream.convert(args.dataset, make_parents(out), host_memory=budget, seed=args.seed,
+                               feature_dtype=args.feature_dtype, show=sys.stderr.isatty())
+        else:
+            w = stream_edges.convert(args.dataset, make_parents(out), host_memory=budget, root=args.root,
+                                     seed=args.seed, keep_ids=args.keep_ids, feature_dtype=args.feature_dtype,
+                                     show=sys.stderr.isatty())
         print(f"wrote {out}: {w.nodes:,} nodes, {w.edges:,} edges, {format_bytes(w.nbytes)}, {w.feature_dtype} "
               "features")
         return 0
     if args.host_memory is not None:
-        note("--host-memory only applies to kronecker specs, which are written block by block; this dataset is "
-             "loaded whole")
+        note("--host-memory only applies to kronecker and edgelist specs, which are written block by block; this "
+             "dataset is loaded whole")
     progress.enable(sys.stderr.isatty())
     with progress.stage("load"):
         g = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids,

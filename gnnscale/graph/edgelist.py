@@ -14,6 +14,8 @@ from __future__ import annotations
 import gzip
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -81,9 +83,9 @@ def _tokens_per_line(text: str) -> np.ndarray:
     return np.diff(before, prepend=0)
 
 
-def _bad_line(path: Path, text: str, i: int, why: str) -> DatasetError:
+def _bad_line(path: Path, text: str, i: int, why: str, first_line: int = 0) -> DatasetError:
     line = text.split("\n")[i]  # error path only
-    return DatasetError(f"{path}: line {i + 1}: {why}: {line.strip()!r}")
+    return DatasetError(f"{path}: line {first_line + i + 1}: {why}: {line.strip()!r}")
 
 
 def _is_number(token: str) -> bool:
@@ -98,6 +100,12 @@ def _skip_column_header(path: Path, text: str) -> str:
     """``text`` with its first data line blanked when that line names columns (``src dst``, ``from,to,weight``:
     none of its first two fields is a number, as pandas' and PyG's CSV readers take a header), said in a note;
     otherwise ``text`` itself. Line numbers stay those of the file."""
+    return skip_column_header(path, text)[0]
+
+
+def skip_column_header(path: Path, text: str, first_line: int = 0) -> tuple[str, bool]:
+    """:func:`_skip_column_header` for a block of whole lines that follows ``first_line`` lines of the file:
+    ``(text, whether the block has a line with fields)``; a reader of blocks asks each block until one has."""
     pos = 0
     while pos < len(text):
         end = text.find("\n", pos)
@@ -105,36 +113,62 @@ def _skip_column_header(path: Path, text: str) -> str:
         fields = text[pos:end].split()
         if fields:
             if len(fields) >= 2 and not any(_is_number(f) for f in fields[:2]):
-                line = text.count("\n", 0, pos) + 1
+                line = first_line + text.count("\n", 0, pos) + 1
                 note(f"{path.name}: line {line} ({' '.join(fields)!r}) read as column names, not an edge")
-                return text[:pos] + " " * (end - pos) + text[end:]
-            return text
+                return text[:pos] + " " * (end - pos) + text[end:], True
+            return text, True
         pos = end + 1
-    return text
+    return text, False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The columns of an edge list: how many its first data line has, and that line's number (1-based)."""
+
+    cols: int
+    line: int
 
 
 def _parse_columns(path: Path, text: str, weight_column: int) -> tuple[np.ndarray, np.ndarray | None]:
     """``([2, E] int64 ids, [E] float64 weights or None)`` from the data lines of an edge list (comments blanked,
     so line ``i`` of ``text`` is line ``i + 1`` of the file). Columns 1 and 2 are ``src dst``; column
     ``weight_column`` (1-based, 0: none) is the edge weight; any other column is ignored, with a note."""
+    ids, w, layout = parse_block(path, text, weight_column)
+    if layout is None:
+        raise DatasetError(f"{path}: no edges found")
+    return ids, w
+
+
+def parse_block(path: Path, text: str, weight_column: int, first_line: int = 0, layout: Layout | None = None
+                ) -> tuple[np.ndarray, np.ndarray | None, Layout | None]:
+    """:func:`_parse_columns` for a block of whole lines (comments blanked, ending in a newline) that follows
+    ``first_line`` lines of the file, whose earlier blocks set ``layout`` (``None``: no data line yet; the note on
+    ignored columns comes with the first). Returns the block's ids and weights (none for a block without data
+    lines) and the layout. Errors name the file's line numbers."""
     counts = _tokens_per_line(text)
     tokens = text.split()
     if counts.sum() != len(tokens):  # non-ASCII whitespace: count the slow way
         counts = np.array([len(ln.split()) for ln in text.split("\n")[:-1]], dtype=np.int64)
     data = np.flatnonzero(counts)
     if data.size == 0:
-        raise DatasetError(f"{path}: no edges found")
-    cols = int(counts[data[0]])
-    if cols < 2:
-        raise _bad_line(path, text, int(data[0]), f"expected 'src dst' and optional more columns, got {cols} column")
+        return np.zeros((2, 0), dtype=np.int64), (np.zeros(0) if weight_column else None), layout
+    if layout is None:
+        cols = int(counts[data[0]])
+        if cols < 2:
+            raise _bad_line(path, text, int(data[0]), f"expected 'src dst' and optional more columns, got {cols} "
+                            "column", first_line)
+        layout = Layout(cols, first_line + int(data[0]) + 1)
+        first = True
+    else:
+        cols, first = layout.cols, False
     odd = data[counts[data] != cols]
     if odd.size:
         i = int(odd[0])
-        raise _bad_line(path, text, i, f"{int(counts[i])} columns where line {int(data[0]) + 1} has {cols}")
+        raise _bad_line(path, text, i, f"{int(counts[i])} columns where line {layout.line} has {cols}", first_line)
     if weight_column > cols:
         raise DatasetError(f"{path}: weight_column={weight_column} but the file has {cols} columns")
     ignored = [j for j in range(3, cols + 1) if j != weight_column]
-    if ignored:
+    if ignored and first:
         which = f"column {ignored[0]}" if len(ignored) == 1 else f"columns {', '.join(map(str, ignored))}"
         hint = "" if weight_column else f"; add weight_column={ignored[0]} to the spec to read it as edge weights"
         note(f"{path.name} has {cols} columns: {which} ignored (not read as edge weights){hint}")
@@ -147,33 +181,89 @@ def _parse_columns(path: Path, text: str, weight_column: int) -> tuple[np.ndarra
                 try:
                     np.array(text.split("\n")[i].split()[j], dtype=dtype)
                 except ValueError:
-                    raise _bad_line(path, text, int(i), what) from None
+                    raise _bad_line(path, text, int(i), what, first_line) from None
             raise
 
     ids = np.stack([column(0, np.int64, "non-integer vertex id"), column(1, np.int64, "non-integer vertex id")])
     w = None if not weight_column else column(weight_column - 1, np.float64, "non-numeric edge weight")
     if ids.min() < 0:
         i = int(data[int(np.flatnonzero((ids < 0).any(0))[0])])
-        raise _bad_line(path, text, i, f"negative vertex id {ids.min()}")
+        raise _bad_line(path, text, i, f"negative vertex id {ids.min()}", first_line)
     if w is not None and not np.isfinite(w).all():
         i = int(data[int(np.flatnonzero(~np.isfinite(w))[0])])
-        raise _bad_line(path, text, i, "edge weight is NaN or inf")
-    return ids, w
+        raise _bad_line(path, text, i, "edge weight is NaN or inf", first_line)
+    return ids, w, layout
 
 
 def weights_look_like_ids(w: np.ndarray) -> str | None:
     """Why the weights ``w`` look like timestamps or ids rather than weights, or ``None``: all integers and
     either some beyond ``1e6`` in size (Unix timestamps, ids) or, with at least 8 edges, exactly the distinct
     integers ``min..min+E-1`` (edge ids, line numbers)."""
-    if w.size == 0 or not bool((w == np.round(w)).all()):
+    if w.size == 0:
         return None
-    top = float(np.abs(w).max())
+    integral = bool((w == np.round(w)).all())
+    return ids_like(integral, float(np.abs(w).max()) if integral else 0.0, float(w.min()), float(w.max()),
+                    int(w.size), lambda: int(np.unique(w).size))
+
+
+def ids_like(integral: bool, top: float, lo: float, hi: float, size: int, distinct: Callable[[], int]
+             ) -> str | None:
+    """:func:`weights_look_like_ids` from the weights' summary: all integers, largest size, min, max, count, and a
+    function counting the distinct values (called only when the others leave it open)."""
+    if size == 0 or not integral:
+        return None
     if top > _ID_LIKE:
         return f"integers up to {top:,.0f}"
-    lo, hi = float(w.min()), float(w.max())
-    if w.size >= _ID_RUN and hi - lo == w.size - 1 and np.unique(w).size == w.size:
+    if size >= _ID_RUN and hi - lo == size - 1 and distinct() == size:
         return f"the distinct integers {lo:.0f}..{hi:.0f}, one per edge"
     return None
+
+
+def warn_weights(path: Path, weight_column: int, why: str | None) -> None:
+    """The one-line warning for weights that look like timestamps or ids (``why``; nothing when ``None``)."""
+    if why is not None:
+        warn(f"the edge weights in column {weight_column} of {path.name} look like timestamps or ids ({why}), "
+             "not weights; check weight_column")
+
+
+@dataclass
+class Headers:
+    """What an edge list's comment lines say: the largest ``Nodes:`` and ``Edges:`` counts, the first line calling
+    the graph undirected, and whether any says directed."""
+
+    nodes: int | None = None
+    edges: int | None = None
+    undirected: str | None = None
+    directed: bool = False
+
+    def read(self, lines: list[str]) -> None:
+        for line in lines:
+            n_h, e_h = _header_count(line, _NODES_HEADER), _header_count(line, _EDGES_HEADER)
+            self.nodes = n_h if n_h is not None and (self.nodes is None or n_h > self.nodes) else self.nodes
+            self.edges = e_h if e_h is not None and (self.edges is None or e_h > self.edges) else self.edges
+            if self.undirected is None and _UNDIRECTED.search(line) is not None:
+                self.undirected = line.strip()
+            self.directed = self.directed or _DIRECTED.search(line) is not None
+
+    def check_edges(self, path: Path, lines: int) -> None:
+        """A ``# Edges:`` count that is not the number of edge lines is an error naming both."""
+        if self.edges is not None and self.edges != lines:
+            raise DatasetError(f"{path}: the header says {self.edges:,} edges but the file has {lines:,} edge "
+                               "lines; fix or remove the header line (SNAP's Edges counts the lines)")
+
+    def note_undirected(self, path: Path, symmetrize: bool | None) -> None:
+        """Without ``symmetrize``, the note that a header line calls the graph undirected."""
+        if self.undirected is not None and not self.directed and symmetrize is None:
+            u = self.undirected
+            shown = u if len(u) <= 60 else u[:57] + "..."
+            note(f"a header line of {path.name} says 'undirected' ({shown!r}); its edges are loaded as listed, one "
+                 "direction each: add symmetrize=1 to the spec to load both directions")
+
+
+def check_weight_column(weight_column: int) -> None:
+    if weight_column < 0 or weight_column in (1, 2):
+        raise DatasetError(f"weight_column={weight_column}: columns 1 and 2 are the source and destination ids; "
+                           "give the number of the weight column (3 or more), or 0 for no weights")
 
 
 def _header_count(line: str, pattern: re.Pattern[str]) -> int | None:
@@ -187,13 +277,9 @@ def _number_vertices(path: Path, ids: np.ndarray, nodes: int | None, keep_ids: b
     ``0..nodes-1`` of a ``# Nodes:`` header (whose vertices beyond them are isolated). A header ``nodes`` smaller
     than the distinct ids is an error naming both."""
     top = int(ids.max())
-    if keep_ids:
-        if nodes is not None and top >= nodes:
-            raise DatasetError(f"{path}: the header says {nodes:,} nodes but the file has vertex id {top:,}, beyond "
-                               f"0..{nodes - 1:,} (ids kept as given); fix the header, or drop --keep-ids")
-        return max(nodes or 0, top + 1), None
-    if nodes is not None and top < nodes:
-        return nodes, None
+    kept = kept_count(path, top, nodes, keep_ids)
+    if kept is not None:
+        return kept, None
     if top < 4 * ids.size + 1024:  # ids of a moderate range: a table of the ids seen, O(E + max id)
         seen = np.zeros(top + 1, dtype=bool)
         seen[ids.ravel()] = True
@@ -204,16 +290,38 @@ def _number_vertices(path: Path, ids: np.ndarray, nodes: int | None, keep_ids: b
         uniq, inverse = np.unique(ids, return_inverse=True)
         ids[...] = inverse.reshape(ids.shape)
     k = int(uniq.size)
+    if not renumbered(path, top, k, nodes):
+        return k, None
+    return k, uniq.astype(np.int64)
+
+
+def kept_count(path: Path, top: int, nodes: int | None, keep_ids: bool) -> int | None:
+    """The vertex count when the ids (largest ``top``) stay as given: with ``keep_ids`` (an error when beyond a
+    ``# Nodes:`` header's count), or when they fit the header's ``0..nodes-1``; ``None`` when the distinct ids
+    decide."""
+    if keep_ids:
+        if nodes is not None and top >= nodes:
+            raise DatasetError(f"{path}: the header says {nodes:,} nodes but the file has vertex id {top:,}, beyond "
+                               f"0..{nodes - 1:,} (ids kept as given); fix the header, or drop --keep-ids")
+        return max(nodes or 0, top + 1)
+    if nodes is not None and top < nodes:
+        return nodes
+    return None
+
+
+def renumbered(path: Path, top: int, k: int, nodes: int | None) -> bool:
+    """Whether ``k`` distinct ids, largest ``top``, are renumbered ``0..k-1`` (said in notes); a header's
+    ``nodes`` below ``k`` is an error."""
     if nodes is not None and k > nodes:
         raise DatasetError(f"{path}: the header says {nodes:,} nodes but the file names {k:,} distinct vertex ids; "
                            "fix or remove the header line")
     if k == top + 1:
-        return k, None
+        return False
     note(f"remapped {k:,} vertex ids (max id {top:,}) to 0..{k - 1}; --keep-ids (keep_ids=1) keeps them")
     if nodes is not None and k < nodes:
         note(f"the header of {path.name} says {nodes:,} nodes; its edges name {k:,}: the other {nodes - k:,} (with "
              "no edges, ids unknown) are not in the file and left out")
-    return k, uniq.astype(np.int64)
+    return True
 
 
 def _check_memory(path: Path, n: int, features: int, keep_ids: bool) -> None:
@@ -271,39 +379,23 @@ def read_edgelist(
     them (``features``, ``labels``), and training says so.
     """
     path = Path(path)
-    if weight_column < 0 or weight_column in (1, 2):
-        raise DatasetError(f"weight_column={weight_column}: columns 1 and 2 are the source and destination ids; "
-                           "give the number of the weight column (3 or more), or 0 for no weights")
-    nodes: int | None = None
-    edges: int | None = None
-    undirected = None
-    directed = False
+    check_weight_column(weight_column)
+    headers = Headers()
     with reading(path):
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as fh:  # type: ignore[operator]
             text = fh.read()
-        text, headers = _strip_comments(text)
-        for line in headers:
-            n_h, e_h = _header_count(line, _NODES_HEADER), _header_count(line, _EDGES_HEADER)
-            nodes = n_h if n_h is not None and (nodes is None or n_h > nodes) else nodes
-            edges = e_h if e_h is not None and (edges is None or e_h > edges) else edges
-            if undirected is None and _UNDIRECTED.search(line) is not None:
-                undirected = line.strip()
-            directed = directed or _DIRECTED.search(line) is not None
+        text, lines = _strip_comments(text)
+        headers.read(lines)
         if "," in text:
             text = text.replace(",", " ")
         if not text.endswith("\n"):
             text += "\n"
         ids, w = _parse_columns(path, _skip_column_header(path, text), weight_column)
     if w is not None:
-        why = weights_look_like_ids(w)
-        if why is not None:
-            warn(f"the edge weights in column {weight_column} of {path.name} look like timestamps or ids ({why}), "
-                 "not weights; check weight_column")
-    if edges is not None and edges != ids.shape[1]:
-        raise DatasetError(f"{path}: the header says {edges:,} edges but the file has {ids.shape[1]:,} edge lines; "
-                           "fix or remove the header line (SNAP's Edges counts the lines)")
-    n, node_ids = _number_vertices(path, ids, nodes, bool(keep_ids))
+        warn_weights(path, weight_column, weights_look_like_ids(w))
+    headers.check_edges(path, ids.shape[1])
+    n, node_ids = _number_vertices(path, ids, headers.nodes, bool(keep_ids))
     _check_memory(path, n, features, bool(keep_ids))
     rng = np.random.default_rng(seed)
     try:
@@ -333,9 +425,5 @@ def read_edgelist(
     )
     if symmetrize:
         return symmetrized(g, path.name)
-    if undirected is not None and not directed and symmetrize is None:
-        shown = undirected if len(undirected) <= 60 else undirected[:57] + "..."
-        note(f"a header line of {path.name} says 'undirected' ({shown!r}); its edges are loaded as listed, one "
-             "direction each: add symmetrize=1 to the spec to load both directions")
+    headers.note_undirected(path, symmetrize)
     return g
-

@@ -106,6 +106,36 @@ def _text_blocks(path: Path, size: int) -> Iterator[tuple[str, int]]:
                 line += text.count("\n")
 
 
+def _unique_sorted(parts: list[np.ndarray]) -> np.ndarray:
+    """The distinct values of ``parts``, sorted (each part sorted: a stable sort merges the runs)."""
+    a = np.concatenate(parts)
+    a.sort(kind="stable")
+    return a[np.concatenate(([True], a[1:] != a[:-1]))] if a.size else a
+
+
+class _Distinct:
+    """The distinct ids of the blocks added, as one sorted array: each block's sorted distinct ids are kept aside
+    and merged into the array when they add up to its size (each id merged O(log) times, not once a block)."""
+
+    def __init__(self) -> None:
+        self.merged = np.zeros(0, dtype=np.int64)
+        self.pending: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        block = _unique_sorted([np.sort(ids, axis=None)])
+        self.pending.append(block)
+        self.size += block.size
+        if self.size - self.merged.size >= self.merged.size:
+            self.ids()
+
+    def ids(self) -> np.ndarray:
+        if self.pending:
+            self.merged = _unique_sorted([self.merged, *self.pending])
+            self.pending, self.size = [], self.merged.size
+        return self.merged
+
+
 class _Weights:
     """Running summary of the weights, for :func:`edgelist.ids_like`."""
 
@@ -138,7 +168,7 @@ def _first_pass(spec: Spec, tmp: Path, budget: int, bar: tqdm) -> tuple[_Pass1, 
     layout: edgelist.Layout | None = None
     seen_fields = False
     edges, top = 0, -1
-    uniq: np.ndarray | None = None if keep_ids else np.zeros(0, dtype=np.int64)
+    distinct = None if keep_ids else _Distinct()
     weights = _Weights() if weight_column else None
     with open(tmp / "raw-src.bin", "wb") as fs, open(tmp / "raw-dst.bin", "wb") as fd, \
             open(tmp / "raw-w.bin", "wb") as fw:
@@ -159,16 +189,16 @@ def _first_pass(spec: Spec, tmp: Path, budget: int, bar: tqdm) -> tuple[_Pass1, 
                 top = max(top, int(ids.max()))
                 fs.write(ids[0].tobytes())
                 fd.write(ids[1].tobytes())
-                if uniq is not None:
-                    uniq = np.union1d(uniq, np.unique(ids))
-                    stream.plan_blocks(budget, uniq.size, 1, 1)  # the distinct ids alone past the budget: refuse
+                if distinct is not None:
+                    distinct.add(ids)
+                    stream.plan_blocks(budget, distinct.size, 1, 1)  # the distinct ids past the budget: refuse
                 if w is not None and weights is not None:
                     weights.add(w)
                     fw.write(w.astype(np.float32).tobytes())
             bar.update()
     if layout is None:
         raise DatasetError(f"{path}: no edges found")
-    return _Pass1(edges, top, uniq, headers), weights
+    return _Pass1(edges, top, None if distinct is None else distinct.ids(), headers), weights
 
 
 def _distinct_weights(tmp: Path, lo: float, size: int, block: int) -> int:

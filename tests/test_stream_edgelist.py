@@ -62,6 +62,14 @@ TIMESTAMPS = """0 1 1700000000
 1 2 1700000100
 2 0 1700000200
 """
+LATE_HEADER = """# the column names come after comments and a blank line, in a later block than the first
+
+from to
+3 4
+4 3
+# Edges: 3
+9 3
+"""
 THREE_COLUMNS = """0 1 5
 1 2 6
 2 3 7
@@ -89,6 +97,8 @@ CASES = [
     ("w.csv", CSV_WEIGHTED, ":weight_column=3,symmetrize=1", {}),
     ("w.csv", CSV_WEIGHTED, ":weight_column=3,symmetrize=1,coalesce=1", {"feature_dtype": "bf16"}),
     ("snap.txt", SNAP, "", {}),
+    ("crlf.txt", SNAP.replace("\n", "\r\n"), ":symmetrize=1,coalesce=1", {}),
+    ("late.txt", LATE_HEADER, "", {}),
     ("snap.txt", SNAP, ":symmetrize=0,features=0,classes=0", {}),
     ("t.txt", TIMESTAMPS, ":weight_column=3", {}),
     ("three.txt.gz", THREE_COLUMNS, ":features=2", {}),
@@ -172,12 +182,30 @@ def test_no_block_exceeds_the_planned_size(tmp_path: Path, monkeypatch: pytest.M
     assert max(seen) < w.edges * 8 // 4  # never the whole indices array
 
 
-def test_distinct_ids_past_the_budget_are_one_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _write(tmp_path, "r.txt", "".join(f"{i} {i + 1}\n" for i in range(0, 60_000, 2)))
+@pytest.mark.parametrize(("text", "flags", "vertices"), [
+    ("".join(f"{i} {i + 1}\n" for i in range(0, 60_000, 2)), [], "vertices"),  # the distinct ids, while read
+    ("0 1\n5 100000000\n", ["--keep-ids"], "100,000,001 vertices"),  # ids kept as given: the vertex arrays
+])
+def test_a_budget_below_the_vertex_arrays_is_one_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        text: str, flags: list[str], vertices: str) -> None:
+    path = _write(tmp_path, "r.txt", text)
     assert main(["convert", "--dataset", f"edgelist:{path}", "--out", str(tmp_path / "g"),
-                 "--host-memory", "3MB"]) == 2
+                 "--host-memory", "3MB", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error:") and "too small" in err[0]
+    assert len(err) == 1 and err[0].startswith("error:") and "too small" in err[0] and vertices in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.txt"]
+
+
+def test_short_disk_is_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    class Usage:
+        free = 1000
+
+    monkeypatch.setattr(stream_edges.shutil, "disk_usage", lambda path: Usage())
+    path = _write(tmp_path, "r.txt", PLAIN)
+    assert main(["convert", "--dataset", f"edgelist:{path}", "--out", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error:") and "disk space" in err[-1] and len(err) == 2  # the renumbering note first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.txt"]
 
 

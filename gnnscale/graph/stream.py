@@ -9,6 +9,10 @@ writes (``tests/test_stream_convert.py``). Resident memory: the blocks, sized fr
 vertex-sized arrays (the permutation, the degrees, labels' and masks' draws: about 40 bytes a vertex). Arrays are
 written through file writes at their ``.npy`` offset (the file made by ``np.lib.format.open_memmap``), so the written
 pages do not count as the process's resident memory.
+
+The bucketing (:class:`Buckets`), the block plan (:func:`plan_blocks`), the row-block draws (:func:`write_drawn`) and
+the ``.npy`` writer (:class:`NpyFile`) are shared with :mod:`gnnscale.graph.stream_edges`, the edge lists' streaming
+convert; every block either holds passes through :func:`_materialised`.
 """
 
 from __future__ import annotations

@@ -258,3 +258,11 @@ def test_cli_convert_streams_edge_lists(tmp_path: Path, capsys: pytest.CaptureFi
     assert "wrote" in out and "5 nodes" in out and "float32 features" in out
     io.save(load_dataset(spec, seed=3, keep_ids=True), tmp_path / "m")
     _same_dirs(tmp_path / "m", tmp_path / "s")
+
+
+def test_cli_line_without_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, "p.txt", PLAIN)
+    assert main(["convert", "--dataset", f"edgelist:{path}:features=0", "--out", str(tmp_path / "s")]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("wrote") and line.endswith("4 nodes, 6 edges, 132 B")
+    assert not (tmp_path / "s" / "x.npy").exists()

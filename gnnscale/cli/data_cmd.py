@@ -116,8 +116,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
             w = stream_edges.convert(args.dataset, make_parents(out), host_memory=budget, root=args.root,
                                      seed=args.seed, keep_ids=args.keep_ids, feature_dtype=args.feature_dtype,
                                      show=sys.stderr.isatty())
-        print(f"wrote {out}: {w.nodes:,} nodes, {w.edges:,} edges, {format_bytes(w.nbytes)}, {w.feature_dtype} "
-              "features")
+        dtype = f", {w.feature_dtype} features" if w.feature_dtype else ""
+        print(f"wrote {out}: {w.nodes:,} nodes, {w.edges:,} edges, {format_bytes(w.nbytes)}{dtype}")
         return 0
     if args.host_memory is not None:
         note("--host-memory only applies to kronecker and edgelist specs, which are written block by block; this "

@@ -89,7 +89,7 @@ def estimate_bytes(scale: int, edgefactor: int, features: int, itemsize: int) ->
 @dataclass(frozen=True)
 class Written:
     """What :func:`convert` wrote: vertices, edges, the arrays' bytes (as ``Graph.nbytes()['total']``), features'
-    dtype."""
+    dtype (empty without features)."""
 
     nodes: int
     edges: int

@@ -383,4 +383,4 @@ def _convert(spec: Spec, out: Path, tmp: Path, budget: int, bar: tqdm) -> stream
                   num_classes=classes if classes > 0 else None, arrays=arrays, feature_dtype=dtype, meta=meta)
     nbytes = ((n + 1) * 8 + num_edges * (8 + 4 * bool(weight_column)) + n * max(features, 0) * (2 if bf16 else 4)
               + (n * 8 + len(MASK_NAMES) * n) * (classes > 0))
-    return stream.Written(n, num_edges, nbytes, "bfloat16" if bf16 else "float32")
+    return stream.Written(n, num_edges, nbytes, "" if features <= 0 else "bfloat16" if bf16 else "float32")

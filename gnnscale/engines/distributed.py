@@ -56,6 +56,7 @@ from torch import Tensor
 from gnnscale.config import DistributedOptions, PartitionOptions, SamplingOptions
 from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
+from gnnscale.engines.disk_tier import anon_rss_bytes, open_disk_tier
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
 from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
 from gnnscale.engines.sampled_exchange import RankReducer, layerwise_across_ranks
@@ -107,6 +108,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     predicts = False  # a job of ranks trains; a model it saved predicts with any other engine
     mode = "distributed"
     options = (SamplingOptions, DistributedOptions, PartitionOptions)
+    also_reads = ("host_memory",)  # each rank reads its own rows from a converted directory's x.npy by preadv
 
     @classmethod
     def check_options(cls, config: TrainConfig) -> None:
@@ -133,7 +135,9 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         self.owner, self.plan_path = self._partition()
         self.timings["partition_s"] = time.perf_counter() - t0
         assert graph.x is not None and graph.y is not None
-        self.features = PartitionedFeatures(graph.x, self.owner, self.rank, device, exchange=self.comm)
+        tier = open_disk_tier(graph, config, self.name)
+        self.features = PartitionedFeatures(graph.x if tier is None else tier.source, self.owner, self.rank, device,
+                                            exchange=self.comm)
         """This rank's feature source: its rows local, the others from their owners (every input row is read
         through it, or through the rows it fetched ahead: :meth:`_inputs`)."""
         self.topo = CSRTopology.from_graph(graph, model.adjacency)
@@ -151,6 +155,12 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
             flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             self.comm.broadcast(flat, 0, "initial weights")
             self._unflatten(flat, grads=False)
+        self.disk_read_bytes: int | None = None
+        """With the disk tier (``--host-memory`` on a converted directory): the bytes this rank read from the
+        directory's ``x.npy`` (its own rows, each once, at set-up), reported by the first epoch's record."""
+        if tier is not None:
+            self.disk_read_bytes = int(tier.source.read_stats().bytes["disk"])
+            tier.close()  # the rank's rows are read: the file is not read again
 
     @property
     def is_primary(self) -> bool:
@@ -376,9 +386,11 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         state = counters.state()
         vec = torch.tensor([state[k] for k in SUMMED], dtype=torch.float64)
         self.comm.all_reduce(vec, "sum", "counters")
-        per_rank = torch.zeros(3, self.world, dtype=torch.float64)
+        per_rank = torch.zeros(5, self.world, dtype=torch.float64)
         rss = (proc_kib("/proc/self/status", "VmRSS") or 0) * 1024
-        per_rank[:, self.rank] = torch.tensor([self.features.nbytes, self._cache_peak, rss], dtype=torch.float64)
+        disk, self.disk_read_bytes = self.disk_read_bytes, (None if self.disk_read_bytes is None else 0)
+        per_rank[:, self.rank] = torch.tensor([self.features.nbytes, self._cache_peak, rss, disk or 0,
+                                               anon_rss_bytes() or 0], dtype=torch.float64)
         self.comm.all_reduce(per_rank, "sum", "counters")
         s = dict(zip(SUMMED, vec.tolist(), strict=True))
         iters = max(s.pop("iterations"), 1.0) / self.world
@@ -396,6 +408,9 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         out["rank_feature_bytes"] = [int(v) for v in per_rank[0].tolist()]
         out["rank_cache_peak_bytes"] = [int(v) for v in per_rank[1].tolist()]
         out["rank_rss_bytes"] = [int(v) for v in per_rank[2].tolist()]
+        if disk is not None:  # the disk tier: bytes the ranks read from disk since the last record, the largest
+            out["disk_read_bytes"] = int(per_rank[3].sum())  # rank's anonymous memory
+            out["anon_rss_bytes"] = int(per_rank[4].max())
         return out
 
     # --------------------------------------------------------------------------------------- checkpoints

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.config import HybridOptions, MiniBatchOptions, SamplingOptions, TrainConfig
+from gnnscale.engines.disk_tier import open_disk_tier, tier_metrics
 from gnnscale.engines.pipeline import Pipeline
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backward_share, check_fanouts, cut, forward
@@ -75,6 +76,7 @@ from gnnscale.plan.hybrid import (
     rebalance,
 )
 from gnnscale.sample import CSRTopology, sample_key
+from gnnscale.store.features import FeatureSource
 from gnnscale.store.global_store import GlobalMemoryStore
 
 DRM_TOLERANCE = 0.1
@@ -115,6 +117,7 @@ class HybridEngine(SampledEngine):
     trains_beside_accelerators = True
     plan_kind = "pipeline"
     options = (SamplingOptions, MiniBatchOptions, HybridOptions)
+    also_reads = ("host_memory",)  # a converted directory's features read from disk behind a host cache
 
     @classmethod
     def check_options(cls, config: TrainConfig) -> None:
@@ -137,17 +140,25 @@ class HybridEngine(SampledEngine):
         self.devices = hybrid_devices(config)
         self.cpu_index = next(i for i, d in enumerate(self.devices) if d.type == "cpu")
         cuda = [d for d in self.devices if rt.is_accelerator(d)]
+        self.tier = open_disk_tier(graph, config, self.name)
+        """The disk tier (``--host-memory`` on a converted directory): the store's host tier reads from it, behind
+        its host cache, and the loaders gather through that (:attr:`host_x` is then the chain, not a tensor)."""
+        host_source = None if self.tier is None else self.tier.source
+        cache_bytes = 0 if self.tier is None else self.tier.cache_bytes
         if cuda:  # topology on the GPUs for their samplers, as much as half the budget holds; features on the host
             budget = config.memory_budget if config.memory_budget is not None else rt.mem_get_info(cuda[0])[0]
             self.store = GlobalMemoryStore(graph, cuda, adjacency=model.adjacency,
                                            gpu_graph_ratio=config.gpu_graph_ratio, gpu_feature_ratio=0.0,
-                                           memory_budget=budget // 2, gather="index_select")
+                                           memory_budget=budget // 2, gather="index_select", host_source=host_source,
+                                           host_cache_bytes=cache_bytes)
         else:
             self.store = GlobalMemoryStore(graph, [CPU], adjacency=model.adjacency,
-                                           gpu_graph_ratio=0.0, gpu_feature_ratio=0.0)
+                                           gpu_graph_ratio=0.0, gpu_feature_ratio=0.0, host_source=host_source,
+                                           host_cache_bytes=cache_bytes)
         indptr, indices, weight = self.store.host_csr
         self.host_topo = CSRTopology(indptr.view(-1), indices.view(-1), None if weight is None else weight.view(-1))
-        self.host_x = self.store.host_x
+        self.host_x: Tensor | FeatureSource = (self.store.host_x if self.store.host_source is None
+                                               else self.store.host_source)
         assert graph.y is not None
         self.replicas = Replicas(model, self.devices, master=self.cpu_index)
         self.ys = [rt.to_device(graph.y, d) for d in self.devices]  # on the default stream: ordered before training
@@ -335,6 +346,8 @@ class HybridEngine(SampledEngine):
         t_epoch = time.perf_counter()
         t_last = [t_epoch]
         self.iteration_s = []
+        if isinstance(self.host_x, FeatureSource):
+            self.host_x.reset_stats()
 
         def after(step: Step[Iteration, list[tuple[float, Tensor | None]]]) -> None:
             """Each stage's time of the step, and DRM's look at it."""
@@ -376,6 +389,8 @@ class HybridEngine(SampledEngine):
             "drm_work_moves": moves["work"], "drm_thread_moves": moves["thread"],
             "predicted_epoch_s": self.predicted["epoch_s"],
         }
+        if isinstance(self.host_x, FeatureSource):  # the disk tier: what the loaders read from disk and the cache
+            out.update(tier_metrics(self.host_x.read_stats()))
         return out
 
     # ------------------------------------------------------------------------------------------------ DRM
@@ -430,7 +445,9 @@ class HybridEngine(SampledEngine):
 
     # ------------------------------------------------------------------------------------------------ inference
     def _eval_features(self, src: Tensor) -> Tensor:
-        """Input rows of ``src`` for inference: host memory, on the training device (the CPU)."""
+        """Input rows of ``src`` for inference: host memory (or the disk tier), on the training device (the CPU)."""
+        if isinstance(self.host_x, FeatureSource):
+            return self.host_x.gather_unchecked(src.cpu()).to(self.device)
         return self.host_x.index_select(0, src.cpu()).to(self.device)
 
     # ------------------------------------------------------------------------------------------------ summary

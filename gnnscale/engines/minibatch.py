@@ -44,6 +44,7 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.config import GatherOptions, MiniBatchOptions, SamplingOptions, StoreOptions
+from gnnscale.engines.disk_tier import HOST_CACHE_SHARE, anon_rss_bytes, open_disk_tier
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import (
     EVAL_BATCH,
@@ -63,12 +64,10 @@ from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
-from gnnscale.notes import note
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.runtime.host import proc_kib
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.cache import DeviceCache
-from gnnscale.store.disk import BUFFER_BYTES, DiskSource, mapped_npy
+from gnnscale.store.disk import DiskSource
 from gnnscale.store.global_store import GlobalMemoryStore, StoreReader
 
 if TYPE_CHECKING:
@@ -80,9 +79,6 @@ QUEUE_DEPTH = 2
 """Batches sampled and extracted ahead of training, per trainer."""
 STORE_SHARE = 0.5
 """Share of the device budget the store may fill when the ratios are left to the engine."""
-HOST_CACHE_SHARE = 0.5
-"""Share of ``--host-memory`` the disk tier's host cache and read buffer may fill (the rest: a batch's rows and
-activations)."""
 PRESAMPLE_BATCHES = 8
 """Mini-batches sampled by ``--hotness presample`` to count how often each vertex is read."""
 
@@ -129,26 +125,19 @@ class MiniBatchEngine(SampledEngine):
         budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
         hotness = self.presampled_hotness() if config.hotness == "presample" else None
         graph_ratio, feature_ratio = config.gpu_graph_ratio, config.gpu_feature_ratio
-        self.disk: DiskSource | None = None
-        cache_bytes = 0
-        if config.host_memory is not None and graph.x is not None:
-            path = mapped_npy(graph.x)
-            if path is not None:  # the features are a converted directory's x.npy: read them from disk
-                buffer = min(BUFFER_BYTES, config.host_memory // 8)
-                self.disk = DiskSource(path, buffer_bytes=buffer)
-                cache_bytes = max(0, int(HOST_CACHE_SHARE * config.host_memory) - self.disk.buffer_bytes)
-                if not any(rt.is_accelerator(d) for d in devices):  # the "device" tier would be host memory too
-                    graph_ratio = 0.0 if graph_ratio is None else graph_ratio
-                    feature_ratio = 0.0 if feature_ratio is None else feature_ratio
-            else:
-                note(f"--host-memory: the features of {graph.name} are not the memory-mapped {graph.x.dtype} x.npy "
-                     "of a converted directory, so they stay in host memory (read from disk: gnnscale convert the "
-                     "dataset to a float32 directory and train from it)")
+        self.tier = open_disk_tier(graph, config, self.name)
+        """The disk tier (``--host-memory`` on a converted directory): the store's host tier reads from it."""
+        self.disk: DiskSource | None = None if self.tier is None else self.tier.source
+        if self.tier is not None and not any(rt.is_accelerator(d) for d in devices):
+            # the "device" tier would be host memory too: everything past the host cache is read from disk
+            graph_ratio = 0.0 if graph_ratio is None else graph_ratio
+            feature_ratio = 0.0 if feature_ratio is None else feature_ratio
         self.store = GlobalMemoryStore(graph, devices, adjacency=model.adjacency,
                                        gpu_graph_ratio=graph_ratio,
                                        gpu_feature_ratio=feature_ratio,
                                        memory_budget=int(STORE_SHARE * budget), gather=config.gather,
-                                       hotness=hotness, host_source=self.disk, host_cache_bytes=cache_bytes)
+                                       hotness=hotness, host_source=self.disk,
+                                       host_cache_bytes=0 if self.tier is None else self.tier.cache_bytes)
         assert graph.y is not None
         self.replicas = Replicas(model, devices)
         self.trainers = [
@@ -310,9 +299,7 @@ class MiniBatchEngine(SampledEngine):
         stats = self.store.reset_stats()
         if self.disk is None:
             return {**counters.record(), **stats.metrics()}
-        anon = proc_kib("/proc/self/status", "RssAnon")
-        return {**counters.record(), **stats.metrics(), **stats.disk_metrics(),
-                "anon_rss_bytes": None if anon is None else anon * 1024}
+        return {**counters.record(), **stats.metrics(), **stats.disk_metrics(), "anon_rss_bytes": anon_rss_bytes()}
 
 
 __all__ = ["EVAL_BATCH", "EVAL_EPOCH", "HOST_CACHE_SHARE", "PRESAMPLE_BATCHES", "MiniBatchEngine", "check_fanouts",

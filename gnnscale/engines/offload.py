@@ -75,7 +75,7 @@ from gnnscale.engines.chunks import Chunk, cut_chunks
 from gnnscale.engines.mover import RowMover
 from gnnscale.engines.offload_layers import HostRows, LayerPasses
 from gnnscale.engines.offload_sweep import Sweep
-from gnnscale.engines.offload_workers import DiskRows, Features, Spill, Worker, WorkerGroup
+from gnnscale.engines.offload_workers import Features, Spill, Worker, WorkerGroup
 from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import normalized_csr
@@ -89,6 +89,7 @@ from gnnscale.plan.offload import OffloadPlan, describe, plan_offload
 from gnnscale.runtime.host import proc_kib
 from gnnscale.store import default_gather_method, triton_available
 from gnnscale.store.disk import BUFFER_BYTES, DiskSource, Upcast, mapped_npy
+from gnnscale.store.sources import ReorderedRows as DiskRows
 from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:

@@ -20,8 +20,7 @@ from gnnscale.engines.mover import RowMover
 from gnnscale.errors import ConfigError
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import LiveBytesCounter
-from gnnscale.store import DiskSource, FeatureSource, ReadStats
-from gnnscale.store.transfer import place
+from gnnscale.store import FeatureSource, ReadStats
 from gnnscale.units import format_bytes
 
 T = TypeVar("T")
@@ -62,39 +61,6 @@ class Features:
         for s in self.sources:
             s.reset_stats()
         return total
-
-
-class DiskRows(FeatureSource):
-    """The features in the engine's vertex order, read from a converted directory's ``x.npy`` (``--host-memory``):
-    engine row ``i`` is file row ``perm[i]``, so no copy of the features is made; the reads (tier ``"disk"``) are
-    the :class:`~gnnscale.store.disk.DiskSource`'s, placed on ``device``."""
-
-    def __init__(self, disk: DiskSource, perm: Tensor, device: rt.Device):
-        super().__init__(disk.tier)
-        self.disk, self.perm, self._device = disk, perm, device
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.perm.numel())
-
-    @property
-    def dim(self) -> int:
-        return self.disk.dim
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.disk.dtype
-
-    @property
-    def device(self) -> rt.Device:
-        return self._device
-
-    def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
-        rows = self.disk.gather_unchecked(self.perm.index_select(0, place(ids, torch.device("cpu"))))
-        return rows if not rt.is_accelerator(self._device) else place(rows, self._device)
-
-    def tiers(self) -> list[FeatureSource]:
-        return [self.disk]
 
 
 class Spill:

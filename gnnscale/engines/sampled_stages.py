@@ -34,6 +34,7 @@ from torch import Tensor
 from gnnscale import runtime as rt
 from gnnscale.graph.block import Block
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
+from gnnscale.store.features import FeatureSource
 from gnnscale.store.global_store import GlobalMemoryStore
 
 
@@ -88,7 +89,7 @@ class SampledStages:
     topology in host memory (``host_topo``) and, for the accelerators' own samplers, in ``store``; features in
     host memory (``host_x``)."""
 
-    def __init__(self, devices: list[rt.Device], cpu_index: int, host_topo: Topology, host_x: Tensor,
+    def __init__(self, devices: list[rt.Device], cpu_index: int, host_topo: Topology, host_x: Tensor | FeatureSource,
                  store: GlobalMemoryStore, fanouts: tuple[int, ...], adjacency: SampledAdjacency):
         self.devices, self.cpu_index = devices, cpu_index
         self.host_topo, self.host_x, self.store = host_topo, host_x, store
@@ -148,14 +149,18 @@ class SampledStages:
             src = blocks[0].src_ids
             assert src is not None
             src = rt.to_host(src, blocking=True)  # the ids of a share sampled on its device
-            out = rt.pinned_empty((src.numel(), self.host_x.shape[1]), dtype=self.host_x.dtype,
+            width = self.host_x.dim if isinstance(self.host_x, FeatureSource) else self.host_x.shape[1]
+            out = rt.pinned_empty((src.numel(), width), dtype=self.host_x.dtype,
                                   device=self.devices[g])
             xs.append(out)
             step = -(-src.numel() // threads) if src.numel() else 1
             jobs += [(src[lo : lo + step], out[lo : lo + step]) for lo in range(0, src.numel(), step)]
 
         def gather(job: tuple[Tensor, Tensor]) -> None:
-            torch.index_select(self.host_x, 0, job[0], out=job[1])
+            if isinstance(self.host_x, FeatureSource):  # the disk tier behind its host cache
+                self.host_x.gather_unchecked(job[0], out=job[1])
+            else:
+                torch.index_select(self.host_x, 0, job[0], out=job[1])
 
         if threads > 1 and len(jobs) > 1:
             list(self.pool("loader", threads).map(gather, jobs))

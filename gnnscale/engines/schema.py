@@ -93,20 +93,23 @@ EPOCH_KEYS: dict[str, Key] = {
     "sample_s": Key("s", "Sampling time.", "minibatch, distributed"),
     "extract_s": Key("s", "Feature and list fetching time.", "minibatch"),
     "train_s": Key("s", "Forward, backward and optimiser time.", "minibatch, distributed"),
-    # the disk tier (mini-batch with --host-memory, features read from a converted directory)
+    # the disk tier (--host-memory, features read from a converted directory)
     "disk_read_bytes": Key("bytes", "Feature bytes read from the graph directory's x.npy by positional reads in "
-                           "training (each distinct row once per read); --host-memory only.", "minibatch, offload"),
+                           "training (each distinct row once per read; distributed: each rank's own rows once, at "
+                           "set-up, in the first epoch's record, summed over the ranks); --host-memory only.",
+                           "minibatch, offload, taskparallel, hybrid, distributed"),
     "spill_bytes": Key("bytes", "Bytes of the host buffers (activations, gradients, projections, aggregations) "
                        "spilled to unlinked files in --scratch; --host-memory and --scratch only.", "offload"),
     "host_rows_ram_bytes": Key("bytes", "Bytes of the host buffers kept in RAM (not spilled); --host-memory "
                                "only.", "offload"),
     "host_cache_hits": Key("count", "Feature rows served by the disk tier's host cache of hot rows; --host-memory "
-                           "only.", "minibatch"),
+                           "only.", "minibatch, taskparallel, hybrid"),
     "host_cache_misses": Key("count", "Feature rows the host cache did not hold, read from disk (distinct rows per "
-                             "read); --host-memory only.", "minibatch"),
+                             "read); --host-memory only.", "minibatch, taskparallel, hybrid"),
     "anon_rss_bytes": Key("bytes", "Anonymous resident memory of the process at the epoch's end (RssAnon of "
                           "/proc/self/status: what the process really holds, the page cache of mapped files "
-                          "not included); --host-memory only, null off Linux.", "minibatch, offload"),
+                          "not included; distributed: the largest rank's); --host-memory only, null off Linux.",
+                          "minibatch, offload, taskparallel, hybrid, distributed"),
     # hybrid (HyScale-GNN)
     "accel_bytes": Key("list", "Bytes sent to each accelerator trainer (features and blocks).", "hybrid"),
     "gpu_sampled": Key("count", "Batches sampled on the accelerator.", "hybrid"),

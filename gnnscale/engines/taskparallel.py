@@ -51,6 +51,7 @@ from gnnscale import runtime as rt
 from gnnscale.config import ChunkOptions, TaskParallelOptions
 from gnnscale.engines.base import Engine
 from gnnscale.engines.chunks import Chunk, cut_chunks
+from gnnscale.engines.disk_tier import open_disk_tier, tier_metrics
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.taskparallel_runner import OPS, Runner
 from gnnscale.engines.taskparallel_tasks import TaskOps
@@ -61,6 +62,8 @@ from gnnscale.nn.decoupled import DECOUPLED_MODELS, DecoupledGNN
 from gnnscale.nn.model import GNN
 from gnnscale.partition.dedup import chunk_rows
 from gnnscale.plan.taskparallel import TaskPlan, epoch_subgraphs, plan_taskparallel
+from gnnscale.store.disk import host_cached
+from gnnscale.store.features import FeatureSource
 from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
@@ -93,6 +96,7 @@ class TaskParallelEngine(Engine):
     plan_kind = "tasks"
     mode = "full"
     options = (ChunkOptions, TaskParallelOptions)
+    also_reads = ("host_memory",)  # a converted directory's features read from disk, subgraph by subgraph
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
@@ -124,9 +128,18 @@ class TaskParallelEngine(Engine):
         self.replicas = Replicas(model, devices)
         self.runners = [Runner(i, d, self.replicas.models[i]) for i, d in enumerate(devices)]  # type: ignore[arg-type]
         assert graph.x is not None and graph.y is not None
-        x = graph.x.float()
-        if rt.needs_pinning(devices[0]):
-            x = rt.pinned_empty(x.shape, dtype=x.dtype, device=devices[0]).copy_(x)
+        self.tier = open_disk_tier(graph, config, self.name)
+        self.disk: FeatureSource | None = None
+        """With the disk tier: the features as the runners read them (a host cache of the highest-degree rows in
+        front of the directory's ``x.npy``); each subgraph's rows are read from it, never the whole matrix."""
+        x: Tensor | FeatureSource
+        if self.tier is not None:
+            hottest = torch.sort(-graph.out_degree().double(), stable=True).indices
+            x = self.disk = host_cached(self.tier.source, hottest, self.tier.cache_bytes)
+        else:
+            x = graph.x.float()
+            if rt.needs_pinning(devices[0]):
+                x = rt.pinned_empty(x.shape, dtype=x.dtype, device=devices[0]).copy_(x)
         self.y = graph.y
         self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.num_train = int(self.masks["train_mask"].sum())
@@ -267,6 +280,8 @@ class TaskParallelEngine(Engine):
     # ------------------------------------------------------------------------------------------- an epoch
     def _start(self, epoch: int, skip: bool) -> None:
         self.tasks.start(self._order(epoch), skip)
+        if self.disk is not None:
+            self.disk.reset_stats()
         for r in self.runners:
             r.clear_epoch()
             r.busy = dict.fromkeys(OPS, 0.0)
@@ -320,6 +335,8 @@ class TaskParallelEngine(Engine):
             "p_forward_s": sum(r.busy["PF"] for r in self.runners),
             **{f"{kind}_bytes": v for kind, v in sorted(moved.items())},
         }
+        if self.disk is not None:
+            stats.update(tier_metrics(self.disk.read_stats()))
         peaks = [p for p in (r.peak() for r in self.runners) if p is not None]
         if peaks:
             stats["device_peak_bytes"] = peaks
@@ -353,11 +370,15 @@ class TaskParallelEngine(Engine):
         if self.plan.predicted:
             p = self.plan.predicted
             text += f"; Eq. 5-6 predict T {p['t_s']:.3g}s, P {p['p_s']:.3g}s per epoch"
+        if self.tier is not None:
+            text += f"; features read from {self.tier.source.path} by subgraph (a host cache in front)"
         return text
 
     def close(self) -> None:
         for r in self.runners:
             r.pool.shutdown(wait=True)
+        if self.tier is not None:
+            self.tier.close()
 
 
 def format_peaks(peaks: list[int]) -> str:

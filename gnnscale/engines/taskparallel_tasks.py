@@ -30,6 +30,8 @@ from gnnscale.graph.block import Block
 from gnnscale.nn.decoupled import weighted
 from gnnscale.nn.ops import spmm_t
 from gnnscale.plan.taskparallel import Stage, TaskPlan
+from gnnscale.store.features import FeatureSource
+from gnnscale.store.sources import ReorderedRows
 
 RowSource = Callable[[int], tuple[Tensor, Runner]]
 """Chunk ``j`` -> its rows of a layer's input ``H^l`` and the runner that holds them."""
@@ -45,13 +47,17 @@ class TaskOps:
         runners: one per device of the plan.
         chunks: the plan's chunks, each with its sources located (:meth:`~gnnscale.engines.chunks.Chunk.
             with_sources`).
-        x: ``[N, F]`` the features in host memory (pinned for a GPU).
+        x: ``[N, F]`` the features in host memory (pinned for a GPU), or a feature source on the host (the disk
+            tier, ``--host-memory``): each runner reads it onto its device (:class:`~gnnscale.store.sources.
+            ReorderedRows`), a subgraph's rows in one read.
     """
 
-    def __init__(self, plan: TaskPlan, runners: list[Runner], chunks: list[Chunk], x: Tensor, *, num_train: int,
-                 width: int, dgat: bool, num_layers: int):
-        self.runners, self.chunks, self.x = runners, chunks, x
-        self.features = {id(r): r.io.source(x) for r in runners}
+    def __init__(self, plan: TaskPlan, runners: list[Runner], chunks: list[Chunk], x: Tensor | FeatureSource, *,
+                 num_train: int, width: int, dgat: bool, num_layers: int):
+        self.runners, self.chunks = runners, chunks
+        self.features: dict[int, FeatureSource] = {
+            id(r): ReorderedRows(x, device=r.device) if isinstance(x, FeatureSource) else r.io.source(x)
+            for r in runners}
         """Each runner's feature source over ``x`` (:meth:`RowMover.source`): every feature row is read through
         one, and counted by its read counters."""
         self.num_train, self.width, self.dgat, self.L = num_train, width, dgat, num_layers
@@ -152,7 +158,7 @@ class TaskOps:
         """Stage ``k``'s input for subgraph ``s`` on ``r``: the features from host memory (the first stage), else
         the previous stage's output handed over."""
         if prev is None:
-            return r.io.rows(self.features[id(r)], ids)
+            return r.io.rows(self.features[id(r)], ids).float()
         return r.receive(prev.result(), self.t_runner(self.t_stages[k - 1], s), "t2t")
 
     def t_forward(self, k: int, s: int, prev: Future[Any] | None, se: tuple[int, int] | None) -> Tensor:
@@ -186,7 +192,7 @@ class TaskOps:
         ids = self._sub_ids(s)
         x = r.saved.pop((k, s), None)
         if x is None:  # the first stage re-reads the features
-            x = r.io.rows(self.features[id(r)], ids)
+            x = r.io.rows(self.features[id(r)], ids).float()
         x = x.detach().requires_grad_(k > 0)
         with torch.enable_grad():
             y = r.model.transform(x, ids.to(r.place), se, stage.start, stage.stop)

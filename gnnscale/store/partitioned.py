@@ -4,7 +4,9 @@ partition only), as a feature source whose other rows come from their owners.
 The rows are read from the graph's feature tensor by index, in sorted row order and in pieces: for a graph in
 gnnscale's on-disk format that tensor is a memory map, so only the pages holding this rank's rows are read and
 the whole matrix is never materialised. (Formats parsed into memory -- Planetoid, npz, edge lists -- are whole in
-every rank while they load; convert them with ``gnnscale convert`` for the per-rank bound.)
+every rank while they load; convert them with ``gnnscale convert`` for the per-rank bound.) Given the disk tier
+instead (``--host-memory``: a :class:`~gnnscale.store.disk.DiskSource` of the directory's ``x.npy``), the rows are
+read by sorted positional reads, no page of a whole-matrix map touched, and the source counts the bytes.
 
 Given an exchange (the job's :class:`~gnnscale.distributed.comm.Comm`: one batched, de-duplicated request per
 peer and one reply, ``Comm.exchange``), :meth:`PartitionedFeatures.gather` serves any vertex: its own rows from
@@ -46,8 +48,10 @@ class PartitionedFeatures(FeatureSource):
     """The rows of the vertices ``owner == rank``: ``rows[local_index[v]]`` is vertex ``v``'s feature row.
 
     Args:
-        x: the whole feature table, or anything indexable by a row-id tensor with ``shape`` and ``dtype`` (a memory
-            map): only this rank's rows are read from it.
+        x: the whole feature table, anything indexable by a row-id tensor with ``shape`` and ``dtype`` (a memory
+            map), or a :class:`~gnnscale.store.features.FeatureSource` over it (the disk tier: a
+            :class:`~gnnscale.store.disk.DiskSource` of a converted directory's ``x.npy``, read by sorted positional
+            reads, counted by its read counters): only this rank's rows are read from it, each once.
         owner: ``[N]`` int64 owning rank of each vertex.
         rank: this rank.
         device: where the rows are kept (and :meth:`gather` puts them): a ``torch.device`` or a sim device;
@@ -65,13 +69,21 @@ class PartitionedFeatures(FeatureSource):
         """``[n_own]`` int64, ascending: the global ids of this rank's vertices."""
         self.local_index = torch.full((owner.numel(),), -1, dtype=torch.int64)
         self.local_index[self.own] = torch.arange(self.own.numel())
-        rows = torch.empty((self.own.numel(), x.shape[1]), dtype=x.dtype)
+        source = x if isinstance(x, FeatureSource) else None
+        width = x.dim if source is not None else x.shape[1]
+        rows = torch.empty((self.own.numel(), width), dtype=x.dtype)
         self.rows_read = 0
         """Rows read from the source, counted as they come (this rank's, each once)."""
+        if source is not None and source.num_rows != owner.numel():
+            raise FeatureSourceError(f"rank {rank}: the feature source holds {source.num_rows} rows, the graph "
+                                     f"{owner.numel()} vertices")
         for lo in range(0, self.own.numel(), READ_ROWS):
-            piece = x[self.own[lo : lo + READ_ROWS]]
-            rows[lo : lo + piece.shape[0]] = piece
-            self.rows_read += int(piece.shape[0])
+            ids = self.own[lo : lo + READ_ROWS]
+            if source is not None:  # read straight into this rank's rows
+                source.gather_unchecked(ids, out=rows[lo : lo + ids.numel()])
+            else:
+                rows[lo : lo + ids.numel()] = x[ids]
+            self.rows_read += int(ids.numel())
         self.rows = rows if device is None else place(rows, as_device(device))
         self._device = rt.device_of(self.rows)
 

@@ -1,5 +1,6 @@
 """The plain feature sources: rows in host memory, in pinned host memory read by a device, on a device, and in a
-memory-mapped ``.npy`` file (:class:`~gnnscale.store.features.FeatureSource` explains the protocol).
+memory-mapped ``.npy`` file (:class:`~gnnscale.store.features.FeatureSource` explains the protocol); and
+:class:`ReorderedRows`, the rows of another source in another order (an engine's vertex order over a file's rows).
 
 Each reads its rows with one index and counts them under its tier name (``"host"``, ``"pinned"``, ``"device"``,
 ``"disk"`` unless given another). Put one behind a :class:`~gnnscale.store.cache.DeviceCache` to keep hot rows
@@ -22,7 +23,7 @@ from gnnscale.store.features import FeatureSource, FeatureSourceError, TableSour
 from gnnscale.store.gather import GATHER_METHODS, HostRowReader, default_gather_method
 from gnnscale.store.transfer import as_device, place
 
-__all__ = ["DeviceSource", "HostRows", "InMemorySource", "MmapSource", "PinnedHostSource"]
+__all__ = ["DeviceSource", "HostRows", "InMemorySource", "MmapSource", "PinnedHostSource", "ReorderedRows"]
 
 
 def _host_table(x: Tensor, what: str) -> Tensor:
@@ -160,3 +161,51 @@ class MmapSource(FeatureSource):
             got = torch.from_numpy(np.ascontiguousarray(np.take(self.array, idx, axis=0, mode="clip")))
         self._record(idx.size)
         return got
+
+
+class ReorderedRows(FeatureSource):
+    """The rows of another source in another order, placed on ``device``: row ``i`` is ``source``'s row
+    ``perm[i]`` (``perm`` ``None``: the same order), so no copy of the table is made. An engine that numbers the
+    vertices its own way (offload's partition order) reads a converted directory's ``x.npy`` through it; an
+    engine on an accelerator reads a host source (the disk tier) onto its device. The reads are ``source``'s and
+    counted there (:meth:`tiers`), each read passed on as one read.
+
+    Args:
+        source: the table (any source; its rows are asked for unchecked, so ``perm`` must lie in its range).
+        perm: ``[n]`` int64 row of ``source`` for each row of this one; ``None``: ``n = source.num_rows``, the
+            identity.
+        device: where the rows go (``None``: ``source``'s device).
+    """
+
+    def __init__(self, source: FeatureSource, perm: Tensor | None = None, device: rt.Device | str | None = None):
+        super().__init__(source.tier)
+        if perm is not None:
+            perm = place(source.check_ids(perm), torch.device("cpu"))
+            source.check_range(perm)
+        self.source, self.perm = source, perm
+        self._device = source.device if device is None else as_device(device)
+
+    @property
+    def num_rows(self) -> int:
+        return self.source.num_rows if self.perm is None else int(self.perm.numel())
+
+    @property
+    def dim(self) -> int:
+        return self.source.dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.source.dtype
+
+    @property
+    def device(self) -> rt.Device:
+        return self._device
+
+    def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
+        if self.perm is not None:
+            ids = self.perm.index_select(0, place(ids, torch.device("cpu")))
+        rows = self.source.gather_unchecked(ids)
+        return place(rows, self._device) if rt.is_accelerator(self._device) else rows
+
+    def tiers(self) -> list[FeatureSource]:
+        return self.source.tiers()

@@ -73,8 +73,8 @@ class SampledEngine(Engine):
         (the same at every evaluation)."""
         self.model.eval()
         fanouts = self.config.eval_fanouts
-        if fanouts is None:
-            pred = self._layerwise()
+        if fanouts is None:  # only the masks' vertices and the neighbourhoods they read
+            pred = self.inference.layerwise(eval_ids(self.masks))
         else:
             pred = self.inference.sampled(eval_ids(self.masks), tuple(fanouts),
                                           sample_key(self.config.seed, EVAL_EPOCH))

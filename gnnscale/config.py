@@ -129,8 +129,8 @@ class OffloadOptions:
     """Offload: reorder chunks into batches by Algorithm 4: ``on``, ``off`` or ``auto`` (when it lowers Eq. 4)."""
     scratch: str | None = None
     """Offload with ``host_memory``: a folder the host buffers (layer inputs, gradients, projections, cached
-    aggregations) past the budget spill to, as unlinked file-backed maps (``""``: the system's temporary folder);
-    ``None``: they stay in RAM."""
+    aggregations) past the budget spill to, as unlinked file-backed maps (``""`` or ``None``: the system's temporary
+    folder, said in a note when something spills)."""
 
 
 @dataclass(kw_only=True)

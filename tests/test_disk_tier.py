@@ -182,7 +182,7 @@ def _run(g_dir: Path, host_memory: str | None, devices: tuple[str, ...] | None =
 def test_minibatch_from_disk_trains_like_from_memory(tmp_path: Path) -> None:
     g = csbm(nodes=1500, features=32, avg_degree=8, seed=3)
     io.save(g, tmp_path / "g")
-    plain, disk = _run(tmp_path / "g", None), _run(tmp_path / "g", "60KB")
+    plain, disk = _run(tmp_path / "g", None), _run(tmp_path / "g", "100KB")
     assert [r["loss"] for r in disk] == [r["loss"] for r in plain]  # keyed sampling: the same steps
     assert "disk_read_bytes" not in plain[0]  # without --host-memory nothing changes
     for r in disk:
@@ -192,28 +192,33 @@ def test_minibatch_from_disk_trains_like_from_memory(tmp_path: Path) -> None:
     # two trainers share the disk tier (one buffer, serialised) and still train alike
     two = ("cpu", "cpu:1")
     alike = [r["loss"] for r in _run(tmp_path / "g", None, two)]
-    assert [r["loss"] for r in _run(tmp_path / "g", "60KB", two)] == alike
+    assert [r["loss"] for r in _run(tmp_path / "g", "100KB", two)] == alike
 
 
 def test_minibatch_from_a_bf16_directory_reads_half_the_bytes(tmp_path: Path) -> None:
     g = csbm(nodes=1500, features=32, avg_degree=8, seed=3)
     io.save(g, tmp_path / "f")
     io.save(g.with_feature_dtype(torch.bfloat16), tmp_path / "b")
-    plain, disk = _run(tmp_path / "b", None), _run(tmp_path / "b", "60KB")
+    plain, disk = _run(tmp_path / "b", None), _run(tmp_path / "b", "100KB")
     assert [r["loss"] for r in disk] == [r["loss"] for r in plain]  # the bf16 rows from disk, upcast on the device
-    full = _run(tmp_path / "f", "60KB")
+    full = _run(tmp_path / "f", "100KB")
     for r, f in zip(disk, full, strict=True):
         assert r["disk_read_bytes"] == r["host_cache_misses"] * 32 * 2 > 0  # 2 bytes an element read
         # the same 30 KB cache holds more bf16 rows: more hits, fewer misses, under half the bytes read
         assert r["host_cache_hits"] > f["host_cache_hits"] and r["disk_read_bytes"] < f["disk_read_bytes"] / 2
 
 
-def test_cli_host_memory(tmp_path: Path) -> None:
+def test_cli_host_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     io.save(csbm(nodes=600, features=8, seed=1), tmp_path / "g")
     metrics = tmp_path / "m.jsonl"
-    assert main(["train", "--dataset", str(tmp_path / "g"), "--engine", "minibatch", "--fanouts", "4,3",
-                 "--batch-size", "50", "--epochs", "1", "--quiet", "--host-memory", "20KB",
-                 "--metrics", str(metrics)]) == 0
+    args = ["train", "--dataset", str(tmp_path / "g"), "--engine", "minibatch", "--fanouts", "4,3",
+            "--batch-size", "50", "--epochs", "1", "--quiet", "--metrics", str(metrics)]
+    capsys.readouterr()
+    assert main([*args, "--host-memory", "20KB"]) == 2  # below the model, vertex arrays and read buffer
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --host-memory") and "give at least" in err[0]
+    assert not metrics.exists()
+    assert main([*args, "--host-memory", "60KB"]) == 0
     rec = json.loads(metrics.read_text().splitlines()[0])
     assert rec["disk_read_bytes"] > 0 and "anon_rss_bytes" in rec
     assert TrainConfig(host_memory="32MB").host_memory == 32 * 10**6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gnnscale.errors import ConfigError
-from gnnscale.plan.host import MIN_BUFFER_BYTES, VERTEX_ARRAY_BYTES, plan_host, read_buffer_bytes
+from gnnscale.plan.host import VERTEX_ARRAY_BYTES, plan_host, read_buffer_bytes
 from gnnscale.store.disk import BUFFER_BYTES
 
 MB = 1 << 20
@@ -37,7 +37,7 @@ def test_a_budget_below_the_fixed_parts_is_one_line_naming_them() -> None:
     assert "vertex arrays" in msg and "read buffer" in msg and "give at least" in msg
 
 
-@pytest.mark.parametrize("budget,row,expect", [(256 << 10, 800, MIN_BUFFER_BYTES), (1 * MB, 800, MB // 8),
+@pytest.mark.parametrize("budget,row,expect", [(256 << 10, 800, 32 << 10), (1 * MB, 800, MB // 8), (4000, 800, 800),
                                                (16 * MB, 800, 2 * MB), (1 << 34, 800, BUFFER_BYTES),
                                                (1 * MB, 1 << 20, 1 << 20)])
 def test_read_buffer_follows_the_budget_and_holds_a_row(budget: int, row: int, expect: int) -> None:

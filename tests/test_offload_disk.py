@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -79,8 +80,12 @@ def test_spill_is_file_backed_and_within_budget(gdir: Path, tmp_path: Path) -> N
     bufs = eng.host.buffers()
     total = sum(t.numel() * 4 for t in bufs)
     assert total == HostRows.buffer_bytes(eng.model, 1000)
-    # a budget overrun, counted: the RAM-resident buffers stay within the allowance (half of 100KB)
-    assert spill.ram_bytes <= 50_000 and spill.ram_bytes + spill.spill_bytes == total
+    # a budget overrun, counted: the RAM-resident buffers stay within what the planner left them (the budget less
+    # the model, the vertex arrays and the read buffers)
+    plan = eng.host_plan
+    assert plan is not None and plan.budget == 100_000 and plan.activation_bytes == total
+    assert spill.ram_bytes <= plan.ram_activation_bytes == plan.budget - plan.fixed_bytes
+    assert spill.ram_bytes + spill.spill_bytes == total
     assert eng.train_epoch(1)["host_rows_ram_bytes"] == spill.ram_bytes
     # every spilled buffer is a shared map of a (deleted) file of exactly its bytes, in the scratch folder
     maps = _deleted_maps(tmp_path)
@@ -152,3 +157,17 @@ def test_cli_scratch(gdir: Path, tmp_path: Path) -> None:
 
 def _epochs(path: Path) -> list[dict[str, float]]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if "loss" in r]
+
+
+def test_without_scratch_the_planner_spills_to_the_temporary_folder(gdir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    plain = _losses(_engine(gdir))
+    capsys.readouterr()
+    eng = _engine(gdir, "100KB")  # no --scratch: what the budget cannot hold still leaves RAM
+    assert "spilled to files in " + str(tmp_path) in capsys.readouterr().err
+    assert eng.spill is not None and eng.spill.spill_bytes > 0 and list(tmp_path.iterdir()) == []
+    assert [r["loss"] for r in _losses(eng)] == [r["loss"] for r in plain]
+    roomy = _engine(gdir, "1GB")  # a budget that holds every buffer spills nothing
+    assert roomy.spill is None and roomy.host_plan is not None and not roomy.host_plan.spills

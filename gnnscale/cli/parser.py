@@ -194,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reorder chunks into batches (HongTu Algorithm 4): on, off, or auto (when the modelled "
                         "cost drops); default auto")
     o.add_argument("--scratch", metavar="DIR", nargs="?", const="",
-                   help="offload with --host-memory: spill the layer activations and gradients the budget cannot "
-                        "hold to files in DIR (default: the system's temporary folder), removed at the end")
+                   help="offload with --host-memory: the folder the layer activations and gradients the budget "
+                        "cannot hold spill to, as files removed at the end (default: the system's temporary folder)")
     _add_plan_dir(group[PartitionOptions])
     mb = group[MiniBatchOptions]
     sampling = group[SamplingOptions]

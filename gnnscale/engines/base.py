@@ -90,8 +90,8 @@ class Engine(ABC):
         """Why the host cannot hold what this engine keeps there (its estimate against the available memory);
         ``None`` when it can."""
         parts = estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies)
-        if cls.spills_to_scratch and config.host_memory is not None and config.scratch is not None \
-                and "activations" in parts:  # what --host-memory cannot hold spills to --scratch: not RAM
+        if cls.spills_to_scratch and config.host_memory is not None \
+                and "activations" in parts:  # what --host-memory cannot hold spills to files: not RAM
             parts["activations"] = min(parts["activations"], config.host_memory)
         need, have = sum(parts.values()), rt.mem_get_info(torch.device("cpu"))[0]
         if need <= have:

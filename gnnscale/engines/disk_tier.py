@@ -1,16 +1,18 @@
 """The disk tier as the engines set it up from ``--host-memory`` (issue #29: one feature source that every engine's
 reads go through, no engine with a disk path of its own).
 
-:func:`open_disk_tier` decides, from the graph and the config, whether an engine reads its features from disk: with
+:func:`host_plan` is the planner's split of ``--host-memory`` for a run (:func:`~gnnscale.plan.host.plan_host`:
+the fixed parts, the read buffers, the host cache or the activations kept in RAM and those spilled).
+:func:`open_disk_tier` decides, from the graph and that plan, whether an engine reads its features from disk: with
 ``--host-memory`` set and the features a converted directory's memory-mapped ``x.npy``
-(:func:`~gnnscale.store.disk.mapped_npy`), a :class:`~gnnscale.store.disk.DiskSource` over that file (its read
-buffer an eighth of the budget, at most :data:`~gnnscale.store.disk.BUFFER_BYTES`) and the bytes a host cache of hot
-rows in front of it may take (:data:`HOST_CACHE_SHARE` of the budget, less the buffer); otherwise ``None`` and a note
-saying the features stay in host memory. The mini-batch and hybrid engines hand the source to the global store's host
-tier (which puts the cache in front), the task-parallel engine reads each subgraph's rows through it (behind the
-cache), the distributed engine reads each rank's own rows through it. :func:`tier_metrics` is the epoch record's
-part: ``disk_read_bytes``, ``host_cache_hits``, ``host_cache_misses`` and ``anon_rss_bytes``, the keys every engine
-writes for the disk tier.
+(:func:`~gnnscale.store.disk.mapped_npy`), one :class:`~gnnscale.store.disk.DiskSource` over that file per reader
+(its read buffer the plan's) and the bytes the plan gives a host cache of hot rows in front of it; otherwise
+``None`` and a note saying the features stay in host memory. The mini-batch and hybrid engines hand the source to
+the global store's host tier (which puts the cache in front), the task-parallel engine reads each subgraph's rows
+through it (behind the cache), the distributed engine reads each rank's own rows through it, offload reads each
+chunk's rows through one source per worker (no cache: its host memory goes to the activations).
+:func:`tier_metrics` is the epoch record's part: ``disk_read_bytes``, ``host_cache_hits``, ``host_cache_misses``
+and ``anon_rss_bytes``, the keys every engine writes for the disk tier.
 """
 
 from __future__ import annotations
@@ -19,51 +21,68 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gnnscale.graph.graph import Graph
+from gnnscale.nn.model import GNN
 from gnnscale.notes import note
+from gnnscale.plan.host import HostPlan, plan_host
 from gnnscale.runtime.host import proc_kib
-from gnnscale.store.disk import BUFFER_BYTES, DiskSource, mapped_npy
+from gnnscale.store.disk import DiskSource, mapped_npy
 from gnnscale.store.features import ReadStats
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
 
-__all__ = ["BUFFER_SHARE", "HOST_CACHE_SHARE", "DiskTier", "anon_rss_bytes", "open_disk_tier", "tier_metrics"]
-
-HOST_CACHE_SHARE = 0.5
-"""Share of ``--host-memory`` the disk tier's host cache and read buffer may fill (the rest: a batch's or a chunk's
-rows and activations)."""
-BUFFER_SHARE = 8
-"""The read buffer takes ``1 / BUFFER_SHARE`` of ``--host-memory`` (at most
-:data:`~gnnscale.store.disk.BUFFER_BYTES`)."""
+__all__ = ["DiskTier", "anon_rss_bytes", "host_plan", "open_disk_tier", "tier_metrics"]
 
 
 @dataclass(eq=False)
 class DiskTier:
-    """An engine's disk tier: the source over the directory's ``x.npy`` and the bytes its host cache may take."""
+    """An engine's disk tier: a source over the directory's ``x.npy`` per reader, and the plan that sized them."""
 
-    source: DiskSource
-    cache_bytes: int
-    """Bytes for a host cache of hot rows in front of :attr:`source` (0: none)."""
+    sources: list[DiskSource]
+    plan: HostPlan
+
+    @property
+    def source(self) -> DiskSource:
+        """The first reader's source (the only one, for every engine but offload)."""
+        return self.sources[0]
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes for a host cache of hot rows in front of :attr:`source` (0: none)."""
+        return self.plan.cache_bytes
 
     def close(self) -> None:
-        self.source.close()
+        for s in self.sources:
+            s.close()
 
 
-def open_disk_tier(graph: Graph, config: TrainConfig, engine: str) -> DiskTier | None:
-    """The disk tier ``engine`` reads ``graph``'s features through under ``config.host_memory``, or ``None``: no
-    ``--host-memory``, or features that are not a converted directory's memory-mapped ``x.npy`` (then a note says
-    they stay in host memory)."""
-    budget = config.host_memory
-    if budget is None or graph.x is None:
+def host_plan(graph: Graph, config: TrainConfig, model: GNN, *, readers: int = 1, activation_bytes: int = 0,
+              cache: bool = True) -> HostPlan | None:
+    """The planner's split of ``--host-memory`` for ``model`` on ``graph`` (:func:`~gnnscale.plan.host.plan_host`:
+    ``readers`` disk readers, ``activation_bytes`` of host activation buffers, what is left to a host row cache when
+    ``cache``); ``None`` without ``--host-memory``. A budget below the run's fixed parts raises one ConfigError
+    line."""
+    if config.host_memory is None:
+        return None
+    row = max(graph.num_features, 1) * (graph.x.element_size() if graph.x is not None else 4)
+    return plan_host(config.host_memory, num_nodes=graph.num_nodes, row_bytes=row, readers=readers,
+                     parameters=sum(p.numel() for p in model.parameters()), activation_bytes=activation_bytes,
+                     cache=cache)
+
+
+def open_disk_tier(graph: Graph, plan: HostPlan | None, engine: str) -> DiskTier | None:
+    """The disk tier ``engine`` reads ``graph``'s features through under ``plan`` (:func:`host_plan`), or ``None``:
+    no ``--host-memory``, or features that are not a converted directory's memory-mapped ``x.npy`` (then a note
+    says they stay in host memory)."""
+    if plan is None or graph.x is None:
         return None
     path = mapped_npy(graph.x)
     if path is None:
         note(f"--host-memory: the features of {graph.name} are not the memory-mapped {graph.x.dtype} x.npy of a "
              f"converted directory, so {engine} keeps them in host memory (read from disk: gnnscale convert the "
-             "dataset to a float32 directory and train from it)")
+             "dataset to a directory and train from it)")
         return None
-    source = DiskSource(path, buffer_bytes=min(BUFFER_BYTES, budget // BUFFER_SHARE))
-    return DiskTier(source, max(0, int(HOST_CACHE_SHARE * budget) - source.buffer_bytes))
+    return DiskTier([DiskSource(path, buffer_bytes=plan.buffer_bytes) for _ in range(plan.readers)], plan)
 
 
 def anon_rss_bytes() -> int | None:

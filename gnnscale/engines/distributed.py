@@ -56,7 +56,7 @@ from torch import Tensor
 from gnnscale.config import DistributedOptions, PartitionOptions, SamplingOptions
 from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
-from gnnscale.engines.disk_tier import anon_rss_bytes, open_disk_tier
+from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
 from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
 from gnnscale.engines.sampled_exchange import RankReducer, layerwise_across_ranks
@@ -135,7 +135,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         self.owner, self.plan_path = self._partition()
         self.timings["partition_s"] = time.perf_counter() - t0
         assert graph.x is not None and graph.y is not None
-        tier = open_disk_tier(graph, config, self.name)
+        tier = open_disk_tier(graph, host_plan(graph, config, model), self.name)
         self.features = PartitionedFeatures(graph.x if tier is None else tier.source, self.owner, self.rank, device,
                                             exchange=self.comm)
         """This rank's feature source: its rows local, the others from their owners (every input row is read

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.config import HybridOptions, MiniBatchOptions, SamplingOptions, TrainConfig
-from gnnscale.engines.disk_tier import open_disk_tier, tier_metrics
+from gnnscale.engines.disk_tier import host_plan, open_disk_tier, tier_metrics
 from gnnscale.engines.pipeline import Pipeline
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backward_share, check_fanouts, cut, forward
@@ -140,7 +140,7 @@ class HybridEngine(SampledEngine):
         self.devices = hybrid_devices(config)
         self.cpu_index = next(i for i, d in enumerate(self.devices) if d.type == "cpu")
         cuda = [d for d in self.devices if rt.is_accelerator(d)]
-        self.tier = open_disk_tier(graph, config, self.name)
+        self.tier = open_disk_tier(graph, host_plan(graph, config, model), self.name)
         """The disk tier (``--host-memory`` on a converted directory): the store's host tier reads from it, behind
         its host cache, and the loaders gather through that (:attr:`host_x` is then the chain, not a tensor)."""
         host_source = None if self.tier is None else self.tier.source

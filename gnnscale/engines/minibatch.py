@@ -44,7 +44,7 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.config import GatherOptions, MiniBatchOptions, SamplingOptions, StoreOptions
-from gnnscale.engines.disk_tier import HOST_CACHE_SHARE, anon_rss_bytes, open_disk_tier
+from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import (
     EVAL_BATCH,
@@ -125,7 +125,7 @@ class MiniBatchEngine(SampledEngine):
         budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
         hotness = self.presampled_hotness() if config.hotness == "presample" else None
         graph_ratio, feature_ratio = config.gpu_graph_ratio, config.gpu_feature_ratio
-        self.tier = open_disk_tier(graph, config, self.name)
+        self.tier = open_disk_tier(graph, host_plan(graph, config, model), self.name)
         """The disk tier (``--host-memory`` on a converted directory): the store's host tier reads from it."""
         self.disk: DiskSource | None = None if self.tier is None else self.tier.source
         if self.tier is not None and not any(rt.is_accelerator(d) for d in devices):
@@ -302,5 +302,5 @@ class MiniBatchEngine(SampledEngine):
         return {**counters.record(), **stats.metrics(), **stats.disk_metrics(), "anon_rss_bytes": anon_rss_bytes()}
 
 
-__all__ = ["EVAL_BATCH", "EVAL_EPOCH", "HOST_CACHE_SHARE", "PRESAMPLE_BATCHES", "MiniBatchEngine", "check_fanouts",
+__all__ = ["EVAL_BATCH", "EVAL_EPOCH", "PRESAMPLE_BATCHES", "MiniBatchEngine", "check_fanouts",
            "default_fanouts", "epoch_order"]

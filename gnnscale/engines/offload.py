@@ -35,14 +35,17 @@ leaves the device (Algorithm 3).
 The features (layer 0's input) are read only through feature sources (:mod:`gnnscale.store.features`; one per
 worker, :class:`~gnnscale.engines.offload_workers.Features`: an ``InMemorySource`` on the CPU, a
 ``PinnedHostSource`` read by the worker's row mover on an accelerator, with the mover's copies, staging and
-waits; with ``--host-memory`` and a converted directory's float32 ``x.npy``, a
-:class:`~gnnscale.engines.offload_workers.DiskRows` reading the file's rows by positional reads, the engine's
-vertex order mapped back to file rows), so every feature row read is counted per tier
+waits; with ``--host-memory`` and a converted directory's ``x.npy``, the shared disk tier
+(:func:`~gnnscale.engines.disk_tier.open_disk_tier`: one :class:`~gnnscale.store.disk.DiskSource` per worker,
+read through a :class:`~gnnscale.store.sources.ReorderedRows` that maps the engine's vertex order back to file
+rows), so every feature row read is counted per tier
 (``engine.features.read_stats()``). The later layers'
 inputs, gradients, projections and cached aggregations are plain host buffers: the engine's own scratch, written
-and read back during the epoch, not features; with ``--host-memory`` and ``--scratch`` those past
-:data:`HOST_ROWS_SHARE` of the budget are file-backed (:class:`~gnnscale.engines.offload_workers.Spill`: unlinked
-shared maps, bit-exact, nothing left in the folder whatever ends the run).
+and read back during the epoch, not features; with ``--host-memory`` those the planner's budget cannot hold
+(:func:`~gnnscale.plan.host.plan_host`: what the budget has left after the model, the vertex arrays and the read
+buffers) are file-backed in ``--scratch`` (default: the system's temporary folder;
+:class:`~gnnscale.engines.offload_workers.Spill`: unlinked shared maps, bit-exact, nothing left in the folder
+whatever ends the run).
 
 Dropout masks are keyed by (seed, epoch, layer, *original* vertex id), so forward, recomputation and the in-memory
 engine draw the same masks. The result is the in-memory engine's, up to floating-point summation order.
@@ -60,6 +63,7 @@ on the accumulating thread.
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -72,6 +76,7 @@ from gnnscale import runtime as rt
 from gnnscale.config import ChunkOptions, GatherOptions, OffloadOptions, PartitionOptions
 from gnnscale.engines.base import Engine
 from gnnscale.engines.chunks import Chunk, cut_chunks
+from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
 from gnnscale.engines.mover import RowMover
 from gnnscale.engines.offload_layers import HostRows, LayerPasses
 from gnnscale.engines.offload_sweep import Sweep
@@ -86,19 +91,13 @@ from gnnscale.notes import note
 from gnnscale.partition import permute_csr
 from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
 from gnnscale.plan.offload import OffloadPlan, describe, plan_offload
-from gnnscale.runtime.host import proc_kib
 from gnnscale.store import default_gather_method, triton_available
-from gnnscale.store.disk import BUFFER_BYTES, DiskSource, Upcast, mapped_npy
+from gnnscale.store.disk import DiskSource, Upcast
 from gnnscale.store.sources import ReorderedRows as DiskRows
 from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
-
-HOST_ROWS_SHARE = 0.5
-"""With ``--host-memory`` and ``--scratch``: the share of the budget the host buffers (:class:`HostRows`) may keep
-in RAM; the rest of them is spilled to files (the remainder of the budget: the features' read buffers, topology,
-labels and the working set)."""
 
 H2D_KINDS = ("row", "topology", "index")
 """Host->device bytes by kind: vertex rows (features, activations, gradients, labels), chunk topology, and index
@@ -159,19 +158,17 @@ class OffloadEngine(Engine):
         host = partial(_pinned, device=devices[0]) if pin else _unchanged
         perm = part.perm
         assert graph.x is not None and graph.y is not None
-        self.disk: list[DiskSource] = []
-        path = mapped_npy(graph.x) if config.host_memory is not None else None
-        if path is not None:  # read x.npy's rows (bf16: 2 bytes an element), mapped to the new order
-            buffer = min(BUFFER_BYTES, config.host_memory // 8)  # type: ignore[operator]  # host_memory is set
-            self.disk = [DiskSource(path, buffer_bytes=buffer, dtype=graph.x.dtype) for _ in self.workers]
+        self.host_plan = host_plan(graph, config, model, readers=len(self.workers), cache=False,
+                                   activation_bytes=HostRows.buffer_bytes(model, graph.num_nodes))
+        """The planner's split of ``--host-memory`` (read buffers, activations in RAM, the rest spilled)."""
+        self.tier = open_disk_tier(graph, self.host_plan, self.name)
+        self.disk: list[DiskSource] = [] if self.tier is None else self.tier.sources
+        if self.disk:  # read x.npy's rows (bf16: 2 bytes an element), mapped to the new order
             # the engine keeps float32 features: bfloat16 rows are cast after the move, on the worker's device
             self.features = Features(tuple(Upcast(DiskRows(d, perm, w.device)) if d.dtype != torch.float32
                                            else DiskRows(d, perm, w.device)
                                            for d, w in zip(self.disk, self.workers, strict=True)))
         else:
-            if config.host_memory is not None:
-                note(f"--host-memory: the features of {graph.name} are not the memory-mapped x.npy of a "
-                     "converted directory, so offload copies them into host memory")
             x = host(graph.x.index_select(0, perm).float())  # [N, F0] features in the new order
             self.features = Features(tuple(w.io.source(x) for w in self.workers))
         """The features, read only through their sources (each worker's; counted by ``features.read_stats()``)."""
@@ -187,11 +184,14 @@ class OffloadEngine(Engine):
         self.sweep = Sweep(self.group, self.chunks, self.plan.schedule.tolist(), self.plan.exchange)
         self._pred = host(torch.empty(graph.num_nodes, dtype=torch.int64))
         self.spill: Spill | None = None
-        if config.host_memory is not None and config.scratch is not None:
-            need = HostRows.buffer_bytes(model, graph.num_nodes)
-            allowance = int(HOST_ROWS_SHARE * config.host_memory)
-            if need > allowance:
-                self.spill = Spill(config.scratch, allowance, need)
+        if self.host_plan is not None and self.host_plan.spills:
+            if config.scratch is None:
+                note(f"--host-memory {format_bytes(self.host_plan.budget)} holds "
+                     f"{format_bytes(self.host_plan.ram_activation_bytes)} of the "
+                     f"{format_bytes(self.host_plan.activation_bytes)} of host activations: the rest is spilled to "
+                     f"files in {tempfile.gettempdir()} (--scratch DIR chooses the folder)")
+            self.spill = Spill(config.scratch or "", self.host_plan.ram_activation_bytes,
+                               self.host_plan.activation_bytes)
         try:
             self.host = HostRows.allocate(model, self.features, host, self.spill)
         finally:
@@ -295,14 +295,13 @@ class OffloadEngine(Engine):
             out["spill_bytes"] = self.spill.spill_bytes
         out["host_rows_ram_bytes"] = sum(t.numel() * t.element_size() for t in self.host.buffers()) - (
             0 if self.spill is None else self.spill.spill_bytes)
-        anon = proc_kib("/proc/self/status", "RssAnon")
-        out["anon_rss_bytes"] = None if anon is None else anon * 1024
+        out["anon_rss_bytes"] = anon_rss_bytes()
         return out
 
     def close(self) -> None:
         """Close the features' files and the spill files' descriptors (the buffers stay readable while alive)."""
-        for d in self.disk:
-            d.close()
+        if self.tier is not None:
+            self.tier.close()
         if self.spill is not None:
             self.spill.close()
 
@@ -338,7 +337,8 @@ class OffloadEngine(Engine):
         return self._pred
 
     def describe(self) -> str:
-        return describe(self.plan)
+        text = describe(self.plan)
+        return text if self.host_plan is None else f"{text}; {self.host_plan.describe()}"
 
 
 def worker_devices(config: TrainConfig, device: rt.Device) -> list[rt.Device]:

@@ -51,7 +51,7 @@ from gnnscale import runtime as rt
 from gnnscale.config import ChunkOptions, TaskParallelOptions
 from gnnscale.engines.base import Engine
 from gnnscale.engines.chunks import Chunk, cut_chunks
-from gnnscale.engines.disk_tier import open_disk_tier, tier_metrics
+from gnnscale.engines.disk_tier import host_plan, open_disk_tier, tier_metrics
 from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.taskparallel_runner import OPS, Runner
 from gnnscale.engines.taskparallel_tasks import TaskOps
@@ -128,7 +128,7 @@ class TaskParallelEngine(Engine):
         self.replicas = Replicas(model, devices)
         self.runners = [Runner(i, d, self.replicas.models[i]) for i, d in enumerate(devices)]  # type: ignore[arg-type]
         assert graph.x is not None and graph.y is not None
-        self.tier = open_disk_tier(graph, config, self.name)
+        self.tier = open_disk_tier(graph, host_plan(graph, config, model), self.name)
         self.disk: FeatureSource | None = None
         """With the disk tier: the features as the runners read them (a host cache of the highest-degree rows in
         front of the directory's ``x.npy``); each subgraph's rows are read from it, never the whole matrix."""

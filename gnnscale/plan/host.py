@@ -27,10 +27,8 @@ from gnnscale.errors import ConfigError
 from gnnscale.store.disk import BUFFER_BYTES
 from gnnscale.units import format_bytes
 
-__all__ = ["MIN_BUFFER_BYTES", "VERTEX_ARRAY_BYTES", "HostPlan", "plan_host", "read_buffer_bytes"]
+__all__ = ["VERTEX_ARRAY_BYTES", "HostPlan", "plan_host", "read_buffer_bytes"]
 
-MIN_BUFFER_BYTES = 64 << 10
-"""The smallest read buffer the planner chooses (it always holds at least one row, whatever its size)."""
 VERTEX_ARRAY_BYTES = 32
 """Host bytes a vertex costs in arrays every engine keeps (an int64 label, an order or map entry, a predicted class,
 the masks, placement maps): a lower bound, so that a budget refused is surely too small."""
@@ -86,9 +84,9 @@ class HostPlan:
 
 
 def read_buffer_bytes(budget: int, row_bytes: int) -> int:
-    """The disk tier's read buffer for ``budget``: an eighth of it, between :data:`MIN_BUFFER_BYTES` (and at least
-    one row) and :data:`~gnnscale.store.disk.BUFFER_BYTES`."""
-    return max(row_bytes, min(BUFFER_BYTES, max(MIN_BUFFER_BYTES, budget // 8)))
+    """The disk tier's read buffer for ``budget``: an eighth of it, at most :data:`~gnnscale.store.disk.BUFFER_BYTES`
+    and at least one row."""
+    return max(row_bytes, min(BUFFER_BYTES, budget // 8))
 
 
 def plan_host(budget: int, *, num_nodes: int, parameters: int, row_bytes: int, readers: int = 1,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -326,3 +328,29 @@ def test_planetoid_error_lists_every_place_looked(tmp_path: Path) -> None:
     msg = str(err.value)
     for place in ("", "/raw", "/citeseer/raw", "/CiteSeer/raw", "/citeseer,", "/CiteSeer)"):
         assert f"{tmp_path}{place}" in msg, place
+
+
+def test_an_array_the_kernel_will_not_map_privately_opens_read_only(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file larger than RAM and swap cannot be mapped copy-on-write (ENOMEM under Linux's overcommit heuristic):
+    open_dir maps it read-only instead, silently, and every other array as before."""
+    g = csbm(nodes=100, features=4, seed=0)
+    io.save(g, tmp_path / "g")
+    real = np.load
+    modes: dict[str, str] = {}
+
+    def load(f: Path, mmap_mode: str | None = None, allow_pickle: bool = False) -> np.ndarray:
+        if Path(f).name == "x.npy" and mmap_mode == "c":
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        modes[Path(f).name] = str(mmap_mode)
+        return real(f, mmap_mode=mmap_mode, allow_pickle=allow_pickle)
+
+    monkeypatch.setattr(np, "load", load)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "not writable" warning is not shown
+        h = io.open_dir(tmp_path / "g")
+    assert modes["x.npy"] == "r" and modes["indices.npy"] == "c"
+    assert h.x is not None and torch.equal(h.x, g.x)
+    monkeypatch.setattr(np, "load", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(DatasetError):  # another error is still one line
+        io.open_dir(tmp_path / "g")

@@ -12,12 +12,14 @@ tier reads rows from it instead of the mapping).
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
 import pickle
 import shutil
 import tempfile
+import warnings
 import weakref
 import zipfile
 import zlib
@@ -174,23 +176,37 @@ def open_dir(path: Path | str) -> Graph:
                 raise DatasetError(f"{path}/meta.json lists unknown array {name!r}")
             f = path / f"{name}.npy"
             with reading(f):
-                arr = np.load(f, mmap_mode="c", allow_pickle=False)
+                arr = _map_npy(f)
             if list(arr.shape) != info["shape"] or str(arr.dtype) != info["dtype"]:
                 raise DatasetError(
                     f"{f} holds {arr.dtype}{list(arr.shape)} but meta.json says {info['dtype']}{info['shape']}"
                 )
-            if name == "x" and fdtype == "bfloat16":
-                if arr.dtype != np.uint16:
-                    raise DatasetError(f"{f} holds {arr.dtype} but meta.json says bfloat16 features (stored as "
-                                       "uint16 bits)")
-                data[name] = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)  # zero-copy: the mapping
-            else:
-                data[name] = torch.from_numpy(arr)
+            with warnings.catch_warnings():  # a read-only map (see _map_npy): torch warns that it is not writable
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                if name == "x" and fdtype == "bfloat16":
+                    if arr.dtype != np.uint16:
+                        raise DatasetError(f"{f} holds {arr.dtype} but meta.json says bfloat16 features (stored as "
+                                           "uint16 bits)")
+                    data[name] = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)  # zero-copy: the map
+                else:
+                    data[name] = torch.from_numpy(arr)
             if isinstance(arr, np.memmap):  # (an empty array is not mapped)
                 _register_mapped(data[name], f, int(arr.offset))
         if "indptr" not in data or "indices" not in data:
             raise DatasetError(f"{path} lacks indptr.npy or indices.npy")
         return Graph(name=meta["name"], num_classes=meta["num_classes"], meta=meta.get("meta", {}), **data)
+
+
+def _map_npy(f: Path) -> np.ndarray:
+    """``f`` memory-mapped copy-on-write; read-only where the kernel refuses a private writable map of that size
+    (ENOMEM: with Linux's default overcommit heuristic, a file larger than RAM and swap, such as a 27 GB ``x.npy``
+    on a 24 GiB machine). Nothing in gnnscale writes to a loaded graph's arrays; a read-only one would fault."""
+    try:
+        return np.load(f, mmap_mode="c", allow_pickle=False)
+    except OSError as exc:
+        if exc.errno != errno.ENOMEM:
+            raise
+        return np.load(f, mmap_mode="r", allow_pickle=False)
 
 
 # ------------------------------------------------------------------------------------- mapped arrays

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -171,3 +172,20 @@ def test_without_scratch_the_planner_spills_to_the_temporary_folder(gdir: Path, 
     assert [r["loss"] for r in _losses(eng)] == [r["loss"] for r in plain]
     roomy = _engine(gdir, "1GB")  # a budget that holds every buffer spills nothing
     assert roomy.spill is None and roomy.host_plan is not None and not roomy.host_plan.spills
+
+
+def test_a_spill_the_disk_cannot_hold_is_refused_before_the_run(gdir: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The engine check prices the spill against the scratch folder's free space, so a graph whose activations
+    cannot fit anywhere is refused in one line before partitioning, chunking or reading features."""
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10_000))
+    args = ["train", "--dataset", str(gdir), "--engine", "offload", "--epochs", "1", "--quiet", "--host-memory",
+            "100KB", "--scratch", str(tmp_path)]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "spills about" in err[0] and str(tmp_path) in err[0]
+    monkeypatch.setattr(shutil, "disk_usage", real)
+    assert main(args) == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -92,6 +94,16 @@ class Engine(ABC):
         parts = estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies)
         if cls.spills_to_scratch and config.host_memory is not None \
                 and "activations" in parts:  # what --host-memory cannot hold spills to files: not RAM
+            spill = parts["activations"] - config.host_memory
+            folder = config.scratch or tempfile.gettempdir()
+            try:
+                free = shutil.disk_usage(folder).free
+            except OSError:
+                free = None  # the folder is made (and its error said) when the engine spills
+            if free is not None and spill > free:
+                return (f"spills about {format_bytes(spill)} of activations past --host-memory to files in {folder}, "
+                        f"which has {format_bytes(free)} free: raise --host-memory, choose a --scratch folder with "
+                        "room, or lower --hidden or --layers")
             parts["activations"] = min(parts["activations"], config.host_memory)
         need, have = sum(parts.values()), rt.mem_get_info(torch.device("cpu"))[0]
         if need <= have:

@@ -15,6 +15,7 @@ import torch
 from gnnscale import TrainConfig
 from gnnscale.cli import main
 from gnnscale.engines import OffloadEngine
+from gnnscale.engines import offload as offload_module
 from gnnscale.engines.offload_layers import HostRows, LayerPasses
 from gnnscale.errors import ConfigError
 from gnnscale.graph import io
@@ -181,11 +182,14 @@ def test_a_spill_the_disk_cannot_hold_is_refused_before_the_run(gdir: Path, tmp_
     cannot fit anywhere is refused in one line before partitioning, chunking or reading features."""
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10_000))
+    planned: list[object] = []
+    monkeypatch.setattr(offload_module, "plan_offload", lambda *a, **k: planned.append(a))  # must not run
     args = ["train", "--dataset", str(gdir), "--engine", "offload", "--epochs", "1", "--quiet", "--host-memory",
             "100KB", "--scratch", str(tmp_path)]
     capsys.readouterr()
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "spills about" in err[0] and str(tmp_path) in err[0]
-    monkeypatch.setattr(shutil, "disk_usage", real)
+    assert planned == []  # refused before the engine's own planning (which partitions the whole graph)
+    monkeypatch.undo()
     assert main(args) == 0

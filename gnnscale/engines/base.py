@@ -81,11 +81,12 @@ class Engine(ABC):
 
     @classmethod
     def not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
-        """Why this engine cannot run this graph/model/budget on ``device``; empty when it can. Besides the
-        engine's own reasons, the host memory it needs (:meth:`host_reason`)."""
-        reasons = cls._not_supported_reasons(graph, config, device)
+        """Why this engine cannot run this graph/model/budget on ``device``; empty when it can: the host memory it
+        needs (:meth:`host_reason`, checked first, alone when short), then the engine's own reasons."""
         host = cls.host_reason(graph, config)
-        return reasons + [host] if host else reasons
+        if host:  # priced first and alone: the engine's own checks may plan (partition, chunk) the whole graph
+            return [host]
+        return cls._not_supported_reasons(graph, config, device)
 
     @classmethod
     def host_reason(cls, graph: Graph, config: TrainConfig) -> str | None:

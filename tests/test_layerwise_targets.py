@@ -37,7 +37,10 @@ def test_targeted_layerwise_predicts_as_every_vertex_and_computes_fewer_rows(mod
         rows.append(int(seeds.numel()))
         return real(topo, seeds, fanouts, key, adjacency)
 
-    need = sampled_eval.needed_rows(eng.inference.topology, targets, 3, eng.adjacency.exact(), 1 << 20, CPU)
+    need = sampled_eval.needed_rows(eng.inference.topology, targets, 3, eng.adjacency.exact(), 1 << 20, CPU,
+                                    g.num_nodes)
+    assert need[-1] is not None and need[1] is not None  # the upper layers compute a subset
+    sizes = [g.num_nodes if n is None else n.numel() for n in need]
     with torch.no_grad():
         full = eng.inference.layerwise()
         monkeypatch.setattr(sampled_eval, "sample_blocks", counting)
@@ -48,11 +51,12 @@ def test_targeted_layerwise_predicts_as_every_vertex_and_computes_fewer_rows(mod
     outside[targets] = False
     assert bool((pred[outside] == -1).all())
     # the last layer computes the targets only; every layer fewer rows than the 3 x N of the full pass
-    assert need[-1].numel() == targets.numel() and need[0].numel() <= g.num_nodes
-    assert all(a.numel() >= b.numel() for a, b in zip(need[:-1], need[1:], strict=True))
-    computed = sum(n.numel() for n in need)
+    assert sizes[-1] == targets.numel() and sizes[0] <= g.num_nodes
+    assert all(a >= b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    computed = sum(sizes)
     assert computed < 3 * g.num_nodes
-    assert sum(rows) == computed + sum(n.numel() for n in need[1:])  # the sets' pass reads the upper layers once
+    expanded = sum(n.numel() for n in need[1:] if n is not None)  # the sets' pass reads each upper layer once
+    assert sum(rows) == computed + expanded
 
 
 def test_evaluate_uses_the_targeted_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,3 +69,25 @@ def test_evaluate_uses_the_targeted_pass(monkeypatch: pytest.MonkeyPatch) -> Non
     accs = eng.evaluate()
     assert seen and seen[0] is not None and int(seen[0].numel()) < g.num_nodes  # type: ignore[attr-defined]
     assert accs["test_acc"] is not None
+
+
+def test_targets_covering_most_of_the_graph_compute_every_vertex_without_a_neighbourhood_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    g = kronecker(scale=9, features=8)  # the default split: every vertex is in a mask
+    cfg = TrainConfig(engine="minibatch", model="sage", hidden=8, epochs=1, batch_size=16)
+    eng = _engine(g, cfg)
+    eng.model.eval()
+    targets = sampled_eval.eval_ids(eng.masks)
+    assert targets.numel() > sampled_eval.ALL_ROWS_SHARE * g.num_nodes
+    calls: list[int] = []
+    real = sampled_eval.sample_blocks
+    monkeypatch.setattr(sampled_eval, "sample_blocks",
+                        lambda topo, seeds, fanouts, key=0, adjacency=None: calls.append(int(seeds.numel()))
+                        or real(topo, seeds, fanouts, key, adjacency))
+    with torch.no_grad():
+        pred = eng.inference.layerwise(targets)
+        full_calls = list(calls)
+        calls.clear()
+        full = eng.inference.layerwise()
+    assert full_calls == calls  # the same steps as the plain pass: no neighbourhood pass
+    assert torch.equal(pred[targets], full.argmax(-1)[targets])

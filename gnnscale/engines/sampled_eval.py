@@ -30,12 +30,14 @@ def layerwise(model: GNN, topology: Topology, features: Callable[[Tensor], Tenso
     Without ``targets``: ``[N, C]`` outputs of every vertex. With ``targets`` (vertex ids): ``[N]`` int64 predicted
     classes of ``targets``, -1 elsewhere, and each layer computes only the rows a later layer reads
     (:func:`needed_rows`): evaluating a graph whose labelled vertices are a few percent of it (ogbn-papers100M's
-    1.3%) computes and holds a few percent of the last layer and the neighbourhood of those below, not every vertex.
-    A row's value does not depend on which other rows are computed with it."""
+    1.3%) computes and holds a few percent of the last layer and the neighbourhood of those below, not every vertex
+    (a layer whose rows would be more than :data:`ALL_ROWS_SHARE` of the graph computes every vertex, and so do the
+    layers below it). A row's value does not depend on which other rows are computed with it."""
     size = max(batch_size, EVAL_BATCH)
     exact = adjacency.exact()
     layers = model.block_layers
-    rows = needed_rows(topology, targets, len(layers), exact, size, device) if targets is not None else None
+    rows = (needed_rows(topology, targets, len(layers), exact, size, device, num_nodes) if targets is not None
+            else None)
     h: Tensor | None = None
     before: Tensor | None = None  # the vertex of each row of h (None: h has every vertex, in order)
     for i, layer in enumerate(layers):
@@ -62,24 +64,37 @@ def layerwise(model: GNN, topology: Topology, features: Callable[[Tensor], Tenso
     if targets is None:
         return h
     pred = torch.full((num_nodes,), -1, dtype=torch.int64)
-    assert before is not None
-    pred[before] = h.argmax(-1)
+    done = before if before is not None else torch.unique(targets.cpu())
+    pred[done] = (h if before is not None else h[done]).argmax(-1)
     return pred
 
 
+ALL_ROWS_SHARE = 0.5
+"""A layer of targeted layer-wise inference that would compute more than this share of the vertices computes them
+all (no neighbourhood pass, no lookups), and so do the layers below it."""
+
+
 def needed_rows(topology: Topology, targets: Tensor, num_layers: int, adjacency: SampledAdjacency, size: int,
-                device: torch.device) -> list[Tensor]:
+                device: torch.device, num_nodes: int) -> list[Tensor | None]:
     """The sorted vertex ids whose output each layer computes so that the last layer's are ``targets``: layer
     ``L-1`` computes ``targets``, layer ``l`` the vertices that layer ``l+1``'s destinations read (their full
-    in-neighbourhoods, themselves included)."""
-    rows = [torch.unique(targets.cpu())]
+    in-neighbourhoods, themselves included); ``None`` for a layer that computes every vertex (more than
+    :data:`ALL_ROWS_SHARE` of the ``num_nodes`` would be needed there, or above it)."""
+    top = torch.unique(targets.cpu())
+    if top.numel() > ALL_ROWS_SHARE * num_nodes:
+        return [None] * num_layers
+    rows: list[Tensor | None] = [top]
     for _ in range(num_layers - 1):
         dst, read = rows[0], []
+        if dst is None:
+            rows.insert(0, None)
+            continue
         for lo in range(0, dst.numel(), size):
             src = sample_blocks(topology, dst[lo : lo + size].to(device), (-1,), adjacency=adjacency)[0].src_ids
             assert src is not None
             read.append(src.cpu())
-        rows.insert(0, torch.unique(torch.cat([dst, *read])))
+        below = torch.unique(torch.cat([dst, *read]))
+        rows.insert(0, None if below.numel() > ALL_ROWS_SHARE * num_nodes else below)
     return rows
 
 

@@ -10,7 +10,9 @@ memory). What the plan prices, per part:
 - ``vertex arrays``: the per-vertex arrays the engine keeps in RAM (labels, masks, orders, predictions, placement
   maps): :data:`VERTEX_ARRAY_BYTES` bytes a vertex for every engine;
 - ``read buffer``: the disk tier's reusable buffer (:func:`read_buffer_bytes`), one per reader;
-- ``working set``: what one batch or chunk holds in host memory while it is made (its gathered rows);
+- ``working set``: what one batch or chunk holds in host memory while it is made, when the caller prices it (the
+  engines do not yet: a batch's gathered rows and, on a CPU, offload's chunk are outside the budget, as the README
+  says);
 - then, from what is left: the sampled engines' host cache of hot rows (:attr:`HostPlan.cache_bytes`), or the
   full-graph engines' activation buffers, those that fit in RAM (:attr:`HostPlan.ram_activation_bytes`) and the rest
   spilled to files (:attr:`HostPlan.spill_bytes`).

@@ -16,7 +16,7 @@ import torch
 from gnnscale import TrainConfig
 from gnnscale.cli import main
 from gnnscale.engines import MiniBatchEngine
-from gnnscale.graph import io
+from gnnscale.graph import io, mapped
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.store import DeviceCache, FeatureSourceError, InMemorySource
@@ -115,17 +115,17 @@ def test_mapped_npy_finds_only_a_whole_memory_map(tmp_path: Path) -> None:
     assert mapped_npy(g.x.view(200, 12)) is None and mapped_npy(g0.x) is None
     assert mapped_npy(torch.from_numpy(np.load(path, mmap_mode="c"))) is None  # a map open_dir did not make
     fake = torch.zeros(200, 12)  # an entry whose weak reference points elsewhere (a reused id) is not this tensor
-    io._MAPPED[id(fake)] = (io._MAPPED[id(g.x)][0], weakref.ref(g.x), fake._version)
+    mapped._MAPPED[id(fake)] = (mapped._MAPPED[id(g.x)][0], weakref.ref(g.x), fake._version)
     assert mapped_npy(fake) is None
-    del io._MAPPED[id(fake)]
-    before = len(io._MAPPED)
+    del mapped._MAPPED[id(fake)]
+    before = len(mapped._MAPPED)
     h = io.open_dir(tmp_path / "g")
-    assert h.x is not None and mapped_npy(h.x) == path and len(io._MAPPED) > before
+    assert h.x is not None and mapped_npy(h.x) == path and len(mapped._MAPPED) > before
     h.x[0, 0] += 1  # copy-on-write: its values are no longer the file's
     assert mapped_npy(h.x) is None
     del h
     gc.collect()
-    assert len(io._MAPPED) == before  # the freed tensors' entries are gone
+    assert len(mapped._MAPPED) == before  # the freed tensors' entries are gone
     os.replace(tmp_path / "g" / "x.npy", tmp_path / "old.npy")  # the directory rewritten under the map
     np.save(tmp_path / "g" / "x.npy", np.load(tmp_path / "old.npy"))
     assert mapped_npy(g.x) is None

@@ -6,8 +6,8 @@ On-disk format (written by ``gnnscale convert``): a directory holding ``meta.jso
 is read: ``float32`` (also when absent, as in directories written before it existed) or ``bfloat16``, stored as
 the raw ``uint16`` bits (NumPy has no bfloat16) and mapped back as a zero-copy ``bfloat16`` view.
 :func:`open_dir` memory-maps every array, so a graph larger than RAM opens instantly and pages in on use, and
-registers each tensor it maps (:func:`mapped_file` finds the file of exactly that tensor again, on any OS: the disk
-tier reads rows from it instead of the mapping).
+registers each tensor it maps (:func:`gnnscale.graph.mapped.mapped_file` finds the file of exactly that tensor
+again, on any OS: the disk tier reads rows from it instead of the mapping).
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ import pickle
 import shutil
 import tempfile
 import warnings
-import weakref
 import zipfile
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ from gnnscale.errors import DatasetError, GnnscaleError
 from gnnscale.fsutil import honour_umask
 from gnnscale.graph.generators import per_class_split
 from gnnscale.graph.graph import FEATURE_DTYPES, MASK_NAMES, Graph, feature_dtype_name
+from gnnscale.graph.mapped import register_mapped
 from gnnscale.notes import note
 
 FORMAT = "gnnscale-graph"
@@ -191,7 +190,7 @@ def open_dir(path: Path | str) -> Graph:
                 else:
                     data[name] = torch.from_numpy(arr)
             if isinstance(arr, np.memmap):  # (an empty array is not mapped)
-                _register_mapped(data[name], f, int(arr.offset))
+                register_mapped(data[name], f, int(arr.offset))
         if "indptr" not in data or "indices" not in data:
             raise DatasetError(f"{path} lacks indptr.npy or indices.npy")
         return Graph(name=meta["name"], num_classes=meta["num_classes"], meta=meta.get("meta", {}), **data)
@@ -207,53 +206,6 @@ def _map_npy(f: Path) -> np.ndarray:
         if exc.errno != errno.ENOMEM:
             raise
         return np.load(f, mmap_mode="r", allow_pickle=False)
-
-
-# ------------------------------------------------------------------------------------- mapped arrays
-@dataclass(frozen=True)
-class MappedFile:
-    """The ``.npy`` file a tensor of :func:`open_dir` maps, as it was then: ``offset`` of its data, the ``dtype``
-    it was mapped as (``bfloat16`` for a bf16 directory's ``uint16`` x.npy), and ``stat`` = ``(st_dev, st_ino,
-    st_size, st_mtime_ns)`` (a file replaced or rewritten since is not it)."""
-
-    path: Path
-    offset: int
-    dtype: torch.dtype
-    stat: tuple[int, int, int, int]
-
-
-# id(tensor) -> (its file, a weak reference to it, its version counter when mapped); removed when the tensor is
-# freed, and a lookup checks that the referent *is* the tensor asked about (a later tensor may reuse the id).
-_MAPPED: dict[int, tuple[MappedFile, weakref.ref[torch.Tensor], int]] = {}
-
-
-def _file_stat(path: Path) -> tuple[int, int, int, int]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _register_mapped(t: torch.Tensor, path: Path, offset: int) -> None:
-    key, ref = id(t), weakref.ref(t)
-    _MAPPED[key] = (MappedFile(path.resolve(), offset, t.dtype, _file_stat(path)), ref, t._version)
-    weakref.finalize(t, _forget_mapped, key, ref)
-
-
-def _forget_mapped(key: int, ref: weakref.ref[torch.Tensor]) -> None:
-    entry = _MAPPED.get(key)
-    if entry is not None and entry[1] is ref:  # not the entry of a later tensor with the same id
-        del _MAPPED[key]
-
-
-def mapped_file(t: torch.Tensor) -> MappedFile | None:
-    """The file whose whole array ``t`` is, as :func:`open_dir` mapped it: ``t`` itself (not a copy, a slice or a
-    view), not written to since (the mapping is copy-on-write) and the file unchanged; else ``None``."""
-    entry = _MAPPED.get(id(t))
-    if entry is None or entry[1]() is not t or t._version != entry[2]:
-        return None
-    try:
-        return entry[0] if _file_stat(entry[0].path) == entry[0].stat else None
-    except OSError:
-        return None
 
 
 def stored_feature_dtype(path: Path | str) -> torch.dtype | None:

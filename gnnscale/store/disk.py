@@ -30,7 +30,8 @@ from numpy.lib import format as npformat
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.graph.io import mapped_file, stored_feature_dtype
+from gnnscale.graph.io import stored_feature_dtype
+from gnnscale.graph.mapped import mapped_file
 from gnnscale.store.cache import DeviceCache
 from gnnscale.store.features import FeatureSource, FeatureSourceError
 from gnnscale.store.transfer import place
@@ -266,7 +267,7 @@ def host_cached(fallback: FeatureSource, ranked: Tensor, budget: int, *, tier: s
 
 def mapped_npy(t: Tensor) -> Path | None:
     """The ``.npy`` file whose array ``t`` is (all of it: the very tensor :func:`gnnscale.graph.io.open_dir`
-    memory-mapped from a converted directory, :func:`gnnscale.graph.io.mapped_file`; not a copy, slice or view of
+    memory-mapped from a converted directory, :func:`gnnscale.graph.mapped.mapped_file`; not a copy, slice or view of
     it), checked against the file's header (offset, shape, dtype: ``uint16`` bits for bfloat16); ``None``
     elsewhere (a tensor in memory). Any OS: nothing is read from ``/proc``."""
     if t.device.type != "cpu" or t.dim() != 2:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from gnnscale.engines.base import Engine
+from gnnscale.engines.disk_tier import DiskTier
 from gnnscale.engines.sampled import (
     EVAL_EPOCH,
     SampledLoop,
@@ -26,10 +27,11 @@ from gnnscale.engines.sampled import (
     epoch_order,
     sampling_reasons,
 )
-from gnnscale.engines.sampled_eval import SampledInference, eval_ids
+from gnnscale.engines.sampled_eval import EVAL_READ_RATIO, SampledInference, eval_ids
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
+from gnnscale.notes import note
 from gnnscale.sample import SampledAdjacency, sample_key
 
 if TYPE_CHECKING:
@@ -49,6 +51,9 @@ class SampledEngine(Engine):
     """The engine's training loop, composed of its parts."""
     inference: SampledInference
     """Where evaluation and prediction read (an engine that infers otherwise overrides :meth:`evaluate`)."""
+    tier: DiskTier | None = None
+    """The disk tier the features are read through (``--host-memory`` on a converted directory), if any."""
+    _eval_fanouts: tuple[tuple[int, ...] | None] | None = None  # the choice of :meth:`eval_fanouts`, once made
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
@@ -72,14 +77,36 @@ class SampledEngine(Engine):
         """Layer-wise full-neighbour inference, or with ``--eval-fanouts`` sampled inference over keyed samples
         (the same at every evaluation)."""
         self.model.eval()
-        fanouts = self.config.eval_fanouts
+        targets = eval_ids(self.masks)
+        fanouts = self.eval_fanouts(targets)
         if fanouts is None:  # only the masks' vertices and the neighbourhoods they read
-            pred = self.inference.layerwise(eval_ids(self.masks))
+            pred = self.inference.layerwise(targets)
         else:
-            pred = self.inference.sampled(eval_ids(self.masks), tuple(fanouts),
-                                          sample_key(self.config.seed, EVAL_EPOCH))
+            pred = self.inference.sampled(targets, fanouts, sample_key(self.config.seed, EVAL_EPOCH))
         assert self.graph.y is not None
         return self.accuracies(pred, self.graph.y, self.masks)
+
+    def eval_fanouts(self, targets: Tensor) -> tuple[int, ...] | None:
+        """How evaluation infers ``targets``: ``--eval-fanouts`` when given; else exact layer-wise inference
+        (``None``), except from disk (:attr:`tier`) when that would read more than :data:`EVAL_READ_RATIO` times
+        the feature rows of sampled inference with the training fanouts (:func:`~gnnscale.engines.sampled_eval.
+        eval_reads`): then those fanouts, said in a note. Layer-wise inference reads the labelled vertices' whole
+        two-hop neighbourhoods, at random, which a disk serves at thousands of rows a second; the choice is made
+        once, at the first evaluation."""
+        if self.config.eval_fanouts is not None:
+            return tuple(self.config.eval_fanouts)
+        if self.tier is None:
+            return None
+        if self._eval_fanouts is None:
+            layerwise, sampled = self.inference.reads(targets, self.graph.in_degree(), self.fanouts)
+            choice = self.fanouts if layerwise > EVAL_READ_RATIO * sampled else None
+            if choice is not None:
+                note(f"evaluation samples with the training fanouts {','.join(map(str, choice))}: exact "
+                     f"layer-wise inference from disk would read {layerwise:,} feature rows at random, "
+                     f"{layerwise / max(sampled, 1):.1f}x sampled inference's {sampled:,} (--eval-fanouts chooses; "
+                     f"-1 for every hop gives exact outputs)")
+            self._eval_fanouts = (choice,)
+        return self._eval_fanouts[0]
 
     def predict(self) -> Tensor:
         """Exact layer-wise inference over full neighbourhoods (``--eval-fanouts`` only changes evaluation)."""

@@ -98,6 +98,30 @@ def needed_rows(topology: Topology, targets: Tensor, num_layers: int, adjacency:
     return rows
 
 
+EVAL_READ_RATIO = 4.0
+"""From disk, evaluation samples (with the training fanouts) when exact layer-wise inference would read more than
+this many times the feature rows sampled inference reads (:func:`eval_reads`): sampled inference is not exact, so
+it must be much cheaper to be chosen."""
+
+
+def eval_reads(degree: Tensor, rows: Tensor | None, num_targets: int, fanouts: tuple[int, ...]) -> tuple[int, int]:
+    """``(layer-wise, sampled)``: the feature rows each kind of inference reads for ``num_targets`` labelled
+    vertices, per destination before any deduplication (what a disk tier's random reads scale with).
+
+    Layer-wise inference's first layer reads every in-neighbour of each row it computes, ``rows`` (the first entry
+    of :func:`needed_rows`; ``None``: every vertex) and the row itself: ``sum(degree[rows] + 1)``. Sampled
+    inference reads at most ``num_targets * (1 + f1 + f1 f2 + ...)`` rows with the seeds' hop first (a fanout of
+    -1 counts the mean degree)."""
+    d = degree if rows is None else degree[rows]
+    layerwise = int(d.sum()) + d.numel()
+    mean = float(degree.double().mean()) if degree.numel() else 0.0
+    frontier, sampled = float(num_targets), float(num_targets)
+    for f in fanouts:
+        frontier *= mean if f == -1 else f
+        sampled += frontier
+    return layerwise, int(sampled)
+
+
 def eval_ids(masks: dict[str, Tensor]) -> Tensor:
     """The vertices of any mask (training, validation, test): what sampled evaluation predicts."""
     return torch.nonzero(torch.stack(list(masks.values())).any(0)).view(-1)
@@ -138,6 +162,13 @@ class SampledInference:
         if self.done is not None:
             self.done()
         return h
+
+    def reads(self, targets: Tensor, degree: Tensor, fanouts: tuple[int, ...]) -> tuple[int, int]:
+        """``(layer-wise, sampled with fanouts)`` feature rows that inferring ``targets`` reads
+        (:func:`eval_reads`; ``degree``: every vertex's in-degree)."""
+        rows = needed_rows(self.topology, targets, len(self.model.block_layers), self.adjacency.exact(),
+                           max(self.batch_size, EVAL_BATCH), self.device, self.num_nodes)
+        return eval_reads(degree, rows[0], torch.unique(targets).numel(), fanouts)
 
     def sampled(self, ids: Tensor, fanouts: tuple[int, ...], key: int) -> Tensor:
         """``[N]`` predictions of ``ids`` from their keyed samples with ``fanouts`` (``key``), -1 elsewhere."""

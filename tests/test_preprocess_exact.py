@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
+import gnnscale.partition.csr as csr
 from gnnscale.graph.graph import Graph
 from gnnscale.partition import partition_graph, permute_csr
 from gnnscale.partition.dedup import (
@@ -213,3 +214,15 @@ def test_owner_counts_equal_a_set_count() -> None:
             rows = set(range(lo, hi)) | set(ix[int(ip[lo]) : int(ip[hi])].tolist())
             want = torch.bincount(part_of[torch.tensor(sorted(rows))], minlength=parts)
             assert torch.equal(got[k], want), (parts, chunks, k)
+
+
+@pytest.mark.parametrize("block", [1, 2, 7, 997])
+def test_edge_gaps_in_blocks_equal_one_pass(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gaps' passes run in blocks of edges: a source's run of edges that crosses a block boundary keeps its
+    previous destination (sources with many edges and repeated edges included)."""
+    ip, ix = _csr(300, 5000, seed=11, isolated=30)
+    whole = csr._edge_gaps(ip, ix)
+    monkeypatch.setattr(csr, "GAP_BLOCK", block)
+    assert torch.equal(csr._edge_gaps(ip, ix), whole)
+    cp = _chunk_ptr(300, 9, seed=2)
+    assert torch.equal(ChunkCounter(ip, ix).counts(cp), ref_chunk_neighbour_counts(ip, ix, cp))

@@ -155,37 +155,53 @@ class ChunkCounter:
         return [torch.cat([torch.arange(lo, hi), self.halo(lo, hi)]) for lo, hi, _, _ in self._ranges(chunk_ptr)]
 
 
+GAP_BLOCK = 1 << 22
+"""Edges per step of :func:`_edge_gaps`' passes after its sort (bounds their temporaries)."""
+
+
 def _edge_gaps(indptr: Tensor, indices: Tensor) -> Tensor:
     """``[E]`` int32: per in-edge, the destination of the previous edge (CSR order) with the same source, -1 for
-    the first. One sort of ``source << b | edge position`` (the stable order by source)."""
+    the first. One sort of ``source << b | edge position`` (the stable order by source), in place; the passes
+    before and after it run in blocks of :data:`GAP_BLOCK` edges, so the peak is the sort key, the destination of
+    every edge and the answer (16 bytes an edge) plus one block's temporaries."""
     n, E = indptr.numel() - 1, indices.numel()
     if n >= 1 << 31:
         raise ConfigError(f"ChunkCounter supports fewer than 2**31 vertices, got {n}")
     pb = max(E - 1, 1).bit_length()
-    src = np.ascontiguousarray(indices.numpy())
-    if max(n - 1, 1).bit_length() + pb <= 63:
-        key = src.astype(np.int64)
-        key <<= pb
-        key |= np.arange(E, dtype=np.int64)
-        key.sort()
-        same = np.empty(E, dtype=bool)
-        if E:
-            same[0] = False
-            np.equal(key[1:] >> pb, key[:-1] >> pb, out=same[1:])
-        key &= (1 << pb) - 1  # edge positions grouped by source, in CSR order
-        pos = key
-    else:  # pragma: no cover - too many edges for one 64-bit key
+    src = indices.numpy()
+    dst = np.repeat(np.arange(n, dtype=np.int32), (indptr[1:] - indptr[:-1]).numpy())
+    gap = np.empty(E, dtype=np.int32)
+    if max(n - 1, 1).bit_length() + pb > 63:  # pragma: no cover - too many edges for one 64-bit key
         pos = torch.sort(indices, stable=True).indices.numpy()
         s = src[pos]
         same = np.concatenate([[False], s[1:] == s[:-1]]) if E else np.zeros(0, dtype=bool)
-    dst = np.repeat(np.arange(n, dtype=np.int32), (indptr[1:] - indptr[:-1]).numpy())
-    tdst = dst[pos]  # destinations grouped by source
-    prev = np.full(E, -1, dtype=np.int32)
-    if E:
-        prev[1:] = np.where(same[1:], tdst[:-1], -1)
-    del tdst, same
-    gap = np.empty(E, dtype=np.int32)
-    gap[pos] = prev
+        tdst = dst[pos]
+        prev = np.full(E, -1, dtype=np.int32)
+        if E:
+            prev[1:] = np.where(same[1:], tdst[:-1], -1)
+        gap[pos] = prev
+        return torch.from_numpy(gap)
+    key = np.empty(E, dtype=np.int64)
+    for a in range(0, E, GAP_BLOCK):
+        b = min(a + GAP_BLOCK, E)
+        k = key[a:b]
+        k[:] = src[a:b]
+        k <<= pb
+        k |= np.arange(a, b, dtype=np.int64)
+    key.sort()
+    mask = (1 << pb) - 1
+    last_src, last_dst = -1, -1  # the previous block's last edge
+    for a in range(0, E, GAP_BLOCK):
+        k = key[a : min(a + GAP_BLOCK, E)]
+        s = k >> pb
+        pos = k & mask  # edge positions grouped by source, in CSR order
+        tdst = dst[pos]
+        prev = np.empty(k.size, dtype=np.int32)
+        prev[0] = last_dst if s[0] == last_src else -1
+        np.copyto(prev[1:], tdst[:-1])
+        prev[1:][s[1:] != s[:-1]] = -1
+        gap[pos] = prev
+        last_src, last_dst = int(s[-1]), int(tdst[-1])
     return torch.from_numpy(gap)
 
 

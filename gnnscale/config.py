@@ -15,6 +15,8 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from gnnscale.errors import ConfigError
+from gnnscale.nn.decoupled import DECOUPLED_MODELS
+from gnnscale.nn.norm import JK_MODES, NORMS
 from gnnscale.nn.zoo import ALL_MODELS
 from gnnscale.partition import PARTITION_METHODS
 from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
@@ -54,6 +56,15 @@ class ModelOptions:
     """Attention heads of GAT's hidden layers."""
     dropout: float = 0.5
     """Drop probability before every layer (keyed by vertex, so identical in every engine)."""
+    norm: str = "none"
+    """Normalisation of every hidden layer's output, before its activation (PyG's ``BasicGNN`` order): ``none``,
+    ``batch`` (BatchNorm: statistics over the layer's vertices, all of them full-graph, the batch's sampled;
+    running statistics in evaluation) or ``layer`` (LayerNorm over each vertex's features)."""
+    residual: bool = False
+    """Every layer adds a bias-free linear map of its own input to its output (PyG ``GATConv``'s ``residual``)."""
+    jk: str = "none"
+    """Jumping knowledge: ``none`` (the last layer outputs the classes), or ``last``, ``cat``, ``max``: every layer
+    outputs the hidden width, the outputs are combined so and a final linear layer gives the classes."""
     lr: float = 0.01
     """Adam learning rate."""
     weight_decay: float = 5e-4
@@ -255,6 +266,10 @@ class TrainConfig(
             (self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}"),
             (self.heads >= 1, f"--heads must be >= 1, got {self.heads}"),
             (0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1), got {self.dropout}"),
+            (self.norm in NORMS, f"unknown --norm {self.norm!r}; choose one of {', '.join(NORMS)}"),
+            (self.jk in JK_MODES, f"unknown --jk {self.jk!r}; choose one of {', '.join(JK_MODES)}"),
+            (self.model not in DECOUPLED_MODELS or (self.norm, self.residual, self.jk) == ("none", False, "none"),
+             f"--norm, --residual and --jk apply to the layer-stack models, not the decoupled {self.model}"),
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
             (self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
@@ -320,8 +335,17 @@ def _flag(name: str) -> str:
     return f"{name}= (--{name.replace('_', '-')})"
 
 
+_BOOLS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
 def _scalar(name: str, kind: type, value: Any) -> Any:
-    """``value`` as ``kind`` (int, float or str): the value itself, or a string the CLI would take."""
+    """``value`` as ``kind`` (int, float, str or bool): the value itself, or a string the CLI would take."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _BOOLS:
+            return _BOOLS[value.strip().lower()]
+        raise ConfigError(f"TrainConfig {_flag(name)} takes True or False, got {value!r}")
     if kind is str:
         if isinstance(value, str):
             return value

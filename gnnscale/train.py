@@ -154,6 +154,9 @@ def train(
         dropout=config.dropout,
         heads=config.heads,
         seed=config.seed,
+        norm=config.norm,
+        residual=config.residual,
+        jk=config.jk,
     )
     setup: dict[str, float] = {}
     with stage("setup", setup):

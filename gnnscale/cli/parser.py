@@ -25,7 +25,7 @@ from gnnscale.config import (
 )
 from gnnscale.engines import ENGINES, readers_of
 from gnnscale.errors import GnnscaleError
-from gnnscale.nn import ALL_MODELS
+from gnnscale.nn import ALL_MODELS, JK_MODES, NORMS
 from gnnscale.partition import CHUNKERS, PARTITION_METHODS
 from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
 from gnnscale.sample import SAMPLE_NORMS
@@ -158,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: total over heads; default 64)")
     t.add_argument("--heads", type=int, default=4, help="GAT attention heads (default 4)")
     t.add_argument("--dropout", type=float, default=0.5, help="drop probability before every layer (default 0.5)")
+    t.add_argument("--norm", choices=list(NORMS), default="none",
+                   help="normalise each hidden layer's output before its activation (PyG's BasicGNN): batch "
+                        "(BatchNorm), layer (LayerNorm per vertex) or none (default none)")
+    t.add_argument("--residual", action="store_true",
+                   help="each layer adds a bias-free linear map of its input to its output (PyG GATConv's residual)")
+    t.add_argument("--jk", choices=list(JK_MODES), default="none",
+                   help="jumping knowledge: combine every layer's output (last, cat, max), then a linear layer "
+                        "gives the classes; none: the last layer does (default none)")
     t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (default 0.01)")
     t.add_argument("--weight-decay", type=float, default=5e-4, help="Adam weight decay (default 5e-4)")
     t.add_argument("--epochs", type=int, default=100, help="training epochs (default 100)")

@@ -54,6 +54,9 @@ class Engine(ABC):
     counts its device), 1 (layer-wise inference keeps each layer's output), 2 (offload and task-parallel keep every
     vertex's layer input and its gradient): its host memory grows with the graph and the hidden width
     (:func:`~gnnscale.plan.memory.estimate_host_bytes`)."""
+    trains_jk: ClassVar[bool] = False
+    """Whether the engine trains ``--jk`` (the class scores from every layer's output: :meth:`GNN.head
+    <gnnscale.nn.model.GNN.head>`); the engines that compute the scores with the last layer refuse it."""
     options: ClassVar[tuple[type, ...]] = ()
     """The option groups of :class:`~gnnscale.config.TrainConfig` this engine reads besides the model's and the
     run's (``ModelOptions``, ``RunOptions``): ``--help`` groups the flags by them, and a flag of another group
@@ -86,7 +89,39 @@ class Engine(ABC):
         host = cls.host_reason(graph, config)
         if host:  # priced first and alone: the engine's own checks may plan (partition, chunk) the whole graph
             return [host]
+        options = cls.model_option_reasons(config)
+        if options:  # alone too, for the same reason
+            return options
         return cls._not_supported_reasons(graph, config, device)
+
+    @classmethod
+    def model_option_reasons(cls, config: TrainConfig) -> list[str]:
+        """One line per model option (:mod:`gnnscale.nn.norm`) of ``config`` this engine cannot train exactly
+        yet: ``--norm batch`` (:meth:`batch_norm_reason`) and ``--jk`` (:attr:`trains_jk`). LayerNorm and the
+        residuals are per vertex: every engine drives the layers through :meth:`GNN.layer_input
+        <gnnscale.nn.model.GNN.layer_input>` and the layers' halves, and trains them unchanged."""
+        reasons = []
+        why = cls.batch_norm_reason(config) if config.norm == "batch" else None
+        if why:
+            reasons.append(f"--norm batch: {why}")
+        if config.jk != "none" and not cls.trains_jk:
+            reasons.append(f"--jk {config.jk}: this engine computes the class scores with the last layer (and its "
+                           "evaluation layer by layer), not from every layer's output; train it with --engine "
+                           "inmemory")
+        return reasons
+
+    @classmethod
+    def batch_norm_reason(cls, config: TrainConfig) -> str | None:
+        """Why this engine cannot train ``--norm batch`` exactly (``None``: it can). By default it cannot: a
+        full-graph engine other than the in-memory one computes a layer in parts (chunks, devices), while
+        BatchNorm's statistics span all of the layer's vertices; a sampled engine splits a batch among trainers."""
+        del config
+        if cls.mode == "full":
+            return ("this engine computes a layer one chunk at a time, and the statistics must span every chunk "
+                    "(not reduced across chunks yet); train it with --engine inmemory, or use --norm layer")
+        return ("this engine's trainers would each normalise their own share of a batch, not the whole batch (the "
+                "statistics are not reduced across them yet); train it with --engine minibatch on one device, or "
+                "use --norm layer")
 
     @classmethod
     def host_reason(cls, graph: Graph, config: TrainConfig) -> str | None:
@@ -174,3 +209,4 @@ class Engine(ABC):
             m = masks.get(mname)
             out[key] = None if m is None or not bool(m.any()) else float((pred[m] == y[m]).float().mean())
         return out
+

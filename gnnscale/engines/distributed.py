@@ -121,6 +121,12 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         return cls.sampling_reasons(config)
 
+    @classmethod
+    def batch_norm_reason(cls, config: TrainConfig) -> str | None:
+        del config
+        return ("each rank would normalise its own share of a batch, not the whole batch (the statistics are not "
+                "all-reduced yet); train it with --engine minibatch, or use --norm layer")
+
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         self.comm = Comm.setup(device, config.timeout)

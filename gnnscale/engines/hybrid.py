@@ -129,6 +129,14 @@ class HybridEngine(SampledEngine):
                 raise ConfigError(why)
 
     @classmethod
+    def batch_norm_reason(cls, config: TrainConfig) -> str | None:
+        """One trainer (``--devices`` naming one device) normalises over the batch's rows, as the mini-batch
+        engine; the CPU beside accelerators would each normalise their own share (not reduced across them yet)."""
+        if config.devices is not None and len(config.devices) == 1:
+            return None
+        return super().batch_norm_reason(config)
+
+    @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         reasons = cls.sampling_reasons(config)
         if config.engine == "auto" and not (config.devices and len(config.devices) > 1):

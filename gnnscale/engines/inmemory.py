@@ -23,6 +23,13 @@ class InMemoryEngine(Engine):
     """Whole-graph training on one device. Every other engine is tested against this one."""
 
     name = "inmemory"
+    trains_jk = True
+
+    @classmethod
+    def batch_norm_reason(cls, config: TrainConfig) -> str | None:
+        """BatchNorm over every vertex of a layer, as PyG's full-batch training."""
+        del config
+        return None
 
     @classmethod
     def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device) -> str:

@@ -111,6 +111,15 @@ class MiniBatchEngine(SampledEngine):
         check_fanouts(config, evaluation=True)
 
     @classmethod
+    def batch_norm_reason(cls, config: TrainConfig) -> str | None:
+        """One trainer normalises each layer over the batch's rows of that layer, as PyG with a NeighborLoader;
+        several would each normalise their own share (not reduced across them yet)."""
+        if config.devices and len(config.devices) > 1:
+            return (f"{len(config.devices)} trainers (--devices) would each normalise their own share of a batch, "
+                    "not the whole batch as one trainer does; train on one device, or use --norm layer")
+        return None
+
+    @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         reasons = cls.sampling_reasons(config)
         kinds = {d.split(":")[0].strip().lower() for d in config.devices or ()}

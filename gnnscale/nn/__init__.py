@@ -6,6 +6,7 @@ from gnnscale.nn.gcn import GCNLayer
 from gnnscale.nn.gin import GINLayer
 from gnnscale.nn.mlp import MLPLayer
 from gnnscale.nn.model import GNN, MODELS
+from gnnscale.nn.norm import JK_MODES, NORMS
 from gnnscale.nn.ops import keyed_dropout, mix_key, spmm, spmm_mean
 from gnnscale.nn.sage import SAGELayer
 from gnnscale.nn.zoo import ALL_MODELS, build_model
@@ -13,7 +14,9 @@ from gnnscale.nn.zoo import ALL_MODELS, build_model
 __all__ = [
     "ALL_MODELS",
     "GNN",
+    "JK_MODES",
     "MODELS",
+    "NORMS",
     "BlockLayer",
     "GATLayer",
     "GCNLayer",

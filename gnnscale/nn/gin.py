@@ -9,19 +9,27 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import Block
 from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.norm import make_norm
 from gnnscale.nn.ops import spmm, spmm_t
 
 
 class GINLayer(BlockLayer):
-    """GIN layer with a two-layer MLP ``Linear -> ReLU -> Linear``; same function as PyG's ``GINConv(mlp)``."""
+    """GIN layer with a two-layer MLP ``Linear -> ReLU -> Linear``; same function as PyG's ``GINConv(mlp)``.
+
+    Args:
+        norm: ``batch`` or ``layer`` puts that normalisation inside the MLP, ``Linear -> norm -> ReLU -> Linear``,
+            as PyG's ``GIN(norm=...)`` model does (its ``MLP([in, out, out], norm=...)``); ``none``: none.
+    """
 
     sparse_backward: ClassVar[bool] = True
 
-    def __init__(self, in_features: int, out_features: int, eps: float = 0.0, train_eps: bool = False):
+    def __init__(self, in_features: int, out_features: int, eps: float = 0.0, train_eps: bool = False,
+                 norm: str = "none"):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        inner = [] if norm == "none" else [make_norm(norm, out_features)]
         self.mlp = nn.Sequential(
-            nn.Linear(in_features, out_features), nn.ReLU(), nn.Linear(out_features, out_features)
+            nn.Linear(in_features, out_features), *inner, nn.ReLU(), nn.Linear(out_features, out_features)
         )
         if train_eps:
             self.eps = nn.Parameter(torch.tensor([eps]))

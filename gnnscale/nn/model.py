@@ -16,6 +16,7 @@ from gnnscale.nn.gat import GATLayer
 from gnnscale.nn.gcn import GCNLayer
 from gnnscale.nn.gin import GINLayer
 from gnnscale.nn.mlp import MLPLayer
+from gnnscale.nn.norm import JK_MODES, make_norm, with_residual
 from gnnscale.nn.ops import keyed_dropout, mix_key
 from gnnscale.nn.sage import SAGELayer
 
@@ -29,11 +30,18 @@ MODELS: dict[str, type[BlockLayer]] = {
 
 
 class GNN(nn.Module):
-    """``num_layers`` block layers; before layer ``l``: activation (``l > 0``) then dropout.
+    """``num_layers`` block layers; before layer ``l``: normalisation, activation (both ``l > 0``), then dropout.
 
     Engines drive it either whole (:meth:`forward` on one block) or layer by layer
     (:meth:`layer_input` then ``layers[l]`` on each chunk's block): both give the same numbers, because
     dropout masks are keyed by ``(seed, epoch, layer, vertex id)`` rather than drawn from a stateful RNG.
+
+    ``norm``, ``residual`` and ``jk`` follow PyG's ``BasicGNN`` (:mod:`gnnscale.nn.norm` says how): a hidden layer
+    is conv -> norm -> activation -> dropout (the norm ``norms[l - 1]`` and the rest run in
+    :meth:`layer_input` of the next layer), the last conv has no norm unless ``jk`` is set, and with ``jk``
+    :meth:`head` combines every layer's output and applies the final linear map ``lin``. BatchNorm's statistics
+    are over the rows :meth:`layer_input` is given: the whole graph in :meth:`forward`, a batch's rows of that
+    layer in a sampled engine.
     """
 
     decoupled: ClassVar[bool] = False
@@ -48,26 +56,40 @@ class GNN(nn.Module):
         num_layers: int = 2,
         dropout: float = 0.5,
         heads: int = 4,
+        norm: str = "none",
+        residual: bool = False,
+        jk: str = "none",
     ):
         super().__init__()
         if kind not in MODELS:
             raise ConfigError(f"unknown model {kind!r}; choose one of {', '.join(MODELS)}")
         if num_layers < 1:
             raise ConfigError(f"--layers must be >= 1, got {num_layers}")
+        if jk not in JK_MODES:
+            raise ConfigError(f"unknown --jk {jk!r}; choose one of {', '.join(JK_MODES)}")
         self.kind, self.dropout = kind, dropout
+        self.norm, self.residual, self.jk = norm, residual, jk
         self.activation: Callable[[Tensor], Tensor] = F.elu if kind == "gat" else F.relu
-        dims = [in_features] + [hidden] * (num_layers - 1) + [num_classes]
+        dims = [in_features] + [hidden] * (num_layers - 1) + [num_classes if jk == "none" else hidden]
         layers: list[BlockLayer] = []
         for i in range(num_layers):
-            last = i == num_layers - 1
+            last = i == num_layers - 1 and jk == "none"
             if kind == "gat":
                 if not last and hidden % heads:
                     raise ConfigError(f"--hidden ({hidden}) must be divisible by --heads ({heads}) for GAT")
                 h = 1 if last else heads
                 layers.append(GATLayer(dims[i], dims[i + 1] // h, heads=h, concat=True))
+            elif kind == "gin":  # PyG's GIN model normalises inside each layer's MLP too
+                layers.append(GINLayer(dims[i], dims[i + 1], norm=norm))
             else:
                 layers.append(MODELS[kind](dims[i], dims[i + 1]))
+            if residual:
+                layers[-1] = with_residual(layers[-1])
         self.layers = nn.ModuleList(layers)
+        self.norms = nn.ModuleList(make_norm(norm, hidden) for _ in range(num_layers - (jk == "none")))
+        """``norms[l]`` normalises layer ``l``'s output (every layer but the last, unless ``jk`` is set)."""
+        self.lin = None if jk == "none" else nn.Linear(hidden * (num_layers if jk == "cat" else 1), num_classes)
+        """With ``jk``: the final linear map from the combined layer outputs to the class scores."""
 
     @property
     def block_layers(self) -> list[BlockLayer]:
@@ -84,7 +106,8 @@ class GNN(nn.Module):
         return mix_key(seed, epoch, layer)
 
     def layer_input(self, layer: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None) -> Tensor:
-        """What ``layers[layer]`` consumes: activation of the previous output (if any), then dropout.
+        """What ``layers[layer]`` consumes: normalisation and activation of the previous output (if any), then
+        dropout. Per row except BatchNorm in training, whose statistics are over ``h``'s rows.
 
         Args:
             h: ``[rows, F]`` previous layer's output (or the features for layer 0: bfloat16 ones are upcast to
@@ -93,16 +116,35 @@ class GNN(nn.Module):
             seed_epoch: ``(seed, epoch)`` while training; ``None`` disables dropout (evaluation).
         """
         if layer > 0:
-            h = self.activation(h)
+            h = self.activation(self.norms[layer - 1](h))
         elif h.dtype == torch.bfloat16:  # features stored in bfloat16: upcast where they are (on the device)
             h = h.float()
         key = None if seed_epoch is None else self.dropout_key(*seed_epoch, layer)
         return keyed_dropout(h, self.dropout, key, row_ids)
 
+    def head(self, hs: list[Tensor]) -> Tensor:
+        """With ``jk``, the class scores from every layer's output as the next layer would take it: ``hs[l]`` is
+        :meth:`layer_input` ``(l + 1, ...)`` of layer ``l``'s output (normalised, activated, dropped out; the last
+        layer's keyed as a layer ``num_layers`` would be), all on the same rows. Combined (the last, concatenated,
+        or the element-wise maximum: PyG's ``JumpingKnowledge``), then ``lin``."""
+        assert self.lin is not None, "head() is for models with jk"
+        if self.jk == "cat":
+            h = torch.cat(hs, dim=-1)
+        elif self.jk == "max":
+            h = torch.stack(hs, dim=-1).amax(dim=-1)
+        else:
+            h = hs[-1]
+        return self.lin(h)  # type: ignore[no-any-return]
+
     def forward(self, block: Block, x: Tensor, seed_epoch: tuple[int, int] | None = None) -> Tensor:
         """Whole-graph forward on one block whose sources are its destinations (``num_src == num_dst``)."""
         row_ids = block.row_ids()
-        h = x
+        h, hs = x, []
         for i, layer in enumerate(self.layers):
-            h = layer(block, self.layer_input(i, h, row_ids, seed_epoch))
-        return h
+            h = self.layer_input(i, h, row_ids, seed_epoch)
+            if i > 0:
+                hs.append(h)  # each norm runs once (BatchNorm's running statistics move once per layer)
+            h = layer(block, h)
+        if self.lin is None:
+            return h
+        return self.head([*hs, self.layer_input(len(self.layers), h, row_ids, seed_epoch)])

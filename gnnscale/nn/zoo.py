@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from gnnscale.errors import ConfigError
 from gnnscale.nn.decoupled import DECOUPLED_MODELS, DecoupledGNN
 from gnnscale.nn.model import GNN, MODELS
 
@@ -13,12 +14,17 @@ ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
 
 
 def build_model(
-    kind: str, in_features: int, hidden: int, num_classes: int, *, layers: int, dropout: float, heads: int, seed: int
+    kind: str, in_features: int, hidden: int, num_classes: int, *, layers: int, dropout: float, heads: int, seed: int,
+    norm: str = "none", residual: bool = False, jk: str = "none",
 ) -> GNN:
     """Build a model with weights determined by ``seed`` alone (same seed -> same initial weights everywhere);
-    ``dgcn``/``dgat`` build a :class:`~gnnscale.nn.decoupled.DecoupledGNN`."""
+    ``dgcn``/``dgat`` build a :class:`~gnnscale.nn.decoupled.DecoupledGNN` (which takes no ``norm``, ``residual``
+    or ``jk``: :mod:`gnnscale.nn.norm`)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if kind in DECOUPLED_MODELS:
+            if (norm, residual, jk) != ("none", False, "none"):
+                raise ConfigError(f"--norm, --residual and --jk apply to the layer-stack models, not {kind}")
             return DecoupledGNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout)
-        return GNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout, heads=heads)
+        return GNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout, heads=heads, norm=norm,
+                   residual=residual, jk=jk)

@@ -1,0 +1,154 @@
+"""``--norm``, ``--residual`` and ``--jk`` in the engines: LayerNorm and the residuals are per vertex, so every
+engine trains them as its reference does; BatchNorm trains in the in-memory engine (statistics over every vertex)
+and the one-trainer mini-batch and hybrid engines (over each batch's rows of a layer), with its running statistics
+in the model; every combination an engine cannot train exactly yet is refused in one line, exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gnnscale import TrainConfig, load_dataset, train
+from gnnscale.cli import main
+from gnnscale.graph.generators import csbm
+from gnnscale.graph.graph import Graph
+
+GNNSCALE = [sys.executable, "-m", "gnnscale"]
+
+
+def _losses(history: list[dict[str, Any]]) -> list[float]:
+    return [r["loss"] for r in history]
+
+
+def _accuracies(history: list[dict[str, Any]]) -> list[list[float]]:
+    return [[r[k] for k in ("train_acc", "val_acc", "test_acc")] for r in history]
+
+
+@pytest.mark.parametrize(("model", "norm", "residual"), [("gcn", "layer", True), ("gin", "layer", False),
+                                                         ("sage", "none", True)])
+def test_offload_trains_layer_norm_and_residuals_as_inmemory(model: str, norm: str, residual: bool) -> None:
+    g = csbm(nodes=300, features=12, avg_degree=8, seed=2)
+    kw: dict[str, Any] = dict(model=model, layers=3, hidden=16, dropout=0.5, seed=1, epochs=2, norm=norm,
+                              residual=residual)
+    ref = train(g, TrainConfig(engine="inmemory", **kw), "cpu")
+    got = train(g, TrainConfig(engine="offload", partitions=2, chunks=8, **kw), "cpu")
+    assert _losses(got.history) == pytest.approx(_losses(ref.history), rel=1e-5)
+    assert _accuracies(got.history) == _accuracies(ref.history)
+
+
+def _all_train(g: Graph) -> Graph:
+    """``g`` with every vertex a training vertex: one full-fanout batch of them all is the whole graph."""
+    g.train_mask, g.val_mask, g.test_mask = torch.ones(g.num_nodes, dtype=torch.bool), None, None
+    return g
+
+
+@pytest.mark.parametrize(("model", "norm", "residual"), [("gcn", "batch", False), ("gin", "batch", True),
+                                                         ("sage", "layer", True)])
+def test_minibatch_with_one_full_batch_equals_inmemory(model: str, norm: str, residual: bool) -> None:
+    """One batch of every vertex with all neighbours: each layer's rows are the whole graph's, so BatchNorm's
+    statistics, the running statistics it leaves in the model and what evaluation reads from them are the
+    in-memory engine's."""
+    g = _all_train(csbm(nodes=300, features=12, avg_degree=6, seed=1))
+    kw: dict[str, Any] = dict(model=model, layers=2, hidden=16, dropout=0.5, seed=3, epochs=3, norm=norm,
+                              residual=residual)
+    ref = train(g, TrainConfig(engine="inmemory", **kw), "cpu")
+    got = train(g, TrainConfig(engine="minibatch", batch_size=300, fanouts=(-1, -1), **kw), "cpu")
+    assert _losses(got.history) == pytest.approx(_losses(ref.history), rel=1e-5)
+    # evaluation reads the running statistics; a bias just before a BatchNorm has a zero gradient up to rounding,
+    # which Adam scales up to steps of lr, so it (and the running means it shifts) may drift apart by a little:
+    # the losses cannot see it (the norm removes it), the running variances neither, the accuracies barely
+    assert [r["train_acc"] for r in got.history] == pytest.approx([r["train_acc"] for r in ref.history], abs=3 / 300)
+    mine, theirs = got.model.state_dict(), ref.model.state_dict()
+    stats = [k for k in theirs if "running_var" in k]
+    assert stats if norm == "batch" else not stats
+    for k in stats:
+        torch.testing.assert_close(mine[k], theirs[k], rtol=1e-4, atol=1e-5, msg=k)
+        assert int(mine[k.replace("running_var", "num_batches_tracked")]) == 3
+
+
+def test_minibatch_batch_norm_normalises_each_batch_not_the_graph() -> None:
+    """With several batches an epoch's statistics are the batches' (PyG with a NeighborLoader): the running
+    statistics then differ from the full-graph run's, and count one update per batch."""
+    g = _all_train(csbm(nodes=300, features=12, avg_degree=6, seed=1))
+    kw: dict[str, Any] = dict(model="gcn", layers=2, hidden=16, dropout=0.5, seed=3, epochs=1, norm="batch")
+    ref = train(g, TrainConfig(engine="inmemory", **kw), "cpu").model.state_dict()
+    got = train(g, TrainConfig(engine="minibatch", batch_size=100, fanouts=(-1, -1), **kw), "cpu").model.state_dict()
+    assert int(got["norms.0.num_batches_tracked"]) == 3 and int(ref["norms.0.num_batches_tracked"]) == 1
+    assert not torch.allclose(got["norms.0.running_mean"], ref["norms.0.running_mean"], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_hybrid_on_one_device_with_drm_off_equals_minibatch(norm: str) -> None:
+    g = csbm(nodes=600, features=12, avg_degree=8, seed=5)
+    kw: dict[str, Any] = dict(model="sage", layers=2, hidden=16, dropout=0.5, fanouts=(4, 3), seed=2, batch_size=64,
+                              epochs=2, norm=norm, residual=True)
+    ref = train(g, TrainConfig(engine="minibatch", **kw), "cpu").history
+    got = train(g, TrainConfig(engine="hybrid", devices=("cpu",), drm="off", **kw), "cpu").history
+    assert _losses(got) == pytest.approx(_losses(ref), rel=1e-5)
+
+
+def test_hybrid_on_two_devices_equals_minibatch_with_layer_norm() -> None:
+    g = csbm(nodes=600, features=12, avg_degree=8, seed=5)
+    kw: dict[str, Any] = dict(model="gin", layers=2, hidden=16, dropout=0.5, fanouts=(4, 3), seed=2, batch_size=64,
+                              epochs=2, norm="layer", residual=True)
+    ref = train(g, TrainConfig(engine="minibatch", **kw), "cpu").history
+    got = train(g, TrainConfig(engine="hybrid", devices=("cpu", "cpu:1"), shares=(0.3, 0.7), drm="off", **kw),
+                "cpu").history
+    assert _losses(got) == pytest.approx(_losses(ref), rel=1e-5)
+
+
+def test_distributed_with_layer_norm_equals_minibatch(tmp_path: Path) -> None:
+    metrics = tmp_path / "m.jsonl"
+    args = ["train", "--dataset", "csbm:nodes=400", "--engine", "distributed", "--ranks", "2", "--model", "sage",
+            "--norm", "layer", "--residual", "--batch-size", "60", "--fanouts", "5,3", "--epochs", "2", "--quiet",
+            "--device", "cpu", "--metrics", str(metrics)]
+    p = subprocess.run([*GNNSCALE, *args], capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr
+    got = [json.loads(line) for line in metrics.read_text().splitlines()]
+    got = [r for r in got if not r.get("summary")]
+    cfg = TrainConfig(engine="minibatch", model="sage", norm="layer", residual=True, batch_size=120, fanouts=(5, 3),
+                      epochs=2, seed=0)
+    ref = train(load_dataset("csbm:nodes=400"), cfg, "cpu").history  # the graph the CLI loads
+    assert _losses(got) == pytest.approx(_losses(ref), rel=1e-5)
+
+
+REFUSALS = [
+    (["--engine", "offload", "--norm", "batch"], "offload: --norm batch: this engine computes a layer one chunk"),
+    (["--engine", "offload", "--jk", "cat"], "offload: --jk cat: this engine computes the class scores with the last"),
+    (["--engine", "minibatch", "--devices", "cpu,cpu:1", "--norm", "batch"],
+     "minibatch: --norm batch: 2 trainers (--devices) would each normalise their own share"),
+    (["--engine", "minibatch", "--jk", "max"], "minibatch: --jk max:"),
+    (["--engine", "hybrid", "--devices", "cpu,cpu:1", "--norm", "batch"],
+     "hybrid: --norm batch: this engine's trainers would each normalise their own share"),
+    (["--engine", "hybrid", "--devices", "cpu", "--jk", "last"], "hybrid: --jk last:"),
+    (["--engine", "distributed", "--ranks", "2", "--norm", "batch"],
+     "distributed: --norm batch: each rank would normalise its own share"),
+    (["--engine", "distributed", "--ranks", "2", "--jk", "cat"], "distributed: --jk cat:"),
+    (["--engine", "taskparallel", "--model", "dgcn", "--norm", "layer"],
+     "--norm, --residual and --jk apply to the layer-stack models, not the decoupled dgcn"),
+]
+
+
+@pytest.mark.parametrize(("flags", "why"), REFUSALS, ids=[" ".join(f) for f, _ in REFUSALS])
+def test_what_an_engine_cannot_train_exactly_is_refused_in_one_line(flags: list[str], why: str,
+                                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    rc = main(["train", "--dataset", "csbm:nodes=200", "--epochs", "1", "--device", "cpu", "--quiet", *flags])
+    err = capfd.readouterr().err
+    assert rc == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and why in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_engine_auto_picks_inmemory_for_batch_norm_and_jk(capfd: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--dataset", "csbm:nodes=200", "--epochs", "1", "--device", "cpu", "--norm", "batch",
+                 "--jk", "max", "--model", "gin"]) == 0
+    assert "engine inmemory" in capfd.readouterr().out

@@ -14,8 +14,9 @@ import torch
 
 from gnnscale import TrainConfig
 from gnnscale.cli import main
-from gnnscale.engines import OffloadEngine
+from gnnscale.engines import OffloadEngine, offload_workers
 from gnnscale.engines import offload as offload_module
+from gnnscale.engines.offload import chunk_file_bytes
 from gnnscale.engines.offload_layers import HostRows, LayerPasses
 from gnnscale.errors import ConfigError
 from gnnscale.graph import io
@@ -193,3 +194,23 @@ def test_a_spill_the_disk_cannot_hold_is_refused_before_the_run(gdir: Path, tmp_
     assert planned == []  # refused before the engine's own planning (which partitions the whole graph)
     monkeypatch.undo()
     assert main(args) == 0
+
+
+def test_chunk_topology_past_the_budget_is_file_backed(gdir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget whose activations already spill keeps the chunks' blocks in files (every tensor here, with the
+    size floor lowered): they are mapped from the scratch folder, the losses are the RAM run's, and the folder is
+    empty (the files are unlinked as soon as they are mapped)."""
+    monkeypatch.setattr(offload_workers, "FILE_MIN_BYTES", 0)
+    plain = _losses(_engine(gdir))
+    scratch = tmp_path / "scr"
+    eng = _engine(gdir, "100KB", str(scratch))
+    assert eng.spill is not None and eng.spill.file_bytes > 0
+    for chunk in eng.chunks:
+        for t in (chunk.rows, chunk.block.indptr, chunk.block.indices):
+            assert t.untyped_storage().filename is not None, "a chunk's block in anonymous memory"
+    assert eng.spill.file_bytes <= chunk_file_bytes(eng.model, eng.plan, eng.graph.num_nodes, eng.graph.num_edges)
+    assert [r["loss"] for r in _losses(eng)] == [r["loss"] for r in plain]
+    assert list(scratch.iterdir()) == []
+    roomy = _engine(gdir, "1GB")  # the budget holds the blocks beside every buffer: nothing in files
+    assert roomy.spill is None and roomy.chunks[0].block.indices.untyped_storage().filename is None

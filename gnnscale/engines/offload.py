@@ -89,8 +89,9 @@ from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.notes import note
 from gnnscale.partition import permute_csr
+from gnnscale.plan.host import HostPlan
 from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
-from gnnscale.plan.offload import OffloadPlan, describe, plan_offload
+from gnnscale.plan.offload import OffloadPlan, describe, plan_offload, topology_bytes
 from gnnscale.store import default_gather_method, triton_available
 from gnnscale.store.disk import DiskSource, Upcast
 from gnnscale.store.sources import ReorderedRows as DiskRows
@@ -176,23 +177,27 @@ class OffloadEngine(Engine):
         self.y = host(graph.y.index_select(0, perm))
         self.masks = {m: getattr(graph, m).index_select(0, perm) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.num_train = int(self.masks["train_mask"].sum())
-        self.chunks = self._build_chunks(graph, host)
-        for chunk in self.chunks:  # the reads pass ids unchecked (no reduction per read): check them once here
-            self.features.sources[0].check_range(chunk.rows)
-        if pin and self.plan.exchange is not None:
-            self.plan.exchange.pin_memory()
-        self.sweep = Sweep(self.group, self.chunks, self.plan.schedule.tolist(), self.plan.exchange)
-        self._pred = host(torch.empty(graph.num_nodes, dtype=torch.int64))
         self.spill: Spill | None = None
-        if self.host_plan is not None and self.host_plan.spills:
+        # under --host-memory on a device that reads host memory as it is (not pinned), the chunks' blocks are file
+        # pages when what the budget has left after the activations cannot hold them
+        files = 0 if self.host_plan is None or pin else chunk_file_bytes(model, self.plan, graph.num_nodes,
+                                                                         graph.num_edges)
+        if self.host_plan is not None and files <= self.host_plan.free_bytes:
+            files = 0
+        if self.host_plan is not None and (self.host_plan.spills or files):
             if config.scratch is None:
-                note(f"--host-memory {format_bytes(self.host_plan.budget)} holds "
-                     f"{format_bytes(self.host_plan.ram_activation_bytes)} of the "
-                     f"{format_bytes(self.host_plan.activation_bytes)} of host activations: the rest is spilled to "
-                     f"files in {tempfile.gettempdir()} (--scratch DIR chooses the folder)")
+                note(f"--host-memory {format_bytes(self.host_plan.budget)}: {_spill_what(self.host_plan, files)} "
+                     f"spilled to files in {tempfile.gettempdir()} (--scratch DIR chooses the folder)")
             self.spill = Spill(config.scratch or "", self.host_plan.ram_activation_bytes,
-                               self.host_plan.activation_bytes)
+                               self.host_plan.activation_bytes, files=files)
         try:
+            self.chunks = self._build_chunks(graph, host if self.spill is None or not files else self.spill.copy)
+            for chunk in self.chunks:  # the reads pass ids unchecked (no reduction per read): check them once here
+                self.features.sources[0].check_range(chunk.rows)
+            if pin and self.plan.exchange is not None:
+                self.plan.exchange.pin_memory()
+            self.sweep = Sweep(self.group, self.chunks, self.plan.schedule.tolist(), self.plan.exchange)
+            self._pred = host(torch.empty(graph.num_nodes, dtype=torch.int64))
             self.host = HostRows.allocate(model, self.features, host, self.spill)
         finally:
             if self.spill is not None:
@@ -339,6 +344,24 @@ class OffloadEngine(Engine):
     def describe(self) -> str:
         text = describe(self.plan)
         return text if self.host_plan is None else f"{text}; {self.host_plan.describe()}"
+
+
+def chunk_file_bytes(model: GNN, plan: OffloadPlan, num_nodes: int, num_edges: int) -> int:
+    """Bytes of every chunk's block, source-row ids, training positions and labels (with a self-loop per vertex,
+    an upper bound): what the chunks keep in files under ``--host-memory`` on a CPU when the budget cannot hold
+    them."""
+    rows = sum(r.numel() for r in plan.rows)
+    sizes = torch.tensor([[num_nodes, rows, num_edges + num_nodes]])
+    return int(topology_bytes(model, sizes, num_nodes)[0]) + 8 * rows + 16 * num_nodes  # + training ids, labels
+
+
+def _spill_what(plan: HostPlan, files: int) -> str:
+    """The note's account of what goes to files."""
+    parts = [f"the chunks' topology ({format_bytes(files)})"] if files else []
+    if plan.spills:
+        parts.append(f"{format_bytes(plan.spill_bytes)} of the {format_bytes(plan.activation_bytes)} of host "
+                     "activations")
+    return " and ".join(parts) + " are"
 
 
 def worker_devices(config: TrainConfig, device: rt.Device) -> list[rt.Device]:

@@ -63,6 +63,10 @@ class Features:
         return total
 
 
+FILE_MIN_BYTES = 1 << 16
+"""A tensor smaller than this stays in RAM rather than in a file of its own (:meth:`Spill.copy`)."""
+
+
 class Spill:
     """Host buffers past a RAM allowance (``--host-memory``), as file-backed tensors (``--scratch DIR``).
 
@@ -73,13 +77,17 @@ class Spill:
     nothing is left in ``DIR`` after the run, whatever ends it (an error, Ctrl-C, a kill): the kernel frees the
     space when the process unmaps it or exits.
 
+    :meth:`copy` puts a tensor the engine only reads (a chunk's topology) in a file the same way, whatever the
+    allowance: the chunks' blocks are then file pages, as the graph directory's topology is.
+
     Args:
         scratch: the folder (``""``: the system's temporary folder).
         allowance: bytes of buffers kept in RAM (the first ones asked for that fit).
         need: bytes of every buffer: those past ``allowance`` must fit the folder's free space.
+        files: bytes that :meth:`copy` will write (they must fit too).
     """
 
-    def __init__(self, scratch: str, allowance: int, need: int):
+    def __init__(self, scratch: str, allowance: int, need: int, files: int = 0):
         root = scratch or tempfile.gettempdir()
         try:
             os.makedirs(root, exist_ok=True)
@@ -87,16 +95,20 @@ class Spill:
         except OSError as exc:
             raise ConfigError(f"--scratch {root}: {exc.strerror or exc}") from None
         spill = max(0, need - allowance)
-        if spill > free:
-            raise ConfigError(f"--scratch {root}: the activations to spill need about {format_bytes(spill)}, the "
-                              f"folder's file system has {format_bytes(free)} free: choose another --scratch or "
-                              "raise --host-memory")
+        if spill + files > free:
+            what = "the activations to spill" + (" and the chunks' topology" if files else "")
+            raise ConfigError(f"--scratch {root}: {what} need about {format_bytes(spill + files)}, the folder's "
+                              f"file system has {format_bytes(free)} free: choose another --scratch or raise "
+                              "--host-memory")
         self.root, self.allowance = root, allowance
         self.ram_bytes = 0
         """Bytes of the buffers kept in RAM."""
         self.spill_bytes = 0
         """Bytes of the file-backed buffers (their files' sizes)."""
+        self.file_bytes = 0
+        """Bytes of the file-backed copies (:meth:`copy`)."""
         self.fds: list[int] = []
+        self.copies = 0
         self.dir: str | None = tempfile.mkdtemp(prefix="gnnscale-spill-", dir=root)
 
     def fits_ram(self, nbytes: int) -> bool:
@@ -123,6 +135,26 @@ class Spill:
         self.fds.append(fd)
         self.spill_bytes += n * 4
         return t
+
+    def copy(self, t: Tensor) -> Tensor:
+        """A copy of ``t`` mapped from a new file (unlinked and closed at once), for a tensor that is only read;
+        one under :data:`FILE_MIN_BYTES` stays as it is."""
+        nbytes = t.numel() * t.element_size()
+        if nbytes < FILE_MIN_BYTES:
+            return t
+        assert self.dir is not None, "the spill folder was already finished"
+        path = os.path.join(self.dir, f"copy{self.copies}.bin")
+        self.copies += 1
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            out = torch.from_file(path, shared=True, size=t.numel(), dtype=t.dtype).view(t.shape)
+        finally:
+            os.unlink(path)
+            os.close(fd)
+        out.copy_(t)
+        self.file_bytes += nbytes
+        return out
 
     def finish(self) -> None:
         """Remove the (empty) private subfolder: called once the buffers exist, and on any failure before."""

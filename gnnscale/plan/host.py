@@ -63,6 +63,11 @@ class HostPlan:
         return self.activation_bytes - self.ram_activation_bytes
 
     @property
+    def free_bytes(self) -> int:
+        """What the budget has left after the fixed parts, the host cache and the activations kept in RAM."""
+        return self.budget - self.fixed_bytes - self.cache_bytes - self.ram_activation_bytes
+
+    @property
     def spills(self) -> bool:
         return self.spill_bytes > 0
 

@@ -278,14 +278,16 @@ def setup_dgl(venv: Path, log: Path) -> tuple[Path | None, dict[str, Any] | str]
     return (py, info) if info else (None, f"DGL installed but `import dgl` fails: {why}")
 
 
-def git_state(repo: Path) -> tuple[str, bool, list[str]]:
-    """``(HEAD's full hash, dirty, changed paths)``: uncommitted changes under gnnscale/ or benchmarks/ (results
-    and caches not counted)."""
-    sha = resolve(repo, "HEAD")
+def git_state(repo: Path, rev: str = "HEAD") -> tuple[str, bool, list[str]]:
+    """``(rev's full hash, dirty, changed paths)``: uncommitted changes under gnnscale/ or benchmarks/ (results
+    and caches not counted); a ``rev`` other than HEAD counts as dirty (its worktree is used)."""
+    sha = resolve(repo, rev)
     out = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "gnnscale", "benchmarks"],
                          capture_output=True, text=True, check=True).stdout
     paths = [ln[3:] for ln in out.splitlines() if ln.strip()]
     paths = [p for p in paths if not p.startswith("benchmarks/results/") and "cache" not in p]
+    if sha != resolve(repo, "HEAD"):
+        paths = [f"HEAD is not {rev}"]
     return sha, bool(paths), paths
 
 
@@ -334,6 +336,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"data and DGL's venv (default {DEFAULT_CACHE})")
     ap.add_argument("--dgl-venv", type=Path, default=None, help="DGL's venv (default CACHE/dgl-venv)")
     ap.add_argument("--from-tree", action="store_true", help="run the working tree even if dirty (marked -dirty)")
+    ap.add_argument("--rev", default="HEAD", help="the commit whose gnnscale and workers run (default HEAD)")
+    ap.add_argument("--render", default=None, metavar="SESSIONS",
+                    help="run nothing: write the section from the run records of these sessions (comma list of "
+                         "session ids in --out, e.g. a 200K run and a later gat-800K run of the same commit)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
     ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="markdown file for the section")
     ap.add_argument("--no-save", action="store_true", help="print the table only")
@@ -345,6 +351,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.sizes = [QUICK_NODES] if args.quick else sorted(_size(s) for s in _list(args.sizes))
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.epochs = args.epochs or (3 if args.quick else 5)
+    if args.from_tree and args.rev != "HEAD":
+        ap.error("--from-tree runs the working tree; it cannot be combined with --rev")
     if args.rounds < 1 or args.epochs <= args.warmup or args.warmup < 0 or args.threads < 1 or not args.sizes:
         ap.error("need --rounds >= 1, --epochs > --warmup >= 0, --threads >= 1 and one size at least")
     args.dgl_venv = args.dgl_venv or args.cache / "dgl-venv"
@@ -354,7 +362,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     command = shlex.join([".venv/bin/python", "benchmarks/peers.py", *(sys.argv[1:] if argv is None else argv)])
-    sha, dirty, changed = git_state(ROOT)
+    if args.render:
+        return render(args, command)
+    sha, dirty, changed = git_state(ROOT, args.rev)
     notes: list[str] = []
     pythons: dict[str, Path | None] = {"gnnscale": Path(sys.executable), "gnnscale-offload": Path(sys.executable),
                                        "pyg": Path(sys.executable)}
@@ -379,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                "cpu": f"{cpu_model()} ({os.cpu_count()} cores)", "threads": args.threads, "rounds": args.rounds,
                "epochs": args.epochs, "warmup": args.warmup, "gnnscale_rev": rev, "gnnscale_commit": sha,
-               "command": command, "session": session, **(probe or {}),
+               "command": command, "session": session, "notes": notes, **(probe or {}),
                **({"dgl": dgl_info["dgl"], "dgl_torch": dgl_info["torch"]} if isinstance(dgl_info, dict) else {})}
         data: dict[int, Path] = {}
         for n in sorted({c["nodes"] for c in case_list}):
@@ -412,17 +422,45 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not args.no_save:
                     append_records(args.out, [{**runs[-1], "command": command}])
     summaries = summarise(runs)
-    for s in summaries:
-        if s["system"] == "pyg" and s["kind"] == "sampling" and s["errors"]:
-            notes.append(f"PyG sampling skipped: {s['errors'][0]} (pyg-lib has no PyPI distribution; torch-sparse is "
-                         "on PyPI only as source to compile against torch)")
-    section = render_section(summaries, env, notes)
-    print("\n" + section)
     if not args.no_save:
         append_records(args.out, [{**s, **env} for s in summaries])
+    write_section(args, summaries, env, notes)
+    return 0
+
+
+def sampling_notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    return [f"PyG sampling skipped: {s['errors'][0]} (pyg-lib has no PyPI distribution; torch-sparse is on PyPI only "
+            "as source to compile against torch)"
+            for s in summaries if s["system"] == "pyg" and s["kind"] == "sampling" and s["errors"]][:1]
+
+
+def write_section(args: argparse.Namespace, summaries: Sequence[dict[str, Any]], env: dict[str, Any],
+                  notes: Sequence[str]) -> None:
+    section = render_section(summaries, env, [*notes, *sampling_notes(summaries)])
+    print("\n" + section)
+    if not args.no_save:
         text = args.results.read_text() if args.results.exists() else ""
         args.results.write_text(replace_section(text, section))
         print(f"wrote the peers section to {args.results}", file=sys.stderr)
+
+
+def render(args: argparse.Namespace, command: str) -> int:
+    """``--render``: the section from the records of earlier sessions in ``--out`` (their commands listed)."""
+    sessions = _list(args.render)
+    recs = [json.loads(ln) for ln in args.out.read_text().splitlines() if ln.strip()]
+    recs = [r for r in recs if r.get("session") in sessions]
+    runs = [r for r in recs if r.get("record") == "run"]
+    heads = {r["session"]: r for r in recs if r.get("record") == "summary"}  # carry the sessions' environment
+    missing = [s for s in sessions if s not in heads]
+    if missing or not runs:
+        print(f"error: no finished session {','.join(missing) or args.render} in {args.out}", file=sys.stderr)
+        return 2
+    first = heads[sessions[0]]
+    revs = sorted({heads[s]["gnnscale_rev"] for s in sessions})
+    env = {**first, "gnnscale_rev": " and ".join(revs), "rounds": "/".join(str(heads[s]["rounds"]) for s in sessions),
+           "command": "`, then `".join(heads[s]["command"] for s in sessions) + f"`; table: `{command}"}
+    notes = [n for s in sessions for n in heads[s].get("notes", []) if not n.startswith("PyG sampling")]
+    write_section(args, summarise(runs), env, list(dict.fromkeys(notes)))
     return 0
 
 

@@ -105,3 +105,30 @@ def test_sizes_and_workload_validation() -> None:
     assert args.sizes == [peers.QUICK_NODES] and args.rounds == 1 and args.epochs == 3
     with pytest.raises(SystemExit):
         peers.parse_args(["--workloads", "gcn,nope"])
+
+
+def test_render_combines_sessions_from_the_records(tmp_path: Path) -> None:
+    import json
+
+    runs = [{**_run("gcn-200K", "gnnscale", 0, 1.0), "record": "run", "session": "s1"},
+            {**_run("gcn-200K", "dgl", 0, 2.0), "record": "run", "session": "s1"},
+            {**_run("gat-800K", "gnnscale", 0, 6.0), "record": "run", "session": "s2"},
+            {**_run("gat-800K", "dgl", 0, 3.0), "record": "run", "session": "s2"},
+            {**_run("gcn-200K", "gnnscale", 0, 9.0), "record": "run", "session": "other"}]
+    heads = [{**ENV, "record": "summary", "session": s, "command": f"cmd {s}", "notes": [f"note {s}"]}
+             for s in ("s1", "s2")]
+    out, md = tmp_path / "peers.jsonl", tmp_path / "R.md"
+    out.write_text("".join(json.dumps(r) + "\n" for r in [*runs, *heads]))
+    md.write_text(f"# R\n{peers.BEGIN}\nold\n{peers.END}\ntail\n")
+    assert peers.main(["--render", "s1,s2", "--out", str(out), "--results", str(md)]) == 0
+    text = md.read_text()
+    assert "old" not in text and text.endswith(f"{peers.END}\ntail\n")
+    assert "| gcn-200K | gnnscale | 1.000 s (1.000-1.000) | 0.50x DGL |" in text
+    assert "| gat-800K | gnnscale | 6.000 s (6.000-6.000) | 2.00x DGL |" in text
+    assert "`cmd s1`, then `cmd s2`" in text and "- note s1" in text and "- note s2" in text
+    assert peers.main(["--render", "s1,nope", "--out", str(out), "--results", str(md), "--no-save"]) == 2
+
+
+def test_rev_and_from_tree_exclude_each_other() -> None:
+    with pytest.raises(SystemExit):
+        peers.parse_args(["--from-tree", "--rev", "HEAD~1"])

@@ -1,13 +1,16 @@
 """gnnscale's in-memory engine vs the same model in PyG: same graph, same device, one run.
 
-    .venv/bin/python benchmarks/inmemory_vs_pyg.py --device cpu
+    .venv/bin/python benchmarks/inmemory_vs_pyg.py --device cpu --threads 1 --rounds 3
     .venv/bin/python benchmarks/inmemory_vs_pyg.py --nodes 20000 --epochs 3 --no-save
     .venv/bin/python benchmarks/inmemory_vs_pyg.py --models gcn,sage,gat --device cuda --out /tmp/b.jsonl
 
 Cases (one per model, on a seeded CSBM graph) x implementations: gnnscale-inmemory, pyg (edge_index) and, for
 GCN, pyg-sparse (``adj_t`` from ``ToSparseTensor``). Each runs ``--warmup`` untimed then ``--epochs`` timed
-epochs; the table gives median epoch time and ``pyg_time / ours_time`` (> 1: gnnscale is faster). One JSON
-line per (case, implementation) is appended to benchmarks/results/inmemory_vs_pyg.jsonl.
+epochs; the table gives median epoch time and ``pyg_time / ours_time`` (> 1: gnnscale is faster). ``--threads``
+sets torch's intra-op threads (default: torch's choice); ``--rounds R`` repeats every case R times, interleaved
+(round 1 of every model and implementation, then round 2, ...), and ends with the median and range over the rounds
+of each implementation's median epoch and ratio. One JSON line per (round, case, implementation) is appended to
+benchmarks/results/inmemory_vs_pyg.jsonl, with ``threads``, ``round`` and ``rounds``.
 """
 
 from __future__ import annotations
@@ -199,6 +202,18 @@ def environment(dev: torch.device) -> dict[str, Any]:
             "gnnscale_rev": rev}
 
 
+def summarize(records: list[dict[str, Any]]) -> None:
+    """Per (model, implementation): the median and range over the rounds of its median epoch and of its ratio."""
+    rounds, threads = max((r["round"] for r in records), default=0), records[0]["threads"] if records else "-"
+    print(f"\nover {rounds} round(s), {threads} thread(s): median [min - max] of the rounds")
+    for key in dict.fromkeys((r["model"], r["impl"]) for r in records):
+        rs = [r for r in records if (r["model"], r["impl"]) == key]
+        t, q = [r["median_epoch_s"] for r in rs], [r["ratio_vs_ours"] for r in rs]
+        peak = max((r["peak_bytes"] or 0) for r in rs) / 2**20
+        print(f"  {key[0]:<5}{key[1]:<20} epoch {statistics.median(t):.3f} s [{min(t):.3f} - {max(t):.3f}]  "
+              f"pyg/ours {statistics.median(q):.2f} [{min(q):.2f} - {max(q):.2f}]  peak <= {peak:.0f} MiB")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="gcn,sage", help="comma-separated subset of gcn,sage,gat")
@@ -209,7 +224,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
     ap.add_argument("--no-save", action="store_true", help="print the table only")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved repetitions of every case")
     args = ap.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     dev = resolve_device(args.device)
     g = csbm(nodes=args.nodes, classes=5, avg_degree=10, features=128, seed=args.seed)  # one graph for all
@@ -219,16 +238,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"warmup {args.warmup}, timed {args.epochs}; ratio = impl_time / {OURS}_time (> 1: ours faster); "
           f"pyg-sparse adj_t: {SPARSE_ADJ}")
     records: list[dict[str, Any]] = []
-    for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for rnd, model in [(r, m) for r in range(1, args.rounds + 1) for m in models]:
         cfg = TrainConfig(model=model, hidden=64, layers=2, dropout=0.5, epochs=args.epochs, seed=args.seed)
         case = {"model": model, "graph": "csbm", "nodes": g.num_nodes, "edges": g.num_edges, "avg_degree": 10,
                 "features": g.num_features, "classes": g.num_classes, "hidden": cfg.hidden,
                 "layers": cfg.layers, "dropout": cfg.dropout, "heads": cfg.heads, "warmup": args.warmup,
-                "epochs": args.epochs, "seed": args.seed}
+                "epochs": args.epochs, "seed": args.seed, "threads": torch.get_num_threads(), "round": rnd,
+                "rounds": args.rounds}
         impls = [OURS, "pyg"] + (["pyg-sparse"] if model == "gcn" else [])
         rows = [bench(name, g, cfg, dev, args.warmup) for name in impls]
-        print(f"\n{model}: nodes={g.num_nodes} edges={g.num_edges} features={g.num_features} "
-              f"hidden={cfg.hidden} layers={cfg.layers}  [peak = {rows[0]['peak_kind']}]")
+        print(f"\nround {rnd}/{args.rounds}, {model}: nodes={g.num_nodes} edges={g.num_edges} "
+              f"features={g.num_features} hidden={cfg.hidden} layers={cfg.layers}  [peak = {rows[0]['peak_kind']}]")
         print(f"  {'impl':<20}{'median epoch (s)':>18}{'peak (MiB)':>12}{'pyg/ours':>10}{'load 1m':>9}")
         for r in rows:
             if "skipped" in r:
@@ -239,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {r['impl']:<20}{r['median_epoch_s']:>18.4f}{peak:>12}{r['ratio_vs_ours']:>10.2f}"
                   f"{r['loadavg_1m'] or float('nan'):>9.1f}")
             records.append({**common, **case, **r})
+    summarize(records)
     if not args.no_save and records:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as f:

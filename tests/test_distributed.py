@@ -236,6 +236,29 @@ def _epochs_task(rank: int, world: int, plan_dir: str) -> dict[str, Any]:
     return {"history": list(eng.merge.history), "records": records, "counted": counted}
 
 
+def _network_task(rank: int, world: int, plan_dir: str) -> dict[str, Any]:
+    """One micrograph epoch (every step kept) while this rank counts its exchanges, and every iteration adds a
+    collective of 3 float64 of its own: the record's ``network_bytes`` must include it (counted by the comm layer,
+    not added up from the other counters)."""
+    eng = _dist_engine(_graph(), "sage", plan_dir, strategy="micrograph", merge="off")
+    count = {"exchanges": 0}
+    exchange, iteration = eng.comm.exchange, eng._iteration
+
+    def spy(*a: Any, **k: Any) -> Any:
+        count["exchanges"] += 1
+        return exchange(*a, **k)
+
+    def extra(*a: Any, **k: Any) -> None:
+        eng.comm.all_reduce(torch.zeros(3, dtype=torch.float64), "sum", "test")
+        iteration(*a, **k)
+
+    eng.comm.exchange, eng._iteration = spy, extra  # type: ignore[method-assign]
+    record = eng.train_epoch(1)
+    eng.comm.close()
+    return {"record": record, "exchanges": count["exchanges"],
+            "param_bytes": sum(p.numel() * p.element_size() for p in eng.model.parameters())}
+
+
 def _hang_task(rank: int, world: int, out: str) -> float | None:
     """Rank 1 stays alive (its heartbeat beats) but never joins rank 0's collective; rank 0 must give up after
     the job's timeout (3 s), not torch's default of 30 minutes. Returns rank 0's seconds until it gave up."""
@@ -264,7 +287,7 @@ def _entry(rank: int, world: int, port: int, out: str, task: str, args: tuple[An
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     result = {"gradients": _gradients_task, "epochs": _epochs_task, "hang": _hang_task,
-              "refuse": _refuse_task}[task](rank, world, *args)
+              "refuse": _refuse_task, "network": _network_task}[task](rank, world, *args)
     torch.save(result, Path(out) / f"rank{rank}.pt")
 
 
@@ -397,6 +420,20 @@ def test_epoch_records_sum_every_rank_and_the_examination_is_the_job_s(tmp_path:
         assert rec["merges"] == got[0]["history"][e][1]  # this epoch's merging, not the next one's
         assert rec["time_steps"] == world - rec["merges"]  # per iteration, not summed over ranks
         assert len(rec["rank_cache_peak_bytes"]) == world and min(rec["rank_cache_peak_bytes"]) > 0
+
+
+def test_network_bytes_are_features_migrations_and_collectives(tmp_path: Path) -> None:
+    world = 2
+    got = _spawn(tmp_path, world, "network", str(tmp_path / "plans"))
+    rec = got[0]["record"]
+    assert rec == got[1]["record"]  # the job's figures, summed over the ranks
+    exchanges = sum(g["exchanges"] for g in got)
+    steps = rec["batches"] * world  # one gradient all-reduce and one test collective per rank and iteration
+    ids = 8 * rec["remote_rows"]  # the id requests (int64), each remote row asked for once
+    counts = exchanges * 8 * (world - 1)  # each exchange's per-peer counts
+    assert rec["migration_bytes"] > 0 and rec["remote_bytes"] > 0
+    assert rec["network_bytes"] == (rec["remote_bytes"] + rec["migration_bytes"] + ids + counts
+                                    + steps * (got[0]["param_bytes"] + 3 * 8))
 
 
 def test_a_peer_that_hangs_is_given_up_after_the_job_s_timeout(tmp_path: Path) -> None:

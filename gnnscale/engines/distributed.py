@@ -25,7 +25,9 @@ Strategies (``--strategy``):
   steps (:mod:`gnnscale.distributed.schedule`).
 
 Counters (rank 0's record, summed over ranks; seconds are summed over ranks too): ``remote_rows`` and
-``remote_bytes`` (feature rows received from other ranks), ``needed_rows`` and ``local_rows`` (input rows of the
+``remote_bytes`` (feature rows received from other ranks), ``network_bytes`` (every byte received in the epoch's
+training, as the comm layer counted it: the exchanges' id requests, counts and rows, the model migrations, the
+gradient all-reduces, checkpoints' counter gathers), ``needed_rows`` and ``local_rows`` (input rows of the
 trained batches or micrographs, and how many were this rank's: ``local_hit_rate``), ``migration_bytes``,
 ``time_steps`` (per iteration, mean), ``sample_s``, ``fetch_s``, ``train_s``, ``migrate_s``, ``sync_s``; per rank
 ``rank_feature_bytes`` (its part of the features) and ``rank_cache_peak_bytes`` (its largest set of fetched
@@ -74,9 +76,9 @@ if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
 
 SUMMED = ("loss_sum", "remote_rows", "remote_bytes", "needed_rows", "local_rows", "migration_bytes", "time_steps",
-          "iterations", "sample_s", "fetch_s", "train_s", "migrate_s", "sync_s", "sampled_edges")
+          "iterations", "sample_s", "fetch_s", "train_s", "migrate_s", "sync_s", "sampled_edges", "network_bytes")
 """Per-epoch counters, summed over ranks (in this order in the reduced vector)."""
-RANK_COUNTERS = tuple(k for k in SUMMED if k not in ("iterations", "sync_s"))
+RANK_COUNTERS = tuple(k for k in SUMMED if k not in ("iterations", "sync_s", "network_bytes"))
 """What the rank's trainer counts (the loop counts ``iterations`` and ``sync_s``)."""
 
 
@@ -383,13 +385,15 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         se, key = (cfg.seed, epoch), sample_key(cfg.seed, epoch)
         counters = SampledCounters(1, RANK_COUNTERS)
         self._cache_peak = 0
-        t_start = time.perf_counter()
+        t_start, received = time.perf_counter(), self.comm.counters["received_bytes"]
         batches = self.loop.run(epoch, functools.partial(self._feed, epoch=epoch),
                                 functools.partial(self._iteration, key=key, se=se, c=counters[0]), counters)
         elapsed = torch.tensor([time.perf_counter() - t_start], dtype=torch.float64)
+        received = self.comm.counters["received_bytes"] - received  # the training's, not the record's collectives
         self.comm.all_reduce(elapsed, "max", "epoch time")
         self.merge.epoch_done(epoch, float(elapsed))
         state = counters.state()
+        state["network_bytes"] = received
         vec = torch.tensor([state[k] for k in SUMMED], dtype=torch.float64)
         self.comm.all_reduce(vec, "sum", "counters")
         per_rank = torch.zeros(5, self.world, dtype=torch.float64)
@@ -407,6 +411,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
             out[k] = int(s.pop(k))
         out["remote_bytes"] = int(s.pop("remote_bytes"))
         out["migration_bytes"] = int(s.pop("migration_bytes"))
+        out["network_bytes"] = int(s.pop("network_bytes"))
         out["local_hit_rate"] = out["local_rows"] / out["needed_rows"] if out["needed_rows"] else None
         out["time_steps"] = s.pop("time_steps") / self.world / iters
         out.update(s)  # the seconds

@@ -141,6 +141,7 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         s: dict[str, Any] = {"record": "summary", "case": case, "system": system, "kind": mine[0]["kind"],
                              "reference": mine[0]["reference"], "rounds_ok": len(ok), "rounds": len(mine),
                              "errors": sorted({r.get("error") or "failed" for r in mine if not r.get("ok")})}
+        s["per_round"] = {r["round"]: r["mteps"] if r["kind"] == "sampling" else r["median_s"] for r in ok}
         if ok:
             med = [r["median_s"] for r in ok]
             s.update(median_s=statistics.median(med), min_s=min(med), max_s=max(med),
@@ -160,6 +161,8 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             s["ratio"] = s["mteps"] / ref["mteps"]
         else:
             s["ratio"] = s["median_s"] / ref["median_s"]
+        both = sorted(set(s["per_round"]) & set(ref["per_round"] if ref else ()))
+        s["round_ratios"] = [s["per_round"][k] / ref["per_round"][k] for k in both] if ref else []
     return out
 
 
@@ -187,24 +190,28 @@ def render_section(summaries: Sequence[dict[str, Any]], env: dict[str, Any], not
         "Graphs: csbm, 16 communities, 5 classes, average degree 10, 128 features; model 2 layers, hidden 64 (GAT: "
         "4 heads), dropout 0.5, Adam lr 0.01, the same initial weights everywhere. Time: median over rounds of each "
         "run's median epoch (range over rounds); sampling: sampled edges per second over one epoch of seeds. "
-        "Ratio: time / the reference's time (DGL; offload: gnnscale in-memory), for sampling throughput / DGL's "
-        "(> 1: faster). Peak RSS: largest `VmHWM` of the run's process (library, data and training); training "
-        "peak: `VmHWM` over the resident size after set-up (reset through `/proc/self/clear_refs`).", "",
-        "| workload | system | epoch time, median (range) | ratio | peak RSS | training peak | test acc |",
-        "|---|---|---|---|---|---|---|",
+        "Ratio: median time / the reference's median time (DGL; offload: gnnscale in-memory), for sampling "
+        "throughput / DGL's (> 1: faster); per round: the same ratio within each round (range over rounds). "
+        "Peak RSS: largest `VmHWM` of the run's process (library, data and training); training peak: `VmHWM` "
+        "over the resident size after set-up (reset through `/proc/self/clear_refs`).", "",
+        "| workload | system | epoch time, median (range) | ratio | ratio per round | peak RSS | training peak "
+        "| test acc |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         label = LABELS.get(s["system"], s["system"])
         if s["system"] == "gnnscale" and s["kind"] == "offload":
             label = "gnnscale in-memory"
         if "median_s" not in s:
-            lines.append(f"| {s['case']} | {label} | failed: {'; '.join(s['errors'])[:200]} | - | - | - | - |")
+            lines.append(f"| {s['case']} | {label} | failed: {'; '.join(s['errors'])[:200]} | - | - | - | - | - |")
             continue
         ref = "DGL" if s["reference"] == "dgl" else "in-memory"
         ratio = "-" if s["ratio"] is None else f"{s['ratio']:.2f}x {ref}"
+        rr = s.get("round_ratios") or []
+        per = "-" if not rr else f"{min(rr):.2f}-{max(rr):.2f}" if len(rr) > 1 else f"{rr[0]:.2f}"
         acc = "-" if s.get("test_acc") is None else f"{s['test_acc']:.3f}"
         miss = f" ({s['rounds_ok']}/{s['rounds']} rounds)" if s["rounds_ok"] < s["rounds"] else ""
-        lines.append(f"| {s['case']} | {label} | {_cell(s)}{miss} | {ratio} | {_gib(s.get('peak_rss_bytes'))} "
+        lines.append(f"| {s['case']} | {label} | {_cell(s)}{miss} | {ratio} | {per} | {_gib(s.get('peak_rss_bytes'))} "
                      f"| {_gib(s.get('train_peak_bytes'))} | {acc} |")
     if notes:
         lines += ["", *[f"- {n}" for n in notes]]
@@ -342,6 +349,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "session ids in --out, e.g. a 200K run and a later gat-800K run of the same commit)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
     ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="markdown file for the section")
+    ap.add_argument("--note", action="append", default=[], help="a line added under the table (repeatable)")
     ap.add_argument("--no-save", action="store_true", help="print the table only")
     args = ap.parse_args(argv)
     args.workloads = _list(args.workloads)
@@ -436,7 +444,7 @@ def sampling_notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
 
 def write_section(args: argparse.Namespace, summaries: Sequence[dict[str, Any]], env: dict[str, Any],
                   notes: Sequence[str]) -> None:
-    section = render_section(summaries, env, [*notes, *sampling_notes(summaries)])
+    section = render_section(summaries, env, [*notes, *sampling_notes(summaries), *args.note])
     print("\n" + section)
     if not args.no_save:
         text = args.results.read_text() if args.results.exists() else ""

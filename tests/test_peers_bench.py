@@ -48,6 +48,8 @@ def test_summaries_median_range_and_ratio_to_dgl() -> None:
     assert s["dgl"]["ratio"] == pytest.approx(1.0)
     assert s["pyg"]["rounds_ok"] == 1 and s["pyg"]["errors"] == ["RuntimeError: boom"]
     assert s["pyg"]["ratio"] == pytest.approx(9.0 / 5.0)
+    assert s["gnnscale"]["round_ratios"] == pytest.approx([1.0 / 4.0, 3.0 / 5.0, 2.0 / 6.0])
+    assert s["pyg"]["round_ratios"] == pytest.approx([9.0 / 4.0])
 
 
 def test_sampling_ratio_is_throughput_and_offload_refers_to_inmemory() -> None:
@@ -71,8 +73,9 @@ def test_render_section_rows() -> None:
     runs += [_run("gcn-200K", "dgl", r, 4.0) for r in range(3)]
     runs += [_run("gcn-200K", "pyg", r, 0.0, ok=False) for r in range(3)]
     text = peers.render_section(peers.summarise(runs), ENV, [peers.not_set_up("PyG", "no module\nnamed x")])
-    assert "| gcn-200K | gnnscale | 2.000 s (1.000-3.000) | 0.50x DGL | 1.00 GiB | 0.50 GiB | 0.800 |" in text
-    assert "| gcn-200K | DGL | 4.000 s (4.000-4.000) | 1.00x DGL |" in text
+    row = "| gcn-200K | gnnscale | 2.000 s (1.000-3.000) | 0.50x DGL | 0.25-0.75 | 1.00 GiB | 0.50 GiB | 0.800 |"
+    assert row in text
+    assert "| gcn-200K | DGL | 4.000 s (4.000-4.000) | 1.00x DGL | 1.00-1.00 |" in text
     assert "| gcn-200K | PyG | failed: RuntimeError: boom |" in text
     assert "Test CPU (2 cores)" in text and "abc123def456" in text and "`OMP_NUM_THREADS=1`" in text
     assert "interleaved rounds: 3" in text and ENV["command"] in text and "DGL 2.1.0 on torch 2.2.1" in text
@@ -120,12 +123,12 @@ def test_render_combines_sessions_from_the_records(tmp_path: Path) -> None:
     out, md = tmp_path / "peers.jsonl", tmp_path / "R.md"
     out.write_text("".join(json.dumps(r) + "\n" for r in [*runs, *heads]))
     md.write_text(f"# R\n{peers.BEGIN}\nold\n{peers.END}\ntail\n")
-    assert peers.main(["--render", "s1,s2", "--out", str(out), "--results", str(md)]) == 0
+    assert peers.main(["--render", "s1,s2", "--out", str(out), "--results", str(md), "--note", "loaded"]) == 0
     text = md.read_text()
     assert "old" not in text and text.endswith(f"{peers.END}\ntail\n")
     assert "| gcn-200K | gnnscale | 1.000 s (1.000-1.000) | 0.50x DGL |" in text
     assert "| gat-800K | gnnscale | 6.000 s (6.000-6.000) | 2.00x DGL |" in text
-    assert "`cmd s1`, then `cmd s2`" in text and "- note s1" in text and "- note s2" in text
+    assert "`cmd s1`, then `cmd s2`" in text and "- note s1" in text and "- note s2" in text and "- loaded" in text
     assert peers.main(["--render", "s1,nope", "--out", str(out), "--results", str(md), "--no-save"]) == 2
 
 

@@ -386,8 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with source_tree(ROOT, sha, args.from_tree, dirty) as src:
         rev = sha[:12] + ("-dirty" if dirty and src == ROOT else "")
         if dirty and src != ROOT:
-            notes.append(f"the working tree had uncommitted changes ({', '.join(changed[:5])}); gnnscale and PyG "
-                         f"ran from a clean worktree of {sha[:12]}")
+            why = f"--rev {args.rev}" if args.rev != "HEAD" else f"uncommitted changes in {', '.join(changed[:5])}"
+            notes.append(f"gnnscale and PyG ran from a clean worktree of {sha[:12]} ({why})")
         workers = src / "benchmarks" / "peers_workers.py"
         probe, why = _probe(Path(sys.executable), "import json, torch, torch_geometric as g; print(json.dumps("
                             "{'torch': torch.__version__, 'pyg': g.__version__}))", child_env(src, args.cache, 1))
@@ -467,7 +467,11 @@ def render(args: argparse.Namespace, command: str) -> int:
     revs = sorted({heads[s]["gnnscale_rev"] for s in sessions})
     env = {**first, "gnnscale_rev": " and ".join(revs), "rounds": "/".join(str(heads[s]["rounds"]) for s in sessions),
            "command": "`, then `".join(heads[s]["command"] for s in sessions) + f"`; table: `{command}"}
-    notes = [n for s in sessions for n in heads[s].get("notes", []) if not n.startswith("PyG sampling")]
+    notes = [n for s in sessions for n in heads[s].get("notes", [])
+             if not n.startswith("PyG sampling") and "clean worktree" not in n]
+    if not any(r.endswith("-dirty") for r in revs):
+        notes.append(f"gnnscale and PyG ran from commit {env['gnnscale_rev']} (a clean worktree of it where the shared "
+                     "working tree had uncommitted changes)")
     write_section(args, summarise(runs), env, list(dict.fromkeys(notes)))
     return 0
 

@@ -56,6 +56,10 @@ class ModelOptions:
     """Attention heads of GAT's hidden layers."""
     dropout: float = 0.5
     """Drop probability before every layer (keyed by vertex, so identical in every engine)."""
+    input_dropout: float | None = None
+    """Drop probability of the input features (before the first layer); ``None``: :attr:`dropout`, as Kipf &
+    Welling's GCN. ``0`` is PyG's ``BasicGNN``, which drops only between layers (its GIN with batch norm gains
+    4.5 points from it on Amazon Photo: benchmarks/RESULTS.md)."""
     norm: str = "none"
     """Normalisation of every hidden layer's output, before its activation (PyG's ``BasicGNN`` order): ``none``,
     ``batch`` (BatchNorm: statistics over the layer's vertices, all of them full-graph, the batch's sampled;
@@ -258,6 +262,14 @@ class TrainConfig(
     dataclass each (:class:`ModelOptions`, :class:`RunOptions`, then the engines' own groups); each engine says
     which groups it reads (``Engine.options``), and a flag of a group it does not read has no effect on it."""
 
+    def model_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`~gnnscale.nn.build_model` this configuration sets."""
+        kw: dict[str, Any] = {"layers": self.layers, "dropout": self.dropout, "heads": self.heads, "seed": self.seed,
+                              "norm": self.norm, "residual": self.residual, "jk": self.jk}
+        if self.input_dropout is not None:
+            kw["input_dropout"] = self.input_dropout
+        return kw
+
     def __post_init__(self) -> None:
         _coerce_fields(self)
         checks = [
@@ -266,6 +278,10 @@ class TrainConfig(
             (self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}"),
             (self.heads >= 1, f"--heads must be >= 1, got {self.heads}"),
             (0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1), got {self.dropout}"),
+            (self.input_dropout is None or 0.0 <= self.input_dropout < 1.0,
+             f"--input-dropout must be in [0, 1), got {self.input_dropout}"),
+            (self.model not in DECOUPLED_MODELS or self.input_dropout is None,
+             f"--input-dropout applies to the layer-stack models, not the decoupled {self.model}"),
             (self.norm in NORMS, f"unknown --norm {self.norm!r}; choose one of {', '.join(NORMS)}"),
             (self.jk in JK_MODES, f"unknown --jk {self.jk!r}; choose one of {', '.join(JK_MODES)}"),
             (self.model not in DECOUPLED_MODELS or (self.norm, self.residual, self.jk) == ("none", False, "none"),

@@ -160,8 +160,7 @@ def _read_result(path: Path, config: TrainConfig) -> TrainResult:
     saved = torch.load(path, weights_only=True)
     records = json.loads(saved["records"])
     model = build_model(config.model, records["num_features"], config.hidden, records["num_classes"],
-                        layers=config.layers, dropout=config.dropout, heads=config.heads, seed=config.seed,
-                        norm=config.norm, residual=config.residual, jk=config.jk)
+                        **config.model_kwargs())
     model.load_state_dict(saved["model"])
     return TrainResult(model=model, history=records["history"], summary=records["summary"],
                        engine=records["engine"], best_state=saved["best_state"])

@@ -49,8 +49,7 @@ def load_model(path: str | os.PathLike[str]) -> tuple[GNN, TrainConfig]:
     saved = load_versioned(path, FORMAT, VERSION, "model", f"--model {path}", " (write one with train --save-model)")
     config = TrainConfig(**saved["config"])
     model = build_model(config.model, saved["num_features"], config.hidden, saved["num_classes"],
-                        layers=config.layers, dropout=config.dropout, heads=config.heads, seed=config.seed,
-                        norm=config.norm, residual=config.residual, jk=config.jk)
+                        **config.model_kwargs())
     model.load_state_dict(saved["state_dict"])
     model.num_features, model.num_classes = saved["num_features"], saved["num_classes"]  # type: ignore[assignment]
     return model.eval(), config

@@ -150,13 +150,7 @@ def train(
         graph.num_features,
         config.hidden,
         graph.num_classes,
-        layers=config.layers,
-        dropout=config.dropout,
-        heads=config.heads,
-        seed=config.seed,
-        norm=config.norm,
-        residual=config.residual,
-        jk=config.jk,
+        **config.model_kwargs(),
     )
     setup: dict[str, float] = {}
     with stage("setup", setup):

@@ -19,6 +19,7 @@ from gnnscale import TrainConfig, load_dataset, train
 from gnnscale.cli import main
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
+from gnnscale.nn import build_model
 
 GNNSCALE = [sys.executable, "-m", "gnnscale"]
 
@@ -152,3 +153,23 @@ def test_engine_auto_picks_inmemory_for_batch_norm_and_jk(capfd: pytest.CaptureF
     assert main(["train", "--dataset", "csbm:nodes=200", "--epochs", "1", "--device", "cpu", "--norm", "batch",
                  "--jk", "max", "--model", "gin"]) == 0
     assert "engine inmemory" in capfd.readouterr().out
+
+
+def test_input_dropout_zero_drops_only_between_layers_in_every_engine() -> None:
+    """``--input-dropout 0`` (PyG's ``BasicGNN``): layer 0's input is the features as they are, the hidden layers
+    are still dropped; the offload engine trains it as the in-memory one does, and it is another run than the
+    default (the features dropped with ``--dropout``)."""
+    net = build_model("gcn", 12, 16, 3, layers=2, dropout=0.5, heads=1, seed=0, input_dropout=0.0)
+    x, ids = torch.randn(40, 12), torch.arange(40)
+    assert torch.equal(net.layer_input(0, x, ids, (1, 1)), x)
+    h = torch.rand(40, 16) + 0.1
+    assert bool((net.layer_input(1, h, ids, (1, 1)) == 0).any())  # hidden rows still dropped
+    assert not torch.equal(build_model("gcn", 12, 16, 3, layers=2, dropout=0.5, heads=1, seed=0)
+                           .layer_input(0, x, ids, (1, 1)), x)
+    g = csbm(nodes=300, features=12, avg_degree=8, seed=2)
+    kw: dict[str, Any] = dict(model="sage", layers=2, hidden=16, dropout=0.5, seed=1, epochs=2)
+    ref = train(g, TrainConfig(engine="inmemory", input_dropout=0.0, **kw), "cpu")
+    got = train(g, TrainConfig(engine="offload", chunks=4, input_dropout=0.0, **kw), "cpu")
+    assert _losses(got.history) == pytest.approx(_losses(ref.history), rel=1e-5)
+    assert _losses(train(g, TrainConfig(engine="inmemory", **kw), "cpu").history) != _losses(ref.history)
+    assert main(["train", "--dataset", "csbm:nodes=200", "--input-dropout", "1.5", "--epochs", "1"]) == 2

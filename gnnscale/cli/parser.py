@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: total over heads; default 64)")
     t.add_argument("--heads", type=int, default=4, help="GAT attention heads (default 4)")
     t.add_argument("--dropout", type=float, default=0.5, help="drop probability before every layer (default 0.5)")
+    t.add_argument("--input-dropout", type=float, metavar="P",
+                   help="drop probability of the input features (default: --dropout; 0 is PyG's BasicGNN, which "
+                        "drops only between layers)")
     t.add_argument("--norm", choices=list(NORMS), default="none",
                    help="normalise each hidden layer's output before its activation (PyG's BasicGNN): batch "
                         "(BatchNorm), layer (LayerNorm per vertex) or none (default none)")

@@ -118,9 +118,7 @@ def _plan_hybrid(args: argparse.Namespace) -> int:
     if reasons:
         raise ConfigError(f"the hybrid engine cannot train {g.name}: {'; '.join(reasons)}")
     assert g.num_classes is not None
-    model = build_model(config.model, g.num_features, config.hidden, g.num_classes, layers=config.layers,
-                        dropout=config.dropout, heads=config.heads, seed=config.seed, norm=config.norm,
-                        residual=config.residual, jk=config.jk)
+    model = build_model(config.model, g.num_features, config.hidden, g.num_classes, **config.model_kwargs())
     engine: Any = ENGINES[args.engine](g, model, config, device)
     n = int(engine.train_ids.numel())
     t = engine.perf.stage_times(config.batch_size, engine.split, engine.threads)

@@ -40,6 +40,7 @@ def _warm_imports() -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     config = TrainConfig(
         model=args.model, layers=args.layers, hidden=args.hidden, heads=args.heads, dropout=args.dropout,
+        input_dropout=args.input_dropout,
         norm=args.norm, residual=args.residual, jk=args.jk,
         lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, seed=args.seed, engine=args.engine,
         mode=args.mode,

@@ -59,6 +59,7 @@ class GNN(nn.Module):
         norm: str = "none",
         residual: bool = False,
         jk: str = "none",
+        input_dropout: float | None = None,
     ):
         super().__init__()
         if kind not in MODELS:
@@ -68,6 +69,9 @@ class GNN(nn.Module):
         if jk not in JK_MODES:
             raise ConfigError(f"unknown --jk {jk!r}; choose one of {', '.join(JK_MODES)}")
         self.kind, self.dropout = kind, dropout
+        self.input_dropout = dropout if input_dropout is None else input_dropout
+        """The input features' drop probability (layer 0's input): ``dropout`` unless given (PyG's ``BasicGNN``:
+        0)."""
         self.norm, self.residual, self.jk = norm, residual, jk
         self.activation: Callable[[Tensor], Tensor] = F.elu if kind == "gat" else F.relu
         dims = [in_features] + [hidden] * (num_layers - 1) + [num_classes if jk == "none" else hidden]
@@ -120,7 +124,7 @@ class GNN(nn.Module):
         elif h.dtype == torch.bfloat16:  # features stored in bfloat16: upcast where they are (on the device)
             h = h.float()
         key = None if seed_epoch is None else self.dropout_key(*seed_epoch, layer)
-        return keyed_dropout(h, self.dropout, key, row_ids)
+        return keyed_dropout(h, self.input_dropout if layer == 0 else self.dropout, key, row_ids)
 
     def head(self, hs: list[Tensor]) -> Tensor:
         """With ``jk``, the class scores from every layer's output as the next layer would take it: ``hs[l]`` is

@@ -15,7 +15,7 @@ ALL_MODELS = (*MODELS, *DECOUPLED_MODELS)
 
 def build_model(
     kind: str, in_features: int, hidden: int, num_classes: int, *, layers: int, dropout: float, heads: int, seed: int,
-    norm: str = "none", residual: bool = False, jk: str = "none",
+    norm: str = "none", residual: bool = False, jk: str = "none", input_dropout: float | None = None,
 ) -> GNN:
     """Build a model with weights determined by ``seed`` alone (same seed -> same initial weights everywhere);
     ``dgcn``/``dgat`` build a :class:`~gnnscale.nn.decoupled.DecoupledGNN` (which takes no ``norm``, ``residual``
@@ -23,8 +23,9 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if kind in DECOUPLED_MODELS:
-            if (norm, residual, jk) != ("none", False, "none"):
-                raise ConfigError(f"--norm, --residual and --jk apply to the layer-stack models, not {kind}")
+            if (norm, residual, jk, input_dropout) != ("none", False, "none", None):
+                raise ConfigError(f"--norm, --residual, --jk and --input-dropout apply to the layer-stack models, "
+                                  f"not {kind}")
             return DecoupledGNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout)
         return GNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout, heads=heads, norm=norm,
-                   residual=residual, jk=jk)
+                   residual=residual, jk=jk, input_dropout=input_dropout)

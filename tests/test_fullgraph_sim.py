@@ -190,7 +190,7 @@ def test_offload_fits_the_pool_its_planner_sized(graph: Graph) -> None:
 def test_offload_over_the_pool_raises_a_clear_error(graph: Graph) -> None:
     """A pool the planner cannot fit: its error names the minimum. A budget the pool does not have (a wrong
     --gpu-memory): the device's out-of-memory error, in one line."""
-    tiny = rt.SimDevice(0, 16 << 10)
+    tiny = rt.SimDevice(0, 4 << 10)
     cfg = TrainConfig(**{**OFFLOAD, "chunks": None})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="needs at least"):
         OffloadEngine(graph, _model(graph, cfg), cfg, tiny)

@@ -102,10 +102,10 @@ def test_offload_engine_layout() -> None:
 
 
 def _budget_for(g: Graph, cfg: TrainConfig, chunks: int) -> int:
-    """The planner's estimate with ``chunks`` chunks per partition (chunk and transition buffers): a budget that
-    forces about that many."""
+    """The planner's search estimate with ``chunks`` chunks per partition (chunk and transition buffers, without
+    resident blocks): a budget that forces about that many."""
     forced = TrainConfig(**{**asdict(cfg), "chunks": chunks, "memory_budget": 1 << 40})
-    return plan_offload(g, forced, CPU).estimate
+    return plan_offload(g, forced, CPU).search_estimate
 
 
 @pytest.mark.parametrize("model", ["gcn", "gat"])

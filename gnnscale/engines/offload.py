@@ -54,7 +54,8 @@ On an accelerator (a GPU, or the runtime's sim device) the host buffers are pinn
 next chunk's rows and topology are loaded on a copy stream while the current chunk computes, and gradient
 accumulation into host memory runs on a worker thread (all in the row mover, :mod:`~gnnscale.engines.mover`, through
 :mod:`gnnscale.runtime`), and ``peak_device_bytes`` is the device's allocation peak; on the CPU the same code runs
-synchronously and ``peak_device_bytes`` is measured by :class:`~gnnscale.plan.memory.LiveBytesCounter`. Per pass a
+synchronously and ``peak_device_bytes`` is measured by :class:`~gnnscale.plan.memory.LiveBytesCounter`. Every epoch
+record carries the planner's ``estimated_peak_device_bytes`` (per device) beside that count. Per pass a
 device waits twice per chunk (its copy stream for its compute stream, its compute stream for the chunk's loads)
 and the host once (:meth:`~gnnscale.engines.mover.RowMover.barrier`), plus once per accumulation into host memory
 on the accumulating thread.
@@ -280,6 +281,7 @@ class OffloadEngine(Engine):
                                    "chunks": self.num_chunks, "partitions": self.partitions,
                                    "devices": len(self.workers), **self._row_counters()}
         stats.update(self._tier_counters())
+        stats["estimated_peak_device_bytes"] = self.plan.estimate  # the planner's, per device: beside the count
         if self.counter is not None:
             stats["peak_device_bytes"] = self.counter.peak
         peaks = [w.counter.peak for w in self.workers if w.counter is not None]

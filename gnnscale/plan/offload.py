@@ -14,7 +14,10 @@ destinations, ``R`` source rows (destinations and in-neighbours) and ``E`` in-ed
   aggregation and its gradient;
 
 plus the parameters with their gradients and Adam moments. The largest chunk over all layers sets the peak, and
-:data:`SAFETY` covers allocator rounding and short-lived temporaries the model does not list.
+:data:`SAFETY` covers allocator rounding and short-lived temporaries the model does not list. That coarse bound
+(:func:`chunk_peak_bytes`) prices only models the per-pass model (:mod:`~gnnscale.plan.offload_memory`) does not
+list; GCN, SAGE, GAT and GIN stacks are priced pass by pass, each chunk with its own sizes and its neighbours in
+the schedule, within a few percent above the counted peak.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from gnnscale.partition.plan import (
     permute_csr,
 )
 from gnnscale.plan.memory import available_device_bytes
+from gnnscale.plan.offload_memory import block_cache_bytes, epoch_peak, modelled
 from gnnscale.plan.throughput import throughput
 from gnnscale.progress import stage
 from gnnscale.units import format_bytes
@@ -89,7 +93,12 @@ class OffloadPlan:
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent partitioning (``partition_s``), splitting into chunks (``chunk_s``) and planning (``plan_s``)."""
     chunk_estimate: int = 0
-    """The largest chunk's modelled peak, without the transition buffers."""
+    """The largest chunk's modelled peak, without the transition buffers (with the per-pass model of
+    :mod:`~gnnscale.plan.offload_memory`, which prices each pass's buffers at that pass's width: with them)."""
+    search_estimate: int = 0
+    """The estimate the chunk-count search compares with the budget for this split: transition buffers bounded
+    from chunk statistics (:func:`capacity_bound`) and, with the per-pass model, each batch's newcomer rows
+    bounded by its rows; without resident blocks. At least :attr:`estimate` less the resident blocks."""
     resident_topology: bool = False
     """Every chunk's block (and transpose) stays on its device after its first use instead of being resent each
     pass: the budget holds them beside the chunk's peak."""
@@ -197,14 +206,15 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
     """Partition ``graph``, choose the chunk count, the chunker and the schedule for ``config``.
 
     Preprocessing runs each expensive step once: METIS once per (graph, method, partitions, seed), saved (see
-    :func:`~gnnscale.partition.load_or_partition`); the chunk count is searched (doubling, then bisection) on
-    range splits priced from chunk statistics alone -- the largest chunk's modelled peak plus a bound on the
-    transition buffers (:func:`capacity_bound`) -- without building any exchange plan or running METIS; the
-    chosen split is then built once. A ``metis`` chunker runs METIS at the chosen count (and, only when those less
-    balanced chunks do not fit, at a larger one); ``auto`` choices (``config.chunker``, ``config.reorganize``)
-    take the candidate with the lower Eq. 4 cost. When the budget also holds every chunk's topology, blocks stay
-    resident on the device. The plan is memoised per graph and config, so an engine's checks and its set-up share
-    it.
+    :func:`~gnnscale.partition.load_or_partition`); the chunk count is searched (steps in proportion to the
+    overshoot, then bisection) on range splits priced from chunk statistics alone -- the per-pass model of
+    :mod:`~gnnscale.plan.offload_memory` in the range order, newcomer rows bounded, transition buffers bounded
+    (:func:`capacity_bound`) -- without building any exchange plan or running METIS; the chosen split is then
+    built once and priced with its schedule and exchange plan. A ``metis`` chunker runs METIS at the chosen
+    count (and, only when those less balanced chunks do not fit, at a larger one); ``auto`` choices
+    (``config.chunker``, ``config.reorganize``) take the candidate with the lower Eq. 4 cost. When the budget
+    also holds every chunk's topology, blocks stay resident on the device. The plan is memoised per graph and
+    config, so an engine's checks and its set-up share it.
 
     Raises:
         ConfigError: no chunk count fits the budget (the message names the smallest budget that would), or the
@@ -243,7 +253,23 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         of the split ``chunk_ptr`` of the renumbered CSR ``ip, ix`` whose chunk sizes are ``sizes``."""
         owners = ChunkCounter.of(ip, ix).owners(chunk_ptr, base.part_ptr) if need_owners else None
         cap = capacity_bound(sizes, owners, part_sizes, chunks, config.dedup, device_of)
+        if per_pass:  # the passes' own buffers, priced in the schedule (range order here; build() re-prices)
+            caps[id(sizes)] = cap
+            return pass_priced(sizes, default_schedule(m, chunks), cap, False), 0
         return _estimate(model, sizes), transition_bytes(model, cap)
+
+    def pass_priced(sizes: Tensor, schedule: Tensor, cap: list[int], resident: bool,
+                    exchange: ExchangePlan | None = None) -> int:
+        """The per-pass model's epoch peak (:func:`~gnnscale.plan.offload_memory.epoch_peak`) of chunks of
+        ``sizes`` run in ``schedule`` with transition buffers of ``cap`` rows; the newcomer rows each batch loads
+        are ``exchange``'s when planned, else bounded by the batch's rows (an estimate that can only drop once
+        the exchange is planned)."""
+        moves = None if exchange is None else [[mv.new_rows for mv in dev] for dev in exchange.moves]
+        return epoch_peak(model, sizes, schedule, device_of, cap, exchange=config.dedup != "none",
+                          resident=resident, num_nodes=graph.num_nodes, moves=moves)[0]
+
+    per_pass = modelled(model)
+    caps: dict[int, list[int]] = {}
     searched: dict[int, int] = {}
     with stage("chunk", timings):
         indptr, indices, _ = permute_csr(graph.indptr, graph.indices, None, base.perm, base.inverse())
@@ -258,10 +284,12 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         if config.chunks is not None:
             n = config.chunks
         else:
-            n = 1
+            # each try counts every chunk's in-neighbours (a pass over the edges): step in proportion to the
+            # overshoot (the peak falls about as 1/n) rather than doubling, then bisect
+            n, lo = 1, 0
             while estimate(n) > budget and n < limit:
-                n = min(2 * n, limit)
-            lo = n // 2  # estimate(lo) > budget or lo == 0: binary search for the fewest chunks that fit
+                lo, n = n, min(limit, max(n + 1, math.ceil(n * searched[n] / budget)))
+            # estimate(lo) > budget or lo == 0: binary search for the fewest chunks that fit
             while searched[n] <= budget and n - lo > 1 and n > 1:
                 mid = (lo + n) // 2
                 if estimate(mid) <= budget:
@@ -287,14 +315,22 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
     reorg_options = [False] if config.reorganize == "off" or config.dedup == "none" else \
         [True] if config.reorganize == "on" else [False, True]
 
-    def build(part: PartitionPlan, rows: list[Tensor], chunk_est: int, reorg: bool, bound: int) -> OffloadPlan:
+    priced: dict[int, Tensor] = {}
+    """Per plan (by id): its chunks' sizes, for re-pricing with the exact buffers and resident blocks."""
+
+    def build(part: PartitionPlan, rows: list[Tensor], chunk_est: int, reorg: bool, bound: int,
+              sizes: Tensor | None = None) -> OffloadPlan:
         """The split ``part`` scheduled (``reorg``: by Algorithm 4) with its volumes; the transition buffers are
         priced by ``bound`` until :func:`finish` plans them exactly (only the chosen candidate is)."""
         m_, n_ = part.partitions, part.chunks
         sched = reorganize(rows, m_, n_, graph.num_nodes) if reorg else default_schedule(m_, n_)
+        if per_pass and sizes is not None:
+            chunk_est = pass_priced(sizes, sched, caps[id(sizes)], False)
         plan = OffloadPlan(part, chunk_est + bound, budget, path, reused, {}, rows, sched, reorg, config.dedup,
                            comm_volume(rows, sched), None, len(devices))
-        plan.chunk_estimate = chunk_est
+        plan.chunk_estimate, plan.search_estimate = chunk_est, chunk_est + bound
+        if sizes is not None:
+            priced[id(plan)] = sizes
         return plan
 
     def finish(plan: OffloadPlan) -> OffloadPlan:
@@ -302,7 +338,11 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         if config.dedup != "none" and plan.exchange is None:
             plan.exchange = plan_exchange(plan.rows, plan.partition.part_ptr, plan.schedule, config.dedup,
                                           device_of, plan.volume)
-            plan.estimate = plan.chunk_estimate + transition_bytes(model, plan.exchange.capacity)
+            if per_pass:
+                plan.chunk_estimate = plan.estimate = pass_priced(priced[id(plan)], plan.schedule,
+                                                                  plan.exchange.capacity, False, plan.exchange)
+            else:
+                plan.estimate = plan.chunk_estimate + transition_bytes(model, plan.exchange.capacity)
         return plan
 
     def candidate(part: PartitionPlan) -> OffloadPlan:
@@ -310,8 +350,9 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         :func:`scheduled`)."""
         ip, ix = _permuted(graph, part, base, indptr, indices)
         rows = chunk_rows(ip, ix, part.chunk_ptr)
-        chunk_est, bound = price(ip, ix, part.chunk_ptr, part.chunks, sizes_from_rows(rows, ip, part.chunk_ptr))
-        return build(part, rows, chunk_est, reorg_options[0], bound)
+        sizes = sizes_from_rows(rows, ip, part.chunk_ptr)
+        chunk_est, bound = price(ip, ix, part.chunk_ptr, part.chunks, sizes)
+        return build(part, rows, chunk_est, reorg_options[0], bound, sizes)
 
     def fits(plan: OffloadPlan) -> bool:
         """Within the budget, the transition buffers planned exactly when their bound alone does not fit."""
@@ -327,7 +368,8 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         """With ``--reorganize auto``: Algorithm 4's schedule when it lowers the modelled cost and still fits."""
         if len(reorg_options) == 1:
             return finish(plan)
-        other = build(plan.partition, plan.rows, plan.chunk_estimate, True, plan.estimate - plan.chunk_estimate)
+        other = build(plan.partition, plan.rows, plan.chunk_estimate, True, plan.estimate - plan.chunk_estimate,
+                      priced.get(id(plan)))
         return finish(other if cost(other) < cost(plan) and fits(other) else plan)
 
     def forced_too_big(plan: OffloadPlan) -> ConfigError:
@@ -371,12 +413,20 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         plan.searched = dict(sorted(searched.items()))
         plan.costs = costs
         ip = _permuted(graph, plan.partition, base, indptr, indices)[0]
-        topo = topology_bytes(model, sizes_from_rows(plan.rows, ip, plan.partition.chunk_ptr), graph.num_nodes)
+        plan_sizes = sizes_from_rows(plan.rows, ip, plan.partition.chunk_ptr)
+        topo = topology_bytes(model, plan_sizes, graph.num_nodes)
+        if per_pass:  # resident blocks keep what their layers cache on them too
+            topo = topo + block_cache_bytes(model, plan_sizes[:, 2].double()).long()
         per_device = [0] * len(devices)
         for i in range(m):
             k0 = i * plan.partition.chunks
             per_device[device_of[i]] += int(topo[k0 : k0 + plan.partition.chunks].sum())
-        if plan.estimate + max(per_device) <= budget:
+        if per_pass:  # the passes without per-chunk block loads, the blocks held beside them
+            cap = plan.exchange.capacity if plan.exchange is not None else []
+            resident = pass_priced(priced[id(plan)], plan.schedule, cap, True, plan.exchange) + max(per_device)
+            if resident <= budget:
+                plan.resident_topology, plan.estimate = True, resident
+        elif plan.estimate + max(per_device) <= budget:
             plan.resident_topology = True
             plan.estimate += max(per_device)
     plan.timings = timings

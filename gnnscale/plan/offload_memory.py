@@ -1,0 +1,413 @@
+"""Per-pass memory model of the offload engine: the device bytes alive at each pass's peak, chunk by chunk.
+
+An epoch of the offload engine is a sequence of passes over the chunk schedule
+(:class:`~gnnscale.engines.offload_layers.LayerPasses`): each projecting layer's projection, each layer's
+forward, the last layer's fused loss and backward, each layer's backward and the projections' backward. A pass
+holds, besides the model:
+
+* its transition buffers (``--dedup full/reuse``), at the width of the rows that pass moves (a projecting layer
+  moves its projected rows, not its input) and only where it moves them (rows, gradients or both);
+* the loads of two chunks (the one computing and the next, prefetched): block topology, the batch's newcomer
+  rows or the gathered source rows, destination slices; at the moment a load is issued, three;
+* what the computing chunk allocates: its assembled source rows, keyed-dropout temporaries, the layer's outputs
+  and, with autograd, saved tensors and gradients -- listed per layer kind (GCN, SAGE, GAT, GIN) at each moment
+  where the live set can peak;
+* the previous chunk's results still bound to the loop's variables until the next chunk rebinds them.
+
+Each chunk is priced with its own ``V, R, E`` and its neighbours in the schedule, so maxima of different chunks
+are not combined. A model with a normalisation or residual connections, or a layer kind the model does not list,
+is priced by the coarse :func:`~gnnscale.plan.offload.chunk_peak_bytes` bound instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gnnscale.nn import GNN
+from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.gat import GATLayer
+from gnnscale.nn.gcn import GCNLayer
+from gnnscale.nn.gin import GINLayer
+from gnnscale.nn.sage import SAGELayer
+
+F32 = 4
+I64 = 8
+
+
+def modelled(model: GNN) -> bool:
+    """True when :func:`pass_peaks` lists every tensor of ``model``'s passes (else the coarse bound applies)."""
+    if getattr(model, "norm", "none") != "none" or getattr(model, "residual", False):
+        return False
+    if getattr(model, "jk", "none") != "none":
+        return False
+    kinds = (GCNLayer, SAGELayer, GATLayer, GINLayer)
+    return all(type(layer) in kinds for layer in model.block_layers)
+
+
+@dataclass
+class Chunks:
+    """Per chunk, in one worker's schedule order (float64 ``[K]`` tensors)."""
+
+    V: Tensor
+    R: Tensor
+    E: Tensor
+    """In-edges (with a self-loop per destination: an upper bound for models without them)."""
+    staged: Tensor
+    """Newcomer rows loaded with the chunk (the first chunk of a batch; 0 without an exchange)."""
+    held: Tensor
+    """Newcomer rows of the chunk's batch still held while it computes (loaded with an earlier chunk)."""
+    first: Tensor
+    """1.0 where the chunk is the first of its batch."""
+
+
+def _shift(t: Tensor, step: int) -> Tensor:
+    """``t`` of the neighbour ``step`` positions later (``-1``: earlier) in the sequence, zero past the ends."""
+    out = torch.zeros_like(t)
+    if t.numel() <= abs(step):
+        return out
+    if step > 0:
+        out[:-step] = t[step:]
+    else:
+        out[-step:] = t[:step]
+    return out
+
+
+def _dropout(rows: Tensor, width: int) -> Tensor:
+    """Keyed dropout's peak on ``[rows, width]``: bool mask, product, quotient, int64 row hashes."""
+    return rows * (9 * width + 3 * I64)
+
+
+Moments = Callable[["_Pass"], Tensor]
+
+
+@dataclass
+class _Pass:
+    """What every moment of a pass may name, per chunk."""
+
+    c: Chunks
+    A: Tensor
+    """Assembled source rows (an exchange's assembly; without one the gathered rows are a load)."""
+
+
+def pass_peaks(model: GNN, c: Chunks, *, exchange: bool, capacity: int, multi_part: bool, resident: bool,
+               idx: int = 4) -> dict[str, int]:
+    """Modelled peak device bytes of each pass of a training epoch (beyond the parameters), the largest chunk of
+    each pass priced with its neighbours in the schedule order of ``c``.
+
+    Args:
+        exchange: the passes move source rows through transition buffers of ``capacity`` rows.
+        multi_part: a chunk's rows are assembled from several buffers (several partitions).
+        resident: blocks stay on the device (their bytes are priced by the caller, not per load).
+        idx: bytes of a topology index (int32 while the graph has fewer than 2^31 vertices).
+    """
+    layers = model.block_layers
+    L = len(layers)
+    V, R, E = c.V, c.R, c.E
+    out: dict[str, int] = {}
+    weights = model.adjacency.norm == "gcn"
+
+    def topology(transpose: bool, blocks: bool) -> Tensor:
+        if not blocks or resident:
+            return torch.zeros_like(V)
+        t = idx * (V + 1) + idx * E + idx * R + (F32 * E if weights else 0)
+        if transpose:
+            t = t + idx * (R + 1) + idx * E + (F32 * E if weights else 0)
+        return t + block_cache_bytes(model, E, transpose)
+
+    def run(name: str, *, src: int, grad: int, slices: Sequence[int], blocks: bool, transpose: bool,
+            compute: Callable[[Tensor, Tensor], Tensor], stale: Callable[[Tensor], Tensor],
+            rebind: Callable[[Tensor], Tensor] | None = None, slack: int = 0) -> None:
+        """One pass: ``src``/``grad`` the widths of the rows/gradients it moves (0: none), ``slices`` the widths
+        of the destination rows it reads; ``compute(A, P)`` the chunk's own peak given its assembled rows' bytes
+        ``A`` and the previous chunk's leftovers ``P`` (``stale(A)`` of that chunk: what it leaves bound until
+        the next chunk rebinds it; ``compute`` adds them where they are still bound), ``rebind(A)`` what the
+        next chunk allocates before its variables let go of the previous chunk's (its source rows, assembled
+        while the old ones are bound)."""
+        moves = exchange and (src > 0 or grad > 0)
+        persistent = F32 * capacity * (src + grad) if moves else 0
+        load = topology(transpose, blocks) + F32 * V * sum(slices)
+        if blocks and src and not moves:
+            load = load + F32 * R * src  # gathered rows
+        A = torch.zeros_like(V)
+        if moves:
+            load = load + I64 * R * (2 if multi_part else 1)  # assembly slots (and positions)
+            if src:
+                load = load + (F32 * src + I64) * c.staged  # newcomer rows and their slots
+                A = F32 * R * src
+            if grad:
+                load = load + I64 * c.staged * c.first  # leaving slots (at most the batch's newcomers)
+        held = F32 * src * c.held if moves and src else torch.zeros_like(V)
+        if moves and src and multi_part:
+            A = 2 * A  # the parts gathered, then the assembled rows
+        nxt, prev = _shift(load, 1), _shift(load, -1)
+        st = stale(A)
+        prev_stale = _shift(st, -1)
+        at_compute = load + nxt + held + compute(A, prev_stale)
+        peak = torch.maximum(at_compute, prev + load + nxt + held + prev_stale)
+        if rebind is not None:
+            peak = torch.maximum(peak, load + nxt + held + rebind(A) + prev_stale)
+        out[name] = persistent + slack + int(peak.max())  # slack: parameter-gradient temporaries
+
+    def project(l: int, layer: BlockLayer) -> None:
+        fi, fa = layer.in_features, layer.out_features
+        run(f"project{l}", src=0, grad=0, slices=[fi], blocks=False, transpose=False,
+            compute=lambda A, P: _project(V, fi, fa, l), stale=lambda A: F32 * V * fi * (l == 0))
+
+    def project_backward(l: int, layer: BlockLayer) -> None:
+        fi, fa = layer.in_features, layer.out_features
+        run(f"project_backward{l}", src=0, grad=0, slices=[fi, fa], blocks=False, transpose=False,
+            compute=lambda A, P: _project_backward(V, fi, fa, l), slack=2 * _params(layer),
+            stale=lambda A: _project_backward_stale(V, fi, fa, l))
+
+    def forward(l: int, layer: BlockLayer) -> None:
+        fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
+        if proj:
+            project(l, layer)
+        run(f"forward{l}", src=fo if proj else fi, grad=0, slices=[fi] if proj and layer.update_uses_dst else [],
+            blocks=True, transpose=False, compute=lambda A, P: _forward(layer, l, proj, V, R, E, A) + P,
+            stale=lambda A: F32 * V * fo)
+
+    def loss(l: int, layer: BlockLayer) -> None:
+        fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
+        fa = fo if proj else fi
+        if proj:
+            project(l, layer)
+        run("loss", src=fa, grad=fa if proj or l > 0 else 0, slices=[fi] if proj and layer.update_uses_dst else [],
+            blocks=True, transpose=layer.sparse_backward and (proj or l > 0),
+            compute=lambda A, P: _loss(layer, l, proj, V, R, E, A, P), slack=2 * _params(layer),
+            stale=lambda A: _loss_stale(layer, l, proj, V, R, A), rebind=lambda A: A)
+        if proj:
+            project_backward(l, layer)
+
+    def backward(l: int, layer: BlockLayer) -> None:
+        fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
+        fa = fo if proj else fi
+        through = (layer.cacheable or proj) and (l > 0 or proj)
+        grad = fa if proj or l > 0 else 0
+        if layer.cacheable or proj:
+            slices = [fa, fo] + ([fi] if layer.update_uses_dst else [])
+            run(f"backward{l}", src=0, grad=grad if through else 0, slices=slices, blocks=through,
+                transpose=layer.sparse_backward and through, slack=2 * _params(layer),
+                compute=lambda A, P: _backward_cached(layer, l, proj, through, V, R) + P,
+                stale=lambda A: _backward_cached_stale(layer, l, proj, V))
+        else:
+            run(f"backward{l}", src=fi, grad=grad, slices=[fo], blocks=True, transpose=layer.sparse_backward and l > 0,
+                compute=lambda A, P: _backward_whole(layer, l, V, R, E, A, P), slack=2 * _params(layer),
+                stale=lambda A: _backward_whole_stale(layer, l, V, R, A),
+                rebind=lambda A: A + (_dropout(R, fi) if l == 0 else 0))
+        if proj:
+            project_backward(l, layer)
+
+    for l in range(L - 1):
+        forward(l, layers[l])
+    loss(L - 1, layers[L - 1])
+    for l in reversed(range(L - 1)):
+        backward(l, layers[l])
+    return out
+
+
+def block_cache_bytes(model: GNN, E: Tensor, transpose: bool = True) -> Tensor:
+    """What a chunk's block caches beside its tensors once a layer used it (kept as long as the block: for a
+    pass, or the run when blocks are resident): GAT's int64 destination of every edge, the unit edge values of
+    the sparse adjacency (and its transpose) of a model whose adjacency has no weights."""
+    out = torch.zeros_like(E)
+    if any(isinstance(layer, GATLayer) for layer in model.block_layers):
+        out = out + I64 * E
+    if model.adjacency.norm != "gcn" and any(not isinstance(layer, GATLayer) for layer in model.block_layers):
+        out = out + F32 * E * (2 if transpose else 1)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the moments
+def _params(layer: object) -> int:
+    """Bytes of a layer's parameters: its gradients' temporaries before they are accumulated."""
+    return sum(p.numel() * p.element_size() for p in layer.parameters())  # type: ignore[attr-defined]
+
+
+def _project(V: Tensor, fi: int, fa: int, l: int) -> Tensor:
+    """Layer ``l``'s input (dropout of the features for layer 0), its projection."""
+    x = F32 * V * fi if l == 0 else 0 * V
+    return torch.maximum(_dropout(V, fi) if l == 0 else 0 * V, x + F32 * V * fa)
+
+
+def _project_backward(V: Tensor, fi: int, fa: int, l: int) -> Tensor:
+    """The input again, the projection with autograd and the input's gradient."""
+    x = F32 * V * fi if l == 0 else 0 * V
+    grads = F32 * V * fi * (l > 0) + F32 * V * fa
+    return torch.maximum(_dropout(V, fi) if l == 0 else 0 * V, x + F32 * V * fa + grads)
+
+
+def _project_backward_stale(V: Tensor, fi: int, fa: int, l: int) -> Tensor:
+    """The previous chunk's input after dropout (layer 0) or its gradient (the input itself is a slice)."""
+    return F32 * V * fi
+
+
+def _update(layer: object, V: Tensor, fi: int, fa: int, fo: int) -> Tensor:
+    """UPDATE's peak (no autograd) beyond its input aggregation."""
+    if isinstance(layer, GINLayer):
+        return torch.maximum(8 * V * fi, F32 * V * fi + 8 * V * fo) * 1.0
+    if isinstance(layer, SAGELayer):
+        return 12 * V * fo * 1.0
+    return 8 * V * fo * 1.0
+
+
+def _gat_edges(layer: GATLayer, V: Tensor, R: Tensor, E: Tensor) -> Tensor:
+    """GAT's aggregation at its messages (no autograd): projected rows, scores, softmax, int64 edge ends,
+    gathered and weighted messages."""
+    H, HC = layer.heads, layer.heads * layer.out_per_head
+    return F32 * R * (HC + H) + F32 * V * H + 2 * I64 * E + I64 * V + F32 * E * (3 * H + 2 * HC)
+
+
+def _forward(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor) -> Tensor:
+    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
+    after = F32 * V * fo * 2 + _dropout(V, fo)  # the output, its activation and dropout
+    if proj:
+        spmm = 8 * V * fo if isinstance(layer, SAGELayer) else F32 * V * fo
+        agg = F32 * V * fo
+        xd = 0 * V
+        dst = 0 * V
+        if layer.update_uses_dst:  # type: ignore[attr-defined]
+            dst = agg + (_dropout(V, fi) if l == 0 else 0)
+            xd = F32 * V * fi if l == 0 else 0 * V
+        return torch.maximum(torch.maximum(A + spmm, A + dst), torch.maximum(
+            A + agg + xd + _update(layer, V, fi, fo, fo), after))
+    X = F32 * R * fi if l == 0 else 0 * R
+    drop = A + _dropout(R, fi) if l == 0 else 0 * R
+    if isinstance(layer, GATLayer):
+        return torch.maximum(drop, torch.maximum(A + X + _gat_edges(layer, V, R, E), after))
+    spmm = 8 * V * fi if isinstance(layer, SAGELayer) else F32 * V * fi
+    agg = F32 * V * fi
+    return torch.maximum(torch.maximum(drop, A + X + spmm), torch.maximum(
+        A + X + agg + _update(layer, V, fi, fi, fo), after))
+
+
+def _loss(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor) -> Tensor:
+    """The last layer with autograd, the loss and the backward into the source rows; the previous chunk's rows
+    and gradient ``P`` stay bound (through its output's graph) until this chunk's output replaces it."""
+    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
+    if proj:
+        fwd = F32 * V * fo * (6 if isinstance(layer, SAGELayer) else 3)
+        xd = F32 * V * fi * (2 if layer.update_uses_dst else 0)  # type: ignore[attr-defined]
+        drop = _dropout(V, fi) if l == 0 and layer.update_uses_dst else 0 * V  # type: ignore[attr-defined]
+        return A + torch.maximum(drop, xd + fwd + torch.maximum(P, F32 * R * fo))
+    X = F32 * R * fi if l == 0 else 0 * R
+    drop = A + _dropout(R, fi) if l == 0 else 0 * R
+    if isinstance(layer, GATLayer):
+        H, HC = layer.heads, layer.heads * layer.out_per_head
+        saved = _gat_edges(layer, V, R, E) + F32 * E * H * 3
+        grads = F32 * E * 2 * HC + F32 * R * (2 * HC + fi)
+        return torch.maximum(drop, A + X + saved + torch.maximum(P, grads))
+    # GIN/GCN/SAGE aggregating first: the aggregation's and the slice's gradients, then their sum
+    grads = F32 * R * fi * (3 if isinstance(layer, (GINLayer, SAGELayer)) else 1)
+    fwd = F32 * V * fi * 4 + F32 * V * fo * 6
+    return torch.maximum(drop, A + X + fwd + torch.maximum(P, grads))
+
+
+def _loss_stale(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, A: Tensor) -> Tensor:
+    """The previous chunk's source rows and their gradient, bound until the next chunk's rows replace them."""
+    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
+    width = fo if proj else fi
+    return A + F32 * R * width * (l > 0 or proj)
+
+
+def _backward_cached(layer: object, l: int, proj: bool, through: bool, V: Tensor, R: Tensor) -> Tensor:
+    """UPDATE recomputed from the cached aggregation with autograd, the next layer's input (activation, dropout),
+    their backward, then the propagation's transpose into the source rows."""
+    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
+    fa = fo if proj else fi
+    xd = 0 * V
+    if layer.update_uses_dst:  # type: ignore[attr-defined]
+        xd = F32 * V * fi if l == 0 else 0 * V
+        if l == 0:
+            xd_moment = _dropout(V, fi)
+    update = _update(layer, V, fi, fa, fo) + (F32 * V * fi * 2 if isinstance(layer, GINLayer) else 0)
+    after = F32 * V * fo * 2 + _dropout(V, fo) + F32 * V * fo * 2  # y, activation, dropout; their gradients
+    peak = xd + torch.maximum(update, after) + F32 * V * fa * (2 if isinstance(layer, SAGELayer) else 1)
+    if through:  # y, the aggregation's gradient, the sources' gradient
+        peak = torch.maximum(peak, xd + F32 * V * (fo + 2 * fa) + F32 * R * fa)
+    if layer.update_uses_dst and l == 0:  # type: ignore[attr-defined]
+        peak = torch.maximum(peak, xd_moment)
+    return peak
+
+
+def _backward_cached_stale(layer: object, l: int, proj: bool, V: Tensor) -> Tensor:
+    """The previous chunk's output, its aggregation's gradient and its dropped-out destination rows."""
+    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
+    fa = fo if proj else fi
+    xd = F32 * V * fi * 2 if layer.update_uses_dst else 0  # type: ignore[attr-defined]
+    return F32 * V * (fo + fa) + xd
+
+
+def _backward_whole(layer: object, l: int, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor) -> Tensor:
+    """A layer recomputed whole with autograd (GAT) and backpropagated into its source rows."""
+    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
+    X = F32 * R * fi if l == 0 else 0 * R
+    drop = A + _dropout(R, fi) if l == 0 else 0 * R
+    assert isinstance(layer, GATLayer)
+    H, HC = layer.heads, layer.heads * layer.out_per_head
+    saved = _gat_edges(layer, V, R, E) + F32 * E * H * 2
+    grads = F32 * E * 2 * HC + F32 * V * fo * 5  # the edges' gradients (the rows' come after they are let go)
+    # the assembled rows are the input (l > 0), or are let go once dropped out (layer 0)
+    return torch.maximum(drop, torch.maximum(A, X) + saved + torch.maximum(P, grads))
+
+
+def _backward_whole_stale(layer: object, l: int, V: Tensor, R: Tensor, A: Tensor) -> Tensor:
+    """The previous chunk's input (after dropout for layer 0; else its rows and their gradient, bound through
+    its output's graph until the next output replaces it) and output."""
+    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
+    return F32 * R * fi * (2 if l > 0 else 1) + F32 * V * fo * 2
+
+
+# ------------------------------------------------------------------------------------------------ the schedule
+def worker_chunks(sizes: Tensor, schedule: Tensor, device_of: list[int], capacity: list[int], *, exchange: bool,
+                  moves: list[list[Tensor]] | None = None) -> list[Chunks]:
+    """Each worker's chunks in its schedule order (batch by batch, its partitions in turn, as the engine's sweep
+    walks them) with the newcomer rows each loads: the exchange plan's (``moves[w][batch]``: the rows loaded
+    for the batch) when known, else a bound (the batch's rows, at most the worker's buffer).
+
+    Args:
+        sizes: ``[K, 3]`` per chunk ``V, R, E``.
+        schedule: ``[m, n]`` chunk ids per partition and batch.
+    """
+    m, n = schedule.shape
+    out = []
+    for w in range(max(device_of) + 1):
+        parts = [i for i in range(m) if device_of[i] == w]
+        order = [int(schedule[i, b]) for b in range(n) for i in parts]
+        s = sizes[order].double()
+        staged = torch.zeros(len(order), dtype=torch.float64)
+        first = torch.zeros(len(order), dtype=torch.float64)
+        held = torch.zeros(len(order), dtype=torch.float64)
+        if exchange:
+            per = len(parts)
+            for b in range(n):
+                p = b * per
+                rows = (float(moves[w][b].numel()) if moves is not None
+                        else min(float(capacity[w]), float(s[p : p + per, 1].sum())))
+                staged[p], first[p] = rows, 1.0
+                held[p + 1 : p + per] = rows
+        else:
+            first[:] = 1.0
+        out.append(Chunks(s[:, 0], s[:, 1], s[:, 2], staged, held, first))
+    return out
+
+
+def epoch_peak(model: GNN, sizes: Tensor, schedule: Tensor, device_of: list[int], capacity: list[int], *,
+               exchange: bool, resident: bool, num_nodes: int, moves: list[list[Tensor]] | None = None
+               ) -> tuple[int, dict[str, int]]:
+    """The modelled peak device bytes of a training epoch on the fullest device (without resident blocks), and
+    each pass's: the passes' largest, plus the parameters, their gradients and Adam's two moments."""
+    idx = 4 if num_nodes < 2**31 else 8
+    multi = schedule.shape[0] > 1
+    passes: dict[str, int] = {}
+    for w, c in enumerate(worker_chunks(sizes, schedule, device_of, capacity, exchange=exchange, moves=moves)):
+        cap = capacity[w] if capacity else 0
+        for name, v in pass_peaks(model, c, exchange=exchange, capacity=cap, multi_part=multi, resident=resident,
+                                  idx=idx).items():
+            passes[name] = max(passes.get(name, 0), v)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(passes.values()) + 4 * params, passes

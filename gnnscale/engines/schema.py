@@ -38,6 +38,9 @@ EPOCH_KEYS: dict[str, Key] = {
     "peak_device_bytes": Key("bytes", "Peak memory of the training device(s) in the epoch: the accelerator "
                              "allocator's peak, or on CPU the measured live bytes of the engine's device-side "
                              "work (multi-device engines: the largest device's).", _LOOP),
+    "estimated_peak_device_bytes": Key("bytes", "The planner's estimate of peak_device_bytes for the epoch's chunks "
+                                       "(its memory model, issue #30: within 1.00-1.15x of the counted peak).",
+                                       "offload"),
     # host <-> device traffic (one meaning for every engine)
     "h2d_bytes": Key("bytes", "Everything copied host -> device in the epoch: the sum of h2d_row_bytes, "
                      "h2d_topology_bytes and h2d_index_bytes.", "offload, taskparallel, minibatch"),

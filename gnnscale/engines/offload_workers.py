@@ -3,6 +3,7 @@ a pass runs on every worker at once, one thread each when there are several."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -118,22 +119,31 @@ class Spill:
         self.ram_bytes += nbytes
         return True
 
-    def tensor(self, rows: int, width: int) -> Tensor:
-        """A zero ``[rows, width]`` float32 tensor mapped from a new file (unlinked at once)."""
+    def _mapped(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, keep_fd: bool) -> Tensor:
+        """A zero tensor mapped from a new file ``name`` of the private subfolder, unlinked at once; its descriptor
+        kept in :attr:`fds` (``keep_fd``) or closed."""
         assert self.dir is not None, "the spill folder was already finished"
-        path = os.path.join(self.dir, f"buffer{len(self.fds)}.f32")
-        n = rows * width
+        path = os.path.join(self.dir, name)
+        n = math.prod(shape)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, n * 4)
-            t = torch.from_file(path, shared=True, size=n, dtype=torch.float32).view(rows, width)
+            os.ftruncate(fd, n * dtype.itemsize)
+            t = torch.from_file(path, shared=True, size=n, dtype=dtype).view(shape)
         except BaseException:
             os.close(fd)
             raise
         finally:
             os.unlink(path)
-        self.fds.append(fd)
-        self.spill_bytes += n * 4
+        if keep_fd:
+            self.fds.append(fd)
+        else:
+            os.close(fd)
+        return t
+
+    def tensor(self, rows: int, width: int) -> Tensor:
+        """A zero ``[rows, width]`` float32 tensor mapped from a new file (unlinked at once)."""
+        t = self._mapped(f"buffer{len(self.fds)}.f32", (rows, width), torch.float32, keep_fd=True)
+        self.spill_bytes += rows * width * 4
         return t
 
     def copy(self, t: Tensor) -> Tensor:
@@ -142,16 +152,8 @@ class Spill:
         nbytes = t.numel() * t.element_size()
         if nbytes < FILE_MIN_BYTES:
             return t
-        assert self.dir is not None, "the spill folder was already finished"
-        path = os.path.join(self.dir, f"copy{self.copies}.bin")
+        out = self._mapped(f"copy{self.copies}.bin", tuple(t.shape), t.dtype, keep_fd=False)
         self.copies += 1
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, nbytes)
-            out = torch.from_file(path, shared=True, size=t.numel(), dtype=t.dtype).view(t.shape)
-        finally:
-            os.unlink(path)
-            os.close(fd)
         out.copy_(t)
         self.file_bytes += nbytes
         return out

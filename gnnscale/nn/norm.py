@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from gnnscale.errors import ConfigError
 from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.batchnorm import SplitBatchNorm
 
 NORMS = ("none", "batch", "layer")
 """``--norm`` choices."""
@@ -32,8 +33,8 @@ JK_MODES = ("none", "last", "cat", "max")
 
 def make_norm(norm: str, width: int) -> nn.Module:
     """The normalisation module for ``norm`` on ``width`` features (``nn.Identity`` for ``none``)."""
-    if norm == "batch":
-        return nn.BatchNorm1d(width)
+    if norm == "batch":  # BatchNorm1d that the engines may also run over chunks, trainers or ranks
+        return SplitBatchNorm(width)
     if norm == "layer":
         return nn.LayerNorm(width)
     if norm == "none":

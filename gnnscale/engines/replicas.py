@@ -35,12 +35,14 @@ class Replicas:
         return len(self.models)
 
     def sync(self) -> None:
-        """Replicas take the master's parameters and train/eval mode; their gradients are cleared."""
+        """Replicas take the master's parameters, buffers and train/eval mode; their gradients are cleared."""
         master = self.models[self.master]
         for replica in self._replicas():
             with torch.no_grad():
                 for p, q in zip(master.parameters(), replica.parameters(), strict=True):
                     q.copy_(p)
+                for b, c in zip(master.buffers(), replica.buffers(), strict=True):
+                    c.copy_(b)  # BatchNorm's running statistics (a loaded checkpoint's too)
             replica.zero_grad(set_to_none=True)
             replica.train(master.training)
 

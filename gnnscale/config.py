@@ -63,7 +63,8 @@ class ModelOptions:
     norm: str = "none"
     """Normalisation of every hidden layer's output, before its activation (PyG's ``BasicGNN`` order): ``none``,
     ``batch`` (BatchNorm: statistics over the layer's vertices, all of them full-graph, the batch's sampled;
-    running statistics in evaluation) or ``layer`` (LayerNorm over each vertex's features)."""
+    running statistics in evaluation) or ``layer`` (LayerNorm over each vertex's features). The decoupled models
+    normalise between their T tasks' linear layers (PyG's ``MLP``)."""
     residual: bool = False
     """Every layer adds a bias-free linear map of its own input to its output (PyG ``GATConv``'s ``residual``)."""
     jk: str = "none"
@@ -284,8 +285,8 @@ class TrainConfig(
              f"--input-dropout applies to the layer-stack models, not the decoupled {self.model}"),
             (self.norm in NORMS, f"unknown --norm {self.norm!r}; choose one of {', '.join(NORMS)}"),
             (self.jk in JK_MODES, f"unknown --jk {self.jk!r}; choose one of {', '.join(JK_MODES)}"),
-            (self.model not in DECOUPLED_MODELS or (self.norm, self.residual, self.jk) == ("none", False, "none"),
-             f"--norm, --residual and --jk apply to the layer-stack models, not the decoupled {self.model}"),
+            (self.model not in DECOUPLED_MODELS or (self.residual, self.jk) == (False, "none"),
+             f"--residual and --jk apply to the layer-stack models, not the decoupled {self.model}"),
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
             (self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),

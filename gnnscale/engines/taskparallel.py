@@ -27,6 +27,10 @@ it; what each operation computes is :mod:`~gnnscale.engines.taskparallel_tasks`.
    that subgraph's P backward): the T stages recompute their forward from the features, then backpropagate.
 4. Parameter gradients summed over the devices' replicas, one optimiser step.
 
+With ``--norm batch`` the T tasks' BatchNorms span every vertex, not a subgraph's: a statistics pass per norm before
+step 1 and a gradient-sums pass per norm between steps 3's P and T backward, barriers over every subgraph
+(:mod:`~gnnscale.engines.taskparallel_norm`), so the epoch is the in-memory engine's.
+
 Dropout masks are keyed by (seed, epoch, layer, vertex id), so recomputation and the in-memory engine draw the same
 masks. On the CPU every device thread counts the bytes it allocates (:class:`~gnnscale.plan.memory.LiveBytesCounter`):
 ``device_peak_bytes`` per device, measured, not modelled; on an accelerator (a GPU, the runtime's sim device) they
@@ -53,6 +57,7 @@ from gnnscale.engines.base import Engine
 from gnnscale.engines.chunks import Chunk, cut_chunks
 from gnnscale.engines.disk_tier import host_plan, open_disk_tier, tier_metrics
 from gnnscale.engines.replicas import Replicas
+from gnnscale.engines.taskparallel_norm import NormPasses
 from gnnscale.engines.taskparallel_runner import OPS, Runner
 from gnnscale.engines.taskparallel_tasks import TaskOps
 from gnnscale.errors import ConfigError
@@ -109,6 +114,12 @@ class TaskParallelEngine(Engine):
         return []
 
     @classmethod
+    def batch_norm_reason(cls, config: TrainConfig) -> str | None:
+        """BatchNorm between the T tasks, its statistics and gradient sums over every subgraph (passes)."""
+        del config
+        return None
+
+    @classmethod
     def estimate(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> str:
         plan = plan_taskparallel(graph, config, device)
         return (f"{plan.n_t} T / {plan.n_p} P device(s) ({plan.regime}), {plan.subgraphs} subgraph(s) x "
@@ -148,6 +159,8 @@ class TaskParallelEngine(Engine):
         self.t_stages, self.p_stages = self.plan.t_stages, self.plan.p_stages
         self.tasks = TaskOps(self.plan, self.runners, self.chunks, x, num_train=self.num_train, width=self._width,
                              dgat=self.dgat, num_layers=self.L)
+        self.norms = NormPasses(self.tasks, self.runners, QUEUE_DEPTH)
+        """BatchNorm's passes over the T tasks (inactive without ``--norm batch``)."""
 
     def _build_chunks(self, graph: Graph) -> list[Chunk]:
         """The chunks of the plan's edge-balanced cut, each knowing which chunks own its source rows."""
@@ -214,19 +227,26 @@ class TaskParallelEngine(Engine):
 
     # ------------------------------------------------------------------------------------------- backward
     def _backward(self, se: tuple[int, int], ops: _Submitted) -> list[Future[Any]]:
-        """Submit the P and T backward operations of the epoch; returns their futures."""
+        """Submit the P and T backward operations of the epoch; returns their futures. With BatchNorm every P
+        backward is done, then the gradient-sums passes, before any T backward is submitted."""
         subs, L = self.tasks.subs, self.L
+        norms = self.norms.active
         if self.tasks.skip:  # subgraph by subgraph from the last: its T backward right after its P backward
             for s in range(len(subs) - 1, -1, -1):
                 for l in range(L - 1, -1, -1):
                     for cidx in subs[s]:
                         self._submit_p_backward(ops, l, cidx, se)
-                self._submit_t_backward(ops, s, se)
+                if not norms:
+                    self._submit_t_backward(ops, s, se)
         else:
             for l in range(L - 1, -1, -1):
                 for s in range(len(subs) - 1, -1, -1):
                     for cidx in subs[s]:
                         self._submit_p_backward(ops, l, cidx, se)
+        if norms or not self.tasks.skip:
+            if norms:
+                self._wait(ops.p_backward.values())
+                self.norms.gradient_sums(se)
             for s in range(len(subs) - 1, -1, -1):
                 self._submit_t_backward(ops, s, se)
         return [*ops.p_backward.values(), *ops.t_backward]
@@ -280,6 +300,7 @@ class TaskParallelEngine(Engine):
     # ------------------------------------------------------------------------------------------- an epoch
     def _start(self, epoch: int, skip: bool) -> None:
         self.tasks.start(self._order(epoch), skip)
+        self.norms.start()
         if self.disk is not None:
             self.disk.reset_stats()
         for r in self.runners:
@@ -297,12 +318,15 @@ class TaskParallelEngine(Engine):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         self.replicas.sync()
+        self.norms.sync_buffers()
         se = (self.config.seed, epoch)
         self._start(epoch, self.config.dependency == "skip")
         for r in self.runners:
             r.start_epoch()
         t0 = time.perf_counter()
         try:
+            if self.norms.active:
+                self.norms.statistics(se)
             ops = self._forward(se, True)
             rest = self._backward(se, ops)
             self._wait([*ops.t_out.values(), *ops.p_out.values(), *rest])
@@ -314,6 +338,7 @@ class TaskParallelEngine(Engine):
                 r.model.zero_grad(set_to_none=True)
             raise
         finally:
+            self.norms.release()
             for r in self.runners:
                 r.clear_epoch()
         wall = time.perf_counter() - t0
@@ -337,6 +362,9 @@ class TaskParallelEngine(Engine):
         }
         if self.disk is not None:
             stats.update(tier_metrics(self.disk.read_stats()))
+        if self.norms.active:
+            stats["norm_passes"] = self.norms.passes
+            stats["norm_reduced_bytes"] = self.norms.reduced_bytes
         peaks = [p for p in (r.peak() for r in self.runners) if p is not None]
         if peaks:
             stats["device_peak_bytes"] = peaks
@@ -353,6 +381,7 @@ class TaskParallelEngine(Engine):
     def predict(self) -> Tensor:
         self.model.eval()
         self.replicas.sync()
+        self.norms.sync_buffers()
         self._start(0, False)
         try:
             ops = self._forward(None, False)
@@ -367,6 +396,9 @@ class TaskParallelEngine(Engine):
 
     def describe(self) -> str:
         text = self.plan.describe(self.dgat) + f"; --dependency {self.config.dependency}"
+        if self.norms.active:
+            text += (f"; BatchNorm over every vertex: {len(self.norms.ids)} statistics and gradient-sums pass(es) "
+                     "over the subgraphs an epoch")
         if self.plan.predicted:
             p = self.plan.predicted
             text += f"; Eq. 5-6 predict T {p['t_s']:.3g}s, P {p['p_s']:.3g}s per epoch"

@@ -19,8 +19,9 @@ from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
 
 T = TypeVar("T")
 
-OPS = ("TF", "TR", "TB", "PF", "PB")
-"""Operation kinds timed per device: T forward, T recomputation, T backward, P forward, P backward."""
+OPS = ("TF", "TR", "TB", "PF", "PB", "TS", "TG")
+"""Operation kinds timed per device: T forward, T recomputation, T backward, P forward, P backward, and BatchNorm's
+passes over the T tasks: statistics, gradient sums (:mod:`~gnnscale.engines.taskparallel_norm`)."""
 
 
 class Runner:

@@ -3,7 +3,9 @@
 The engine (:mod:`gnnscale.engines.taskparallel`) decides the order and dependencies of the operations; each one
 runs on its device's :class:`~gnnscale.engines.taskparallel_runner.Runner` and is one of:
 
-* a T stage's forward, recomputation or backward for one subgraph (``t_forward``, ``t_refwd``, ``t_backward``);
+* a T stage's forward, recomputation or backward for one subgraph (``t_forward``, ``t_refwd``, ``t_backward``),
+  or its part in one of BatchNorm's passes (``t_partial``, ``t_grad_sums``: :mod:`~gnnscale.engines.
+  taskparallel_norm`);
 * a P task's forward or backward for one chunk (``p_forward``, ``p_backward``), reading the chunk's source rows
   from the rows its device cached this epoch (each chunk's rows received once), posting gradient shares into the
   epoch's mailbox for the chunks that own the rows.
@@ -82,6 +84,8 @@ class TaskOps:
         the T side's ``H^0``; ``-2``: dgat's attention weights)."""
         self.losses: list[Tensor] = []
         self._alpha_owner: dict[int, Runner] = {}
+        self._out_grads: dict[int, Tensor] = {}
+        """``subgraph -> dL/dH^0`` of its rows, kept while BatchNorm's gradient-sums passes read it."""
 
     # ------------------------------------------------------------------------------------------- the epoch
     def start(self, order: tuple[list[list[int]], list[int], list[int]], skip: bool) -> None:
@@ -100,6 +104,7 @@ class TaskOps:
         self._mailbox = {}
         self.losses = []
         self._alpha_owner = {}
+        self._out_grads = {}
 
     def t_runner(self, stage: Stage, s: int) -> Runner:
         return self.runners[stage.devices[s % len(stage.devices)]]
@@ -154,12 +159,13 @@ class TaskOps:
     def _sub_ids(self, s: int) -> Tensor:
         return torch.cat([torch.arange(self.chunks[c].lo, self.chunks[c].hi) for c in self.subs[s]])
 
-    def _stage_input(self, k: int, s: int, prev: Future[Any] | None, r: Runner, ids: Tensor) -> Tensor:
+    def _stage_input(self, k: int, s: int, prev: Future[Any] | Tensor | None, r: Runner, ids: Tensor) -> Tensor:
         """Stage ``k``'s input for subgraph ``s`` on ``r``: the features from host memory (the first stage), else
-        the previous stage's output handed over."""
+        the previous stage's output (``prev``, or its future) handed over."""
         if prev is None:
             return r.io.rows(self.features[id(r)], ids).float()
-        return r.receive(prev.result(), self.t_runner(self.t_stages[k - 1], s), "t2t")
+        out = prev if isinstance(prev, Tensor) else prev.result()
+        return r.receive(out, self.t_runner(self.t_stages[k - 1], s), "t2t")
 
     def t_forward(self, k: int, s: int, prev: Future[Any] | None, se: tuple[int, int] | None) -> Tensor:
         stage = self.t_stages[k]
@@ -199,9 +205,63 @@ class TaskOps:
             y.backward(grad(r))
         return x.grad
 
-    def subgraph_grad(self, s: int, r: Runner) -> Tensor:
-        """``dL/dH^0`` of subgraph ``s``'s rows on ``r``, from the shares its chunks' rows received."""
-        return torch.cat([self.take((-1, j), self.chunks[j].num_dst, r) for j in self.subs[s]])
+    def subgraph_grad(self, s: int, r: Runner, keep: bool = False) -> Tensor:
+        """``dL/dH^0`` of subgraph ``s``'s rows on ``r``, from the shares its chunks' rows received (``keep``: kept
+        for the next call, as BatchNorm's gradient-sums passes read it before the backward)."""
+        with self._lock:
+            g = self._out_grads.get(s) if keep else self._out_grads.pop(s, None)
+        if g is None:
+            g = torch.cat([self.take((-1, j), self.chunks[j].num_dst, r) for j in self.subs[s]])
+            if keep:
+                with self._lock:
+                    self._out_grads[s] = g
+        return g
+
+    # ------------------------------------------------------------------------------------------- BatchNorm passes
+    def t_partial(self, k: int, s: int, prev: Tensor | None, se: tuple[int, int], norm: int | None
+                  ) -> Tensor | None:
+        """Stage ``k``'s forward for subgraph ``s`` in one of BatchNorm's passes, nothing kept: with ``norm`` (a
+        statistics pass of ``norms[norm]``) its T tasks up to T task ``norm``, whose output the norm sums if the
+        stage computes it (returning nothing); without, the whole stage (a gradient-sums pass recomputing)."""
+        stage = self.t_stages[k]
+        r = self.t_runner(stage, s)
+        self._log("TS" if norm is not None else "TG", k, s)
+        ids = self._sub_ids(s)
+        x = self._stage_input(k, s, prev, r, ids)
+        stop = stage.stop if norm is None else min(stage.stop, norm + 1)
+        with torch.no_grad():
+            h = r.model.transform(x, ids.to(r.place), se, stage.start, stop)
+            if norm is None or stop <= norm:
+                return h
+            r.model.norms[norm](h)  # a statistics pass: the norm sums the rows' moments
+        return None
+
+    def t_grad_sums(self, k: int, s: int, prev: Tensor | None, grad: Callable[[Runner], Tensor],
+                    se: tuple[int, int], norm: int) -> Tensor | None:
+        """Stage ``k``'s part in the gradient-sums pass of ``norms[norm]`` for subgraph ``s`` (a stage at or after
+        the one applying the norm): recomputed from its input with autograd and backpropagated from its output's
+        gradient ``grad(r)``, no parameter's gradient touched, to its input (returned) or, in the stage applying the
+        norm (at the start of T task ``norm + 1``), to the norm, which sums ``Σ dy`` and ``Σ dy·x̂`` and stops."""
+        stage = self.t_stages[k]
+        r = self.t_runner(stage, s)
+        self._log("TG", k, s)
+        ids = self._sub_ids(s)
+        rows = ids.to(r.place)
+        x = self._stage_input(k, s, prev, r, ids)
+        g = grad(r)
+        with torch.enable_grad():
+            if stage.start <= norm + 1 < stage.stop:
+                with torch.no_grad():
+                    h = r.model.transform(x, rows, se, stage.start, norm + 1)
+                y = r.model.transform(h, rows, se, norm + 1, stage.stop)
+                weight = r.model.norms[norm].weight  # the norm's node: the backward stops there
+                assert isinstance(weight, Tensor)
+                torch.autograd.grad(y, [weight], g, allow_unused=True)
+                return None
+            x = x.detach().requires_grad_(True)
+            y = r.model.transform(x, rows, se, stage.start, stage.stop)
+            (gx,) = torch.autograd.grad(y, [x], g)
+        return gx  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------------------------------- P tasks
     def source(self, l: int, t_out: dict[int, Future[Any]], p_out: dict[tuple[int, int], Future[Any]]

@@ -24,6 +24,7 @@ from gnnscale.graph.block import AdjacencySpec, Block
 from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.mlp import MLPLayer
 from gnnscale.nn.model import GNN
+from gnnscale.nn.norm import make_norm
 from gnnscale.nn.ops import keyed_dropout, spmm, spmm_t
 
 DECOUPLED_MODELS = ("dgcn", "dgat")
@@ -117,13 +118,18 @@ class DecoupledGNN(GNN):
     dgat's edge T task, then ``num_layers`` P tasks on ``g_θ``'s output width (the class count).
 
     ``layers`` holds the T tasks (so optimisers and replicas see every parameter with :attr:`edge`); the P tasks
-    are :attr:`props`.
+    are :attr:`props`. ``norm`` (``--norm``, :mod:`gnnscale.nn.norm`) normalises every hidden T task's output as
+    PyG's ``MLP`` does: linear -> norm -> activation -> dropout, nothing after the last linear layer
+    (``norms[l]`` on layer ``l``'s output, run at the start of T task ``l + 1``). BatchNorm's statistics are over
+    the rows :meth:`transform` is given: every vertex in :meth:`forward`; a task-parallel engine that runs the T
+    tasks subgraph by subgraph spans them with statistics and gradient-sums passes
+    (:mod:`gnnscale.engines.taskparallel_norm`).
     """
 
     decoupled: ClassVar[bool] = True
 
     def __init__(self, kind: str, in_features: int, hidden: int, num_classes: int, num_layers: int = 2,
-                 dropout: float = 0.5):
+                 dropout: float = 0.5, norm: str = "none"):
         nn.Module.__init__(self)
         if kind not in DECOUPLED_MODELS:
             raise ConfigError(f"unknown decoupled model {kind!r}; choose one of {', '.join(DECOUPLED_MODELS)}")
@@ -135,6 +141,10 @@ class DecoupledGNN(GNN):
         self.layers = nn.ModuleList(MLPLayer(dims[i], dims[i + 1]) for i in range(num_layers))
         self.edge = EdgeAttention(num_classes) if kind == "dgat" else None
         self.props = nn.ModuleList(PropagationLayer(num_classes) for _ in range(num_layers))
+        self.norm = norm
+        self.norms = nn.ModuleList(make_norm(norm, hidden) for _ in range(num_layers - 1))
+        """``norms[l]`` normalises T task ``l``'s output (every T task but the last; ``nn.Identity`` for ``none``;
+        made after every other module, so the other weights are those of a model without norms)."""
 
     @property
     def adjacency(self) -> AdjacencySpec:
@@ -156,10 +166,10 @@ class DecoupledGNN(GNN):
         return self.num_classes
 
     def t_layer(self, l: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None) -> Tensor:
-        """Vertex T task ``l`` on rows ``h`` (global ids ``row_ids``): activation (``l > 0``), keyed dropout,
-        linear."""
+        """Vertex T task ``l`` on rows ``h`` (global ids ``row_ids``): normalisation and activation of the previous
+        T task's output (``l > 0``), keyed dropout, linear."""
         if l > 0:
-            h = self.activation(h)
+            h = self.activation(self.norms[l - 1](h))
         key = None if seed_epoch is None else self.dropout_key(*seed_epoch, l)
         h = keyed_dropout(h, self.dropout, key, row_ids)
         layer = self.layers[l]

@@ -18,14 +18,13 @@ def build_model(
     norm: str = "none", residual: bool = False, jk: str = "none", input_dropout: float | None = None,
 ) -> GNN:
     """Build a model with weights determined by ``seed`` alone (same seed -> same initial weights everywhere);
-    ``dgcn``/``dgat`` build a :class:`~gnnscale.nn.decoupled.DecoupledGNN` (which takes no ``norm``, ``residual``
-    or ``jk``: :mod:`gnnscale.nn.norm`)."""
+    ``dgcn``/``dgat`` build a :class:`~gnnscale.nn.decoupled.DecoupledGNN` (which takes ``norm`` between its T
+    tasks, no ``residual`` or ``jk``: :mod:`gnnscale.nn.norm`)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if kind in DECOUPLED_MODELS:
-            if (norm, residual, jk, input_dropout) != ("none", False, "none", None):
-                raise ConfigError(f"--norm, --residual, --jk and --input-dropout apply to the layer-stack models, "
-                                  f"not {kind}")
-            return DecoupledGNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout)
+            if (residual, jk, input_dropout) != (False, "none", None):
+                raise ConfigError(f"--residual, --jk and --input-dropout apply to the layer-stack models, not {kind}")
+            return DecoupledGNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout, norm=norm)
         return GNN(kind, in_features, hidden, num_classes, num_layers=layers, dropout=dropout, heads=heads, norm=norm,
                    residual=residual, jk=jk, input_dropout=input_dropout)

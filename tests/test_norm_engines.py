@@ -130,8 +130,6 @@ REFUSALS = [
     (["--engine", "hybrid", "--devices", "cpu,cpu:1", "--norm", "batch"],
      "hybrid: --norm batch: this engine's trainers would each normalise their own share"),
     (["--engine", "hybrid", "--devices", "cpu", "--jk", "last"], "hybrid: --jk last:"),
-    (["--engine", "distributed", "--ranks", "2", "--norm", "batch"],
-     "distributed: --norm batch: each rank would normalise its own share"),
     (["--engine", "distributed", "--ranks", "2", "--jk", "cat"], "distributed: --jk cat:"),
     (["--engine", "taskparallel", "--model", "dgcn", "--norm", "layer"],
      "--norm, --residual and --jk apply to the layer-stack models, not the decoupled dgcn"),

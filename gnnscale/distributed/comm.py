@@ -241,6 +241,15 @@ class Comm:
         self._count(el * (sum(send_counts) - send_counts[self.rank]), el * (sum(recv_counts) - recv_counts[self.rank]))
         return out
 
+    def all_to_all_counts(self, send_counts: list[int], what: str) -> list[int]:
+        """How many rows each peer will send this rank, given how many it sends each (``send_counts[r]``)."""
+        send = torch.tensor(send_counts, dtype=torch.int64, device=self.device)
+        recv = torch.empty_like(send)
+        with self.guard(what):
+            dist.all_to_all_single(recv, send)
+        self._count(8 * (self.world - 1), 8 * (self.world - 1))
+        return [int(v) for v in recv.tolist()]
+
     def exchange(self, ids: Tensor, owner: Tensor, serve: Callable[[Tensor], Tensor], width: int,
                  dtype: torch.dtype, what: str = "feature fetch") -> Tensor:
         """Rows of ``ids`` (``[k]``, de-duplicated, none owned by this rank) from their owners, in ``ids``'

@@ -24,6 +24,9 @@ Strategies (``--strategy``):
   de-duplicated exchange before its first step; off, every step fetches its own. ``--merge`` (§5.3) removes time
   steps (:mod:`gnnscale.distributed.schedule`).
 
+``--norm batch``: BatchNorm normalises over the whole global batch (the mini-batch engine's), all-reduced between
+the ranks; with micrographs, statistics and gradient-sums passes before the first step (:mod:`.distributed_norm`).
+
 Counters (rank 0's record, summed over ranks; seconds are summed over ranks too): ``remote_rows`` and
 ``remote_bytes`` (feature rows received from other ranks), ``network_bytes`` (every byte received in the epoch's
 training, as the comm layer counted it: the exchanges' id requests, counts and rows, the model migrations, the
@@ -59,6 +62,7 @@ from gnnscale.config import DistributedOptions, PartitionOptions, SamplingOption
 from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
 from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
+from gnnscale.engines.distributed_norm import RankBatchNorm
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
 from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
 from gnnscale.engines.sampled_exchange import RankReducer, layerwise_across_ranks
@@ -125,9 +129,9 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
 
     @classmethod
     def batch_norm_reason(cls, config: TrainConfig) -> str | None:
+        """None: BatchNorm spans the global batch over the ranks and time steps (:mod:`.distributed_norm`)."""
         del config
-        return ("each rank would normalise its own share of a batch, not the whole batch (the statistics are not "
-                "all-reduced yet); train it with --engine minibatch, or use --norm layer")
+        return None
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
@@ -152,6 +156,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         self.y = graph.y.to(device)
         self.merge = MergeController(config.merge if config.strategy == "micrograph" else "off", self.world)
         self.reducer = RankReducer(self.comm, model)
+        self.batch_norm = RankBatchNorm(model, self.comm, self.owner, device)
         self.loop = SampledLoop(self.optimizer, self.train_ids, seed=config.seed,
                                 batch_size=config.batch_size * self.world, reducer=self.reducer,
                                 gather=self.reducer.gather, rank=self.rank)
@@ -264,6 +269,13 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
             c["fetch_s"] += time.perf_counter() - t0
         return x
 
+    @staticmethod
+    def _src(blocks: list[Block]) -> Tensor:
+        """The input rows' ids of a sample (on the CPU)."""
+        src = blocks[0].src_ids
+        assert src is not None
+        return src.cpu()
+
     def _sample(self, seeds: Tensor, key: int, c: dict[str, float]) -> list[Block]:
         t0 = time.perf_counter()
         blocks = sample_blocks(self.topo, seeds, self.fanouts, key, self.adjacency)  # topology in host memory
@@ -288,9 +300,9 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
                        c: dict[str, float]) -> None:
         seeds = parts[self.rank]
         blocks = self._sample(seeds, key, c)
-        src = blocks[0].src_ids
-        assert src is not None
-        self._train(blocks, self._inputs(src.cpu(), self.features, c), seeds, total, se, c)
+        x = self._inputs(self._src(blocks), self.features, c)
+        with self.batch_norm.synced(blocks if seeds.numel() else None):  # BatchNorm: all-reduced as it runs
+            self._train(blocks, x, seeds, total, se, c)
         self._model_of_last_step = self.rank
         c["time_steps"] += 1
 
@@ -300,17 +312,28 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         mine = [sched.roots_on(self.rank, k) for k in range(sched.steps)]
         blocks: list[list[Block] | None] = [None] * sched.steps
         rows: FeatureSource = self.features  # each step fetches its own remote rows
-        if self.config.pregather == "on":  # §5.2: the whole iteration's remote rows in one exchange
+        if self.config.pregather == "on" or self.batch_norm.active:
             blocks = [self._sample(r, key, c) for r in mine]
-            srcs = [b[0].src_ids.cpu() for b in blocks if b is not None and b[0].src_ids is not None]
+        if self.config.pregather == "on":  # §5.2: the whole iteration's remote rows in one exchange
+            srcs = [self._src(b) for b in blocks if b is not None]
             rows = self._fetch(torch.cat(srcs) if srcs else torch.empty(0, dtype=torch.int64), c)
+        xs: list[Tensor | None] = [None] * sched.steps
+        if self.batch_norm.active:  # BatchNorm: the global batch's statistics and gradient sums before the steps
+            sampled = [b for b in blocks if b is not None]
+            inputs = [self._inputs(self._src(b), rows, c) for b in sampled]
+            t0 = time.perf_counter()
+            self.batch_norm.prepare(sampled, inputs, [self.y[r.to(self.device)] for r in mine], total, se)
+            xs = [x for x in inputs]
+            c["train_s"] += time.perf_counter() - t0
         for k in range(sched.steps):
             bk = blocks[k] if blocks[k] is not None else self._sample(mine[k], key, c)
             assert bk is not None
-            src = bk[0].src_ids
-            assert src is not None
-            self._train(bk, self._inputs(src.cpu(), rows, c), mine[k], total, se, c)
-            blocks[k] = None  # the step's intermediate data is dropped; only the gradients go on
+            x = xs[k]
+            if x is None:
+                x = self._inputs(self._src(bk), rows, c)
+            with self.batch_norm.step(k):
+                self._train(bk, x, mine[k], total, se, c)
+            blocks[k], xs[k] = None, None  # the step's intermediate data is dropped; only the gradients go on
             if k + 1 < sched.steps:  # migrate: this model to rank + hop, the next one from rank - hop
                 t0 = time.perf_counter()
                 hop = sched.hop(k)
@@ -327,10 +350,13 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         """The loop's trainers: one iteration's gradients, ``R`` mini-batches of ``batch`` by the strategy (the
         loop sums them over the ranks)."""
         parts = list(torch.tensor_split(batch, self.world))
-        if self.config.strategy == "model-centric":
-            self._model_centric(parts, total, key, se, c)
-        else:
-            self._micrograph(parts, total, key, se, c)
+        try:
+            if self.config.strategy == "model-centric":
+                self._model_centric(parts, total, key, se, c)
+            else:
+                self._micrograph(parts, total, key, se, c)
+        finally:
+            self.batch_norm.release()
         self._held = (self._model_of_last_step, [g.clone() for g in self._grads()]) if self._keep_held else None
 
     def _batches(self, epoch: int) -> list[Tensor]:

@@ -1,7 +1,8 @@
 """``--norm``, ``--residual`` and ``--jk`` in the engines: LayerNorm and the residuals are per vertex, so every
 engine trains them as its reference does; BatchNorm trains in the in-memory engine (statistics over every vertex)
-and the one-trainer mini-batch and hybrid engines (over each batch's rows of a layer), with its running statistics
-in the model; every combination an engine cannot train exactly yet is refused in one line, exit status 2."""
+and the mini-batch and hybrid engines (over each batch's rows of a layer; several trainers reduce them:
+tests/test_norm_sync.py), with its running statistics in the model; every combination an engine cannot train
+exactly yet is refused in one line, exit status 2."""
 
 from __future__ import annotations
 
@@ -122,13 +123,8 @@ def test_distributed_with_layer_norm_equals_minibatch(tmp_path: Path) -> None:
 
 
 REFUSALS = [
-    (["--engine", "offload", "--norm", "batch"], "offload: --norm batch: this engine computes a layer one chunk"),
     (["--engine", "offload", "--jk", "cat"], "offload: --jk cat: this engine computes the class scores with the last"),
-    (["--engine", "minibatch", "--devices", "cpu,cpu:1", "--norm", "batch"],
-     "minibatch: --norm batch: 2 trainers (--devices) would each normalise their own share"),
     (["--engine", "minibatch", "--jk", "max"], "minibatch: --jk max:"),
-    (["--engine", "hybrid", "--devices", "cpu,cpu:1", "--norm", "batch"],
-     "hybrid: --norm batch: this engine's trainers would each normalise their own share"),
     (["--engine", "hybrid", "--devices", "cpu", "--jk", "last"], "hybrid: --jk last:"),
     (["--engine", "distributed", "--ranks", "2", "--jk", "cat"], "distributed: --jk cat:"),
     (["--engine", "taskparallel", "--model", "dgcn", "--norm", "layer"],

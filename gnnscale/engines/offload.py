@@ -118,6 +118,13 @@ class OffloadEngine(Engine):
     options = (ChunkOptions, PartitionOptions, OffloadOptions, GatherOptions)
 
     @classmethod
+    def batch_norm_reason(cls, config: TrainConfig) -> str | None:
+        """None: a statistics pass and a gradient-sums pass over the chunks per BatchNorm make each chunk's
+        normalisation, and its backward, the whole layer's (:class:`~gnnscale.engines.offload_layers.LayerPasses`)."""
+        del config
+        return None
+
+    @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
         if config.model in DECOUPLED_MODELS:
             return [f"{config.model} is a decoupled model: train it with --engine inmemory or taskparallel"]
@@ -243,9 +250,12 @@ class OffloadEngine(Engine):
         except BaseException:
             self._clear_gradients()
             raise
+        finally:
+            self.passes.release_norms()
         return self._epoch_stats(loss)
 
     def _reset_counters(self) -> None:
+        self.passes.norm_passes = self.passes.norm_reduced_bytes = 0
         for w in self.workers:
             w.io.reset_counters()
             w.rows.clear()
@@ -280,6 +290,9 @@ class OffloadEngine(Engine):
                                    "d2h_bytes": sum(w.io.moved.get("d2h", 0) for w in self.workers),
                                    "chunks": self.num_chunks, "partitions": self.partitions,
                                    "devices": len(self.workers), **self._row_counters()}
+        if self.config.norm == "batch":  # BatchNorm's statistics and gradient-sums passes over the chunks
+            stats["norm_passes"] = self.passes.norm_passes
+            stats["norm_reduced_bytes"] = self.passes.norm_reduced_bytes
         stats.update(self._tier_counters())
         stats["estimated_peak_device_bytes"] = self.plan.estimate  # the planner's, per device: beside the count
         if self.counter is not None:

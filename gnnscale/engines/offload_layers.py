@@ -9,7 +9,7 @@ Every vertex's rows live in host memory (:class:`HostRows`); a pass walks the ch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -19,6 +19,7 @@ from torch import Tensor
 from gnnscale import runtime as rt
 from gnnscale.engines.offload_sweep import ChunkStep, LayerPass, Sweep
 from gnnscale.engines.offload_workers import Features, HostTable, Spill, Worker
+from gnnscale.nn.batchnorm import SplitBatchNorm, kept_grads, split_norms
 from gnnscale.nn.model import GNN
 
 Key = tuple[int, int]
@@ -129,6 +130,77 @@ class LayerPasses:
     def __init__(self, model: GNN, host: HostRows, sweep: Sweep, num_train: int):
         self.model, self.host, self.sweep, self.num_train = model, host, sweep, num_train
         self.num_layers = len(model.layers)
+        self.norm_passes = 0
+        """BatchNorm's extra passes this epoch (statistics and gradient sums: one of each per norm and layer)."""
+        self.norm_reduced_bytes = 0
+        """Bytes of BatchNorm sums the workers' partial sums added up this epoch (float64 vectors)."""
+
+    # ------------------------------------------------------------------------------------------------ BatchNorm
+    # A layer with BatchNorm (inside it, as GIN's MLP has, or on its output, ``norms[layer]``) is computed over the
+    # chunks once per norm before its real pass: a statistics pass in forward, a gradient-sums pass in backward
+    # (:mod:`gnnscale.nn.batchnorm`), so each chunk normalises with, and backpropagates through, all vertices'
+    # statistics: the in-memory engine's function, not one chunk's.
+    def split_norms(self, layer: int) -> list[list[SplitBatchNorm]]:
+        """Layer ``layer``'s BatchNorms in forward order (inside the layer, then on its output), each as its copies
+        on every worker's replica."""
+        per_worker = []
+        for w in self.sweep.group.workers:
+            m = w.model
+            outer = [m.norms[layer]] if layer < len(m.norms) and isinstance(m.norms[layer], SplitBatchNorm) else []
+            per_worker.append([*split_norms(m.block_layers[layer]), *outer])
+        return [list(copies) for copies in zip(*per_worker, strict=True)]
+
+    def _summed(self, parts: list[Tensor | None], width: int) -> Callable[[Tensor], Tensor]:
+        """A reducer that gives every copy the workers' parts added (a part of ``None``: a worker without rows)."""
+        total = torch.zeros(width, dtype=torch.float64)
+        for t in parts:
+            if t is not None:
+                total += t.cpu()
+                self.norm_reduced_bytes += t.numel() * t.element_size()
+        return lambda _mine: total.clone()
+
+    def _statistics(self, layer: int, run: Callable[[], object]) -> None:
+        """Before a training forward of ``layer``: one statistics pass (``run``) per BatchNorm, in forward order
+        (the norms after it sum meanwhile, and start again in their own pass)."""
+        norms = self.split_norms(layer)
+        for i, copies in enumerate(norms):
+            for later in norms[i:]:
+                for bn in later:
+                    bn.begin_stats()
+            run()
+            self.norm_passes += 1
+            reduce = self._summed([bn.moments.values if bn.moments else None for bn in copies],
+                                  2 * copies[0].num_features + 1)
+            for bn in copies:
+                bn.end_stats(reduce)
+
+    def _gradient_sums(self, layer: int, run: Callable[[], object]) -> None:
+        """Before a backward of ``layer``: one gradient-sums pass (``run``) per BatchNorm, in backward order."""
+        for copies in reversed(self.split_norms(layer)):
+            for bn in copies:
+                bn.begin_grad_sums()
+            run()
+            self.norm_passes += 1
+            reduce = self._summed([bn.grad_sums for bn in copies], 2 * copies[0].num_features)
+            for bn in copies:
+                bn.end_grad_sums(reduce)
+
+    def release_norms(self) -> None:
+        """Every BatchNorm back to a plain one (the end of an epoch, or a failed one)."""
+        for layer in range(self.num_layers):
+            for copies in self.split_norms(layer):
+                for bn in copies:
+                    bn.release()
+
+    def _stats_chunks(self, layer: int, key: Key, worker: Worker, steps: Iterator[ChunkStep]) -> None:
+        """A statistics pass: the layer (and the norm on its output) per chunk; nothing is stored."""
+        model = worker.model
+        for step in steps:
+            with worker.io.compute():
+                (x_dst,) = step.slices
+                y = self._apply(worker, layer, step, step.source_rows(), x_dst, key, False)
+                if layer < len(model.norms):
+                    model.norms[layer](y)
 
     # ------------------------------------------------------------------------------------------------ forward
     @torch.no_grad()
@@ -139,7 +211,10 @@ class LayerPasses:
             self.project(layer, key)
         src, dst_rows = self.host.source(layer)
         cache = key is not None and layer in self.host.caching
-        self.sweep.run(LayerPass(src=src, slices=(dst_rows,)), partial(self._forward_chunks, layer, key, cache))
+        layer_pass = LayerPass(src=src, slices=(dst_rows,))
+        if key is not None:
+            self._statistics(layer, lambda: self.sweep.run(layer_pass, partial(self._stats_chunks, layer, key)))
+        self.sweep.run(layer_pass, partial(self._forward_chunks, layer, key, cache))
 
     def _forward_chunks(self, layer: int, key: Key | None, cache: bool, worker: Worker,
                         steps: Iterator[ChunkStep]) -> None:
@@ -224,13 +299,22 @@ class LayerPasses:
         # backward through the propagation needs the blocks' transposes (rows that require a gradient)
         transpose = self.model.block_layers[layer].sparse_backward and (projecting or layer > 0)
         layer_pass = LayerPass(src=src, grad=self.host.source_grad(layer), slices=(dst_rows,), transpose=transpose)
+        forward_only = LayerPass(src=src, slices=(dst_rows,))
+        self._statistics(layer, lambda: self.sweep.run(forward_only, partial(self._stats_chunks, layer, key)))
+        self._gradient_sums(layer, lambda: self.sweep.run(forward_only, partial(self._loss_chunks, layer, key,
+                                                                                 sums=True)))
         loss = sum(float(t) for t in self.sweep.run(layer_pass, partial(self._loss_chunks, layer, key)))
         if projecting:
             self.project_backward(layer, key)
         return loss
 
-    def _loss_chunks(self, layer: int, key: Key, worker: Worker, steps: Iterator[ChunkStep]) -> Tensor:
-        """The worker's share of the loss (on its device: read back once per pass)."""
+    def _loss_chunks(self, layer: int, key: Key, worker: Worker, steps: Iterator[ChunkStep],
+                     sums: bool = False, keep: bool = True) -> Tensor:
+        """The worker's share of the loss (on its device: read back once per pass); with ``sums``, a
+        gradient-sums pass (nothing is pushed or accumulated, no parameter gradient kept)."""
+        if sums:
+            with kept_grads(worker.model):
+                return self._loss_chunks(layer, key, worker, steps, keep=False)
         block_layer, projecting = worker.model.block_layers[layer], layer in self.host.projecting
         total = torch.zeros((), device=rt.torch_device(worker.device))
         for step in steps:
@@ -253,10 +337,10 @@ class LayerPasses:
                 loss = F.cross_entropy(logits.index_select(0, train), y, reduction="sum") / self.num_train
                 loss.backward()
                 total += loss.detach()
-                if step.grad is not None:
+                if keep and step.grad is not None:
                     assert x.grad is not None
                     step.push(x.grad)
-                if xd is not None and xd.grad is not None:
+                if keep and xd is not None and xd.grad is not None:
                     worker.io.accumulate(self.host.input_grads[layer], chunk.rows[: chunk.num_dst], xd.grad)
         return total
 
@@ -276,32 +360,26 @@ class LayerPasses:
                     next_grad),
             blocks=not caching or through_propagation,  # a cached layer 0 needs no topology: its dst ids only
             transpose=block_layer.sparse_backward and (through_propagation or (not caching and layer > 0)))
+        sums_pass = replace(layer_pass, grad=None, transpose=False, blocks=not caching)
+        self._gradient_sums(layer, lambda: self.sweep.run(sums_pass, partial(self._backward_chunks, layer, key,
+                                                                             False, sums=True)))
         self.sweep.run(layer_pass, partial(self._backward_chunks, layer, key, through_propagation))
         next_grad.zero_()
         if layer in self.host.projecting:
             self.project_backward(layer, key)
 
     def _backward_chunks(self, layer: int, key: Key, through_propagation: bool, worker: Worker,
-                         steps: Iterator[ChunkStep]) -> None:
-        block_layer, caching = worker.model.block_layers[layer], layer in self.host.caching
+                         steps: Iterator[ChunkStep], sums: bool = False) -> None:
+        if sums:  # a gradient-sums pass: the backward as far as the norm, nothing pushed, no parameter gradient
+            with kept_grads(worker.model):
+                for step in steps:
+                    with worker.io.compute():
+                        self._recompute_backward(layer, key, worker, step, through_propagation=False)
+            return
         for step in steps:
             with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
-                agg, x_dst, grad_next = step.slices
-                assert grad_next is not None
-                dst_ids = step.dst_ids()
-                xd = x = None
-                if caching:  # recompute only UPDATE from the cached aggregation
-                    assert agg is not None
-                    agg = agg.detach().requires_grad_(through_propagation)
-                    if x_dst is not None:
-                        xd = self._layer_input(worker, layer, x_dst, dst_ids, key).detach().requires_grad_(layer > 0)
-                    y = block_layer.update(agg, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
-                else:  # recompute the whole layer (GAT)
-                    block = step.block
-                    x = self._layer_input(worker, layer, step.source_rows(), block.row_ids(), key)
-                    x = x.detach().requires_grad_(layer > 0)
-                    y = block_layer(block, x)
-                worker.model.layer_input(layer + 1, y, dst_ids, key).backward(grad_next)
+                agg, x, xd = self._recompute_backward(layer, key, worker, step, through_propagation)
+                block_layer, caching = worker.model.block_layers[layer], layer in self.host.caching
                 if through_propagation and agg is not None and agg.grad is not None:
                     step.push(block_layer.aggregate_vjp(step.block, agg.grad))
                 elif not caching and layer > 0:
@@ -309,6 +387,29 @@ class LayerPasses:
                     step.push(x.grad)
                 if xd is not None and xd.grad is not None:
                     worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], xd.grad)
+
+    def _recompute_backward(self, layer: int, key: Key, worker: Worker, step: ChunkStep,
+                            through_propagation: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """Recompute the step's chunk of layer ``layer`` and backpropagate ``dL/dh[layer + 1]`` through it;
+        returns the leaves that took gradients: the aggregation, the source rows, the destination rows."""
+        block_layer, caching = worker.model.block_layers[layer], layer in self.host.caching
+        agg, x_dst, grad_next = step.slices
+        assert grad_next is not None
+        dst_ids = step.dst_ids()
+        xd = x = None
+        if caching:  # recompute only UPDATE from the cached aggregation
+            assert agg is not None
+            agg = agg.detach().requires_grad_(through_propagation)
+            if x_dst is not None:
+                xd = self._layer_input(worker, layer, x_dst, dst_ids, key).detach().requires_grad_(layer > 0)
+            y = block_layer.update(agg, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
+        else:  # recompute the whole layer (GAT)
+            block = step.block
+            x = self._layer_input(worker, layer, step.source_rows(), block.row_ids(), key)
+            x = x.detach().requires_grad_(layer > 0)
+            y = block_layer(block, x)
+        worker.model.layer_input(layer + 1, y, dst_ids, key).backward(grad_next)
+        return agg, x, xd
 
     # ------------------------------------------------------------------------------------------------ inference
     def predict_last(self, pred: Tensor) -> None:

@@ -81,12 +81,15 @@ class _Normalise(torch.autograd.Function):
                 row_weight: Tensor | None, owner: SplitBatchNorm) -> Tensor:
         xhat = (x - mean) * invstd
         ctx.owner = owner
+        ctx.set_materialize_grads(False)  # a norm below one in a gradient-sums pass gets no gradient: not zeros
         ctx.save_for_backward(xhat, weight, invstd, row_weight)
         return xhat * weight + bias
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
         (g,) = grads
+        if g is None:  # nothing reached this norm (a norm above it stopped a gradient-sums pass)
+            return None, None, None, None, None, None, None
         xhat, weight, invstd, row_weight = ctx.saved_tensors
         owner: SplitBatchNorm = ctx.owner
         sums = torch.cat([g.sum(0, dtype=torch.float64), (g * xhat).sum(0, dtype=torch.float64)])

@@ -129,8 +129,21 @@ def chunk_peak_bytes(model: GNN, num_dst: int, num_src: int, num_edges: int) -> 
         # gather rows already activated and dropped out
         inputs = 4 * R * f_in * (6 if l == 0 else 2)
         dst_side = 4 * V * f_out * 6 + 4 * V * f_in * 3  # gradient rows, next input + grad; cached aggregation
-        peak = max(peak, staged + inputs + layer.workspace_bytes(R, V, E) + dst_side)
+        peak = max(peak, staged + inputs + layer.workspace_bytes(R, V, E) + dst_side + norm_bytes(model, l, V))
     return int(SAFETY * peak) + model_resident_bytes(model)
+
+
+def norm_bytes(model: GNN, layer: int, num_dst: int) -> int:
+    """Device bytes the normalisations of layer ``layer`` add per chunk of ``num_dst`` destinations: for each norm
+    (inside the layer, as GIN's MLP has one, and on its output) the normalised rows, what backward saves of them
+    (BatchNorm: ``x̂``; LayerNorm: the rows and their statistics) and their gradient. BatchNorm's statistics
+    and gradient sums are a few vectors (:mod:`gnnscale.nn.batchnorm`); its extra passes hold no more than the
+    real pass does."""
+    if getattr(model, "norm", "none") == "none":
+        return 0
+    width = model.block_layers[layer].out_features
+    count = (model.kind == "gin") + (layer < len(model.norms))
+    return 3 * 4 * num_dst * width * count
 
 
 def sizes_from_rows(rows: list[Tensor], indptr: Tensor, chunk_ptr: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ from gnnscale import TrainConfig, load_dataset, train
 from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
+from gnnscale.nn.batchnorm import split_norms
 from gnnscale.sample import sample_key
 
 GNNSCALE = [sys.executable, "-m", "gnnscale"]
@@ -153,12 +154,17 @@ def _cli(tmp_path: Path, strategy: str) -> list[dict[str, Any]]:
 
 def test_whole_runs_with_batch_norm_equal_the_minibatch_engine(tmp_path: Path) -> None:
     """``gnnscale train --engine distributed --ranks 2 --norm batch`` (GIN), both strategies: per epoch the
-    mini-batch engine's losses and accuracies (evaluation reads the running statistics the ranks kept)."""
+    mini-batch engine's losses and accuracies (evaluation reads the running statistics the ranks kept); the record
+    counts the statistics' traffic: per iteration and rank, each norm's moments (``2F + 1`` float64) and gradient
+    sums (``2F``)."""
     cfg = TrainConfig(engine="minibatch", model="gin", norm="batch", batch_size=120, fanouts=(5, 3), epochs=3,
                       seed=0)
-    ref = train(load_dataset("csbm:nodes=400"), cfg, "cpu").history  # the graph the CLI loads
+    result = train(load_dataset("csbm:nodes=400"), cfg, "cpu")  # the graph the CLI loads
+    ref = result.history
+    per_iteration = sum(8 * (4 * bn.num_features + 1) for bn in split_norms(result.model)) * 2  # both ranks
     for strategy in ("micrograph", "model-centric"):
         got = _cli(tmp_path, strategy)
         assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in ref], rel=1e-5), strategy
         for k in ("train_acc", "val_acc", "test_acc"):
             assert [r[k] for r in got] == pytest.approx([r[k] for r in ref], abs=1e-6), (strategy, k)
+        assert [r["norm_reduced_bytes"] for r in got] == [r["batches"] * per_iteration for r in got], strategy

@@ -80,9 +80,10 @@ if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
 
 SUMMED = ("loss_sum", "remote_rows", "remote_bytes", "needed_rows", "local_rows", "migration_bytes", "time_steps",
-          "iterations", "sample_s", "fetch_s", "train_s", "migrate_s", "sync_s", "sampled_edges", "network_bytes")
+          "iterations", "sample_s", "fetch_s", "train_s", "migrate_s", "sync_s", "sampled_edges", "network_bytes",
+          "norm_reduced_bytes")
 """Per-epoch counters, summed over ranks (in this order in the reduced vector)."""
-RANK_COUNTERS = tuple(k for k in SUMMED if k not in ("iterations", "sync_s", "network_bytes"))
+RANK_COUNTERS = tuple(k for k in SUMMED if k not in ("iterations", "sync_s", "network_bytes", "norm_reduced_bytes"))
 """What the rank's trainer counts (the loop counts ``iterations`` and ``sync_s``)."""
 
 
@@ -412,6 +413,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         counters = SampledCounters(1, RANK_COUNTERS)
         self._cache_peak = 0
         t_start, received = time.perf_counter(), self.comm.counters["received_bytes"]
+        reduced = self.batch_norm.counters["reduced_bytes"]
         batches = self.loop.run(epoch, functools.partial(self._feed, epoch=epoch),
                                 functools.partial(self._iteration, key=key, se=se, c=counters[0]), counters)
         elapsed = torch.tensor([time.perf_counter() - t_start], dtype=torch.float64)
@@ -420,6 +422,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         self.merge.epoch_done(epoch, float(elapsed))
         state = counters.state()
         state["network_bytes"] = received
+        state["norm_reduced_bytes"] = self.batch_norm.counters["reduced_bytes"] - reduced
         vec = torch.tensor([state[k] for k in SUMMED], dtype=torch.float64)
         self.comm.all_reduce(vec, "sum", "counters")
         per_rank = torch.zeros(5, self.world, dtype=torch.float64)
@@ -440,6 +443,9 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         out["network_bytes"] = int(s.pop("network_bytes"))
         out["local_hit_rate"] = out["local_rows"] / out["needed_rows"] if out["needed_rows"] else None
         out["time_steps"] = s.pop("time_steps") / self.world / iters
+        reduced = s.pop("norm_reduced_bytes")  # BatchNorm's all-reduced sums (float64), every rank's
+        if self.batch_norm.active:
+            out["norm_reduced_bytes"] = int(reduced)
         out.update(s)  # the seconds
         out["merges"] = self.merge.history[-1][1]
         out["rank_feature_bytes"] = [int(v) for v in per_rank[0].tolist()]

@@ -143,7 +143,7 @@ def test_config_validates_the_choices() -> None:
     with pytest.raises(ConfigError, match="residual"):
         TrainConfig(residual="maybe")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="decoupled dgcn"):
-        TrainConfig(model="dgcn", norm="layer")
+        TrainConfig(model="dgcn", residual=True)
 
 
 def test_cli_takes_the_flags(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -127,8 +127,8 @@ REFUSALS = [
     (["--engine", "minibatch", "--jk", "max"], "minibatch: --jk max:"),
     (["--engine", "hybrid", "--devices", "cpu", "--jk", "last"], "hybrid: --jk last:"),
     (["--engine", "distributed", "--ranks", "2", "--jk", "cat"], "distributed: --jk cat:"),
-    (["--engine", "taskparallel", "--model", "dgcn", "--norm", "layer"],
-     "--norm, --residual and --jk apply to the layer-stack models, not the decoupled dgcn"),
+    (["--engine", "taskparallel", "--model", "dgcn", "--jk", "cat"],
+     "--residual and --jk apply to the layer-stack models, not the decoupled dgcn"),
 ]
 
 

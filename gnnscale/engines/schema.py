@@ -41,11 +41,12 @@ EPOCH_KEYS: dict[str, Key] = {
     "estimated_peak_device_bytes": Key("bytes", "The planner's estimate of peak_device_bytes for the epoch's chunks "
                                        "(its memory model, issue #30: within 1.00-1.15x of the counted peak).",
                                        "offload"),
-    "norm_passes": Key("count", "With --norm batch: BatchNorm's extra passes over the chunks in the epoch, a "
-                       "statistics pass (forward) and a gradient-sums pass (backward) per norm and layer, so that "
-                       "every chunk normalises with the whole layer's statistics.", "offload"),
+    "norm_passes": Key("count", "With --norm batch: BatchNorm's extra passes over the chunks (task-parallel: "
+                       "subgraphs) in the epoch, a statistics pass (forward) and a gradient-sums pass (backward) per "
+                       "norm, so that every chunk normalises with the whole layer's statistics.",
+                       "offload, taskparallel"),
     "norm_reduced_bytes": Key("bytes", "With --norm batch: bytes of BatchNorm's partial sums (float64 moments and "
-                              "gradient sums) the workers added up in the epoch.", "offload"),
+                              "gradient sums) the workers or devices added up in the epoch.", "offload, taskparallel"),
     # host <-> device traffic (one meaning for every engine)
     "h2d_bytes": Key("bytes", "Everything copied host -> device in the epoch: the sum of h2d_row_bytes, "
                      "h2d_topology_bytes and h2d_index_bytes.", "offload, taskparallel, minibatch"),

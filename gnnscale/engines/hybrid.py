@@ -4,7 +4,8 @@
 per accelerator, each training its share of every iteration's global mini-batch (the mini-batch engine's epoch
 shuffle and batches, its keyed sampler, its model replicas). The synchronizer sums the trainers' gradients,
 weighted by their seeds, and the optimiser steps once: an iteration equals one step on the whole global batch,
-whatever the split, because keyed sampling gives every seed the same neighbourhood in any share.
+whatever the split, because keyed sampling gives every seed the same neighbourhood in any share (with ``--norm
+batch`` the trainers reduce BatchNorm's statistics over the batch: :mod:`gnnscale.engines.sampled_norm`).
 
 Four pipeline stages (§III-B, Figure 4), each on its own thread, joined by queues of one iteration
 (:class:`~gnnscale.engines.pipeline.Pipeline`): **sampling** (the CPU sampler samples the CPU trainer's share
@@ -35,6 +36,7 @@ are waited for (``tests/test_hybrid_sim.py``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
@@ -54,6 +56,7 @@ from gnnscale.engines.replicas import Replicas
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backward_share, check_fanouts, cut, forward
 from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
+from gnnscale.engines.sampled_norm import BatchNormSync, kept_buffers, run_trainers, traffic, waited
 from gnnscale.engines.sampled_stages import Iteration, SampledStages, StageSums
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
@@ -130,11 +133,10 @@ class HybridEngine(SampledEngine):
 
     @classmethod
     def batch_norm_reason(cls, config: TrainConfig) -> str | None:
-        """One trainer (``--devices`` naming one device) normalises over the batch's rows, as the mini-batch
-        engine; the CPU beside accelerators would each normalise their own share (not reduced across them yet)."""
-        if config.devices is not None and len(config.devices) == 1:
-            return None
-        return super().batch_norm_reason(config)
+        """None: the trainers reduce their statistics over the global batch (:mod:`gnnscale.engines.sampled_norm`),
+        so any split (DRM's included) normalises as the mini-batch engine's one trainer does."""
+        del config
+        return None
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
@@ -169,6 +171,8 @@ class HybridEngine(SampledEngine):
                                                else self.store.host_source)
         assert graph.y is not None
         self.replicas = Replicas(model, self.devices, master=self.cpu_index)
+        self.norm_sync = BatchNormSync.build(self.replicas.models, self.cpu_index)
+        """Several trainers and ``--norm batch``: their norms' statistics reduced over the global batch."""
         self.ys = [rt.to_device(graph.y, d) for d in self.devices]  # on the default stream: ordered before training
         self.y = graph.y
         self.gpu_sampler = [rt.is_accelerator(d) for d in self.devices]
@@ -239,12 +243,12 @@ class HybridEngine(SampledEngine):
         before = torch.get_num_threads()
         runs, walls = [], []
         last: Iteration | None = None
-        try:
-            with self._pipeline(items, sample_key(self.config.seed, 0)) as pipe:
+        try:  # the running statistics as they were: the calibration's batches are not training's
+            with self._pipeline(items, sample_key(self.config.seed, 0)) as pipe, kept_buffers(self.model):
                 t_last = time.perf_counter()
                 for it in pipe:
-                    runs.append([r[0] for r in self.trainer_pool.map(
-                        functools.partial(self._propagate, it=it, se=(self.config.seed, 0)), range(G))])
+                    runs.append([r[0] for r in run_trainers(self.norm_sync, self.trainer_pool, functools.partial(
+                        self._propagate, it=it, se=(self.config.seed, 0)), G)])
                     self.model.zero_grad(set_to_none=True)
                     self.replicas.sync()
                     now = time.perf_counter()
@@ -304,24 +308,28 @@ class HybridEngine(SampledEngine):
     def _propagate(self, g: int, it: Iteration, se: tuple[int, int]) -> tuple[float, Tensor | None]:
         """Trainer ``g``'s forward and backward on its share; its seconds and its share of the batch's loss."""
         seeds = it.parts[g]
-        if seeds.numel() == 0:
-            return 0.0, None
-        dev, model = self.devices[g], self.replicas.models[g]
-        ev = it.ready[g] if it.ready else None
-        if ev is not None:
-            rt.wait_event(ev, rt.current_stream(dev))
-        if g == self.cpu_index:
-            torch.set_num_threads(self.threads.trainer)
-        t0, cpu0 = time.perf_counter(), time.thread_time()
-        x = it.x[g]
-        assert x is not None
-        with rt.on_device(dev):  # on the device's default stream (a sim device checks every op there)
-            loss = backward_share(forward(model, it.blocks[g], x, se), self.ys[g][rt.to_device(seeds, dev)],
-                                  it.total)
-        loss = rt.to_host(loss)
-        if rt.is_accelerator(dev):
-            rt.synchronize(dev)  # the trainer's work is done (its time) and its loss is in host memory
-        elapsed = time.perf_counter() - t0
+        trains = seeds.numel() > 0
+        with (contextlib.nullcontext() if self.norm_sync is None
+              else self.norm_sync.step(g, it.blocks[g] if trains else None)):
+            if not trains:
+                return 0.0, None
+            dev, model = self.devices[g], self.replicas.models[g]
+            ev = it.ready[g] if it.ready else None
+            if ev is not None:
+                rt.wait_event(ev, rt.current_stream(dev))
+            if g == self.cpu_index:
+                torch.set_num_threads(self.threads.trainer)
+            t0, cpu0, w0 = time.perf_counter(), time.thread_time(), waited(self.norm_sync, g)
+            x = it.x[g]
+            assert x is not None
+            with rt.on_device(dev):  # on the device's default stream (a sim device checks every op there)
+                loss = backward_share(forward(model, it.blocks[g], x, se), self.ys[g][rt.to_device(seeds, dev)],
+                                      it.total)
+            loss = rt.to_host(loss)
+            if rt.is_accelerator(dev):
+                rt.synchronize(dev)  # the trainer's work is done (its time) and its loss is in host memory
+        # its own work's time: not the waits for the other trainers' BatchNorm statistics
+        elapsed = time.perf_counter() - t0 - (waited(self.norm_sync, g) - w0)
         if self.slowdown[g] > 1.0:  # the work's CPU time again (f - 1) times, not the waits for a shared core
             extra = (self.slowdown[g] - 1.0) * (time.thread_time() - cpu0)
             time.sleep(extra)
@@ -332,8 +340,8 @@ class HybridEngine(SampledEngine):
                counters: SampledCounters) -> list[tuple[float, Tensor | None]]:
         """The loop's trainers: every trainer's propagation on its own thread; their seconds and losses."""
         del total  # the iteration's own (it.total)
-        results = list(self.trainer_pool.map(functools.partial(self._propagate, it=it, se=se),
-                                             range(len(self.devices))))
+        results = run_trainers(self.norm_sync, self.trainer_pool, functools.partial(self._propagate, it=it, se=se),
+                               len(self.devices))
         for g, (seconds, loss) in enumerate(results):
             c = counters[g]
             c["seeds"] += int(it.parts[g].numel())
@@ -356,6 +364,7 @@ class HybridEngine(SampledEngine):
         self.iteration_s = []
         if isinstance(self.host_x, FeatureSource):
             self.host_x.reset_stats()
+        traffic(self.norm_sync)  # counted from here (not the calibration's)
 
         def after(step: Step[Iteration, list[tuple[float, Tensor | None]]]) -> None:
             """Each stage's time of the step, and DRM's look at it."""
@@ -399,7 +408,7 @@ class HybridEngine(SampledEngine):
         }
         if isinstance(self.host_x, FeatureSource):  # the disk tier: what the loaders read from disk and the cache
             out.update(tier_metrics(self.host_x.read_stats()))
-        return out
+        return {**out, **traffic(self.norm_sync)}
 
     # ------------------------------------------------------------------------------------------------ DRM
     def _drm(self, it: Iteration, times: list[float]) -> Decision:

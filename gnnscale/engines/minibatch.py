@@ -7,7 +7,8 @@ the frontier's degrees, positions drawn on the trainer's device, one read of onl
 rows, and trains its model replica on the blocks. Every trainer reads through its own row of the placement
 (:meth:`GlobalMemoryStore.reader`). Gradients are summed over the trainers, weighted by their seeds, and the
 optimiser steps once per global batch. Sampling is keyed by ``(seed, epoch, hop, vertex)``, so a step on N
-trainers equals one trainer's step on the whole batch.
+trainers equals one trainer's step on the whole batch; with ``--norm batch`` the trainers reduce BatchNorm's
+statistics over the whole batch (:mod:`gnnscale.engines.sampled_norm`) for the same reason.
 
 Per trainer, sampling and extraction run on a producer thread ahead of training through a bounded queue
 (:data:`QUEUE_DEPTH` batches: HyScale-GNN's pipeline of sampling, feature loading and training); on CUDA on their
@@ -30,6 +31,7 @@ With fanouts at least the largest in-degree a step equals the in-memory engine r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import queue
 import threading
@@ -62,6 +64,7 @@ from gnnscale.engines.sampled import (
 )
 from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
+from gnnscale.engines.sampled_norm import BatchNormSync, traffic, wait_all
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import available_device_bytes
@@ -112,11 +115,16 @@ class MiniBatchEngine(SampledEngine):
 
     @classmethod
     def batch_norm_reason(cls, config: TrainConfig) -> str | None:
-        """One trainer normalises each layer over the batch's rows of that layer, as PyG with a NeighborLoader;
-        several would each normalise their own share (not reduced across them yet)."""
-        if config.devices and len(config.devices) > 1:
-            return (f"{len(config.devices)} trainers (--devices) would each normalise their own share of a batch, "
-                    "not the whole batch as one trainer does; train on one device, or use --norm layer")
+        """Each layer normalises over the batch's rows of that layer, as PyG with a NeighborLoader; several
+        trainers reduce their statistics (:mod:`gnnscale.engines.sampled_norm`), so 3 trainers equal 1. Not two
+        trainers on one accelerator: autograd runs a device's backward on one thread, where the first trainer's
+        reduction would wait for the second's forever."""
+        named = [d.strip().lower() for d in config.devices or ()]
+        accel = [d if ":" in d else f"{d}:0" for d in named if d.split(":")[0] not in ("cpu", "sim")]
+        twice = sorted({d for d in accel if accel.count(d) > 1})
+        if twice:
+            return (f"{', '.join(twice)} named twice in --devices: two trainers on one accelerator cannot reduce "
+                    "their statistics (its backward runs on one thread); name each accelerator once")
         return None
 
     @classmethod
@@ -149,6 +157,8 @@ class MiniBatchEngine(SampledEngine):
                                        host_cache_bytes=0 if self.tier is None else self.tier.cache_bytes)
         assert graph.y is not None
         self.replicas = Replicas(model, devices)
+        self.norm_sync = BatchNormSync.build(self.replicas.models)
+        """Several trainers and ``--norm batch``: their norms' statistics reduced over the global batch."""
         self.trainers = [
             _Trainer(g, dev, self.replicas.models[g], self.store.reader(g),
                      rt.new_stream(dev), graph.y.to(dev))
@@ -246,7 +256,7 @@ class MiniBatchEngine(SampledEngine):
         """``fn`` on every trainer: inline for one, one thread each otherwise."""
         if self.pool is None:
             return [fn(self.trainers[0])]
-        return [f.result() for f in [self.pool.submit(fn, t) for t in self.trainers]]
+        return wait_all([self.pool.submit(fn, t) for t in self.trainers])
 
     def _parts(self, batches: list[Tensor]) -> list[list[Tensor]]:
         """Per trainer, its contiguous share of each global batch, on its device (the epoch's seeds are copied to
@@ -283,17 +293,29 @@ class MiniBatchEngine(SampledEngine):
         """The loop's trainers: each takes its share and runs forward and backward on its replica."""
 
         def step(t: _Trainer) -> None:
-            batch = shares[t.index]()
+            try:
+                batch = shares[t.index]()
+            except BaseException:
+                if self.norm_sync is not None:  # the others would wait for this trainer's rows
+                    self.norm_sync.abort()
+                raise
             counters.took(t.index, batch)
-            if batch.seeds.numel() == 0:  # fewer seeds than trainers: nothing to add
-                return
-            t0 = time.perf_counter()
-            loss = backward_share(self._forward(batch, se, t.model), t.y[batch.seeds], total)
-            c = counters[t.index]
-            c["loss_sum"] += loss * total
-            c["train_s"] += time.perf_counter() - t0
+            trains = batch.seeds.numel() > 0  # fewer seeds than trainers: nothing to add
+            with (contextlib.nullcontext(trains) if self.norm_sync is None
+                  else self.norm_sync.step(t.index, batch.blocks if trains else None)):
+                if not trains:
+                    return
+                t0 = time.perf_counter()
+                loss = backward_share(self._forward(batch, se, t.model), t.y[batch.seeds], total)
+                c = counters[t.index]
+                c["loss_sum"] += loss * total
+                c["train_s"] += time.perf_counter() - t0
 
+        if self.norm_sync is not None:
+            self.norm_sync.begin()
         self._run(step)
+        if self.norm_sync is not None:
+            self.norm_sync.settle()
 
     def train_epoch(self, epoch: int) -> dict[str, Any]:
         self.model.train()
@@ -303,12 +325,14 @@ class MiniBatchEngine(SampledEngine):
         for t in self.trainers:  # the loss stays on the trainer's device: no host sync per batch
             counters[t.index]["loss_sum"] = torch.zeros((), device=t.device)
         self.store.reset_stats()
+        traffic(self.norm_sync)  # counted from here
         self.loop.run(epoch, functools.partial(self._feed, key=key),
                       functools.partial(self._train, se=se, counters=counters), counters)
         stats = self.store.reset_stats()
         if self.disk is None:
-            return {**counters.record(), **stats.metrics()}
-        return {**counters.record(), **stats.metrics(), **stats.disk_metrics(), "anon_rss_bytes": anon_rss_bytes()}
+            return {**counters.record(), **stats.metrics(), **traffic(self.norm_sync)}
+        return {**counters.record(), **stats.metrics(), **stats.disk_metrics(), "anon_rss_bytes": anon_rss_bytes(),
+                **traffic(self.norm_sync)}
 
 
 __all__ = ["EVAL_BATCH", "EVAL_EPOCH", "PRESAMPLE_BATCHES", "MiniBatchEngine", "check_fanouts",

@@ -26,10 +26,11 @@ from gnnscale.sample import sample_key
 
 GNNSCALE = [sys.executable, "-m", "gnnscale"]
 FANOUTS = (5, 3)
-WORLD = 2
-VARIANTS = [{"strategy": "model-centric"},
-            {"strategy": "micrograph", "pregather": "on", "merge": "off"},
-            {"strategy": "micrograph", "pregather": "off", "merge": "1"}]
+
+
+def _variants(world: int) -> list[dict[str, Any]]:
+    return [{"strategy": "model-centric"}, {"strategy": "micrograph", "pregather": "on", "merge": "off"},
+            {"strategy": "micrograph", "pregather": "off", "merge": str(world - 1)}]
 
 
 def _graph() -> Any:
@@ -59,7 +60,8 @@ def _iteration_task(rank: int, world: int, name: str, residual: bool, seeds: int
     from gnnscale.engines.distributed import DistributedEngine
 
     out = []
-    for v in [*VARIANTS, *({**v, "alone": True} for v in VARIANTS if seeds is None)]:
+    variants = _variants(world)
+    for v in [*variants, *({**v, "alone": True} for v in variants if seeds is None)]:
         v = dict(v)
         alone = v.pop("alone", False)
         g = _graph()
@@ -85,23 +87,23 @@ def _entry(rank: int, world: int, port: int, out: str, args: tuple[Any, ...]) ->
     torch.save(_iteration_task(rank, world, *args), Path(out) / f"rank{rank}.pt")
 
 
-def _spawn(tmp_path: Path, *args: Any) -> list[Any]:
+def _spawn(tmp_path: Path, world: int, *args: Any) -> list[Any]:
     import torch.multiprocessing as mp
 
-    mp.start_processes(_entry, args=(WORLD, _free_port(), str(tmp_path), args), nprocs=WORLD, start_method="spawn")
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    mp.start_processes(_entry, args=(world, _free_port(), str(tmp_path), args), nprocs=world, start_method="spawn")
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def _reference(name: str, residual: bool, seeds: int | None) -> dict[str, Any]:
+def _reference(name: str, residual: bool, seeds: int | None, world: int) -> dict[str, Any]:
     """The single-process mini-batch engine (one trainer) on the union of the ranks' batches: its loss, gradients
     and the running statistics after the step's forward."""
     g = _graph()
-    cfg = TrainConfig(engine="minibatch", model=name, batch_size=25 * WORLD, fanouts=FANOUTS, seed=0, heads=2,
+    cfg = TrainConfig(engine="minibatch", model=name, batch_size=25 * world, fanouts=FANOUTS, seed=0, heads=2,
                       hidden=8, norm="batch", residual=residual)
     model = _model(name, g, residual)
     mb = MiniBatchEngine(g, model, cfg, torch.device("cpu"))
     model.train()
-    batch = mb.train_ids[mb._order(1)][: 25 * WORLD][:seeds]
+    batch = mb.train_ids[mb._order(1)][: 25 * world][:seeds]
     sample = mb._prepare(mb.trainers[0], batch, FANOUTS, sample_key(0, 1))
     loss = F.cross_entropy(mb._forward(sample, (0, 1)), mb.y[batch])
     loss.backward()
@@ -113,19 +115,22 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return all(float((x - y).abs().max()) <= 1e-4 * max(float(y.abs().max()), 1e-3) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize(("name", "residual", "seeds"), [("gin", True, None), ("sage", False, 1)],
-                         ids=["gin-residual", "sage-one-seed"])
-def test_every_strategy_s_iteration_equals_the_minibatch_engine_s_step(tmp_path: Path, name: str, residual: bool,
-                                                                       seeds: int | None) -> None:
-    """GIN (a norm between the layers and one in each layer's MLP, a residual around it) on a full global batch,
-    and SAGE on a batch of one seed (rank 1's share, and its micrographs, empty: it takes part in every
-    all-reduce with zeros). Every rank's loss, summed gradients and running statistics are the mini-batch
-    engine's; with the statistics left per rank, they are not (the test sees a missing all-reduce)."""
-    ranks = _spawn(tmp_path, name, residual, seeds, str(tmp_path / "plans"))
-    ref = _reference(name, residual, seeds)
-    n = len(VARIANTS)
-    for r in range(WORLD):
-        for i, v in enumerate(VARIANTS):
+@pytest.mark.parametrize(("world", "name", "residual", "seeds"),
+                         [(2, "gin", True, None), (2, "sage", False, 1), (3, "gcn", False, None)],
+                         ids=["gin-residual", "sage-one-seed", "gcn-3-ranks"])
+def test_every_strategy_s_iteration_equals_the_minibatch_engine_s_step(tmp_path: Path, world: int, name: str,
+                                                                       residual: bool, seeds: int | None) -> None:
+    """GIN (a norm between the layers and one in each layer's MLP, a residual around it) on a full global batch;
+    SAGE on a batch of one seed (rank 1's share, and its micrographs, empty: it takes part in every all-reduce
+    with zeros); GCN on 3 ranks (a vertex sampled by up to 3 ranks, micrographs merged into fewer steps). Every
+    rank's loss, summed gradients and running statistics are the mini-batch engine's; with the statistics left
+    per rank, they are not (the test sees a missing all-reduce)."""
+    ranks = _spawn(tmp_path, world, name, residual, seeds, str(tmp_path / "plans"))
+    ref = _reference(name, residual, seeds, world)
+    variants = _variants(world)
+    n = len(variants)
+    for r in range(world):
+        for i, v in enumerate(variants):
             got = ranks[r][i]
             assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5), (v, r)
             assert _close(got["grads"], ref["grads"]), (v, r)
@@ -134,10 +139,11 @@ def test_every_strategy_s_iteration_equals_the_minibatch_engine_s_step(tmp_path:
                 torch.testing.assert_close(got["stats"][k], t, rtol=1e-4, atol=1e-6, msg=f"{v} rank {r}: {k}")
             # one all-reduce of the statistics and one of the gradient sums per norm and iteration
             assert got["reductions"] == 2 * got["norms"] > 0, v
-            if seeds is None:
+            if seeds is None:  # the per-rank statistics fail the same checks
                 alone = ranks[r][n + i]
-                assert alone["loss"] != pytest.approx(ref["loss"], rel=1e-4), v
                 assert not _close(alone["grads"], ref["grads"]), v
+                if world == 2:
+                    assert alone["loss"] != pytest.approx(ref["loss"], rel=1e-5), v
 
 
 def _cli(tmp_path: Path, strategy: str) -> list[dict[str, Any]]:

@@ -135,9 +135,11 @@ class OffloadOptions:
 
     partitions: int = 1
     """Offload: level-1 partitions ``m`` (HongTu schedules one per GPU; on one device they run in turn)."""
-    dedup: str = "full"
+    dedup: str = "auto"
     """Offload: ``none`` (every chunk loads its rows), ``reuse`` (rows shared with the partition's previous chunk
-    stay on the device) or ``full`` (HongTu: each batch's rows loaded once, shared between partitions, reused)."""
+    stay on the device), ``full`` (HongTu: each batch's rows loaded once, shared between partitions, reused) or
+    ``auto`` (``full`` on accelerators, ``none`` on the CPU, where no transfer is saved:
+    :func:`~gnnscale.partition.dedup.resolve_dedup`)."""
     chunker: str = "range"
     """Offload: ``range`` (edge-balanced id ranges, HongTu's), ``metis`` (METIS sub-partitions: fewer shared rows,
     less balanced) or ``auto`` (both, the lower Eq. 4 cost; METIS runs once per chunk count and is saved)."""

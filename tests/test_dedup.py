@@ -244,3 +244,24 @@ def test_cli_partition_prints_rows_per_dedup_mode(capsys: pytest.CaptureFixture[
     for key in ("rows_per_pass", "reorganized_rows_per_pass"):
         per = st[key]
         assert per["full"] <= per["reuse"] <= per["none"] == pytest.approx(st["alpha"] + 1, abs=1.0)
+
+
+def test_auto_dedup_is_full_on_accelerators_and_none_on_the_cpu() -> None:
+    """``--dedup auto`` (the default): HongTu's exchange where rows cross to an accelerator (a sim device stands in
+    for one), none on the CPU, whose "device" is host memory (no transfer to save, only the buffers' copies); an
+    explicit mode is kept everywhere."""
+    from gnnscale import runtime as rt
+    from gnnscale.partition.dedup import resolve_dedup
+    from gnnscale.plan.offload import plan_offload
+
+    assert TrainConfig().dedup == "auto"
+    assert [resolve_dedup(m, True) for m in ("auto", "none", "reuse", "full")] == ["full", "none", "reuse", "full"]
+    assert [resolve_dedup(m, False) for m in ("auto", "none", "reuse", "full")] == ["none", "none", "reuse", "full"]
+    g = csbm(nodes=400, features=8, avg_degree=6, seed=0)
+    cpu = plan_offload(g, TrainConfig(model="gcn", hidden=16, partitions=2, chunks=3), torch.device("cpu"))
+    sim = plan_offload(g, TrainConfig(model="gcn", hidden=16, partitions=2, chunks=3), rt.SimDevice(0, 1 << 26))
+    forced = plan_offload(g, TrainConfig(model="gcn", hidden=16, partitions=2, chunks=3, dedup="full"),
+                          torch.device("cpu"))
+    assert (cpu.dedup, cpu.exchange) == ("none", None)
+    assert sim.dedup == "full" and sim.exchange is not None
+    assert forced.dedup == "full" and forced.exchange is not None

@@ -195,9 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--devices", metavar="LIST",
                    help="comma-separated devices (e.g. cuda:0,cuda:1): offload runs partition i on device i mod "
                         "count; minibatch runs one trainer per device; default: --device")
-    o.add_argument("--dedup", choices=DEDUP_MODES, default="full",
+    o.add_argument("--dedup", choices=DEDUP_MODES, default="auto",
                    help="host->device deduplication: none, reuse (keep rows shared with the previous chunk), "
-                        "full (HongTu: load each batch's rows once, share them, reuse them); default full")
+                        "full (HongTu: load each batch's rows once, share them, reuse them) or auto (full on "
+                        "accelerators, none on the CPU, where there is no transfer to save); default auto")
     o.add_argument("--chunker", choices=["auto", *CHUNKERS], default="range",
                    help="how partitions split into chunks: range (edge-balanced), metis (fewer shared rows; METIS "
                         "runs once at the chosen chunk count) or auto (both, the lower modelled cost); default range")

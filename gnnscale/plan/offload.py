@@ -44,6 +44,7 @@ from gnnscale.partition.dedup import (
     default_schedule,
     plan_exchange,
     reorganize,
+    resolve_dedup,
 )
 from gnnscale.partition.plan import (
     ChunkCounter,
@@ -234,11 +235,13 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
             forced ``--chunks`` does not fit.
     """
     devices = list(config.devices) if config.devices else [str(device)]
+    accelerator = rt.is_accelerator(rt.resolve_device(devices[0]) if config.devices else device)
+    dedup = resolve_dedup(config.dedup, accelerator)
     # without a budget, the device's size too: two sim devices of one name may have pools of different sizes
     size = rt.mem_get_info(device)[1] if config.memory_budget is None else None
     key = (graph.num_nodes, graph.num_edges, config.model, config.layers, config.hidden, config.heads,
            config.partitions, config.chunks, config.partition_method, config.seed, config.memory_budget,
-           str(config.plan_dir), config.dedup, config.chunker, config.reorganize, tuple(devices), str(device), size)
+           str(config.plan_dir), dedup, config.chunker, config.reorganize, tuple(devices), str(device), size)
     memo = _MEMO.get(id(graph))
     if memo is not None and memo[0]() is graph and memo[1] == key:
         return memo[2]
@@ -259,13 +262,13 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
     device_of = [i % len(devices) for i in range(m)]
     part_sizes = (base.part_ptr[1:] - base.part_ptr[:-1]).tolist()
     limit = min(min(part_sizes), MAX_CHUNKS_PER_PARTITION)
-    need_owners = config.dedup == "full" and m > 1
+    need_owners = dedup == "full" and m > 1
 
     def price(ip: Tensor, ix: Tensor, chunk_ptr: Tensor, chunks: int, sizes: Tensor) -> tuple[int, int]:
         """The largest chunk's modelled peak, and the transition buffers' bytes bounded (:func:`capacity_bound`),
         of the split ``chunk_ptr`` of the renumbered CSR ``ip, ix`` whose chunk sizes are ``sizes``."""
         owners = ChunkCounter.of(ip, ix).owners(chunk_ptr, base.part_ptr) if need_owners else None
-        cap = capacity_bound(sizes, owners, part_sizes, chunks, config.dedup, device_of)
+        cap = capacity_bound(sizes, owners, part_sizes, chunks, dedup, device_of)
         if per_pass:  # the passes' own buffers, priced in the schedule (range order here; build() re-prices)
             caps[id(sizes)] = cap
             return pass_priced(sizes, default_schedule(m, chunks), cap, False), 0
@@ -278,7 +281,7 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         are ``exchange``'s when planned, else bounded by the batch's rows (an estimate that can only drop once
         the exchange is planned)."""
         moves = None if exchange is None else [[mv.new_rows for mv in dev] for dev in exchange.moves]
-        return epoch_peak(model, sizes, schedule, device_of, cap, exchange=config.dedup != "none",
+        return epoch_peak(model, sizes, schedule, device_of, cap, exchange=dedup != "none",
                           resident=resident, num_nodes=graph.num_nodes, moves=moves)[0]
 
     per_pass = modelled(model)
@@ -313,7 +316,7 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
                 raise ConfigError(
                     f"the offload engine needs at least {format_bytes(searched[n])} of device memory for "
                     f"{graph.name} ({config.model}, hidden {config.hidden}, {config.layers} layers, --dedup "
-                    f"{config.dedup}; tried up to {limit} chunks per partition), more than the budget "
+                    f"{dedup}; tried up to {limit} chunks per partition), more than the budget "
                     f"({format_bytes(budget)})")
 
     tps: list[Throughput] = []
@@ -325,7 +328,7 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         return tps[0]
 
     costs: dict[str, float] = {}
-    reorg_options = [False] if config.reorganize == "off" or config.dedup == "none" else \
+    reorg_options = [False] if config.reorganize == "off" or dedup == "none" else \
         [True] if config.reorganize == "on" else [False, True]
 
     priced: dict[int, Tensor] = {}
@@ -339,7 +342,7 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         sched = reorganize(rows, m_, n_, graph.num_nodes) if reorg else default_schedule(m_, n_)
         if per_pass and sizes is not None:
             chunk_est = pass_priced(sizes, sched, caps[id(sizes)], False)
-        plan = OffloadPlan(part, chunk_est + bound, budget, path, reused, {}, rows, sched, reorg, config.dedup,
+        plan = OffloadPlan(part, chunk_est + bound, budget, path, reused, {}, rows, sched, reorg, dedup,
                            comm_volume(rows, sched), None, len(devices))
         plan.chunk_estimate, plan.search_estimate = chunk_est, chunk_est + bound
         if sizes is not None:
@@ -348,8 +351,8 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
 
     def finish(plan: OffloadPlan) -> OffloadPlan:
         """Plan the transition buffers exactly (the estimate can only drop: the bound holds for any schedule)."""
-        if config.dedup != "none" and plan.exchange is None:
-            plan.exchange = plan_exchange(plan.rows, plan.partition.part_ptr, plan.schedule, config.dedup,
+        if dedup != "none" and plan.exchange is None:
+            plan.exchange = plan_exchange(plan.rows, plan.partition.part_ptr, plan.schedule, dedup,
                                           device_of, plan.volume)
             if per_pass:
                 plan.chunk_estimate = plan.estimate = pass_priced(priced[id(plan)], plan.schedule,
@@ -373,9 +376,9 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
 
     def cost(plan: OffloadPlan) -> tuple[float, int]:
         """Eq. 4, then (equal cost) fewer rows over the bus."""
-        value = comm_cost(plan.volume, config.dedup, tp())
+        value = comm_cost(plan.volume, dedup, tp())
         costs[f"{plan.partition.chunker}{plan.partition.chunks}{'-reorganized' if plan.reorganized else ''}"] = value
-        return value, plan.volume.h2d(config.dedup)
+        return value, plan.volume.h2d(dedup)
 
     def scheduled(plan: OffloadPlan) -> OffloadPlan:
         """With ``--reorganize auto``: Algorithm 4's schedule when it lowers the modelled cost and still fits."""
@@ -386,7 +389,7 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
         return finish(other if cost(other) < cost(plan) and fits(other) else plan)
 
     def forced_too_big(plan: OffloadPlan) -> ConfigError:
-        return ConfigError(f"--chunks {plan.partition.chunks} with --dedup {config.dedup} needs about "
+        return ConfigError(f"--chunks {plan.partition.chunks} with --dedup {dedup} needs about "
                            f"{format_bytes(plan.estimate)} of device memory (chunk and transition buffers), more "
                            f"than the budget ({format_bytes(budget)}); use more chunks, --dedup none, or leave "
                            "--chunks out to let the planner choose")

@@ -123,7 +123,6 @@ def test_distributed_with_layer_norm_equals_minibatch(tmp_path: Path) -> None:
 
 
 REFUSALS = [
-    (["--engine", "offload", "--jk", "cat"], "offload: --jk cat: this engine computes the class scores with the last"),
     (["--engine", "minibatch", "--jk", "max"], "minibatch: --jk max:"),
     (["--engine", "hybrid", "--devices", "cpu", "--jk", "last"], "hybrid: --jk last:"),
     (["--engine", "distributed", "--ranks", "2", "--jk", "cat"], "distributed: --jk cat:"),

@@ -93,3 +93,18 @@ def test_the_planner_prices_the_norms() -> None:
         assert [norm_bytes(normed, l, V) for l in range(3)] == expected
         assert all(norm_bytes(plain, l, V) == 0 for l in range(3))
         assert chunk_peak_bytes(normed, V, R, E) > chunk_peak_bytes(plain, V, R, E)
+
+
+@pytest.mark.parametrize(("model", "jk", "norm"), [("gcn", "cat", "none"), ("sage", "max", "batch"),
+                                                   ("gin", "last", "layer")])
+def test_offload_trains_jumping_knowledge_as_inmemory(model: str, jk: str, norm: str) -> None:
+    """``--jk``: the last layer's pass reads every earlier layer's stored output beside it, the head's gradient
+    goes back into each of them, and prediction combines them the same way."""
+    g = _graph()
+    kw = dict(model=model, layers=3, hidden=16, dropout=0.5, seed=1, epochs=2, norm=norm, jk=jk)
+    ref = train(g, TrainConfig(engine="inmemory", **kw), "cpu")
+    got = train(g, TrainConfig(engine="offload", partitions=2, chunks=3, **kw), "cpu")
+    assert [r["loss"] for r in got.history] == pytest.approx([r["loss"] for r in ref.history], rel=1e-5)
+    assert [r["test_acc"] for r in got.history] == pytest.approx([r["test_acc"] for r in ref.history], abs=0.02)
+    assert got.model.lin is not None
+    torch.testing.assert_close(got.model.lin.weight, ref.model.lin.weight, rtol=1e-4, atol=1e-5)

@@ -111,6 +111,7 @@ class OffloadEngine(Engine):
 
     name = "offload"
     host_layer_copies = 2
+    trains_jk = True  # the last layer's pass reads the earlier layers' stored outputs beside it (GNN.head)
     plan_kind = "partition"
     mode = "full"
     spills_to_scratch = True

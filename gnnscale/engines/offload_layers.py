@@ -197,7 +197,7 @@ class LayerPasses:
         model = worker.model
         for step in steps:
             with worker.io.compute():
-                (x_dst,) = step.slices
+                x_dst = step.slices[0]
                 y = self._apply(worker, layer, step, step.source_rows(), x_dst, key, False)
                 if layer < len(model.norms):
                     model.norms[layer](y)
@@ -298,8 +298,9 @@ class LayerPasses:
         src, dst_rows = self.host.source(layer)
         # backward through the propagation needs the blocks' transposes (rows that require a gradient)
         transpose = self.model.block_layers[layer].sparse_backward and (projecting or layer > 0)
-        layer_pass = LayerPass(src=src, grad=self.host.source_grad(layer), slices=(dst_rows,), transpose=transpose)
-        forward_only = LayerPass(src=src, slices=(dst_rows,))
+        slices = (dst_rows, *self._jk_slices())
+        layer_pass = LayerPass(src=src, grad=self.host.source_grad(layer), slices=slices, transpose=transpose)
+        forward_only = LayerPass(src=src, slices=slices)
         self._statistics(layer, lambda: self.sweep.run(forward_only, partial(self._stats_chunks, layer, key)))
         self._gradient_sums(layer, lambda: self.sweep.run(forward_only, partial(self._loss_chunks, layer, key,
                                                                                  sums=True)))
@@ -307,6 +308,23 @@ class LayerPasses:
         if projecting:
             self.project_backward(layer, key)
         return loss
+
+    def _jk_slices(self) -> tuple[Tensor, ...]:
+        """With ``--jk``: every earlier layer's output as the next layer takes it (``h[1..L-1]``, which the
+        forward passes stored), read per chunk beside the last layer for :meth:`GNN.head
+        <gnnscale.nn.model.GNN.head>`; nothing without."""
+        if self.model.lin is None:
+            return ()
+        return tuple(self.host.inputs[l] for l in range(1, self.num_layers))
+
+    @staticmethod
+    def _head(worker: Worker, layer: int, y: Tensor, prev: list[Tensor], dst_ids: Tensor, key: Key | None) -> Tensor:
+        """The class scores of the last layer's output ``y`` (``--jk``: combined with the earlier layers' ``prev``
+        rows of the same destinations; without: ``y``)."""
+        model = worker.model
+        if model.lin is None:
+            return y
+        return model.head([*prev, model.layer_input(layer + 1, y, dst_ids, key)])
 
     def _loss_chunks(self, layer: int, key: Key, worker: Worker, steps: Iterator[ChunkStep],
                      sums: bool = False, keep: bool = True) -> Tensor:
@@ -319,9 +337,10 @@ class LayerPasses:
         total = torch.zeros((), device=rt.torch_device(worker.device))
         for step in steps:
             with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
-                (x_dst,) = step.slices
+                x_dst, *earlier = step.slices
                 block, chunk = step.block, step.chunk
                 ids = block.row_ids()
+                prev = [h.detach().requires_grad_(True) for h in earlier if h is not None]  # --jk: h[1..L-1]
                 xd = None
                 if projecting:  # gradients flow into the projected rows (then the projection) and the dst rows
                     x = step.source_rows().detach().requires_grad_(True)
@@ -333,6 +352,7 @@ class LayerPasses:
                     x = self._layer_input(worker, layer, step.source_rows(), ids, key)
                     x = x.detach().requires_grad_(layer > 0)
                     logits = block_layer(block, x)  # [V, C]
+                logits = self._head(worker, layer, logits, prev, ids[: chunk.num_dst], key)
                 train, y = worker.io.index(chunk.train_local), worker.io.index(chunk.y_train, kind="row")
                 loss = F.cross_entropy(logits.index_select(0, train), y, reduction="sum") / self.num_train
                 loss.backward()
@@ -342,6 +362,9 @@ class LayerPasses:
                     step.push(x.grad)
                 if keep and xd is not None and xd.grad is not None:
                     worker.io.accumulate(self.host.input_grads[layer], chunk.rows[: chunk.num_dst], xd.grad)
+                for l, h in enumerate(prev, start=1):  # --jk: the head's gradient into each earlier output
+                    if keep and h.grad is not None:
+                        worker.io.accumulate(self.host.input_grads[l], chunk.rows[: chunk.num_dst], h.grad)
         return total
 
     # ------------------------------------------------------------------------------------------------ backward
@@ -418,11 +441,14 @@ class LayerPasses:
         if layer in self.host.projecting:
             self.project(layer, None)
         src, dst_rows = self.host.source(layer)
-        self.sweep.run(LayerPass(src=src, slices=(dst_rows,)), partial(self._predict_chunks, layer, pred))
+        self.sweep.run(LayerPass(src=src, slices=(dst_rows, *self._jk_slices())),
+                       partial(self._predict_chunks, layer, pred))
 
     def _predict_chunks(self, layer: int, pred: Tensor, worker: Worker, steps: Iterator[ChunkStep]) -> None:
         for step in steps:
             with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
-                (x_dst,) = step.slices
+                x_dst, *earlier = step.slices
                 out = self._apply(worker, layer, step, step.source_rows(), x_dst, None, False)
+                prev = [h for h in earlier if h is not None]
+                out = self._head(worker, layer, out, prev, step.dst_ids(), None)
                 worker.io.store(pred, step.chunk.lo, out.argmax(dim=-1))

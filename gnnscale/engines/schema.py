@@ -47,7 +47,7 @@ EPOCH_KEYS: dict[str, Key] = {
                        "offload, taskparallel"),
     "norm_reduced_bytes": Key("bytes", "With --norm batch: bytes of BatchNorm's partial sums (float64 moments and "
                               "gradient sums) the workers, devices or ranks added up in the epoch.",
-                              "offload, taskparallel, distributed"),
+                              "offload, taskparallel, minibatch, hybrid, distributed"),
     # host <-> device traffic (one meaning for every engine)
     "h2d_bytes": Key("bytes", "Everything copied host -> device in the epoch: the sum of h2d_row_bytes, "
                      "h2d_topology_bytes and h2d_index_bytes.", "offload, taskparallel, minibatch"),

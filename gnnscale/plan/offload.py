@@ -135,16 +135,20 @@ def chunk_peak_bytes(model: GNN, num_dst: int, num_src: int, num_edges: int) -> 
 
 
 def norm_bytes(model: GNN, layer: int, num_dst: int) -> int:
-    """Device bytes the normalisations of layer ``layer`` add per chunk of ``num_dst`` destinations: for each norm
+    """Device bytes the model options of layer ``layer`` add per chunk of ``num_dst`` destinations: for each norm
     (inside the layer, as GIN's MLP has one, and on its output) the normalised rows, what backward saves of them
     (BatchNorm: ``x̂``; LayerNorm: the rows and their statistics) and their gradient. BatchNorm's statistics
     and gradient sums are a few vectors (:mod:`gnnscale.nn.batchnorm`); its extra passes hold no more than the
-    real pass does."""
-    if getattr(model, "norm", "none") == "none":
-        return 0
+    real pass does. With ``--jk``, the last layer's pass holds every earlier layer's output rows besides."""
     width = model.block_layers[layer].out_features
+    jk = 0
+    if getattr(model, "lin", None) is not None and layer == len(model.block_layers) - 1:
+        # --jk: the last layer's pass also reads every earlier output of its destinations, with their gradients
+        jk = 2 * 4 * num_dst * width * len(model.block_layers)
+    if getattr(model, "norm", "none") == "none":
+        return jk
     count = (model.kind == "gin") + (layer < len(model.norms))
-    return 3 * 4 * num_dst * width * count
+    return 3 * 4 * num_dst * width * count + jk
 
 
 def sizes_from_rows(rows: list[Tensor], indptr: Tensor, chunk_ptr: Tensor) -> Tensor:

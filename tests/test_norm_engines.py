@@ -123,8 +123,6 @@ def test_distributed_with_layer_norm_equals_minibatch(tmp_path: Path) -> None:
 
 
 REFUSALS = [
-    (["--engine", "minibatch", "--jk", "max"], "minibatch: --jk max:"),
-    (["--engine", "hybrid", "--devices", "cpu", "--jk", "last"], "hybrid: --jk last:"),
     (["--engine", "distributed", "--ranks", "2", "--jk", "cat"], "distributed: --jk cat:"),
     (["--engine", "taskparallel", "--model", "dgcn", "--jk", "cat"],
      "--residual and --jk apply to the layer-stack models, not the decoupled dgcn"),

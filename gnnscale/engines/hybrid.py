@@ -116,6 +116,7 @@ class HybridEngine(SampledEngine):
     (HyScale-GNN)."""
 
     name = "hybrid"
+    trains_jk = True  # the sampled forward combines every layer at the seeds; layer-wise evaluation too
     mode = "sampled"
     trains_beside_accelerators = True
     plan_kind = "pipeline"

@@ -106,6 +106,7 @@ class MiniBatchEngine(SampledEngine):
     model replicas on threads (:meth:`_run`), and :class:`Replicas` reduces."""
 
     name = "minibatch"
+    trains_jk = True  # the sampled forward combines every layer at the seeds; layer-wise evaluation too
     mode = "sampled"
     options = (SamplingOptions, MiniBatchOptions, StoreOptions, GatherOptions)
 

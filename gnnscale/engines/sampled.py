@@ -152,11 +152,18 @@ def inline_feed(topology: Topology, features: Callable[[Tensor], Tensor], fanout
 
 def forward(model: GNN, blocks: Sequence[Block], x: Tensor, se: tuple[int, int] | None) -> Tensor:
     """``[num_dst of the last block, C]`` logits of ``model`` over sampled ``blocks`` from input rows ``x``;
-    dropout keyed by ``se = (seed, epoch)`` (``None``: none, as in evaluation)."""
-    h = x
+    dropout keyed by ``se = (seed, epoch)`` (``None``: none, as in evaluation). With ``--jk`` the head combines
+    every layer's output at the seeds (the leading rows of every block)."""
+    h, hs = x, []
+    seeds = blocks[-1].num_dst
     for i, (layer, block) in enumerate(zip(model.block_layers, blocks, strict=True)):
-        h = layer(block, model.layer_input(i, h, block.row_ids(), se))
-    return h
+        h = model.layer_input(i, h, block.row_ids(), se)
+        if i > 0 and model.lin is not None:
+            hs.append(h[:seeds])  # normalised over the layer's rows, as without --jk; kept at the seeds
+        h = layer(block, h)
+    if model.lin is None:
+        return h
+    return model.head([*hs, model.layer_input(len(blocks), h, blocks[-1].row_ids(seeds), se)])
 
 
 def backward_share(logits: Tensor, labels: Tensor, total: int) -> Tensor:

@@ -40,6 +40,7 @@ def layerwise(model: GNN, topology: Topology, features: Callable[[Tensor], Tenso
             else None)
     h: Tensor | None = None
     before: Tensor | None = None  # the vertex of each row of h (None: h has every vertex, in order)
+    head = _Head(model, None if rows is None else rows[-1])
     for i, layer in enumerate(layers):
         ids = None if rows is None else rows[i]
         count = num_nodes if ids is None else ids.numel()
@@ -60,13 +61,64 @@ def layerwise(model: GNN, topology: Topology, features: Callable[[Tensor], Tenso
                 out = torch.empty(count, y.shape[1])
             out[lo:hi] = y
         h, before = out, ids
+        assert h is not None
+        head.add(i, h, before)
     assert h is not None
+    h = head.scores(h)
     if targets is None:
         return h
     pred = torch.full((num_nodes,), -1, dtype=torch.int64)
     done = before if before is not None else torch.unique(targets.cpu())
     pred[done] = (h if before is not None else h[done]).argmax(-1)
     return pred
+
+
+class _Head:
+    """With ``--jk``, what layer-wise inference keeps of each layer for :meth:`GNN.head
+    <gnnscale.nn.model.GNN.head>` at the last layer's rows: ``last`` nothing, ``max`` the running maximum, ``cat``
+    the running sum of each output's share of ``lin`` (``lin(cat(h_1..h_L)) = Σ_l h_l W_l^T + b``): one
+    ``[rows, hidden]`` or ``[rows, C]`` table, not one per layer."""
+
+    def __init__(self, model: GNN, final: Tensor | None):
+        self.model, self.final = model, final
+        self.acc: Tensor | None = None
+
+    def add(self, layer: int, out: Tensor, ids: Tensor | None) -> None:
+        """Layer ``layer``'s outputs ``out`` (rows ``ids``; ``None``: every vertex in order)."""
+        model = self.model
+        if model.lin is None or model.jk == "last":
+            return
+        if self.final is not None and ids is not None and not torch.equal(ids, self.final):
+            pos = torch.searchsorted(ids, self.final)
+            out, ids = out[pos], self.final
+        elif self.final is not None and ids is None:
+            out, ids = out[self.final], self.final
+        row_ids = torch.arange(out.shape[0]) if ids is None else ids
+        dev = model.lin.weight.device
+        with torch.no_grad():
+            z = model.layer_input(layer + 1, out.to(dev), row_ids.to(dev), None)
+            if model.jk == "max":
+                self.acc = z if self.acc is None else torch.maximum(self.acc, z)
+            else:
+                width = z.shape[1]
+                part = z @ model.lin.weight[:, layer * width: (layer + 1) * width].t()
+                self.acc = part if self.acc is None else self.acc + part
+
+    def scores(self, last: Tensor) -> Tensor:
+        """The class scores from the last layer's outputs ``last`` (``last`` itself without ``--jk``)."""
+        model = self.model
+        if model.lin is None:
+            return last
+        dev = model.lin.weight.device
+        with torch.no_grad():
+            if model.jk == "last":
+                n = last.shape[0]
+                ids = torch.arange(n) if self.final is None else self.final
+                return model.head([model.layer_input(len(model.layers), last.to(dev), ids.to(dev), None)]).cpu()
+            assert self.acc is not None
+            if model.jk == "max":
+                return model.lin(self.acc).cpu()  # type: ignore[no-any-return]
+            return (self.acc + model.lin.bias).cpu()
 
 
 ALL_ROWS_SHARE = 0.5

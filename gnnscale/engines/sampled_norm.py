@@ -133,12 +133,15 @@ class TrainerGroup:
 def norm_sites(model: GNN, blocks: Sequence[Block]) -> list[tuple[SplitBatchNorm, Tensor]]:
     """Every :class:`SplitBatchNorm` of ``model`` with the global ids of the rows it normalises in a sampled forward
     over ``blocks`` (:func:`gnnscale.engines.sampled.forward`), in the order they run: ``norms[l - 1]`` on layer
-    ``l``'s input rows (block ``l``'s sources), then those inside layer ``l`` (GIN's MLP) on its destinations."""
+    ``l``'s input rows (block ``l``'s sources), then those inside layer ``l`` (GIN's MLP) on its destinations; with
+    ``--jk`` last the last layer's output norm, on the seeds."""
     sites: list[tuple[SplitBatchNorm, Tensor]] = []
     for i, (layer, block) in enumerate(zip(model.layers, blocks, strict=True)):
         if i > 0 and isinstance(model.norms[i - 1], SplitBatchNorm):
             sites.append((model.norms[i - 1], block.row_ids()))  # type: ignore[arg-type]
         sites += [(bn, block.row_ids(block.num_dst)) for bn in split_norms(layer)]
+    if model.lin is not None and isinstance(model.norms[-1], SplitBatchNorm):  # --jk: the last output's, at the seeds
+        sites.append((model.norms[-1], blocks[-1].row_ids(blocks[-1].num_dst)))  # type: ignore[arg-type]
     if len(sites) != len(split_norms(model)):
         raise ConfigError("--norm batch: a BatchNorm of this model runs outside the sampled layers (--jk); several "
                           "trainers cannot reduce its statistics")

@@ -256,3 +256,17 @@ def test_cli_trains_batch_norm_with_taskparallel(tmp_path: Any, capsys: pytest.C
     assert "engine taskparallel" in capsys.readouterr().out
     state = torch.load(tmp_path / "m.pt", weights_only=True)
     assert state["config"]["norm"] == "batch" and "norms.0.running_var" in state["state_dict"]
+
+
+def test_the_planner_prices_the_norms() -> None:
+    """With a norm, each T device's estimate grows by its norms' rows, saved x-hat and gradients (and, with
+    BatchNorm, the last T device by the class-wide gradient held between the gradient-sums pass and the backward):
+    a tight budget then takes more subgraphs."""
+    from gnnscale.plan.taskparallel import plan_taskparallel
+
+    g = csbm(nodes=2000, features=16, avg_degree=6, seed=0)
+    est = {}
+    for norm in ("none", "layer", "batch"):
+        cfg = TrainConfig(engine="taskparallel", model="dgcn", layers=3, hidden=32, subgraphs=2, norm=norm)
+        est[norm] = plan_taskparallel(g, cfg, torch.device("cpu")).estimate
+    assert max(est["none"]) < max(est["layer"]) < max(est["batch"])

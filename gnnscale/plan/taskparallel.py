@@ -191,10 +191,12 @@ def estimate_bytes(graph: Graph, config: TrainConfig, stages: tuple[list[Stage],
 
     A T device holds its tasks' parameters (with gradients and Adam state on the first device) and, per subgraph in
     flight (two: the pipeline's depth), the widest input and output rows of its tasks, their gradients and the
-    recomputation's saved tensors. A P device holds its chunks' blocks (with transposes), the cached input rows
-    of its P tasks (one task at a time for dgcn; every task's input for dgat, whose edge gradients read them) and
-    their output gradients, dgat's attention weights and their gradients (``[E]`` each), and one chunk's working
-    set.
+    recomputation's saved tensors; with ``--norm``, each of its norms' rows, saved ``x̂`` and gradient, and with
+    BatchNorm the last T device also holds the class-wide gradient of a subgraph between the gradient-sums pass and
+    the real backward (the statistics and gradient sums themselves are a few vectors). A P device holds its
+    chunks' blocks (with transposes), the cached input rows of its P tasks (one task at a time for dgcn; every
+    task's input for dgat, whose edge gradients read them) and their output gradients, dgat's attention weights and
+    their gradients (``[E]`` each), and one chunk's working set.
     """
     assert graph.num_classes is not None
     t_stages, p_stages = stages
@@ -209,9 +211,14 @@ def estimate_bytes(graph: Graph, config: TrainConfig, stages: tuple[list[Stage],
     chunk_edges = int((cum[chunk_ptr[1:]] - cum[chunk_ptr[:-1]]).max())
     params = 4 * sum(dims[l] * dims[l + 1] + dims[l + 1] for l in range(config.layers)) + 4 * 3 * C * C
     out = [0] * n_dev
+    norms = 0 if config.norm == "none" else 1  # each hidden T layer's norm: its rows, x-hat and their gradient
     for s in t_stages:
         widest = max(dims[s.start : s.stop + 1])
         work = 2 * 4 * per_sub * (dims[s.start] + dims[s.stop]) * 3 + 4 * per_sub * widest * 4
+        work += norms * 2 * 3 * 4 * per_sub * widest * max(s.stop - s.start, 1)  # two subgraphs in flight
+        if config.norm == "batch" and s.stop == config.layers:
+            # BatchNorm's gradient-sums pass holds dL/dH0 of a subgraph's rows until the real backward takes it
+            work += 4 * per_sub * C
         for d in s.devices:
             out[d] = max(out[d], work)
     dgat = config.model == "dgat"

@@ -1,8 +1,14 @@
-"""GAT (Velickovic et al.), multi-head, with PyG ``GATConv`` semantics (self-loops, LeakyReLU 0.2)."""
+"""GAT (Velickovic et al.), multi-head, with PyG ``GATConv`` semantics (self-loops, LeakyReLU 0.2).
+
+The attention is one autograd function (:class:`_AttentionSpMM`): scores, edge softmax and the weighted sum of
+the projected sources as one sparse CSR product per head whose values are the attention weights. Only ``[E, H]``
+per-edge tensors exist (scores, weights, their gradients); the ``[E, H, C]`` messages a gather-multiply-scatter
+formulation builds, with their gradients, never do (DGL's fused gSpMM / gSDDMM, with torch's own sparse kernels).
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +16,79 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import AdjacencySpec, Block
 from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.ops import sparse_mm, transpose_order, with_values
+
+
+def _per_dst(x: Tensor, counts: Tensor, num_edges: int) -> Tensor:
+    """``[H, num_dst] -> [H, E]``: each destination's value on each of its in-edges (CSR order). A repeat, not a
+    gather: several times faster than ``index_select`` with the edges' destinations."""
+    return x.repeat_interleave(counts, dim=1, output_size=num_edges)
+
+
+def _segment_sum(x: Tensor, ptr: Tensor) -> Tensor:
+    """``[H, E] -> [H, rows]``: per head, the sum of each CSR row's entries (one 1-D segment reduction per head)."""
+    return torch.stack([torch.segment_reduce(xk, "sum", offsets=ptr) for xk in x])
+
+
+def segment_softmax_(e: Tensor, ptr: Tensor, counts: Tensor) -> Tensor:
+    """``[H, E]`` softmax of ``e`` over each destination's in-edges (CSR rows ``ptr``), in place, as PyG's
+    ``softmax`` with ``ptr`` (the maximum subtracted, ``1e-16`` added to the sums)."""
+    E = e.shape[1]
+    m = torch.stack([torch.segment_reduce(ek, "max", offsets=ptr) for ek in e])  # [H, num_dst]; -inf: no edges
+    e.sub_(_per_dst(m, counts, E)).exp_()
+    return e.div_(_per_dst(_segment_sum(e, ptr).add_(1e-16), counts, E))
+
+
+class _AttentionSpMM(torch.autograd.Function):
+    """``out[d, k] = sum_e alpha[e, k] h[src e, k]``, ``alpha`` GATConv's edge softmax of
+    ``leaky_relu(a_src[src] + a_dst[dst])``, as one sparse CSR product per head ``k``.
+
+    Per-edge tensors are ``[H, E]`` (each head's edge values contiguous: the CSR values of its product). Forward
+    keeps the weights and the scores' signs. Backward: per head the transposed product ``A_k^T @ grad_k`` for
+    ``h`` and the sampled dense product (SDDMM) ``dot(grad[dst], h[src])`` for the weights; the softmax's
+    backward needs only ``sum_e alpha * d alpha`` per destination.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, h: Tensor, a_src: Tensor, a_dst: Tensor, block: Block, slope: float) -> Tensor:
+        ptr, src, E = block.indptr.long(), block.indices, block.num_edges
+        counts = ptr[1:] - ptr[:-1]
+        e = a_src.t().contiguous().index_select(1, src)  # [H, E]
+        e += _per_dst(a_dst.t(), counts, E)
+        positive = e > 0
+        alpha = segment_softmax_(F.leaky_relu_(e, slope), ptr, counts)  # [H, E]
+        adj = block.adj()
+        out = torch.stack([sparse_mm(with_values(adj, alpha[k]), h[:, k].contiguous()) for k in range(h.shape[1])],
+                          dim=1)
+        ctx.save_for_backward(h, alpha, positive)
+        ctx.block, ctx.slope = block, slope
+        return out  # [num_dst, H, C]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        h, alpha, positive = ctx.saved_tensors
+        block: Block = ctx.block
+        H, E = h.shape[1], block.num_edges
+        adj, adj_t, perm = block.adj(), block.adj_t(), transpose_order(block)
+        g = [grad[:, k].contiguous() for k in range(H)]  # [num_dst, C] per head
+        grad_h = None
+        if ctx.needs_input_grad[0]:
+            grad_h = torch.stack([sparse_mm(with_values(adj_t, alpha[k].index_select(0, perm)), g[k])
+                                  for k in range(H)], dim=1)  # [num_src, H, C]
+        # d loss / d alpha[k, e] = dot(grad[dst e, k], h[src e, k]): one SDDMM per head, in CSR edge order
+        grad_e = torch.stack([torch.sparse.sampled_addmm(with_values(adj, alpha[k]), g[k], h[:, k].t(),
+                                                         beta=0.0).values() for k in range(H)])  # [H, E]
+        # softmax: d e = alpha * (d alpha - sum over the destination's in-edges of alpha * d alpha)
+        ptr = block.indptr.long()
+        counts = ptr[1:] - ptr[:-1]
+        s = _segment_sum(alpha * grad_e, ptr)  # [H, num_dst]
+        grad_e.sub_(_per_dst(s, counts, E)).mul_(alpha)
+        grad_e = torch.where(positive, grad_e, grad_e * ctx.slope)  # leaky ReLU
+        grad_dst = _segment_sum(grad_e, ptr).t()  # [num_dst, H]
+        t_ptr = adj_t.crow_indices().long()
+        grad_src = torch.stack([torch.segment_reduce(ge.index_select(0, perm), "sum", offsets=t_ptr)
+                                for ge in grad_e]).t()  # [num_src, H]
+        return grad_h, grad_src, grad_dst, None, None
 
 
 class GATLayer(BlockLayer):
@@ -45,26 +124,17 @@ class GATLayer(BlockLayer):
             nn.init.xavier_uniform_(w)
 
     def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
-        from torch_geometric.utils import segment, softmax
-
         H, C = self.heads, self.out_per_head
         h = self.lin(x_src).view(-1, H, C)  # [num_src, H, C]
         a_src = (h * self.att_src).sum(-1)  # [num_src, H]
         a_dst = (h[: block.num_dst] * self.att_dst).sum(-1)  # [num_dst, H]
-        src, dst = block.indices.long(), block.dst_index()
-        # index_select, not fancy indexing: its backward (index_add_) is deterministic on multi-threaded CPU,
-        # where the backward of tensor[idx] is not.
-        e = F.leaky_relu(a_src.index_select(0, src) + a_dst.index_select(0, dst), self.negative_slope)  # [E, H]
-        ptr = block.indptr.long()  # chunk blocks keep int32 pointers; segment kernels may want int64 (V+1 only)
-        alpha = softmax(e, ptr=ptr, num_nodes=block.num_dst)  # [E, H], over each dst's in-edges
-        msg = h.index_select(0, src) * alpha.unsqueeze(-1)  # [E, H, C]
-        out = segment(msg, ptr, reduce="sum")  # [num_dst, H, C]
+        out = _AttentionSpMM.apply(h, a_src, a_dst, block, self.negative_slope)  # [num_dst, H, C]
         return out.reshape(block.num_dst, H * C) if self.concat else out.mean(dim=1)
 
     def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:
         H, HC = self.heads, self.heads * self.out_per_head
-        per_edge = 4 * (12 * H + 4 * HC) + 16  # scores, softmax and messages with their gradients; int64 src/dst
-        return num_edges * per_edge + 4 * (4 * num_src * HC + 6 * num_dst * HC)
+        per_edge = 4 * 8 * H + H + 16  # scores, weights (two layouts), their gradients, signs; int64 dst and order
+        return num_edges * per_edge + 4 * (5 * num_src * HC + 6 * num_dst * HC)
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         return agg + self.bias

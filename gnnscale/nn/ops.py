@@ -11,6 +11,17 @@ import gnnscale._compat  # noqa: F401  (silences torch's sparse-CSR beta warning
 from gnnscale.graph.block import Block
 
 
+def sparse_mm(adj: Tensor, x: Tensor) -> Tensor:
+    """``adj @ x`` for a sparse CSR ``adj`` (never differentiated here). On the CPU it is written straight into an
+    uninitialised output (``addmm`` with ``beta=0``): bitwise the same product, without the zero fill and the
+    full copy of the result that torch's ``@`` adds around its CSR kernel (two of its four passes over the output).
+    """
+    if adj.device.type != "cpu" or adj.dtype != x.dtype:
+        return adj @ x
+    out = torch.empty(adj.shape[0], x.shape[1], dtype=x.dtype)
+    return torch.addmm(out, adj, x, beta=0.0, out=out)
+
+
 class _SpMM(torch.autograd.Function):
     """``out = A @ x`` with ``A`` sparse CSR; backward is ``A^T @ grad`` with a cached CSR transpose.
 
@@ -20,23 +31,36 @@ class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, adj: Tensor, adj_t: Tensor) -> Tensor:
         ctx.adj_t = adj_t
-        return adj @ x  # [num_dst, F]
+        return sparse_mm(adj, x)  # [num_dst, F]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.adj_t @ grad.contiguous(), None, None  # [num_src, F]
+        return sparse_mm(ctx.adj_t, grad.contiguous()), None, None  # [num_src, F]
+
+
+def with_values(adj: Tensor, values: Tensor) -> Tensor:
+    """The sparse CSR matrix with ``adj``'s structure (its index tensors shared, not copied) and ``values``."""
+    return torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(), values, adj.shape)
+
+
+def transpose_order(block: Block) -> Tensor:
+    """``[E]`` int64: the block's edges in the order of its transpose :meth:`Block.adj_t` (by source, then
+    destination: a stable sort of the source rows), cached on the block. ``t_values[i] = values[order[i]]``."""
+    if "t_order" not in block._cache:
+        block._cache["t_order"] = torch.sort(block.indices, stable=True).indices
+    return block._cache["t_order"]
 
 
 def spmm(block: Block, x: Tensor) -> Tensor:
     """Weighted sum of in-neighbour rows: ``out[v] = sum_u w_uv x[u]`` for each destination row ``v``."""
     if not x.requires_grad:
-        return block.adj() @ x
+        return sparse_mm(block.adj(), x)
     return _SpMM.apply(x.contiguous(), block.adj(), block.adj_t())
 
 
 def spmm_t(block: Block, grad: Tensor) -> Tensor:
     """Transposed product ``A^T @ grad``: each source row sums the gradients of the destinations it feeds."""
-    return block.adj_t() @ grad.contiguous()  # [num_src, F]
+    return sparse_mm(block.adj_t(), grad.contiguous())  # [num_src, F]
 
 
 def spmm_mean(block: Block, x: Tensor) -> Tensor:

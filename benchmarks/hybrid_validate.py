@@ -48,6 +48,9 @@ from typing import Any
 
 import torch
 
+# this checkout's gnnscale, not the one the venv was installed from (a clean worktree run with another's venv)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 try:
     from offload import _list, append_records, environment
 except ImportError:  # run as a module

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's gnnscale, not the one the venv was installed from
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "inmemory_scaling.jsonl"
 
 
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     models = args.models.split(",")
     cases = [(m, n) for m in models for n in sizes]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     rev = revision()
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in cases}
     for r in range(args.rounds):

@@ -74,6 +74,7 @@ def spmm_mean(block: Block, x: Tensor) -> Tensor:
 # graph chunk by chunk, or recomputes a layer in backward, draws exactly the mask the in-memory engine draws.
 _M31 = 0x7FFFFFFF
 _FIB32 = -1640531527  # 0x9E3779B9 as a signed int32 (golden-ratio multiplier)
+_INT32_MIN = -(1 << 31)
 _C = 0x45D9F3B  # < 2^27: a product with a 31-bit value stays below 2^58, no int64 overflow anywhere
 
 
@@ -107,13 +108,18 @@ def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
     cols = torch.arange(num_features, device=dev, dtype=torch.int64)
     hc = _mix31((cols * 0x9E3779B1) & _M31 ^ _mix31_int(key ^ 0x5BD1E995))  # [F]; the key mixed on the host
     # Per element: XOR of the fully mixed row and column hashes, then multiplicative (Fibonacci) hashing in
-    # int32, keeping the top 31 bits. int32 multiplication wraps modulo 2^32 on CPU and CUDA alike; it is the
-    # only wrapping operation, and four int32 passes keep the mask about as cheap as torch's own dropout.
-    u = hr.to(torch.int32).unsqueeze(1) ^ hc.to(torch.int32).unsqueeze(0)  # [rows, F]
+    # int32, keeping the top 31 bits u = (x * FIB mod 2^32) >> 1, and keep when u >= T = floor(p 2^31). int32
+    # multiplication wraps modulo 2^32 on CPU and CUDA alike. Three passes over [rows, F] instead of five: with
+    # U the unsigned product, u >= T is U >= 2T, i.e. (U - 2^31) >= 2T - 2^31 as signed int32, and subtracting
+    # 2^31 (flipping the top bit) commutes into the odd multiplier's operand: (x ^ 2^31) * FIB = x * FIB ^ 2^31
+    # (mod 2^32). So the column hashes take the top bit and the product is compared directly.
+    threshold = 2 * int(p * (1 << 31)) - (1 << 31)
+    if threshold >= 1 << 31:  # p == 1: nothing kept
+        return torch.zeros(row_ids.numel(), num_features, dtype=torch.bool, device=dev)
+    hc = hc.to(torch.int32) ^ _INT32_MIN  # [F]
+    u = hr.to(torch.int32).unsqueeze(1) ^ hc.unsqueeze(0)  # [rows, F]
     u *= _FIB32
-    u >>= 1
-    u &= _M31
-    return u >= int(p * (1 << 31))  # u uniform in [0, 2^31)
+    return u >= threshold
 
 
 def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor) -> Tensor:
@@ -128,4 +134,6 @@ def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor) -> Tens
     if key is None or p <= 0.0:
         return x
     mask = keep_mask(row_ids, x.shape[1], p, key)
-    return x * mask / (1.0 - p)
+    # where + in-place division: two passes, no float copy of the mask; the kept values are x / (1 - p) as
+    # before (a dropped one is +0 where x * 0 gave -0 for negative x: equal values)
+    return torch.where(mask, x, 0.0).div_(1.0 - p)

@@ -19,7 +19,13 @@ from torch import Tensor
 from gnnscale import runtime as rt
 from gnnscale.engines.offload_sweep import ChunkStep, LayerPass, Sweep
 from gnnscale.engines.offload_workers import Features, HostTable, Spill, Worker
-from gnnscale.nn.batchnorm import SplitBatchNorm, kept_grads, split_norms
+from gnnscale.nn.batchnorm import (
+    SplitBatchNorm,
+    end_grad_sums_together,
+    end_stats_together,
+    kept_grads,
+    split_norms,
+)
 from gnnscale.nn.model import GNN
 
 Key = tuple[int, int]
@@ -150,15 +156,6 @@ class LayerPasses:
             per_worker.append([*split_norms(m.block_layers[layer]), *outer])
         return [list(copies) for copies in zip(*per_worker, strict=True)]
 
-    def _summed(self, parts: list[Tensor | None], width: int) -> Callable[[Tensor], Tensor]:
-        """A reducer that gives every copy the workers' parts added (a part of ``None``: a worker without rows)."""
-        total = torch.zeros(width, dtype=torch.float64)
-        for t in parts:
-            if t is not None:
-                total += t.cpu()
-                self.norm_reduced_bytes += t.numel() * t.element_size()
-        return lambda _mine: total.clone()
-
     def _statistics(self, layer: int, run: Callable[[], object]) -> None:
         """Before a training forward of ``layer``: one statistics pass (``run``) per BatchNorm, in forward order
         (the norms after it sum meanwhile, and start again in their own pass)."""
@@ -169,10 +166,7 @@ class LayerPasses:
                     bn.begin_stats()
             run()
             self.norm_passes += 1
-            reduce = self._summed([bn.moments.values if bn.moments else None for bn in copies],
-                                  2 * copies[0].num_features + 1)
-            for bn in copies:
-                bn.end_stats(reduce)
+            self.norm_reduced_bytes += end_stats_together(copies)
 
     def _gradient_sums(self, layer: int, run: Callable[[], object]) -> None:
         """Before a backward of ``layer``: one gradient-sums pass (``run``) per BatchNorm, in backward order."""
@@ -181,9 +175,7 @@ class LayerPasses:
                 bn.begin_grad_sums()
             run()
             self.norm_passes += 1
-            reduce = self._summed([bn.grad_sums for bn in copies], 2 * copies[0].num_features)
-            for bn in copies:
-                bn.end_grad_sums(reduce)
+            self.norm_reduced_bytes += end_grad_sums_together(copies)
 
     def release_norms(self) -> None:
         """Every BatchNorm back to a plain one (the end of an epoch, or a failed one)."""

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from gnnscale.engines.taskparallel_runner import Runner
 from gnnscale.engines.taskparallel_tasks import TaskOps
-from gnnscale.nn.batchnorm import SplitBatchNorm
+from gnnscale.nn.batchnorm import SplitBatchNorm, end_grad_sums_together, end_stats_together
 
 Key = tuple[int, int]
 """``(T stage, subgraph)``."""
@@ -93,15 +93,6 @@ class NormPasses:
             for bn in self.copies(j):
                 bn.release()
 
-    def _summed(self, parts: list[Tensor | None], width: int) -> Callable[[Tensor], Tensor]:
-        """A reducer that gives every copy the replicas' parts added (``None``: a replica that saw no rows)."""
-        total = torch.zeros(width, dtype=torch.float64)
-        for t in parts:
-            if t is not None:
-                total += t.cpu()
-                self.reduced_bytes += t.numel() * t.element_size()
-        return lambda mine: total.to(mine.device)
-
     def _stage_of(self, task: int) -> int:
         return next(k for k, st in enumerate(self.tasks.t_stages) if st.start <= task < st.stop)
 
@@ -129,10 +120,7 @@ class NormPasses:
                 assert fut is not None
                 ends.append(fut)
             _wait(ends)
-            reduce = self._summed([bn.moments.values if bn.moments is not None else None for bn in copies],
-                                  2 * copies[0].num_features + 1)
-            for bn in copies:
-                bn.end_stats(reduce)
+            self.reduced_bytes += end_stats_together(copies)
             self.passes += 1
 
     def _forward(self, outs: dict[Key, Tensor], k: int, s: int, se: tuple[int, int], norm: int | None,
@@ -171,9 +159,7 @@ class NormPasses:
                 assert fut is not None
                 ends.append(fut)
             _wait(ends)
-            reduce = self._summed([bn.grad_sums for bn in copies], 2 * copies[0].num_features)
-            for bn in copies:
-                bn.end_grad_sums(reduce)
+            self.reduced_bytes += end_grad_sums_together(copies)
             self.passes += 1
 
     def _backward(self, outs: dict[Key, Tensor], grads: dict[Key, Tensor], k: int, s: int, se: tuple[int, int],

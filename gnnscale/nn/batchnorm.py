@@ -201,6 +201,36 @@ class SplitBatchNorm(nn.BatchNorm1d):
         return _Normalise.apply(x, self.weight, self.bias, mean, invstd, weight, self)  # type: ignore[no-any-return]
 
 
+def _added(parts: list[Tensor | None], width: int) -> tuple[Tensor, int]:
+    """The copies' partial sums added on the host (``None``: a copy that saw no rows), and the bytes added."""
+    total = torch.zeros(width, dtype=torch.float64)
+    moved = 0
+    for t in parts:
+        if t is not None:
+            total += t.cpu()
+            moved += t.numel() * t.element_size()
+    return total, moved
+
+
+def end_stats_together(copies: list[SplitBatchNorm]) -> int:
+    """End a statistics pass on every copy of one norm (one per worker or device replica, each having summed the
+    rows it saw): each freezes the statistics of all their rows. Returns the bytes of partial sums added."""
+    total, moved = _added([bn.moments.values if bn.moments is not None else None for bn in copies],
+                          2 * copies[0].num_features + 1)
+    for bn in copies:
+        bn.end_stats(lambda mine: total.to(mine.device))
+    return moved
+
+
+def end_grad_sums_together(copies: list[SplitBatchNorm]) -> int:
+    """End a gradient-sums pass on every copy of one norm: each takes the sums of all of them. Returns the bytes
+    of partial sums added."""
+    total, moved = _added([bn.grad_sums for bn in copies], 2 * copies[0].num_features)
+    for bn in copies:
+        bn.end_grad_sums(lambda mine: total.to(mine.device))
+    return moved
+
+
 def split_norms(module: nn.Module) -> list[SplitBatchNorm]:
     """The :class:`SplitBatchNorm` modules inside ``module``, in forward order (registration order)."""
     return [m for m in module.modules() if isinstance(m, SplitBatchNorm)]

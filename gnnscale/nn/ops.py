@@ -81,8 +81,10 @@ def retain_freed_host_memory(threshold: int = 1 << 30) -> bool:
     Why: glibc serves blocks above its mmap threshold (at most 32 MiB once adjusted) with fresh ``mmap`` and unmaps
     them on ``free``, so every ``[V, F]`` temporary of a full-graph epoch on the CPU (51 MB at 200K x 64) is new
     pages the kernel must fault in and zero. Measured on csbm 200K, SAGE, one thread: 266K minor faults and a third
-    of the epoch's CPU time in the kernel (sys 0.50 s of 1.39 s); with the thresholds raised, none (sys 0.01 s) and
-    the same resident peak (the peak is the largest set of live tensors either way; freed blocks are reused).
+    of the epoch's CPU time in the kernel (sys 0.50 s of 1.39 s); with the thresholds raised, none (sys 0.01 s).
+    The price is resident memory: freed blocks stay in the heap and the heap fragments, so the process's peak
+    resident size grows (csbm 200K, one thread: GCN 0.95 -> 1.12 GiB, SAGE 0.99 -> 1.41, GAT 1.29 -> 1.62), which
+    is why nothing calls it by default.
     """
     import ctypes
     import ctypes.util

@@ -77,8 +77,10 @@ def _shift(t: Tensor, step: int) -> Tensor:
 
 
 def _dropout(rows: Tensor, width: int) -> Tensor:
-    """Keyed dropout's peak on ``[rows, width]``: bool mask, product, quotient, int64 row hashes."""
-    return rows * (9 * width + 3 * I64)
+    """Keyed dropout's peak on ``[rows, width]``: the int32 hash products and the bool mask, then the mask and the
+    output (``where`` and an in-place division), with a byte per element of slack for the allocator, besides int64
+    row hashes."""
+    return rows * (6 * width + 3 * I64)
 
 
 Moments = Callable[["_Pass"], Tensor]
@@ -256,10 +258,12 @@ def _update(layer: object, V: Tensor, fi: int, fa: int, fo: int) -> Tensor:
 
 
 def _gat_edges(layer: GATLayer, V: Tensor, R: Tensor, E: Tensor) -> Tensor:
-    """GAT's aggregation at its messages (no autograd): projected rows, scores, softmax, int64 edge ends,
-    gathered and weighted messages."""
+    """GAT's aggregation at its sparse products (no autograd; :class:`~gnnscale.nn.gat.GATLayer` forms no
+    ``[E, H, C]`` messages): projected rows and their source scores (two layouts), destination scores, the
+    ``[H, E]`` scores turned weights in place with a per-destination temporary and their signs, int64 row
+    pointers, each head's output and the stacked ones."""
     H, HC = layer.heads, layer.heads * layer.out_per_head
-    return F32 * R * (HC + H) + F32 * V * H + 2 * I64 * E + I64 * V + F32 * E * (3 * H + 2 * HC)
+    return F32 * R * (HC + 2 * H) + F32 * V * H + I64 * V + F32 * E * 2 * H + E * H + F32 * V * HC * 2
 
 
 def _forward(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor) -> Tensor:
@@ -298,8 +302,10 @@ def _loss(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A:
     drop = A + _dropout(R, fi) if l == 0 else 0 * R
     if isinstance(layer, GATLayer):
         H, HC = layer.heads, layer.heads * layer.out_per_head
-        saved = _gat_edges(layer, V, R, E) + F32 * E * H * 3
-        grads = F32 * E * 2 * HC + F32 * R * (2 * HC + fi)
+        saved = _gat_edges(layer, V, R, E)
+        # backward: each head's transposed product and its stack, the weights' per-head SDDMMs (sparse results
+        # with their own int64 indices) and their stack, the softmax's and leaky ReLU's [H, E] temporaries
+        grads = F32 * R * (2 * HC + fi) + E * H * (I64 + F32) + F32 * E * H * 6
         return torch.maximum(drop, A + X + saved + torch.maximum(P, grads))
     # GIN/GCN/SAGE aggregating first: the aggregation's and the slice's gradients, then their sum
     grads = F32 * R * fi * (3 if isinstance(layer, (GINLayer, SAGELayer)) else 1)
@@ -350,7 +356,9 @@ def _backward_whole(layer: object, l: int, V: Tensor, R: Tensor, E: Tensor, A: T
     assert isinstance(layer, GATLayer)
     H, HC = layer.heads, layer.heads * layer.out_per_head
     saved = _gat_edges(layer, V, R, E) + F32 * E * H * 2
-    grads = F32 * E * 2 * HC + F32 * V * fo * 5  # the edges' gradients (the rows' come after they are let go)
+    # the weights' per-head SDDMMs (sparse results with their own int64 indices) and each head's [E, C]-sized
+    # products' workspace, the output's gradient rows (the rows' come after the edges' are let go)
+    grads = E * H * (I64 + F32) + F32 * E * 3 * HC + F32 * V * fo * 5
     # the assembled rows are the input (l > 0), or are let go once dropped out (layer 0)
     return torch.maximum(drop, torch.maximum(A, X) + saved + torch.maximum(P, grads))
 

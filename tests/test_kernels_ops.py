@@ -50,7 +50,8 @@ def test_keyed_dropout_values_and_gradient() -> None:
 
 
 def test_retain_freed_host_memory_stops_page_faults_on_reallocation() -> None:
-    """In a child process (the setting is process-wide): a freed 64 MB block is reused, not faulted in again."""
+    """In a child process (the setting is process-wide): a freed 64 MB block is reused, not faulted in again (the
+    best of four reallocations: now and then the heap cannot grow in place and one block is mapped anew)."""
     import subprocess
     import sys
 
@@ -62,7 +63,7 @@ def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t = torch.empty(16 * 2**20); t.fill_(1.0); del t
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(faults(), retain_freed_host_memory(), faults())
+print(faults(), retain_freed_host_memory(), min(faults() for _ in range(4)))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     before, ok, after = int(out[0]), out[1] == "True", int(out[2])

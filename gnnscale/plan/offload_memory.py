@@ -36,6 +36,9 @@ from gnnscale.nn.sage import SAGELayer
 
 F32 = 4
 I64 = 8
+SMALL = 4096
+"""Bytes of a pass's temporaries that grow with no row, edge or feature count: the loss and other scalars, the
+dropout's column hashes, index vectors of a few elements."""
 
 
 def modelled(model: GNN) -> bool:
@@ -78,9 +81,9 @@ def _shift(t: Tensor, step: int) -> Tensor:
 
 def _dropout(rows: Tensor, width: int) -> Tensor:
     """Keyed dropout's peak on ``[rows, width]``: the int32 hash products and the bool mask, then the mask and the
-    output (``where`` and an in-place division), with a byte per element of slack for the allocator, besides int64
-    row hashes."""
-    return rows * (6 * width + 3 * I64)
+    output (``where`` and an in-place division), with two bytes per element of slack for the allocator, besides int64
+    row hashes and the column hashes' few int64 vectors of ``width``."""
+    return rows * (7 * width + 3 * I64) + 4 * I64 * width
 
 
 Moments = Callable[["_Pass"], Tensor]
@@ -152,7 +155,8 @@ def pass_peaks(model: GNN, c: Chunks, *, exchange: bool, capacity: int, multi_pa
         peak = torch.maximum(at_compute, prev + load + nxt + held + prev_stale)
         if rebind is not None:
             peak = torch.maximum(peak, load + nxt + held + rebind(A) + prev_stale)
-        out[name] = persistent + slack + int(peak.max())  # slack: parameter-gradient temporaries
+        # slack: parameter-gradient temporaries; SMALL: what no row count scales (scalars, per-column vectors)
+        out[name] = persistent + slack + SMALL + int(peak.max())
 
     def project(l: int, layer: BlockLayer) -> None:
         fi, fa = layer.in_features, layer.out_features

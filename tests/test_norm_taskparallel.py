@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from test_fullgraph_sim import _masked_block
 from torch import Tensor, nn
 
 import gnnscale.runtime as rt
@@ -20,9 +21,8 @@ from gnnscale.cli import main
 from gnnscale.engines import InMemoryEngine, TaskParallelEngine
 from gnnscale.engines.taskparallel_norm import NormPasses
 from gnnscale.errors import ConfigError
-from gnnscale.graph.block import Block, normalized_csr
 from gnnscale.graph.generators import csbm
-from gnnscale.graph.graph import Graph, csr_rows
+from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
 from gnnscale.nn.batchnorm import SplitBatchNorm
 from gnnscale.nn.decoupled import DecoupledGNN
@@ -165,17 +165,6 @@ def test_layer_norm_equals_inmemory_without_passes(graph: Graph) -> None:
     (ref_loss, ref_acc), (loss, acc) = _history(ref), _history(got)
     assert loss == pytest.approx(ref_loss, rel=1e-5) and acc == ref_acc
     assert all("norm_passes" not in r for r in got.history)
-
-
-def _masked_block(g: Graph, model: DecoupledGNN, sub: Tensor) -> Block:
-    indptr, indices, weight = normalized_csr(g, model.adjacency)
-    dst = csr_rows(indptr, indices.numel())
-    keep = sub[indices] <= sub[dst]
-    counts = torch.zeros(g.num_nodes, dtype=torch.int64).index_add_(0, dst[keep], torch.ones_like(dst[keep]))
-    ptr = torch.zeros(g.num_nodes + 1, dtype=torch.int64)
-    torch.cumsum(counts, 0, out=ptr[1:])
-    return Block(indptr=ptr, indices=indices[keep], num_src=g.num_nodes,
-                 edge_weight=None if weight is None else weight[keep])
 
 
 @pytest.mark.parametrize("kind", ["dgcn", "dgat"])

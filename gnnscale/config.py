@@ -21,6 +21,7 @@ from gnnscale.nn.zoo import ALL_MODELS
 from gnnscale.partition import PARTITION_METHODS
 from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
 from gnnscale.partition.plan import CHUNKERS
+from gnnscale.runtime.host import HOST_ALLOCATORS
 from gnnscale.sample import SAMPLE_NORMS
 from gnnscale.store import GATHER_METHODS
 from gnnscale.units import parse_budget
@@ -100,6 +101,10 @@ class RunOptions:
     partitions run on (partition ``i`` on ``devices[i % len(devices)]``), one thread each.
     Mini-batch: one trainer per device, each training its share of every batch. ``None``: the training device.
     The first is the training device."""
+    host_allocator: str = "auto"
+    """What the host allocator does with freed large blocks (:func:`~gnnscale.runtime.host.set_host_allocator`):
+    ``retain`` keeps them for reuse (no page faults on the next ``[V, F]`` temporary; a larger resident peak),
+    ``system`` is glibc's default; ``auto``: ``retain`` when the training device is the CPU, else untouched."""
 
 
 @dataclass(kw_only=True)
@@ -302,6 +307,8 @@ class TrainConfig(
              f"unknown partition method {self.partition_method!r}; choose one of {', '.join(PARTITION_METHODS)}"),
             (self.gather in ("auto", *GATHER_METHODS),
              f"unknown gather method {self.gather!r}; choose auto or one of {', '.join(GATHER_METHODS)}"),
+            (self.host_allocator in HOST_ALLOCATORS,
+             f"unknown --host-allocator {self.host_allocator!r}; choose one of {', '.join(HOST_ALLOCATORS)}"),
             (self.dedup in DEDUP_MODES, f"unknown --dedup {self.dedup!r}; choose one of {', '.join(DEDUP_MODES)}"),
             (self.chunker in ("auto", *CHUNKERS),
              f"unknown --chunker {self.chunker!r}; choose auto or one of {', '.join(CHUNKERS)}"),

@@ -49,6 +49,7 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
         "zero epochs": ["train", "--dataset", SMALL, "--epochs", "0", "--metrics", m],
         "dropout out of range": ["train", "--dataset", SMALL, "--dropout", "1.5", "--metrics", m],
         "negative lr": ["train", "--dataset", SMALL, "--lr", "-0.1", "--metrics", m],
+        "unknown host allocator": ["train", "--dataset", SMALL, "--host-allocator", "jemalloc", "--metrics", m],
         "unknown model": ["train", "--model", "transformer", "--metrics", m],
         "unknown dataset": ["train", "--dataset", "imagenet", "--metrics", m],
         "bad dataset option": ["train", "--dataset", "csbm:nodes=many", "--metrics", m],

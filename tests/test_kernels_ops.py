@@ -47,26 +47,3 @@ def test_keyed_dropout_values_and_gradient() -> None:
     out.backward(g)
     assert x.grad is not None
     torch.testing.assert_close(x.grad, g * mask / (1.0 - p), rtol=0, atol=0)
-
-
-def test_retain_freed_host_memory_stops_page_faults_on_reallocation() -> None:
-    """In a child process (the setting is process-wide): a freed 64 MB block is reused, not faulted in again (the
-    best of four reallocations: now and then the heap cannot grow in place and one block is mapped anew)."""
-    import subprocess
-    import sys
-
-    code = """
-import resource, torch
-from gnnscale.nn.ops import retain_freed_host_memory
-def faults():
-    t = torch.empty(16 * 2**20); t.fill_(1.0); del t  # 64 MB: above glibc's mmap threshold by default
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    t = torch.empty(16 * 2**20); t.fill_(1.0); del t
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(faults(), retain_freed_host_memory(), min(faults() for _ in range(4)))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    before, ok, after = int(out[0]), out[1] == "True", int(out[2])
-    if not ok:
-        pytest.skip("not glibc")
-    assert before > 10_000 and after < 1_000, (before, after)  # 16K pages of 4 KiB, then none

@@ -28,6 +28,7 @@ from gnnscale.errors import GnnscaleError
 from gnnscale.nn import ALL_MODELS, JK_MODES, NORMS
 from gnnscale.partition import CHUNKERS, PARTITION_METHODS
 from gnnscale.partition.dedup import DEDUP_MODES, REORGANIZE_MODES
+from gnnscale.runtime.host import HOST_ALLOCATORS
 from gnnscale.sample import SAMPLE_NORMS
 from gnnscale.store import GATHER_METHODS
 from gnnscale.version import __version__
@@ -182,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "engines) or distributed; default auto: full, or distributed with --ranks")
     t.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
                    help="device memory the engine may use: GiB (e.g. 6) or a size (512MB); default: what is free")
+    t.add_argument("--host-allocator", choices=list(HOST_ALLOCATORS), default="auto",
+                   help="freed large host blocks: retain (kept for reuse: no page faults on the next epoch's "
+                        "temporaries, a larger resident peak) or system (glibc's default); default auto: retain "
+                        "when training on the CPU")
     group = _option_groups(t)
     o = group[OffloadOptions]
     o.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")

@@ -43,7 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         input_dropout=args.input_dropout,
         norm=args.norm, residual=args.residual, jk=args.jk,
         lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, seed=args.seed, engine=args.engine,
-        mode=args.mode,
+        mode=args.mode, host_allocator=args.host_allocator,
         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
         host_memory=None if getattr(args, "host_memory", None) is None else parse_budget(args.host_memory),
         partitions=args.partitions, chunks=args.chunks, partition_method=args.partition_method, gather=args.gather,

@@ -64,6 +64,9 @@ class Engine(ABC):
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         self.graph, self.model, self.config, self.device = graph, model, config, device
+        allocator = config.host_allocator
+        if allocator != "auto" or device.type == "cpu":  # auto: retain where host memory is the device
+            rt.set_host_allocator("retain" if allocator == "auto" else allocator)
         self.timings: dict[str, float] = {}
         """Seconds of the engine's preparation steps (partitioning, planning, ...), for the run's summary."""
         self.model.to(device)

@@ -69,40 +69,6 @@ def spmm_mean(block: Block, x: Tensor) -> Tensor:
     return spmm(block, x) / deg
 
 
-# --------------------------------------------------------------------------------------------- host allocator
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-
-
-def retain_freed_host_memory(threshold: int = 1 << 30) -> bool:
-    """Make glibc keep freed large blocks for reuse instead of returning them to the OS (``mallopt``: mmap and trim
-    thresholds at ``threshold`` bytes). Process-wide; call it once, before training, where host memory is the
-    device. Returns False where it cannot (not glibc). ``threshold`` is a C ``int`` (below 2 GiB).
-
-    Why: glibc serves blocks above its mmap threshold (at most 32 MiB once adjusted) with fresh ``mmap`` and unmaps
-    them on ``free``, so every ``[V, F]`` temporary of a full-graph epoch on the CPU (51 MB at 200K x 64) is new
-    pages the kernel must fault in and zero. Measured on csbm 200K, SAGE, one thread: 266K minor faults and a third
-    of the epoch's CPU time in the kernel (sys 0.50 s of 1.39 s); with the thresholds raised, none (sys 0.01 s).
-    The price is resident memory: freed blocks stay in the heap and the heap fragments, so the process's peak
-    resident size grows (csbm 200K, one thread: GCN 0.95 -> 1.12 GiB, SAGE 0.99 -> 1.41, GAT 1.29 -> 1.62), which
-    is why nothing calls it by default.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    if not 0 < threshold < 1 << 31:
-        raise ValueError(f"threshold must be a positive C int, got {threshold}")
-    return bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, threshold))
-
-
 # --------------------------------------------------------------------------------------------- keyed dropout
 # Dropout masks are a pure function of (key, global vertex id, feature index), so an engine that processes the
 # graph chunk by chunk, or recomputes a layer in backward, draws exactly the mask the in-memory engine draws.

@@ -37,6 +37,7 @@ from gnnscale.runtime.device import (
     wait_count,
 )
 from gnnscale.runtime.errors import DeviceOutOfMemory, StreamOrderError
+from gnnscale.runtime.host import HOST_ALLOCATORS, set_host_allocator
 from gnnscale.runtime.pinned import (
     HOST_REGISTER_FLAGS,
     PinnedRegion,
@@ -63,12 +64,13 @@ from gnnscale.runtime.streams import (
 )
 
 __all__ = [
-    "DEVICE_ENV", "HOST_REGISTER_FLAGS", "SIM_DEVICES_ENV", "SIM_MEMORY_ENV", "Device", "DeviceOutOfMemory", "Event",
-    "PinnedRegion", "SimDevice", "SimEvent", "SimStream", "Stream", "StreamOrderError", "accelerator_type", "adopt",
-    "can_access_peer", "copy_async", "current_stream", "default_device", "device_count", "device_key",
-    "device_name", "device_of", "empty", "is_accelerator", "is_available", "is_sim", "item", "mem_get_info",
-    "memory_allocated", "needs_pinning", "new_event", "new_stream", "on_device", "peak_bytes", "pin_in_place",
-    "pinned_empty", "pinned_host", "poison", "record_event", "record_stream", "reset_counts", "reset_peak",
-    "resolve_device", "sim_device", "sync_count", "synchronize", "to_device", "to_host", "torch_device",
-    "use_stream", "wait_count", "wait_event", "wait_stream", "zeros",
+    "DEVICE_ENV", "HOST_ALLOCATORS", "HOST_REGISTER_FLAGS", "SIM_DEVICES_ENV", "SIM_MEMORY_ENV", "Device",
+    "DeviceOutOfMemory", "Event", "PinnedRegion", "SimDevice", "SimEvent", "SimStream", "Stream",
+    "StreamOrderError", "accelerator_type", "adopt", "can_access_peer", "copy_async", "current_stream",
+    "default_device", "device_count", "device_key", "device_name", "device_of", "empty", "is_accelerator",
+    "is_available", "is_sim", "item", "mem_get_info", "memory_allocated", "needs_pinning", "new_event",
+    "new_stream", "on_device", "peak_bytes", "pin_in_place", "pinned_empty", "pinned_host", "poison",
+    "record_event", "record_stream", "reset_counts", "reset_peak", "resolve_device", "set_host_allocator",
+    "sim_device", "sync_count", "synchronize", "to_device", "to_host", "torch_device", "use_stream", "wait_count",
+    "wait_event", "wait_stream", "zeros"
 ]

@@ -1,0 +1,83 @@
+"""The host allocator policy (``--host-allocator``): ``retain`` keeps freed large blocks, so the next epoch's
+``[V, F]`` temporaries are not faulted in again; the engines apply it by default where host memory is the device.
+
+Each check runs in a child process: the policy is process-wide and cannot be fully undone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gnnscale.config import TrainConfig
+from gnnscale.errors import ConfigError
+from gnnscale.runtime import set_host_allocator
+
+# Faults of reallocating a freed 64 MB block (above glibc's mmap threshold, whatever its dynamic value), the best of
+# four tries (now and then the heap cannot grow in place and one block is mapped anew), before and after `SETUP`.
+_CHILD = """
+import resource, torch
+def faults():
+    t = torch.empty(16 * 2**20); t.fill_(1.0); del t
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t = torch.empty(16 * 2**20); t.fill_(1.0); del t
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+first = min(faults() for _ in range(2))
+SETUP
+print(first, min(faults() for _ in range(4)))
+"""
+_ENGINE = """
+from gnnscale.engines import InMemoryEngine
+from gnnscale.nn import build_model
+from gnnscale.testing import tiny_graph
+from gnnscale.train import TrainConfig
+import torch
+g = tiny_graph()
+cfg = TrainConfig(model="gcn", hidden=8, epochs=1, host_allocator=POLICY)
+model = build_model("gcn", g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=1, seed=0)
+InMemoryEngine(g, model, cfg, torch.device("cpu"))
+"""
+
+
+def _faults(setup: str) -> tuple[int, int]:
+    code = _CHILD.replace("SETUP", setup)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def _glibc() -> None:
+    if subprocess.run([sys.executable, "-c", "import ctypes.util, sys; "
+                       "sys.exit(0 if ctypes.util.find_library('c') else 1)"]).returncode:
+        pytest.skip("no C library with mallopt (not glibc)")
+
+
+def test_retain_stops_page_faults_on_reallocation() -> None:
+    _glibc()
+    before, after = _faults("from gnnscale.runtime import set_host_allocator; assert set_host_allocator('retain')")
+    assert before > 10_000 and after < 1_000, (before, after)  # 16K pages of 4 KiB, then none
+
+
+def test_system_gives_glibc_defaults_back() -> None:
+    _glibc()
+    before, after = _faults("from gnnscale.runtime import set_host_allocator\n"
+                            "assert set_host_allocator('retain') and set_host_allocator('system')")
+    assert before > 10_000 and after > 10_000, (before, after)
+
+
+@pytest.mark.parametrize(("policy", "retained"), [("'auto'", True), ("'retain'", True), ("'system'", False)])
+def test_the_engines_apply_the_policy_on_the_cpu(policy: str, retained: bool) -> None:
+    """The default (``auto``) retains when training on the CPU; ``system`` leaves glibc's behaviour."""
+    _glibc()
+    before, after = _faults(_ENGINE.replace("POLICY", policy))
+    assert before > 10_000, before
+    assert (after < 1_000) == retained, (policy, before, after)
+
+
+def test_bad_policies_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown host allocator"):
+        set_host_allocator("jemalloc")
+    with pytest.raises(ValueError, match="unknown host allocator"):
+        set_host_allocator("auto")  # a config's choice, resolved by the engine
+    with pytest.raises(ConfigError, match="--host-allocator"):
+        TrainConfig(host_allocator="tcmalloc")

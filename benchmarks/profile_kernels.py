@@ -1,6 +1,6 @@
 """Profile gnnscale's hot kernels on the peers benchmark's workloads (issue #30 point 2).
 
-    python benchmarks/profile_kernels.py                       # gcn, sage, gat, sampling on csbm 200K
+    python benchmarks/profile_kernels.py                       # every workload on csbm 200K
     python benchmarks/profile_kernels.py --workloads gat --epochs 4 --top 15
     python benchmarks/profile_kernels.py --no-profile          # times and peaks only
     git archive HEAD~3 gnnscale | tar -x -C /tmp/base           # then, before against after, interleaved:
@@ -11,7 +11,8 @@ weights and data as ``benchmarks/peers.py``; one torch thread): one warm-up epoc
 (median and range printed), the peak resident memory over them (``VmHWM`` after a reset once set-up is done: the
 training's own peak, what peers.py calls ``train_peak_bytes``), then one more epoch under ``torch.profiler``
 (``record_shapes``) whose top ops by self CPU time are printed. The sampling workload samples one epoch of
-batches (SAGE fanouts 15,10, batch 1024) per "epoch" and reports sampled edges per second.
+batches (SAGE fanouts 15,10, batch 1024) per "epoch" and reports sampled edges per second;
+``minibatch`` is a mini-batch SAGE epoch and ``offload`` the offload engine's GCN epoch at 8 chunks.
 
 ``--baseline DIR`` (a folder holding another revision's ``gnnscale`` package) runs every workload with that
 revision too, alternating with this one for ``--rounds`` rounds (the machine's load drifts: interleaving keeps the
@@ -42,7 +43,8 @@ sys.path.insert(1, os.environ.get("PROFILE_GNNSCALE_ROOT", str(HERE.parent)))  #
 import peers_workers as pw  # noqa: E402
 
 DEFAULT_DATA = Path.home() / ".cache" / "gnnscale" / "peers" / "data"
-WORKLOADS = ("gcn", "sage", "gat", "sampling")
+WORKLOADS = ("gcn", "sage", "gat", "sampling", "minibatch", "offload")
+"""Full-graph GCN, SAGE and GAT, sampling only, a mini-batch SAGE epoch and offload GCN at 8 chunks (peers.py's)."""
 
 
 def _table(prof: Any, top: int) -> str:
@@ -63,8 +65,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         def step(epoch: int) -> int:
             return sum(fn(b, epoch) for b in batches)
     else:
-        ns = argparse.Namespace(system="gnnscale", workload="full", model=args.workload, epochs=args.epochs,
-                                chunks=8)
+        system, workload, model = {"minibatch": ("gnnscale", "minibatch", "sage"),
+                                   "offload": ("gnnscale-offload", "full", "gcn")}.get(
+            args.workload, ("gnnscale", "full", args.workload))
+        ns = argparse.Namespace(system=system, workload=workload, model=model, epochs=args.epochs, chunks=8)
         run = pw.gnnscale_run(a, meta, ns)
 
         def step(epoch: int) -> int:

@@ -25,6 +25,11 @@ Per workload and system: the median over rounds of each run's median epoch time 
 in-memory engine for offload; sampling: throughput over DGL's, > 1 is faster), the largest peak resident memory
 of the process (``VmHWM``) and the test accuracy after the epochs.
 
+gnnscale trains with its default ``--host-allocator auto`` (on the CPU: glibc keeps freed blocks below 1 GiB for
+reuse, so an epoch's ``[V, F]`` temporaries are not fresh pages the kernel faults in and zeroes). ``--dgl-retain``
+runs DGL a second time with the same setting through glibc's environment tunables (``dgl-retain``; the ratios stay
+against plain DGL), so the table shows what the allocator alone is worth.
+
 gnnscale and PyG run from a clean worktree of HEAD (``git worktree``, removed afterwards) when gnnscale/ or
 benchmarks/ have uncommitted changes, so the record names a clean commit; ``--from-tree`` runs the working tree
 instead and marks the revision ``-dirty``. One JSON line per run and per summary is appended to ``--out``; the
@@ -63,7 +68,11 @@ WORKLOADS = ("gcn", "sage", "gat", "sampling", "minibatch", "offload")
 FULL = ("gcn", "sage", "gat")
 SYSTEMS = {"full": ("gnnscale", "dgl", "pyg"), "sampling": ("gnnscale", "dgl", "pyg"),
            "minibatch": ("gnnscale", "dgl"), "offload": ("gnnscale-offload", "gnnscale")}
-LABELS = {"gnnscale": "gnnscale", "dgl": "DGL", "pyg": "PyG", "gnnscale-offload": "gnnscale offload, 8 chunks"}
+LABELS = {"gnnscale": "gnnscale", "dgl": "DGL", "pyg": "PyG", "gnnscale-offload": "gnnscale offload, 8 chunks",
+          "dgl-retain": "DGL, freed blocks kept"}
+RETAIN_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+"""``--dgl-retain``: glibc's tunables for DGL's process, the thresholds gnnscale's ``--host-allocator retain`` (its
+default on the CPU) sets through ``mallopt``: freed blocks below 1 GiB stay in the heap for reuse."""
 DGL_PINS = ("torch==2.2.1", "dgl==2.1.0", "numpy<2", "scipy", "networkx", "psutil", "pydantic", "requests", "tqdm",
             "pandas<2.3", "pyyaml")
 DGL_NO_DEPS = ("torchdata==0.7.1",)  # dgl.graphbolt imports torchdata.datapipes (gone after 0.7), pinned torch 2.1
@@ -99,7 +108,7 @@ def _case(w: str, n: int) -> dict[str, Any]:
             "systems": SYSTEMS[kind]}
 
 
-def cases(workloads: Sequence[str], sizes: Sequence[int]) -> list[dict[str, Any]]:
+def cases(workloads: Sequence[str], sizes: Sequence[int], dgl_retain: bool = False) -> list[dict[str, Any]]:
     """``[{name, kind, model, nodes, systems}]``: the full-graph models at every size, the rest at the smallest; an
     item ``<workload>-<size>`` (``gat-200K``) is that workload at that size only."""
     out = []
@@ -109,6 +118,10 @@ def cases(workloads: Sequence[str], sizes: Sequence[int]) -> list[dict[str, Any]
         else:
             name, _, size = w.rpartition("-")
             out.append(_case(name, _size(size)))
+    if dgl_retain:  # DGL once more, with the allocator setting gnnscale runs with, where DGL runs
+        for c in out:
+            if "dgl" in c["systems"] and c["kind"] != "sampling":
+                c["systems"] = (*c["systems"], "dgl-retain")
     return out
 
 
@@ -351,6 +364,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="markdown file for the section")
     ap.add_argument("--note", action="append", default=[], help="a line added under the table (repeatable)")
     ap.add_argument("--no-save", action="store_true", help="print the table only")
+    ap.add_argument("--dgl-retain", action="store_true",
+                    help="also run DGL with glibc keeping freed blocks (MALLOC_MMAP_THRESHOLD_ and "
+                         "MALLOC_TRIM_THRESHOLD_ at 1 GiB: what gnnscale's default --host-allocator does), as "
+                         "'dgl-retain'; ratios stay against plain DGL")
     args = ap.parse_args(argv)
     args.workloads = _list(args.workloads)
     bad = [w for w in args.workloads if w not in WORKLOADS and not _is_case(w)]
@@ -381,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if py is None:
         notes.append(not_set_up("DGL", str(dgl_info)))
         print(notes[-1], file=sys.stderr)
-    case_list = cases(args.workloads, args.sizes)
+    case_list = cases(args.workloads, args.sizes, args.dgl_retain)
     session = uuid.uuid4().hex[:12]
     with source_tree(ROOT, sha, args.from_tree, dirty) as src:
         rev = sha[:12] + ("-dirty" if dirty and src == ROOT else "")
@@ -410,17 +427,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             for rnd, case, system in schedule(args.rounds, case_list):
                 base = {"record": "run", "round": rnd, "case": case["name"], "kind": case["kind"],
                         "system": system, "reference": reference(case), "nodes": case["nodes"]}
-                python = pythons[system if system in pythons else "gnnscale"]
+                runner = "dgl" if system == "dgl-retain" else system  # the worker's system; env set below
+                python = pythons[runner if runner in pythons else "gnnscale"]
                 if python is None:
                     runs.append({**base, "ok": False, "error": "peer not set up"})
                     continue
                 result = Path(tmp) / "result.json"
-                cmd = [str(python), str(workers), "run", "--system", system, "--workload", case["kind"],
+                cmd = [str(python), str(workers), "run", "--system", runner, "--workload", case["kind"],
                        "--model", case["model"], "--data", str(data[case["nodes"]]), "--epochs", str(args.epochs),
                        "--warmup", str(args.warmup), "--repeats", str(args.epochs), "--result", str(result)]
                 print(f"round {rnd + 1}/{args.rounds}: {case['name']} {system} ...", file=sys.stderr, flush=True)
-                rec = run_child(cmd, child_env(None if system == "dgl" else src, args.cache, args.threads),
-                                result, args.timeout)
+                child = child_env(None if runner == "dgl" else src, args.cache, args.threads)
+                rec = run_child(cmd, {**child, **(RETAIN_ENV if system == "dgl-retain" else {})}, result,
+                                args.timeout)
+                rec["system"] = system
                 if rec.get("ok"):
                     rec.pop("traceback", None)
                 runs.append({**base, **rec, **{k: env[k] for k in ("date", "session", "gnnscale_rev", "cpu")}})

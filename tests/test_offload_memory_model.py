@@ -44,6 +44,19 @@ def test_the_estimate_is_a_tight_upper_bound_of_the_counted_peak(graph: Graph, m
     assert eng.plan.search_estimate >= eng.plan.estimate
 
 
+@pytest.mark.parametrize("model", ["gcn", "gat"])
+def test_the_issue_s_setting_a_30k_graph_under_24_mb(model: str) -> None:
+    """Issue #30's acceptance setting: csbm with 30,000 vertices under a 24 MB budget, with the default flags
+    (``--dedup auto``: none on the CPU) and with HongTu's full deduplication: 1.00 <= estimate / counted <= 1.15."""
+    g = csbm(nodes=30_000, seed=0)
+    for dedup in ("auto", "full"):
+        eng = _engine(g, model, 24_000_000, dedup=dedup)
+        assert eng.plan.partition.chunks > 1
+        rec = eng.train_epoch(1)
+        est, counted = rec["estimated_peak_device_bytes"], rec["peak_device_bytes"]
+        assert 1.0 <= est / counted <= 1.15, f"{model}, {dedup}: {est} vs {counted} ({est / counted:.3f})"
+
+
 def test_a_tight_budget_cuts_fewer_chunks_than_the_coarse_bound(graph: Graph) -> None:
     """The coarse bound (maxima of V, R and E over chunks, every layer at its widest) prices the split the
     planner chose at well over the budget: the per-pass model is what lets it cut this few chunks."""

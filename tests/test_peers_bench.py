@@ -38,6 +38,18 @@ def test_cases_and_schedule_rotate_systems() -> None:
     assert [r for r, _, _ in sched] == [0, 0, 0, 1, 1, 1]
 
 
+def test_dgl_retain_runs_dgl_again_where_it_trains() -> None:
+    """``--dgl-retain``: DGL once more (with glibc's tunables) in the training workloads, not in sampling; the
+    reference stays plain DGL."""
+    cs = {c["name"]: c for c in peers.cases(["gcn", "sampling", "minibatch"], [200_000], dgl_retain=True)}
+    assert cs["gcn-200K"]["systems"] == ("gnnscale", "dgl", "pyg", "dgl-retain")
+    assert cs["minibatch-200K"]["systems"] == ("gnnscale", "dgl", "dgl-retain")
+    assert "dgl-retain" not in cs["sampling-200K"]["systems"]
+    assert peers.reference(cs["gcn-200K"]) == "dgl"
+    assert peers.RETAIN_ENV == {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+    assert "dgl-retain" not in peers.cases(["gcn"], [200_000])[0]["systems"]
+
+
 def test_summaries_median_range_and_ratio_to_dgl() -> None:
     runs = [_run("gcn-200K", "gnnscale", r, t) for r, t in enumerate([1.0, 3.0, 2.0])]
     runs += [_run("gcn-200K", "dgl", r, t) for r, t in enumerate([4.0, 5.0, 6.0])]

@@ -26,6 +26,7 @@ from gnnscale.engines.hybrid import HybridEngine, _Iteration
 from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.engines.pipeline import Pipeline
 from gnnscale.engines.replicas import Replicas
+from gnnscale.engines.sampled_stages import Propagated
 from gnnscale.errors import ConfigError
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.generators import csbm
@@ -128,9 +129,9 @@ def _force_times(eng: HybridEngine, per_seed: list[float], SC: float = 1e-4, Loa
         it.transfer_s = [0.0 if g == eng.cpu_index else Tran for g in range(len(eng.devices))]
         return it
 
-    def _propagate(g: int, it: _Iteration, se: tuple[int, int]) -> tuple[float, Any]:
-        _, loss = propagate(g, it, se)
-        return per_seed[g] * it.parts[g].numel(), loss
+    def _propagate(g: int, it: _Iteration, se: tuple[int, int]) -> Propagated:
+        seconds = per_seed[g] * it.parts[g].numel()
+        return Propagated(seconds, propagate(g, it, se).loss, seconds)
 
     eng._sample, eng._load, eng._transfer = _sample, _load, _transfer  # type: ignore[method-assign]
     eng._propagate = _propagate  # type: ignore[method-assign]

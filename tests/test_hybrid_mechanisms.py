@@ -21,6 +21,7 @@ from test_hybrid import AHEAD, CPU, CPU_RATES, WAIT, _force_times, _hybrid
 
 import gnnscale.engines.sampled_stages as stages_mod
 from gnnscale.engines.hybrid import COST_SAMPLES, _Iteration
+from gnnscale.engines.sampled_stages import Propagated
 from gnnscale.graph.generators import csbm
 from gnnscale.plan.hybrid import (
     BatchShape,
@@ -188,8 +189,7 @@ def test_stage_counters_are_the_slowest_accelerators_and_averaged_per_iteration(
         return it
 
     def propagate(g_: int, it: _Iteration, se: tuple[int, int]) -> Any:
-        _, loss = real_propagate(g_, it, se)
-        return fixed[g_], loss
+        return Propagated(fixed[g_], real_propagate(g_, it, se).loss, fixed[g_])
 
     eng._transfer, eng._propagate = transfer, propagate  # type: ignore[method-assign]
     rec = eng.train_epoch(1)
@@ -276,6 +276,55 @@ def test_the_cpu_stages_cannot_use_more_cores_than_there_are() -> None:
     cpu = (t["SC"] + t["Load"] + t["TC"]) / 2
     assert cpu > max(t["SC"], t["Load"], t["TC"], t["Tran"])
     assert t["iteration"] == pytest.approx(cpu)
+
+
+class _Clock:
+    """A stand-in for the hybrid module's ``time``: wall time runs ``wall`` times as fast as the thread's CPU
+    time (a trainer that waited for a shared core), both advancing only when read."""
+
+    def __init__(self, wall: float) -> None:
+        self.wall, self.t = wall, 0.0
+
+    def thread_time(self) -> float:
+        self.t += 1.0
+        return self.t
+
+    def perf_counter(self) -> float:
+        return self.wall * self.thread_time()
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        del seconds
+
+
+def test_a_cpu_trainer_is_calibrated_on_its_own_cpu_time_not_its_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU trainer's wall time counts the cores it waited for, which the model prices apart (the CPU's busy
+    core-seconds over the cores): calibrated on it, the sharing counts twice away from the calibration point. The
+    trainer reports both; the calibration takes the CPU time, DRM the wall time."""
+    import gnnscale.engines.hybrid as hybrid_mod
+
+    g = csbm(nodes=1200, features=12, avg_degree=10, seed=5)
+    eng = _hybrid(g, batch_size=32, drm="off", shares=(0.5, 0.5))
+    items = iter(eng._iterations([eng.train_ids[:32]]))
+    it = eng._transfer(eng._load(eng._sample(next(items), 0)))
+    monkeypatch.setattr(hybrid_mod, "time", _Clock(wall=3.0))
+    out = [eng._propagate(k, it, (0, 1)) for k in range(2)]
+    for p in out:  # CPU devices both ("cpu", "cpu:1"): wall three times the CPU seconds
+        assert p.loss is not None and p.own_s > 0 and p.seconds == pytest.approx(3.0 * p.own_s)
+    monkeypatch.undo()
+
+    own = [0.5, 2.0]  # the calibration is fed the own seconds (the median over its runs), whatever the wall ones
+    real, real_calibrate = eng._propagate, eng.perf.calibrate
+    eng._propagate = lambda k, it, se: Propagated(9.0, real(k, it, se).loss, own[k])  # type: ignore[method-assign]
+    fed: list[list[float]] = []
+
+    def calibrate(measured: list[float], *a: Any, **k: Any) -> None:
+        fed.append(list(measured))
+        real_calibrate(measured, *a, **k)
+
+    monkeypatch.setattr(eng.perf, "calibrate", calibrate)
+    eng._calibrate()
+    assert fed == [own]
 
 
 # ------------------------------------------------------------------------------------------------ DRM

@@ -57,7 +57,7 @@ from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backwar
 from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.engines.sampled_norm import BatchNormSync, kept_buffers, run_trainers, traffic, waited
-from gnnscale.engines.sampled_stages import Iteration, SampledStages, StageSums
+from gnnscale.engines.sampled_stages import Iteration, Propagated, SampledStages, StageSums
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
@@ -248,7 +248,7 @@ class HybridEngine(SampledEngine):
             with self._pipeline(items, sample_key(self.config.seed, 0)) as pipe, kept_buffers(self.model):
                 t_last = time.perf_counter()
                 for it in pipe:
-                    runs.append([r[0] for r in run_trainers(self.norm_sync, self.trainer_pool, functools.partial(
+                    runs.append([r.own_s for r in run_trainers(self.norm_sync, self.trainer_pool, functools.partial(
                         self._propagate, it=it, se=(self.config.seed, 0)), G)])
                     self.model.zero_grad(set_to_none=True)
                     self.replicas.sync()
@@ -306,14 +306,14 @@ class HybridEngine(SampledEngine):
             version = self.version
             yield Iteration(i, batch.numel(), self._cut(batch, self.split), version)
 
-    def _propagate(self, g: int, it: Iteration, se: tuple[int, int]) -> tuple[float, Tensor | None]:
-        """Trainer ``g``'s forward and backward on its share; its seconds and its share of the batch's loss."""
+    def _propagate(self, g: int, it: Iteration, se: tuple[int, int]) -> Propagated:
+        """Trainer ``g``'s forward and backward on its share: its seconds and its share of the batch's loss."""
         seeds = it.parts[g]
         trains = seeds.numel() > 0
         with (contextlib.nullcontext() if self.norm_sync is None
               else self.norm_sync.step(g, it.blocks[g] if trains else None)):
             if not trains:
-                return 0.0, None
+                return Propagated(0.0, None, 0.0)
             dev, model = self.devices[g], self.replicas.models[g]
             ev = it.ready[g] if it.ready else None
             if ev is not None:
@@ -331,19 +331,21 @@ class HybridEngine(SampledEngine):
                 rt.synchronize(dev)  # the trainer's work is done (its time) and its loss is in host memory
         # its own work's time: not the waits for the other trainers' BatchNorm statistics
         elapsed = time.perf_counter() - t0 - (waited(self.norm_sync, g) - w0)
+        cpu_s = time.thread_time() - cpu0
+        extra = 0.0
         if self.slowdown[g] > 1.0:  # the work's CPU time again (f - 1) times, not the waits for a shared core
-            extra = (self.slowdown[g] - 1.0) * (time.thread_time() - cpu0)
+            extra = (self.slowdown[g] - 1.0) * cpu_s
             time.sleep(extra)
-            elapsed += extra
-        return elapsed, loss * it.total
+        own = elapsed if rt.is_accelerator(self.devices[g]) else cpu_s  # a GPU's work is not this thread's CPU
+        return Propagated(elapsed + extra, loss * it.total, own + extra)
 
     def _train(self, it: Iteration, total: int, se: tuple[int, int],
-               counters: SampledCounters) -> list[tuple[float, Tensor | None]]:
+               counters: SampledCounters) -> list[Propagated]:
         """The loop's trainers: every trainer's propagation on its own thread; their seconds and losses."""
         del total  # the iteration's own (it.total)
         results = run_trainers(self.norm_sync, self.trainer_pool, functools.partial(self._propagate, it=it, se=se),
                                len(self.devices))
-        for g, (seconds, loss) in enumerate(results):
+        for g, (seconds, loss, _) in enumerate(results):
             c = counters[g]
             c["seeds"] += int(it.parts[g].numel())
             c["sampled_edges"] += sum(b.num_edges for b in it.blocks[g])
@@ -367,7 +369,7 @@ class HybridEngine(SampledEngine):
             self.host_x.reset_stats()
         traffic(self.norm_sync)  # counted from here (not the calibration's)
 
-        def after(step: Step[Iteration, list[tuple[float, Tensor | None]]]) -> None:
+        def after(step: Step[Iteration, list[Propagated]]) -> None:
             """Each stage's time of the step, and DRM's look at it."""
             it, times = step.item, [r[0] for r in step.result]
             stages.add(it, times, step.sync_s)

@@ -27,6 +27,7 @@ import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,6 +37,20 @@ from gnnscale.graph.block import Block
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
 from gnnscale.store.features import FeatureSource
 from gnnscale.store.global_store import GlobalMemoryStore
+
+
+class Propagated(NamedTuple):
+    """One trainer's forward and backward on its share of an iteration."""
+
+    seconds: float
+    """Wall seconds of its own work (not the waits for the other trainers' BatchNorm statistics): what DRM
+    balances."""
+    loss: Tensor | None
+    """Its share of the batch's loss (``None`` without seeds)."""
+    own_s: float
+    """Seconds the work itself takes: the trainer thread's CPU time for a trainer on the CPU (its wall time
+    counts the cores it waited for, which the model prices apart: the CPU's busy core-seconds over the cores),
+    else the wall seconds. What the model's calibration scales Eq. 10 to."""
 
 
 @dataclass(eq=False)

@@ -142,7 +142,8 @@ class _MaskedScale(torch.autograd.Function):
 def _masked_scale(x: Tensor, mask: Tensor, p: float) -> Tensor:
     # x * 1.0 / (1 - p) is bitwise x / (1 - p), what the reference divides by; a dropped element is x * 0.0
     # (+-0, NaN for an infinite x: torch's own dropout multiplies alike)
-    return mask.to(x.dtype).mul_(x).div_(1.0 - p)
+    # the bool mask read as bytes: torch's uint8 -> float conversion is vectorised, its bool one is not (2.2x)
+    return mask.view(torch.uint8).to(x.dtype).mul_(x).div_(1.0 - p)
 
 
 def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor) -> Tensor:

@@ -184,7 +184,9 @@ class HybridModel:
     def calibrate(self, measured: list[float], shapes: list[BatchShape], threads: Threads,
                   iteration: float | None = None, batch: int = 0, split: list[float] | None = None) -> None:
         """Scale each trainer's Eq. 10 to its measured forward and backward on ``shapes`` (``measured``: the
-        trainers running at once, inside the pipeline, as in training), and Eq. 6 to a measured ``iteration``
+        trainers running at once, inside the pipeline, as in training; a CPU trainer's own CPU seconds, not its
+        wall time: the cores it waited for are the ``cpu_work / cores`` term of :meth:`stage_times`, which would
+        otherwise count that sharing twice away from the calibration point), and Eq. 6 to a measured ``iteration``
         (seconds per iteration of the pipeline at ``batch`` and ``split``). Eq. 10 counts the aggregation's bytes
         and the update's multiply-accumulates; a framework's kernels add launches, activations, dropout and the
         loss, which the paper leaves out (§VI-C) and which dominate small CPU batches. Eq. 6 takes the slowest

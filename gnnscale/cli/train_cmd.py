@@ -167,9 +167,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _ready_line(ready: dict[str, float], engine_steps: dict[str, float]) -> str:
     """Where the time before the first epoch went: the load, then train()'s preparation (checks, engine choice,
-    model), of which the engine's set-up, of which the engine's own steps (partition, plan, ...)."""
+    model, the engine's set-up), with the set-up and the engine's own steps (partition, plan, ...) inside it: made
+    while the engine was chosen (the offload planner's chunks) or while it was set up."""
     steps = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in engine_steps.items())
-    within = f" (of which engine set-up {ready['setup_s']:.1f}s{': ' + steps if steps else ''})"
+    within = f" (engine set-up {ready['setup_s']:.1f}s{'; ' + steps if steps else ''})"
     return (f"ready to train in {ready['ready_s']:.1f}s: load {ready.get('load_s', 0.0):.1f}s, preparation "
             f"{ready['prepare_s']:.1f}s{within}")
 

@@ -179,11 +179,12 @@ TIMING_KEYS: dict[str, Key] = {
                    "checkpoint's state, the summary itself.", _LOOP),
     "ready_s": Key("s", "load_s + prepare_s: the time until the first epoch starts (the command's \"ready to "
                    "train\" line).", _LOOP),
-    "setup_s": Key("s", "The engine's set-up, within prepare_s; it includes the engine's own steps below.", _LOOP),
-    "partition_s": Key("s", "Within setup_s: partitioning (or reading a saved partition plan).",
+    "setup_s": Key("s", "The engine's set-up, within prepare_s; the engine's own steps below ran in it or, for the "
+                   "offload planner's, while the engine was chosen (also within prepare_s).", _LOOP),
+    "partition_s": Key("s", "Within prepare_s: partitioning (or reading a saved partition plan).",
                        "offload, distributed"),
-    "chunk_s": Key("s", "Within setup_s: splitting the partitions into chunks.", "offload"),
-    "plan_s": Key("s", "Within setup_s: choosing the plan (chunk counts; tasks and subgraphs).",
+    "chunk_s": Key("s", "Within prepare_s: splitting the partitions into chunks.", "offload"),
+    "plan_s": Key("s", "Within prepare_s: choosing the plan (chunk counts; tasks and subgraphs).",
                   "offload, taskparallel"),
     "model_s": Key("s", "Within setup_s: building and calibrating the performance model.", "hybrid"),
     "epoch_s": Key("s", "Mean of epoch_time_s over this run's epochs.", _LOOP),

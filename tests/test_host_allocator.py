@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from gnnscale.config import TrainConfig
 from gnnscale.errors import ConfigError
@@ -72,6 +73,30 @@ def test_the_engines_apply_the_policy_on_the_cpu(policy: str, retained: bool) ->
     before, after = _faults(_ENGINE.replace("POLICY", policy))
     assert before > 10_000, before
     assert (after < 1_000) == retained, (policy, before, after)
+
+
+def test_auto_leaves_the_allocator_alone_when_the_host_is_tight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` retains only where the engine's host estimate is at most half the available memory: a graph near
+    the host's size needs every freed page back. Counted in-process through the runtime call."""
+    import gnnscale.engines.base as base
+    from gnnscale.engines import InMemoryEngine
+    from gnnscale.nn import build_model
+    from gnnscale.testing import tiny_graph
+
+    calls: list[str] = []
+    monkeypatch.setattr(base.rt, "set_host_allocator", calls.append)
+    g = tiny_graph()
+    need = sum(base.estimate_host_bytes(g, TrainConfig(model="gcn", hidden=8),
+                                        layer_copies=InMemoryEngine.host_layer_copies).values())
+    assert need > 0
+    for free, policy, expected in [(10 * need, "auto", ["retain"]), (need, "auto", []),
+                                   (need, "retain", ["retain"]), (10 * need, "system", ["system"])]:
+        calls.clear()
+        monkeypatch.setattr(base.rt, "mem_get_info", lambda dev, free=free: (free, 4 * free))
+        cfg = TrainConfig(model="gcn", hidden=8, host_allocator=policy)
+        model = build_model("gcn", g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=1, seed=0)
+        InMemoryEngine(g, model, cfg, torch.device("cpu"))
+        assert calls == expected, (free, policy, calls)
 
 
 def test_bad_policies_are_refused() -> None:

@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--host-allocator", choices=list(HOST_ALLOCATORS), default="auto",
                    help="freed large host blocks: retain (kept for reuse: no page faults on the next epoch's "
                         "temporaries, a larger resident peak) or system (glibc's default); default auto: retain "
-                        "when training on the CPU")
+                        "when training on the CPU with room (the engine's host estimate at most half the free "
+                        "memory)")
     group = _option_groups(t)
     o = group[OffloadOptions]
     o.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")

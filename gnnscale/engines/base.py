@@ -65,8 +65,10 @@ class Engine(ABC):
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         self.graph, self.model, self.config, self.device = graph, model, config, device
         allocator = config.host_allocator
-        if allocator != "auto" or device.type == "cpu":  # auto: retain where host memory is the device
-            rt.set_host_allocator("retain" if allocator == "auto" else allocator)
+        if allocator == "auto":  # retain where host memory is the device and has room for what it keeps
+            allocator = "retain" if device.type == "cpu" and self.host_room(graph, config) else "untouched"
+        if allocator != "untouched":
+            rt.set_host_allocator(allocator)
         self.timings: dict[str, float] = {}
         """Seconds of the engine's preparation steps (partitioning, planning, ...), for the run's summary."""
         self.model.to(device)
@@ -125,6 +127,14 @@ class Engine(ABC):
         return ("this engine's trainers would each normalise their own share of a batch, not the whole batch (the "
                 "statistics are not reduced across them yet); train it with --engine minibatch on one device, or "
                 "use --norm layer")
+
+    @classmethod
+    def host_room(cls, graph: Graph, config: TrainConfig) -> bool:
+        """Whether this engine's host estimate is at most half the available memory: then ``--host-allocator
+        auto`` retains freed blocks (a larger resident peak), else it leaves glibc's default (a graph near the
+        host's size needs every freed page back)."""
+        need = sum(estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies).values())
+        return 2 * need <= rt.mem_get_info(torch.device("cpu"))[0]
 
     @classmethod
     def host_reason(cls, graph: Graph, config: TrainConfig) -> str | None:

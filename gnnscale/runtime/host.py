@@ -14,7 +14,8 @@ __all__ = ["HOST_ALLOCATORS", "mem_get_info", "memory_allocated", "peak_bytes", 
 
 HOST_ALLOCATORS = ("auto", "retain", "system")
 """``--host-allocator`` choices: ``retain`` keeps freed large blocks for reuse, ``system`` is glibc's default,
-``auto`` is ``retain`` where host memory is the training device and leaves the allocator alone elsewhere."""
+``auto`` is ``retain`` where host memory is the training device with room to spare (the engine decides, from its
+host estimate) and leaves the allocator alone elsewhere."""
 
 
 def proc_kib(path: str, key: str) -> int | None:
@@ -81,7 +82,7 @@ def set_host_allocator(policy: str) -> bool:
     """Set how the host allocator treats freed large blocks, process-wide; returns whether it took effect (False
     where the C library is not glibc, or for ``system`` when nothing was changed before).
 
-    ``retain`` (the engines' default where host memory is the device): glibc's ``mallopt`` mmap and trim
+    ``retain`` (the engines' default where host memory is the device and has room): glibc's ``mallopt`` mmap and trim
     thresholds at 1 GiB, so freed blocks below that stay in the heap for the next allocation. By default glibc
     serves a block above its mmap threshold (at most 32 MiB once adjusted) with a fresh ``mmap`` and unmaps it on
     ``free``: every ``[V, F]`` temporary of a full-graph epoch on the CPU (51 MB at 200K x 64 float32) is new

@@ -11,9 +11,13 @@ import sys
 import pytest
 import torch
 
+import gnnscale.engines.base as base
 from gnnscale.config import TrainConfig
+from gnnscale.engines import InMemoryEngine
 from gnnscale.errors import ConfigError
+from gnnscale.nn import build_model
 from gnnscale.runtime import set_host_allocator
+from gnnscale.testing import tiny_graph
 
 # Faults of reallocating a freed 64 MB block (above glibc's mmap threshold, whatever its dynamic value), the best of
 # four tries (now and then the heap cannot grow in place and one block is mapped anew), before and after `SETUP`.
@@ -78,11 +82,6 @@ def test_the_engines_apply_the_policy_on_the_cpu(policy: str, retained: bool) ->
 def test_auto_leaves_the_allocator_alone_when_the_host_is_tight(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` retains only where the engine's host estimate is at most half the available memory: a graph near
     the host's size needs every freed page back. Counted in-process through the runtime call."""
-    import gnnscale.engines.base as base
-    from gnnscale.engines import InMemoryEngine
-    from gnnscale.nn import build_model
-    from gnnscale.testing import tiny_graph
-
     calls: list[str] = []
     monkeypatch.setattr(base.rt, "set_host_allocator", calls.append)
     g = tiny_graph()

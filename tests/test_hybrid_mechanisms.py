@@ -19,6 +19,7 @@ import pytest
 import torch
 from test_hybrid import AHEAD, CPU, CPU_RATES, WAIT, _force_times, _hybrid
 
+import gnnscale.engines.hybrid as hybrid_mod
 import gnnscale.engines.sampled_stages as stages_mod
 from gnnscale.engines.hybrid import COST_SAMPLES, _Iteration
 from gnnscale.engines.sampled_stages import Propagated
@@ -301,8 +302,6 @@ def test_a_cpu_trainer_is_calibrated_on_its_own_cpu_time_not_its_wall_time(monke
     """A CPU trainer's wall time counts the cores it waited for, which the model prices apart (the CPU's busy
     core-seconds over the cores): calibrated on it, the sharing counts twice away from the calibration point. The
     trainer reports both; the calibration takes the CPU time, DRM the wall time."""
-    import gnnscale.engines.hybrid as hybrid_mod
-
     g = csbm(nodes=1200, features=12, avg_degree=10, seed=5)
     eng = _hybrid(g, batch_size=32, drm="off", shares=(0.5, 0.5))
     items = iter(eng._iterations([eng.train_ids[:32]]))

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from gnnscale.nn import build_model
 from gnnscale.nn.ops import _FIB32, _M31, _mix31, _mix31_int, keep_mask, keyed_dropout, mix_key
 
 
@@ -47,3 +48,30 @@ def test_keyed_dropout_values_and_gradient() -> None:
     out.backward(g)
     assert x.grad is not None
     torch.testing.assert_close(x.grad, g * mask / (1.0 - p), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_a_linear_projection_s_vjp_is_autograd_s_bit_for_bit_without_a_forward(model: str, input_grad: bool,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``project_vjp`` of GCN's and SAGE's projections (the offload engine's projection backward, chunk by chunk):
+    the weight's gradient, accumulated over two chunks, and the input's gradient equal autograd's recomputation
+    bit for bit, and no forward product runs (``project`` is never called)."""
+    torch.manual_seed(1)
+    layer = build_model(model, 48, 16, 5, layers=2, dropout=0.5, heads=1, seed=0).block_layers[0]
+    assert layer.projects_first
+    chunks = [(torch.randn(700, 48), torch.randn(700, 16)), (torch.randn(333, 48), torch.randn(333, 16))]
+    expected, ref_x = [], []
+    for x, g in chunks:  # the base class's way: recompute the projection under autograd
+        xr = x.clone().requires_grad_(input_grad)
+        layer.project(xr).backward(g)
+        ref_x.append(xr.grad)
+    expected = [p.grad.clone() for p in layer.parameters() if p.grad is not None]
+    layer.zero_grad(set_to_none=True)
+    monkeypatch.setattr(type(layer), "project", lambda *a: pytest.fail("project_vjp ran a forward product"))
+    got_x = [layer.project_vjp(x, g, input_grad) for x, g in chunks]
+    got = [p.grad for p in layer.parameters() if p.grad is not None]
+    assert len(got) == len(expected) == 1
+    assert torch.equal(got[0], expected[0])
+    for a, b in zip(got_x, ref_x, strict=True):
+        assert (a is None and b is None) if not input_grad else torch.equal(a, b)

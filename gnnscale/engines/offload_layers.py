@@ -273,11 +273,10 @@ class LayerPasses:
             with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
                 x_dst, grad_projected = step.slices
                 assert x_dst is not None and grad_projected is not None
-                x = self._layer_input(worker, layer, x_dst, step.dst_ids(), key).detach().requires_grad_(layer > 0)
-                worker.model.block_layers[layer].project(x).backward(grad_projected)
-                if layer > 0:
-                    assert x.grad is not None
-                    worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], x.grad)
+                x = self._layer_input(worker, layer, x_dst, step.dst_ids(), key)
+                x_grad = worker.model.block_layers[layer].project_vjp(x, grad_projected, layer > 0)
+                if x_grad is not None:
+                    worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], x_grad)
 
     # ------------------------------------------------------------------------------------------------ loss
     def loss_and_last_backward(self, key: Key) -> float:

@@ -53,6 +53,19 @@ class BlockLayer(nn.Module):
         """``[rows, F_in] -> [rows, F_agg]``: the per-vertex part of a :attr:`projects_first` AGGREGATE."""
         raise NotImplementedError
 
+    def project_vjp(self, x: Tensor, grad: Tensor, input_grad: bool) -> Tensor | None:
+        """Backpropagate ``grad`` (``dL/d project(x)``, ``[rows, F_agg]``) through :meth:`project`: its parameters'
+        gradients are accumulated into their ``.grad``; returns ``dL/dx`` when ``input_grad`` (else ``None``).
+
+        The default recomputes :meth:`project` under autograd; a linear projection overrides it with
+        :func:`~gnnscale.nn.ops.linear_vjp`, which needs no forward product (an engine that projects chunk by chunk
+        calls this once per chunk in backward).
+        """
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(input_grad)
+            self.project(x).backward(grad)
+        return x.grad if input_grad else None
+
     def propagate(self, block: Block, h: Tensor) -> Tensor:
         """``[num_src, F] -> [num_dst, F]``: the parameter-free sparse part of AGGREGATE (``aggregate_vjp`` is its
         transpose)."""

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import AdjacencySpec, Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import spmm, spmm_t
+from gnnscale.nn.ops import linear_vjp, spmm, spmm_t
 
 
 class GCNLayer(BlockLayer):
@@ -44,6 +44,9 @@ class GCNLayer(BlockLayer):
 
     def project(self, x: Tensor) -> Tensor:
         return self.lin(x)
+
+    def project_vjp(self, x: Tensor, grad: Tensor, input_grad: bool) -> Tensor | None:
+        return linear_vjp(self.lin.weight, x, grad, input_grad)
 
     def propagate(self, block: Block, h: Tensor) -> Tensor:
         return spmm(block, h)  # [num_dst, F]

@@ -38,6 +38,19 @@ class _SpMM(torch.autograd.Function):
         return sparse_mm(ctx.adj_t, grad.contiguous()), None, None  # [num_src, F]
 
 
+def linear_vjp(weight: Tensor, x: Tensor, grad: Tensor, input_grad: bool) -> Tensor | None:
+    """Backward of ``x @ weight.t()`` (``F.linear`` without bias) with no forward product: ``grad.t() @ x`` is
+    accumulated into ``weight.grad``, and ``grad @ weight`` returned when ``input_grad``. The products are the ones
+    autograd computes for ``mm(x, weight.t())`` (its column-major branch for the weight), so the gradients are
+    bitwise autograd's."""
+    grad_w = grad.t().mm(x)  # [out, in]
+    if weight.grad is None:
+        weight.grad = grad_w
+    else:
+        weight.grad += grad_w
+    return grad.mm(weight.detach()) if input_grad else None
+
+
 def with_values(adj: Tensor, values: Tensor) -> Tensor:
     """The sparse CSR matrix with ``adj``'s structure (its index tensors shared, not copied) and ``values``."""
     return torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(), values, adj.shape)

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import spmm_mean, spmm_t
+from gnnscale.nn.ops import linear_vjp, spmm_mean, spmm_t
 
 
 class SAGELayer(BlockLayer):
@@ -37,6 +37,9 @@ class SAGELayer(BlockLayer):
 
     def project(self, x: Tensor) -> Tensor:
         return x @ self.lin_l.weight.t()  # [rows, out]
+
+    def project_vjp(self, x: Tensor, grad: Tensor, input_grad: bool) -> Tensor | None:
+        return linear_vjp(self.lin_l.weight, x, grad, input_grad)
 
     def propagate(self, block: Block, h: Tensor) -> Tensor:
         return spmm_mean(block, h)  # [num_dst, F]

@@ -16,6 +16,7 @@ from torch import Tensor
 import gnnscale.runtime as rt
 from gnnscale import TrainConfig
 from gnnscale.engines import OffloadEngine, TaskParallelEngine
+from gnnscale.engines.mover import RowMover
 from gnnscale.engines.offload_workers import Features
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
@@ -124,6 +125,39 @@ def test_a_range_read_is_one_copy_counted_like_a_gather(tmp_path: Any) -> None:
         assert s.read_stats().rows[s.tier] == 3 and s.read_stats().bytes[s.tier] == 3 * 16
         with pytest.raises(FeatureIndexError):
             s.gather_range(8, 11)
+
+
+def test_a_view_read_is_a_view_only_where_the_table_already_is(tmp_path: Any) -> None:
+    """``view_range``: a CPU table read on the CPU is a view (no copy, the offload engine's destination slices on
+    the CPU); a table read onto another device (the sim device) or a file is a copy; each is counted like a
+    gather, and rows out of range are an error."""
+    x = torch.arange(40, dtype=torch.float32).view(10, 4)
+    np.save(tmp_path / "x.npy", x.numpy())
+    sim = rt.SimDevice(0, 1 << 20)
+    for s, view in [(InMemorySource(x), True), (PinnedHostSource(x, torch.device("cpu")), True),
+                    (PinnedHostSource(x, sim), False), (MmapSource(tmp_path / "x.npy"), False)]:
+        got = s.view_range(2, 5)
+        if s.device is sim:
+            rt.synchronize(sim)
+        assert torch.equal(got, x[2:5]) and (got.data_ptr() == x[2:5].data_ptr()) == view, s
+        assert s.read_stats().rows[s.tier] == 3 and s.read_stats().bytes[s.tier] == 3 * 16
+        with pytest.raises(FeatureIndexError):
+            s.view_range(8, 11)
+
+
+def test_the_cpu_mover_reads_slices_in_place_and_counts_them() -> None:
+    """On the CPU a chunk's destination rows are views of the host rows (nothing copied: the host is the device),
+    counted as row bytes all the same; on a sim device they are copies."""
+    host = torch.randn(100, 8)
+    cpu, sim = RowMover(torch.device("cpu")), RowMover(rt.SimDevice(0, 1 << 20))
+    part = cpu.slice(host, 10, 30)
+    assert part.data_ptr() == host[10].data_ptr() and cpu.moved == {"row": 20 * 8 * 4}
+    src = cpu.source(host)
+    assert src.view_range(0, 5).data_ptr() == host.data_ptr()
+    copied = sim.slice(host, 10, 30)
+    rt.synchronize(sim.device)
+    assert copied.data_ptr() != host[10].data_ptr() and torch.equal(copied, host[10:30])
+    assert sim.moved == {"row": 20 * 8 * 4}
 
 
 class _TwoRanks:

@@ -9,6 +9,8 @@ from torch import Tensor
 
 from gnnscale.nn import build_model
 from gnnscale.nn.ops import _FIB32, _M31, _mix31, _mix31_int, keep_mask, keyed_dropout, mix_key
+from gnnscale.runtime import cpu_kernels
+from gnnscale.store.gather import scatter_add_rows
 
 
 def _keep_mask_reference(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
@@ -75,3 +77,77 @@ def test_a_linear_projection_s_vjp_is_autograd_s_bit_for_bit_without_a_forward(m
     assert torch.equal(got[0], expected[0])
     for a, b in zip(got_x, ref_x, strict=True):
         assert (a is None and b is None) if not input_grad else torch.equal(a, b)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="numba is not installed: the fused kernel cannot run")
+@pytest.mark.parametrize("p", [1e-9, 0.1, 0.4, 0.5, 0.7, 0.999999])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_fused_dropout_gives_the_torch_path_s_bits_and_keeps_no_mask(p: float, dtype: torch.dtype,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numba kernel (one pass each way) against the vectorised torch formulation: values and gradients equal
+    bit for bit, signed zeros, infinities and NaN included; backward draws the mask again from the hashes, so
+    autograd keeps nothing of ``[rows, F]`` (a saved bool mask would be 1 byte per element)."""
+    torch.manual_seed(2)
+    x = torch.randn(1500, 37, dtype=dtype)
+    x[0, :4] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0], dtype=dtype)
+    ids = torch.cat([torch.randperm(10_000)[:1497], torch.tensor([0, 2**31 - 1, 2**40])])
+    g = torch.randn_like(x)
+    key = mix_key(3, 9, 1)
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", 0 if fused else 1 << 62)
+        xr = x.clone().requires_grad_(True)
+        out = keyed_dropout(xr, p, key, ids)
+        if fused:
+            saved = [t for t in out.grad_fn.saved_tensors] if hasattr(out.grad_fn, "saved_tensors") else []
+            assert all(t.numel() < x.numel() for t in saved), "a [rows, F] tensor was saved for backward"
+        out.backward(g)
+        results.append((out.detach(), xr.grad, keyed_dropout(x, p, key, ids)))
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a.view(bits), b.view(bits))  # every bit: signed zeros and NaN too
+
+
+def test_the_fused_dropout_runs_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU float tensors of at least ``MIN_ELEMENTS`` take the kernel (counted), smaller ones and other dtypes
+    the torch path."""
+    monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", 60_000)
+    calls = []
+    real = cpu_kernels.hashed_scale
+    monkeypatch.setattr(cpu_kernels, "hashed_scale", lambda *a: calls.append(a[0].shape) or real(*a))
+    ids = torch.arange(300)
+    keyed_dropout(torch.randn(300, 200), 0.5, 7, ids)  # 60,000 elements
+    keyed_dropout(torch.randn(300, 199), 0.5, 7, ids)  # one row short of MIN_ELEMENTS
+    keyed_dropout(torch.randn(300, 300).half(), 0.5, 7, ids)
+    expected = [(300, 200)] if cpu_kernels.available() else []
+    assert calls == expected
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="numba is not installed: the fused kernel cannot run")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_fused_row_add_gives_index_add_s_bits(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scatter_add_rows`` (the chunked engines' gradient accumulation into host rows) through the kernel equals
+    ``index_add_`` bit for bit, repeated rows included (added in turn), and the kernel ran (counted)."""
+    monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", 0)
+    calls = []
+    real = cpu_kernels.add_rows
+    monkeypatch.setattr(cpu_kernels, "add_rows", lambda *a: calls.append(a[1].numel()) or real(*a))
+    torch.manual_seed(3)
+    host = torch.randn(500, 9, dtype=dtype)
+    rows = torch.cat([torch.randperm(500)[:300].sort().values, torch.tensor([7, 7, 499, 0])])
+    src = torch.randn(rows.numel(), 9, dtype=dtype) * 1e3
+    expected = host.clone().index_add_(0, rows, src)
+    scatter_add_rows(host, rows, src)
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    assert calls == [rows.numel()] and torch.equal(host.view(bits), expected.view(bits))
+
+
+def test_the_fused_row_add_refuses_rows_outside_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id past the table (or negative) raises before anything is written, like ``index_add_``; no memory
+    outside the table is touched."""
+    monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", 0)
+    host = torch.zeros(10, 4)
+    for bad in ([0, 10], [-1, 3]):
+        with pytest.raises(IndexError):
+            scatter_add_rows(host, torch.tensor(bad), torch.ones(2, 4))
+        assert not host.any()

@@ -17,8 +17,8 @@ the source's read counters as well). Every byte is counted in :attr:`RowMover.mo
 Every device operation goes through :mod:`gnnscale.runtime`, so one code path serves three kinds of device: on
 an accelerator the copies are asynchronous (pinned host memory, a copy stream, events); on the runtime's sim
 device the same copies read as NaN until they are waited for, so a missing wait fails a test on a CPU; on the CPU
-the calls are synchronous and every copy is still made (a new tensor, so that a device's byte counter sees it) and
-counted.
+the calls are synchronous and every gather, block and result is still a new tensor (a device's byte counter sees
+it), while contiguous reads (:meth:`~RowMover.slice`) are views of the host rows; every byte is counted.
 
 The waits, and what each orders (an accelerator's; none on the CPU):
 
@@ -187,14 +187,16 @@ class RowMover:
         return rt.to_device(t, device)
 
     def slice(self, host: Tensor | FeatureSource, lo: int, hi: int) -> Tensor:
-        """``host[lo:hi]`` on the device (a contiguous bulk copy), counted as row bytes; a feature source (one of
-        :meth:`source`'s) is read through its ``gather_range`` (the same copy, counted by its read counters too)."""
+        """``host[lo:hi]`` on the device for reading only (a contiguous bulk copy), counted as row bytes; a feature
+        source (one of :meth:`source`'s) is read through its ``view_range`` (the same copy, counted by its read
+        counters too). On the CPU the rows are already where they are read: a view, no copy (counted all the
+        same); the caller must not write to it."""
         if isinstance(host, FeatureSource):
             self.count("row", (hi - lo) * host.row_bytes)
-            return host.gather_range(lo, hi)
+            return host.view_range(lo, hi)
         part = host[lo:hi]
         self.count("row", nbytes(part))
-        return rt.to_device(part, self.device) if self.accelerator else part.clone()
+        return rt.to_device(part, self.device) if self.accelerator else part
 
     def block(self, chunk: Chunk, transpose: bool) -> Block:
         """The chunk's block on the device (its transpose too when ``transpose``). Resident blocks are moved once,

@@ -9,6 +9,7 @@ from torch import Tensor
 
 import gnnscale._compat  # noqa: F401  (silences torch's sparse-CSR beta warnings)
 from gnnscale.graph.block import Block
+from gnnscale.runtime import cpu_kernels
 
 
 def sparse_mm(adj: Tensor, x: Tensor) -> Tensor:
@@ -86,7 +87,7 @@ def spmm_mean(block: Block, x: Tensor) -> Tensor:
 # Dropout masks are a pure function of (key, global vertex id, feature index), so an engine that processes the
 # graph chunk by chunk, or recomputes a layer in backward, draws exactly the mask the in-memory engine draws.
 _M31 = 0x7FFFFFFF
-_FIB32 = -1640531527  # 0x9E3779B9 as a signed int32 (golden-ratio multiplier)
+_FIB32 = cpu_kernels.FIB32  # 0x9E3779B9 as a signed int32 (golden-ratio multiplier)
 _INT32_MIN = -(1 << 31)
 _C = 0x45D9F3B  # < 2^27: a product with a 31-bit value stays below 2^58, no int64 overflow anywhere
 
@@ -113,8 +114,9 @@ def mix_key(*parts: int) -> int:
     return h
 
 
-def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
-    """``[rows, F]`` bool mask, true with probability ``1 - p``, identical for a vertex wherever it appears."""
+def _hashes(row_ids: Tensor, num_features: int, p: float, key: int) -> tuple[Tensor, Tensor, int]:
+    """The mask's factors: ``[rows]`` and ``[F]`` int32 hashes and the threshold their mixed product is compared
+    with (see :func:`keep_mask`); ``threshold >= 2^31`` keeps nothing (``p == 1``)."""
     dev = row_ids.device
     r = row_ids.long()
     hr = _mix31(((r ^ (r >> 31)) & _M31) ^ key)  # [rows]
@@ -127,12 +129,33 @@ def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
     # 2^31 (flipping the top bit) commutes into the odd multiplier's operand: (x ^ 2^31) * FIB = x * FIB ^ 2^31
     # (mod 2^32). So the column hashes take the top bit and the product is compared directly.
     threshold = 2 * int(p * (1 << 31)) - (1 << 31)
+    return hr.to(torch.int32), hc.to(torch.int32) ^ _INT32_MIN, threshold
+
+
+def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
+    """``[rows, F]`` bool mask, true with probability ``1 - p``, identical for a vertex wherever it appears."""
+    hr, hc, threshold = _hashes(row_ids, num_features, p, key)
     if threshold >= 1 << 31:  # p == 1: nothing kept
-        return torch.zeros(row_ids.numel(), num_features, dtype=torch.bool, device=dev)
-    hc = hc.to(torch.int32) ^ _INT32_MIN  # [F]
-    u = hr.to(torch.int32).unsqueeze(1) ^ hc.unsqueeze(0)  # [rows, F]
+        return torch.zeros(row_ids.numel(), num_features, dtype=torch.bool, device=row_ids.device)
+    u = hr.unsqueeze(1) ^ hc.unsqueeze(0)  # [rows, F]
     u *= _FIB32
     return u >= threshold
+
+
+class _HashedDropout(torch.autograd.Function):
+    """Keyed dropout in one fused CPU pass each way (:func:`gnnscale.runtime.cpu_kernels.hashed_scale`): backward
+    draws the mask again from the ``[rows]`` and ``[F]`` hashes it saved, so no ``[rows, F]`` mask is kept."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, hr: Tensor, hc: Tensor, threshold: int, p: float) -> Tensor:
+        ctx.save_for_backward(hr, hc)
+        ctx.threshold, ctx.p = threshold, p
+        return cpu_kernels.hashed_scale(x, hr, hc, threshold, p)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+        hr, hc = ctx.saved_tensors
+        return cpu_kernels.hashed_scale(grad, hr, hc, ctx.threshold, ctx.p), None, None, None, None
 
 
 class _MaskedScale(torch.autograd.Function):
@@ -170,6 +193,11 @@ def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor) -> Tens
     """
     if key is None or p <= 0.0:
         return x
+    if p < 1.0 and cpu_kernels.dropout_applies(x):  # one fused pass each way, no mask kept
+        hr, hc, threshold = _hashes(row_ids, x.shape[1], p, key)
+        if not x.requires_grad:
+            return cpu_kernels.hashed_scale(x, hr, hc, threshold, p)
+        return _HashedDropout.apply(x, hr, hc, threshold, p)  # type: ignore[no-any-return]
     mask = keep_mask(row_ids, x.shape[1], p, key)
     if not x.requires_grad:
         return _masked_scale(x, mask, p)

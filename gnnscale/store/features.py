@@ -172,6 +172,12 @@ class FeatureSource(ABC):
             raise FeatureIndexError(f"{self._name()}: rows [{lo}, {hi}) lie outside [0, {self.num_rows})")
         return self.gather_unchecked(torch.arange(lo, hi))
 
+    def view_range(self, lo: int, hi: int) -> Tensor:
+        """The rows ``lo .. hi - 1`` for reading only: where the table already lies on :attr:`device`, contiguous,
+        a view of it (no copy: the caller must not write to it, and it changes if the table does); otherwise
+        :meth:`gather_range`'s new tensor. Counted like :meth:`gather_range`. By default :meth:`gather_range`."""
+        return self.gather_range(lo, hi)
+
     @abstractmethod
     def _gather(self, ids: Tensor, out: Tensor | None) -> Tensor:
         """Return the rows ``ids`` (``[n]`` int64, ``n > 0``, on any device; in range unless :attr:`checks_range`)
@@ -304,6 +310,14 @@ class TableSource(FeatureSource):
         got = self._copy_range(self.table[lo:hi])
         self._record(hi - lo)
         return got
+
+    def view_range(self, lo: int, hi: int) -> Tensor:
+        if self._table_device != self.device:  # read onto another device: a copy
+            return self.gather_range(lo, hi)
+        if not 0 <= lo <= hi <= self.num_rows:
+            raise FeatureIndexError(f"{self._name()}: rows [{lo}, {hi}) lie outside [0, {self.num_rows})")
+        self._record(hi - lo)
+        return self.table[lo:hi]
 
     def _copy_range(self, part: Tensor) -> Tensor:
         """``part`` (a slice of the table) as a new tensor on :attr:`device`."""

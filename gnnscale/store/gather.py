@@ -28,6 +28,7 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
+from gnnscale.runtime import cpu_kernels
 
 GATHER_METHODS = ("index_select", "uva")
 
@@ -222,9 +223,15 @@ def scatter_add_rows(host: Tensor, rows: Tensor, src: Tensor) -> None:
         host: ``[N, F]`` CPU tensor, updated in place.
         rows: ``[R]`` int64 CPU row ids, unique and sorted ascending.
         src: ``[R, F]`` CPU tensor, same dtype as ``host`` (copy device results to the host first).
+
+    Large float rows are added by a fused kernel (:func:`gnnscale.runtime.cpu_kernels.add_rows`: one pass, the
+    same bits as ``index_add_``, whose CPU form dispatches one add per row).
     """
     if src.shape != (rows.numel(), host.shape[1]):
         raise ValueError(f"src {tuple(src.shape)} does not match rows [{rows.numel()}] x F={host.shape[1]}")
+    if cpu_kernels.add_rows_applies(host, rows, src):
+        cpu_kernels.add_rows(host, rows, src)
+        return
     host.index_add_(0, rows, src)
 
 

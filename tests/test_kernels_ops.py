@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import Tensor
 
+import gnnscale.runtime as rt
 from gnnscale.nn import build_model
 from gnnscale.nn.ops import _FIB32, _M31, _mix31, _mix31_int, keep_mask, keyed_dropout, mix_key
 from gnnscale.runtime import cpu_kernels
@@ -119,6 +120,11 @@ def test_the_fused_dropout_runs_where_it_applies(monkeypatch: pytest.MonkeyPatch
     keyed_dropout(torch.randn(300, 200), 0.5, 7, ids)  # 60,000 elements
     keyed_dropout(torch.randn(300, 199), 0.5, 7, ids)  # one row short of MIN_ELEMENTS
     keyed_dropout(torch.randn(300, 300).half(), 0.5, 7, ids)
+    sim = rt.SimDevice(0, 1 << 22)
+    with rt.on_device(sim):  # a sim device's tensor: its accesses are checked through torch, so not the kernel
+        x_sim = rt.to_device(torch.randn(300, 200), sim)
+        rt.synchronize(sim)
+        keyed_dropout(x_sim, 0.5, 7, ids)
     expected = [(300, 200)] if cpu_kernels.available() else []
     assert calls == expected
 

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gnnscale.runtime.simdevice import owner
+
 MIN_ELEMENTS = 1 << 20
 """Tensors with fewer elements take the torch path, where a call costs a millisecond or less: the kernels pay
 for their compile (about half a second in each process) on graphs of tens of thousands of vertices and up. Tests
@@ -73,8 +75,11 @@ def available() -> bool:
 
 
 def _takes(*ts: Tensor) -> bool:
+    """Plain CPU float matrices, the last of at least :data:`MIN_ELEMENTS` elements, where numba imports. Not a
+    sim device's tensors: the sim device checks every access of its tensors through torch's dispatch (a read
+    before its copy was waited for, a race between streams), which a kernel reading memory directly would skip."""
     return (all(t.device.type == "cpu" and t.dtype in _FLOATS and t.dim() == 2 for t in ts)
-            and ts[-1].numel() >= MIN_ELEMENTS and available())
+            and ts[-1].numel() >= MIN_ELEMENTS and available() and all(owner(t) is None for t in ts))
 
 
 def dropout_applies(x: Tensor) -> bool:

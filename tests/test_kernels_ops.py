@@ -157,3 +157,25 @@ def test_the_fused_row_add_refuses_rows_outside_the_table(monkeypatch: pytest.Mo
         with pytest.raises(IndexError):
             scatter_add_rows(host, torch.tensor(bad), torch.ones(2, 4))
         assert not host.any()
+
+
+def test_without_numba_torch_s_ops_serve_with_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where numba cannot be imported nothing fails: dropout (values and gradient) and the row add take torch's
+    ops and give what the kernels give."""
+    monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", 0)
+    torch.manual_seed(5)
+    x, ids, g = torch.randn(400, 30), torch.randperm(5000)[:400], torch.randn(400, 30)
+    host, rows, src = torch.randn(600, 30), torch.randperm(600)[:400].sort().values, torch.randn(400, 30)
+    results = []
+    for absent in (False, True):
+        if absent:
+            monkeypatch.setattr(cpu_kernels, "_kernels", lambda: None)
+            assert not cpu_kernels.available()
+        xr = x.clone().requires_grad_(True)
+        out = keyed_dropout(xr, 0.3, 11, ids)
+        out.backward(g)
+        h = host.clone()
+        scatter_add_rows(h, rows, src)
+        results.append((out.detach(), xr.grad, h))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))

@@ -10,8 +10,8 @@ callers keep their torch formulation, which gives the same bits).
 
 Kernels are compiled on first use in a process (about half a second each; nothing is cached on disk, so nothing is
 loaded from a file), and only for tensors of at least :data:`MIN_ELEMENTS` elements: smaller ones take the torch
-path. They run serially with the GIL released (several worker threads may call
-them), and read and write only the tensors they are given, within bounds their callers check.
+path. They run serially with the GIL released (several worker threads may call them), and read and write only the
+tensors they are given, within bounds checked before they run (numba checks none itself).
 """
 
 from __future__ import annotations
@@ -98,8 +98,7 @@ def hashed_scale(x: Tensor, row_hash: Tensor, col_hash: Tensor, threshold: int, 
     x = x.detach().contiguous()
     out = torch.empty_like(x)
     q = x.new_tensor(1.0 - p).numpy()[()]  # the divisor in x's dtype, as torch's scalar division rounds it
-    _kernels().masked_scale(x.numpy(), row_hash.to(torch.int32).numpy(), col_hash.to(torch.int32).numpy(),
-                            threshold, q, out.numpy())
+    _kernels().masked_scale(x.numpy(), row_hash.numpy(), col_hash.numpy(), threshold, q, out.numpy())
     return out
 
 

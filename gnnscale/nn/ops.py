@@ -13,12 +13,15 @@ from gnnscale.runtime import cpu_kernels
 
 
 def sparse_mm(adj: Tensor, x: Tensor) -> Tensor:
-    """``adj @ x`` for a sparse CSR ``adj`` (never differentiated here). On the CPU it is written straight into an
-    uninitialised output (``addmm`` with ``beta=0``): bitwise the same product, without the zero fill and the
-    full copy of the result that torch's ``@`` adds around its CSR kernel (two of its four passes over the output).
-    """
+    """``adj @ x`` for a sparse CSR ``adj`` (never differentiated here). On the CPU, large products run
+    :func:`gnnscale.runtime.cpu_kernels.csr_mm` (each row summed in order, its rows prefetched); the others are
+    written straight into an uninitialised output (``addmm`` with ``beta=0``): bitwise the same product, without the
+    zero fill and the full copy of the result that torch's ``@`` adds around its CSR kernel (two of its four
+    passes over the output)."""
     if adj.device.type != "cpu" or adj.dtype != x.dtype:
         return adj @ x
+    if cpu_kernels.csr_mm_applies(adj, x):  # the rows gathered ahead of their use (runtime.cpu_kernels)
+        return cpu_kernels.csr_mm(adj, x)
     out = torch.empty(adj.shape[0], x.shape[1], dtype=x.dtype)
     return torch.addmm(out, adj, x, beta=0.0, out=out)
 
@@ -75,6 +78,17 @@ def spmm(block: Block, x: Tensor) -> Tensor:
 def spmm_t(block: Block, grad: Tensor) -> Tensor:
     """Transposed product ``A^T @ grad``: each source row sums the gradients of the destinations it feeds."""
     return sparse_mm(block.adj_t(), grad.contiguous())  # [num_src, F]
+
+
+def spmm_t_add(block: Block, grad: Tensor, out: Tensor, rows: Tensor) -> None:
+    """``out[rows] += A^T @ grad`` (``rows``: ``[num_src]`` distinct int64 rows of ``out``, one per source row):
+    on the CPU one fused pass (:func:`gnnscale.runtime.cpu_kernels.csr_mm_add`) with no ``[num_src, F]`` product
+    in memory, else the product and ``index_add_``; the same bits either way."""
+    adj_t, grad = block.adj_t(), grad.contiguous()
+    if cpu_kernels.csr_mm_add_applies(adj_t, grad, out):
+        cpu_kernels.csr_mm_add(adj_t, grad, out, rows)
+        return
+    out.index_add_(0, rows, sparse_mm(adj_t, grad))
 
 
 def spmm_mean(block: Block, x: Tensor) -> Tensor:

@@ -48,6 +48,7 @@ class _Spy:
         self.store_targets: list[int] = []
         M = mover_mod.RowMover
         rows, index, slice_, move, store, acc = M.rows, M.index, M.slice, M._move_block, M.store, M.accumulate
+        in_place, acc_in_place = M.rows_in_place, M.accumulate_in_place
 
         def rows_(io, host, r, rows_dev):  # noqa: ANN001, ANN202
             out = rows(io, host, r, rows_dev)
@@ -78,8 +79,21 @@ class _Spy:
             self.d2h += _nbytes(value)
             return acc(io, host, r, value)
 
+        def in_place_(io, host, r, kind="row"):  # noqa: ANN001, ANN202  # read where they are: rows x row bytes
+            self.h2d[kind] += r.numel() * host.shape[1] * host.element_size()
+            return in_place(io, host, r, kind)
+
+        def acc_in_place_(io, host, r, width, add):  # noqa: ANN001, ANN202
+            before = host.clone()
+            out = acc_in_place(io, host, r, width, add)
+            changed = torch.nonzero((host != before).any(1)).squeeze(1)
+            assert set(changed.tolist()) <= set(r.tolist()), "an in-place accumulation wrote outside its rows"
+            self.d2h += r.numel() * width * host.element_size()
+            return out
+
         for name, fn in (("rows", rows_), ("index", index_), ("slice", slice__), ("_move_block", move_),
-                         ("store", store_), ("accumulate", acc_)):
+                         ("store", store_), ("accumulate", acc_), ("rows_in_place", in_place_),
+                         ("accumulate_in_place", acc_in_place_)):
             monkeypatch.setattr(M, name, fn)
 
     def clear(self) -> None:

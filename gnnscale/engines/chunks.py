@@ -54,9 +54,25 @@ class Chunk:
     edge_chunk: Tensor | None = None
     """``[E]`` int64 owning chunk of each edge's source row (filled by :meth:`with_sources`)."""
 
+    in_place_: Block | None = field(default=None, repr=False)
+
     @property
     def num_dst(self) -> int:
         return self.hi - self.lo
+
+    def in_place(self, num_rows: int) -> Block:
+        """The chunk's in-edges from the rows of a host table of ``num_rows`` rows itself (``indices`` are
+        :attr:`rows` of the block's, entry for entry in the same order, so its products sum the same terms in the
+        same order as the block's over the gathered rows): what a CPU worker reads source rows in place with.
+        Built on first use and kept (4 bytes an edge below 2^31 rows, else 8)."""
+        if self.in_place_ is None or self.in_place_.num_src != num_rows:
+            b = self.block
+            small = num_rows < 2**31 and b.indptr.dtype == torch.int32
+            indices = self.rows.index_select(0, b.indices.long())
+            self.in_place_ = Block(indptr=b.indptr if small else b.indptr.long(),
+                                   indices=indices.to(torch.int32) if small else indices, num_src=num_rows,
+                                   edge_weight=b.edge_weight)
+        return self.in_place_
 
     def with_sources(self, chunk_ptr: Tensor) -> Chunk:
         """Fill :attr:`sources` and :attr:`edge_chunk` for chunks bounded by ``chunk_ptr`` (``[M + 1]``, chunk

@@ -18,7 +18,10 @@ Every device operation goes through :mod:`gnnscale.runtime`, so one code path se
 an accelerator the copies are asynchronous (pinned host memory, a copy stream, events); on the runtime's sim
 device the same copies read as NaN until they are waited for, so a missing wait fails a test on a CPU; on the CPU
 the calls are synchronous and every gather, block and result is still a new tensor (a device's byte counter sees
-it), while contiguous reads (:meth:`~RowMover.slice`) are views of the host rows; every byte is counted.
+it), while contiguous reads (:meth:`~RowMover.slice`) are views of the host rows; a CPU mover made ``in_place``
+(the offload engine's, without a device budget) also lets a reader take gathered rows where they are
+(:meth:`~RowMover.rows_in_place`) and a producer add rows into host memory as it makes them
+(:meth:`~RowMover.accumulate_in_place`); every byte is counted all the same.
 
 The waits, and what each orders (an accelerator's; none on the CPU):
 
@@ -86,10 +89,14 @@ class RowMover:
     """
 
     def __init__(self, device: rt.Device, *, gather: str = "index_select",
-                 host_lock: threading.Lock | None = None, resident: bool = False, own_stream: bool = False):
+                 host_lock: threading.Lock | None = None, resident: bool = False, own_stream: bool = False,
+                 in_place: bool = False):
         self.device, self.gather, self.host_lock = device, gather, host_lock
         self.accelerator = rt.is_accelerator(device)
         """Copies are asynchronous, on streams (a real accelerator, or the sim device)."""
+        self.in_place = in_place and not self.accelerator
+        """Host rows may be read where they are (:meth:`rows_in_place`): a CPU that is not rehearsing an
+        accelerator's copies (the engine asks for it where no device budget is set)."""
         self.stream = rt.new_stream(device) if self.accelerator else None
         """The copy stream prefetched loads are issued on."""
         self.work_stream = rt.new_stream(device) if self.accelerator and own_stream else None
@@ -152,6 +159,13 @@ class RowMover:
             return host.gather_unchecked(ids)
         self.count(kind, rows.numel() * host.shape[1] * host.element_size())
         return self.host_rows(host, ids)
+
+    def rows_in_place(self, host: Tensor, rows: Tensor, kind: str = "row") -> Tensor:
+        """``host`` itself, for a reader that takes its ``rows`` where they are (:attr:`in_place`), counted as
+        :meth:`rows` counts them: they are read all the same, without the gathered copy."""
+        assert self.in_place
+        self.count(kind, rows.numel() * host.shape[1] * host.element_size())
+        return host
 
     def host_rows(self, host: Tensor, rows: Tensor) -> Tensor:
         """``host[rows]`` read onto this device (``rows`` on the device for the UVA gather, else on the CPU); not
@@ -260,6 +274,18 @@ class RowMover:
         self._queued.append((host, rows, value.detach()))
         if not self._computing:
             self._issue_accumulations()
+
+    def accumulate_in_place(self, host: Tensor, rows: Tensor, width: int, add: Callable[[Tensor], None]) -> None:
+        """``add(host)`` adds values into ``host[rows]`` itself (``width`` columns each), for a producer that
+        writes its rows as it makes them (:attr:`in_place`), counted as :meth:`accumulate` counts them; under the
+        host lock when several devices share the host rows."""
+        assert self.in_place
+        self.count("d2h", rows.numel() * width * host.element_size())
+        if self.host_lock is None:
+            add(host)
+            return
+        with self.host_lock:
+            add(host)
 
     def _issue_accumulations(self) -> None:
         """Copy each queued value into host staging on the compute stream; the worker thread adds it once the

@@ -50,6 +50,14 @@ whatever ends the run).
 Dropout masks are keyed by (seed, epoch, layer, *original* vertex id), so forward, recomputation and the in-memory
 engine draw the same masks. The result is the in-memory engine's, up to floating-point summation order.
 
+On a CPU without a device budget (no ``--gpu-memory``: host memory is the device) the chunks read what the
+host holds where it is: a propagation, or a cached parameter-free AGGREGATE after layer 0, multiplies the host
+table itself through the chunk's block over its rows (:meth:`~gnnscale.engines.chunks.Chunk.in_place`), and a
+cached propagation's source gradients are added into host rows as they are made
+(:meth:`~gnnscale.nn.base.BlockLayer.aggregate_vjp_add`): the same sums in the same order as gathering, without
+the per-chunk copies (``tests/test_offload_in_place.py``). With a budget the CPU stands in for the accelerator it
+is for, and gathers.
+
 On an accelerator (a GPU, or the runtime's sim device) the host buffers are pinned where the device needs it, the
 next chunk's rows and topology are loaded on a copy stream while the current chunk computes, and gradient
 accumulation into host memory runs on a worker thread (all in the row mover, :mod:`~gnnscale.engines.mover`, through
@@ -160,7 +168,8 @@ class OffloadEngine(Engine):
         self.replicas = Replicas(model, devices)
         self.workers = [
             Worker(w, dev, self.replicas.models[w],
-                   RowMover(dev, gather=gather, host_lock=host_lock, resident=self.plan.resident_topology),
+                   RowMover(dev, gather=gather, host_lock=host_lock, resident=self.plan.resident_topology,
+                            in_place=config.memory_budget is None),
                    [i for i in range(self.partitions) if i % len(devices) == w])
             for w, dev in enumerate(devices)]
         self.group = WorkerGroup(self.workers)

@@ -206,7 +206,11 @@ class LayerPasses:
         layer_pass = LayerPass(src=src, slices=(dst_rows,))
         if key is not None:
             self._statistics(layer, lambda: self.sweep.run(layer_pass, partial(self._stats_chunks, layer, key)))
-        self.sweep.run(layer_pass, partial(self._forward_chunks, layer, key, cache))
+        # a propagation, or a cached parameter-free AGGREGATE of rows already written (not layer 0's features,
+        # whose dropout each chunk applies), reads its source rows only through products of the block
+        in_place = self.model.block_layers[layer].reads_by_product and (
+            layer in self.host.projecting or (cache and layer > 0))
+        self.sweep.run(replace(layer_pass, in_place=in_place), partial(self._forward_chunks, layer, key, cache))
 
     def _forward_chunks(self, layer: int, key: Key | None, cache: bool, worker: Worker,
                         steps: Iterator[ChunkStep]) -> None:
@@ -222,17 +226,20 @@ class LayerPasses:
     def _apply(self, worker: Worker, layer: int, step: ChunkStep, x_src: Tensor, x_dst: Tensor | None,
                key: Key | None, cache: bool) -> Tensor:
         """Layer ``layer`` on the step's chunk from its source rows (projected rows for a projecting layer); with
-        ``cache`` the aggregation is copied to host memory for the backward."""
+        ``cache`` the aggregation is copied to host memory for the backward. A step that reads in place
+        (:attr:`ChunkStep.in_place`) has the whole host table as ``x_src`` and its own block over it."""
         block_layer, block, num_dst = worker.model.block_layers[layer], step.block, step.chunk.num_dst
         ids = block.row_ids()
+        reads = block if step.in_place is None else step.in_place  # the block the source rows are read through
         if layer in self.host.projecting:
-            agg = block_layer.propagate(block, x_src)
+            agg = block_layer.propagate(reads, x_src)
             xd = None if x_dst is None else self._layer_input(worker, layer, x_dst, ids[:num_dst], key)
         else:
             x = self._layer_input(worker, layer, x_src, ids, key)
             if not cache:
                 return block_layer(block, x)
-            agg, xd = block_layer.aggregate(block, x), x[:num_dst]
+            own = x[:num_dst] if step.in_place is None else x[step.chunk.lo : step.chunk.hi]  # the chunk's own rows
+            agg, xd = block_layer.aggregate(reads, x), own
         if cache:
             worker.io.store(self.host.aggregates[layer], step.chunk.lo, agg)
         return block_layer.update(agg, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
@@ -393,14 +400,27 @@ class LayerPasses:
         for step in steps:
             with worker.io.compute():  # the chunk's compute; the next step is loaded outside it
                 agg, x, xd = self._recompute_backward(layer, key, worker, step, through_propagation)
-                block_layer, caching = worker.model.block_layers[layer], layer in self.host.caching
+                caching = layer in self.host.caching
                 if through_propagation and agg is not None and agg.grad is not None:
-                    step.push(block_layer.aggregate_vjp(step.block, agg.grad))
+                    self._push_vjp(worker, layer, step, agg.grad)
                 elif not caching and layer > 0:
                     assert x is not None and x.grad is not None
                     step.push(x.grad)
                 if xd is not None and xd.grad is not None:
                     worker.io.accumulate(self.host.input_grads[layer], step.chunk.rows[: step.chunk.num_dst], xd.grad)
+
+    @staticmethod
+    def _push_vjp(worker: Worker, layer: int, step: ChunkStep, grad_agg: Tensor) -> None:
+        """The source rows' gradients through layer ``layer``'s cached propagation into the pass's host gradient:
+        on a CPU that reads in place, without an exchange, each row added as it is made
+        (:meth:`~gnnscale.nn.base.BlockLayer.aggregate_vjp_add`); else made whole, then pushed."""
+        block_layer = worker.model.block_layers[layer]
+        if step.exchange is None and worker.io.in_place:
+            assert step.grad is not None
+            worker.io.accumulate_in_place(step.grad, step.chunk.rows, grad_agg.shape[1], lambda host: (
+                block_layer.aggregate_vjp_add(step.block, grad_agg, host, step.chunk.rows)))
+            return
+        step.push(block_layer.aggregate_vjp(step.block, grad_agg))
 
     def _recompute_backward(self, layer: int, key: Key, worker: Worker, step: ChunkStep,
                             through_propagation: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:

@@ -52,6 +52,11 @@ class LayerPass:
     """The chunks need their topology (else they read destination rows only)."""
     transpose: bool = False
     """... with its transpose (they backpropagate through the adjacency)."""
+    in_place: bool = False
+    """The chunks may read ``src``'s rows where they are (a plain host tensor, no exchange, a mover that reads in
+    place): through :meth:`Chunk.in_place <gnnscale.engines.chunks.Chunk.in_place>`, whose products sum what the
+    gathered rows' would, in the same order. Only for a pass whose compute reads the source rows through products
+    of the block alone (a parameter-free linear AGGREGATE or a propagation) and no gradient flows to them."""
 
     @property
     def moves_source_rows(self) -> bool:
@@ -72,11 +77,16 @@ class ChunkStep:
     """Where the chunk's source rows are in the transition buffers (with an exchange)."""
     block_: Block | None
     gathered: Tensor | None
-    """``[R, F]`` the chunk's source rows gathered from host memory (a pass with rows, without an exchange)."""
+    """``[R, F]`` the chunk's source rows gathered from host memory (a pass with rows, without an exchange); the
+    whole host table when :attr:`in_place` is set."""
     slices: tuple[Tensor | None, ...]
     """``[V, *]`` the pass's destination rows (:attr:`LayerPass.slices`), on the device."""
     exchange: Exchange | None
     grad: Tensor | None
+    in_place: Block | None = None
+    """The chunk's in-edges from the host table's own rows, when the chunk reads its source rows there
+    (:attr:`LayerPass.in_place`): its products take ``gathered``, the whole table; :attr:`block` stays the local
+    block (the destinations' ids)."""
 
     @property
     def block(self) -> Block:
@@ -174,14 +184,18 @@ class Sweep:
         last_of_batch = position + 1 == len(sequence) or sequence[position + 1][0] != batch
         staged = exchange.stage(worker, batch) if exchange is not None and first_of_batch else None
         assembly = exchange.assembly(worker, k) if exchange is not None else None
-        block = gathered = None
+        block = gathered = in_place = None
         if layer_pass.blocks:
             rows_dev = worker.io.gather_ids(chunk.rows)
             block = worker.io.block(chunk, layer_pass.transpose)
             if layer_pass.src is not None and exchange is None:
-                gathered = worker.io.rows(worker.reads(layer_pass.src), chunk.rows, rows_dev)
+                src = worker.reads(layer_pass.src)
+                if layer_pass.in_place and worker.io.in_place and isinstance(src, Tensor):
+                    gathered, in_place = worker.io.rows_in_place(src, chunk.rows), chunk.in_place(src.shape[0])
+                else:
+                    gathered = worker.io.rows(src, chunk.rows, rows_dev)
                 worker.count("rows_h2d", chunk.rows.numel(), width(layer_pass.src))
         slices = tuple(None if t is None else worker.io.slice(worker.reads(t), chunk.lo, chunk.hi)
                        for t in layer_pass.slices)
         return ChunkStep(worker, chunk, batch, last_of_batch, staged, assembly, block, gathered, slices,
-                         exchange, layer_pass.grad)
+                         exchange, layer_pass.grad, in_place)

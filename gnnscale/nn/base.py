@@ -27,6 +27,10 @@ class BlockLayer(nn.Module):
     sparse_backward: ClassVar[bool] = False
     """True when backpropagating AGGREGATE multiplies by the transposed adjacency (:meth:`Block.adj_t`): chunked
     engines then build each block's transpose once on the host and move it with the block."""
+    reads_by_product: ClassVar[bool] = False
+    """True when a parameter-free AGGREGATE (and :meth:`propagate`) reads ``x_src`` only through products with the
+    block's adjacency, never by row position: a block whose sources are rows of a larger table (its ``indices``
+    the table's row ids) then serves with the table itself as ``x_src``, and a CPU engine reads rows in place."""
 
     in_features: int
     out_features: int
@@ -81,6 +85,12 @@ class BlockLayer(nn.Module):
         with torch.enable_grad():
             (grad,) = torch.autograd.grad(self.aggregate(block, x), x, grad_agg)
         return grad
+
+    def aggregate_vjp_add(self, block: Block, grad_agg: Tensor, out: Tensor, rows: Tensor) -> None:
+        """``out[rows] += aggregate_vjp(block, grad_agg)`` (``rows``: the source rows' distinct rows of ``out``).
+        Layers whose :meth:`aggregate_vjp` is a transposed product override it with
+        :func:`~gnnscale.nn.ops.spmm_t_add`, which adds each source row's sum as it is made."""
+        out.index_add_(0, rows, self.aggregate_vjp(block, grad_agg))
 
     def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:
         """Upper bound of the bytes one forward + backward of this layer on a block holds at its peak, beyond its

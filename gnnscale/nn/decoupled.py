@@ -25,7 +25,7 @@ from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.mlp import MLPLayer
 from gnnscale.nn.model import GNN
 from gnnscale.nn.norm import make_norm
-from gnnscale.nn.ops import keyed_dropout, spmm, spmm_t
+from gnnscale.nn.ops import keyed_dropout, spmm, spmm_t, spmm_t_add
 
 DECOUPLED_MODELS = ("dgcn", "dgat")
 """Model names built by :class:`DecoupledGNN`."""
@@ -37,6 +37,7 @@ class PropagationLayer(BlockLayer):
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True, norm="gcn")
     update_uses_dst: ClassVar[bool] = False
     sparse_backward: ClassVar[bool] = True
+    reads_by_product: ClassVar[bool] = True
 
     def __init__(self, width: int):
         super().__init__()
@@ -47,6 +48,9 @@ class PropagationLayer(BlockLayer):
 
     def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
         return spmm_t(block, grad_agg)  # [num_src, F]
+
+    def aggregate_vjp_add(self, block: Block, grad_agg: Tensor, out: Tensor, rows: Tensor) -> None:
+        spmm_t_add(block, grad_agg, out, rows)
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         return agg

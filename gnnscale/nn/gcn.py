@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import AdjacencySpec, Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import linear_vjp, spmm, spmm_t
+from gnnscale.nn.ops import linear_vjp, spmm, spmm_t, spmm_t_add
 
 
 class GCNLayer(BlockLayer):
@@ -22,6 +22,7 @@ class GCNLayer(BlockLayer):
     """
 
     sparse_backward: ClassVar[bool] = True
+    reads_by_product: ClassVar[bool] = True
 
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True, norm="gcn")
     update_uses_dst: ClassVar[bool] = False
@@ -56,6 +57,9 @@ class GCNLayer(BlockLayer):
 
     def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
         return spmm_t(block, grad_agg)  # [num_src, F_in]
+
+    def aggregate_vjp_add(self, block: Block, grad_agg: Tensor, out: Tensor, rows: Tensor) -> None:
+        spmm_t_add(block, grad_agg, out, rows)
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         out = agg if self.project_first else self.lin(agg)

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from gnnscale.graph.block import Block
 from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.norm import make_norm
-from gnnscale.nn.ops import spmm, spmm_t
+from gnnscale.nn.ops import spmm, spmm_t, spmm_t_add
 
 
 class GINLayer(BlockLayer):
@@ -22,6 +22,7 @@ class GINLayer(BlockLayer):
     """
 
     sparse_backward: ClassVar[bool] = True
+    reads_by_product: ClassVar[bool] = True
 
     def __init__(self, in_features: int, out_features: int, eps: float = 0.0, train_eps: bool = False,
                  norm: str = "none"):
@@ -41,6 +42,9 @@ class GINLayer(BlockLayer):
 
     def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
         return spmm_t(block, grad_agg)  # [num_src, F_in]
+
+    def aggregate_vjp_add(self, block: Block, grad_agg: Tensor, out: Tensor, rows: Tensor) -> None:
+        spmm_t_add(block, grad_agg, out, rows)
 
     def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:
         # the MLP keeps its hidden activation, the ReLU output and their gradients per destination

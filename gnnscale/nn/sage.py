@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import linear_vjp, spmm_mean, spmm_t
+from gnnscale.nn.ops import linear_vjp, spmm_mean, spmm_t, spmm_t_add
 
 
 class SAGELayer(BlockLayer):
@@ -19,6 +19,7 @@ class SAGELayer(BlockLayer):
     """
 
     sparse_backward: ClassVar[bool] = True
+    reads_by_product: ClassVar[bool] = True
 
     def __init__(self, in_features: int, out_features: int, project_first: bool | None = None):
         super().__init__()
@@ -48,8 +49,15 @@ class SAGELayer(BlockLayer):
         return self.propagate(block, self.project(x_src) if self.project_first else x_src)
 
     def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:
-        deg = block.in_degree().clamp(min=1).to(grad_agg.dtype).unsqueeze(-1)  # [num_dst, 1]
-        return spmm_t(block, grad_agg / deg)  # [num_src, F_in]
+        return spmm_t(block, self._by_degree(block, grad_agg))  # [num_src, F_in]
+
+    def aggregate_vjp_add(self, block: Block, grad_agg: Tensor, out: Tensor, rows: Tensor) -> None:
+        spmm_t_add(block, self._by_degree(block, grad_agg), out, rows)
+
+    @staticmethod
+    def _by_degree(block: Block, grad_agg: Tensor) -> Tensor:
+        """The mean's gradient before its sum: each destination's ``grad_agg`` over its in-degree."""
+        return grad_agg / block.in_degree().clamp(min=1).to(grad_agg.dtype).unsqueeze(-1)  # [num_dst, F]
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         left = agg + self.lin_l.bias if self.project_first else self.lin_l(agg)

@@ -3,6 +3,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 import gnnscale._compat  # noqa: F401  (warning filters)
 import gnnscale.runtime as rt
@@ -28,6 +29,16 @@ def sims(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[rt.SimDevice]]:
 # ``--cuda-only``: keep the tests that exercise a CUDA device (what `make gpu-check` runs on a lent GPU): those
 # parametrised with a cuda ``device`` (``gnnscale.testing.with_device``), those skipped without CUDA
 # (``gnnscale.testing.only_cuda`` or any skipif whose reason names CUDA) and those whose id names cuda.
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Torch at one thread for the test (the CPU kernels of ``runtime.cpu_kernels`` run there; at more threads
+    the CSR product stays MKL's, on torch's own workers), restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--cuda-only", action="store_true", help="run only the tests that use a CUDA device")
 

@@ -3,8 +3,6 @@ fused transposed product into host rows sum every row in order, as the torch pat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from torch import Tensor
@@ -16,15 +14,6 @@ from gnnscale.runtime import cpu_kernels
 
 NEEDS_NUMBA = pytest.mark.skipif(not cpu_kernels.available(),
                                  reason="numba is not installed: the fused kernels cannot run")
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """The kernels run at one torch thread (at more, MKL's product on torch's own workers)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _csr(n: int, m: int, dtype: torch.dtype, index_dtype: torch.dtype = torch.int64,

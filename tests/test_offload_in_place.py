@@ -6,7 +6,6 @@ stays the same; with a budget the CPU rehearses an accelerator's copies."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -28,14 +27,6 @@ COUNTERS = ("h2d_row_bytes", "h2d_topology_bytes", "d2h_bytes", "rows_h2d", "row
 @pytest.fixture(scope="module")
 def graph() -> Graph:
     return csbm(nodes=600, features=24, avg_degree=8, seed=2)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _engine(g: Graph, model: str, layers: int, **kw: object) -> OffloadEngine:

@@ -297,7 +297,10 @@ class LayerPasses:
         # backward through the propagation needs the blocks' transposes (rows that require a gradient)
         transpose = self.model.block_layers[layer].sparse_backward and (projecting or layer > 0)
         slices = (dst_rows, *self._jk_slices())
-        layer_pass = LayerPass(src=src, grad=self.host.source_grad(layer), slices=slices, transpose=transpose)
+        # a propagation reads its projected rows in place; their gradient goes through its transpose (as backward)
+        in_place = projecting and self.model.block_layers[layer].reads_by_product
+        layer_pass = LayerPass(src=src, grad=self.host.source_grad(layer), slices=slices, transpose=transpose,
+                               in_place=in_place)
         forward_only = LayerPass(src=src, slices=slices)
         self._statistics(layer, lambda: self.sweep.run(forward_only, partial(self._stats_chunks, layer, key)))
         self._gradient_sums(layer, lambda: self.sweep.run(forward_only, partial(self._loss_chunks, layer, key,
@@ -339,13 +342,17 @@ class LayerPasses:
                 block, chunk = step.block, step.chunk
                 ids = block.row_ids()
                 prev = [h.detach().requires_grad_(True) for h in earlier if h is not None]  # --jk: h[1..L-1]
-                xd = None
+                xd = agg = None
                 if projecting:  # gradients flow into the projected rows (then the projection) and the dst rows
-                    x = step.source_rows().detach().requires_grad_(True)
+                    if step.in_place is None:
+                        x = step.source_rows().detach().requires_grad_(True)
+                        agg = block_layer.propagate(block, x)
+                    else:  # read in place: the propagation's gradient is pushed through its transpose
+                        x, agg = None, block_layer.propagate(step.in_place, step.source_rows()).requires_grad_(True)
                     if x_dst is not None:
                         xd = self._layer_input(worker, layer, x_dst, ids[: chunk.num_dst], key)
                         xd = xd.detach().requires_grad_(layer > 0)
-                    logits = block_layer.update(block_layer.propagate(block, x), xd)  # type: ignore[arg-type]
+                    logits = block_layer.update(agg, xd)  # type: ignore[arg-type]
                 else:
                     x = self._layer_input(worker, layer, step.source_rows(), ids, key)
                     x = x.detach().requires_grad_(layer > 0)
@@ -356,8 +363,12 @@ class LayerPasses:
                 loss.backward()
                 total += loss.detach()
                 if keep and step.grad is not None:
-                    assert x.grad is not None
-                    step.push(x.grad)
+                    if x is None:
+                        assert agg is not None and agg.grad is not None
+                        self._push_vjp(worker, layer, step, agg.grad)
+                    else:
+                        assert x.grad is not None
+                        step.push(x.grad)
                 if keep and xd is not None and xd.grad is not None:
                     worker.io.accumulate(self.host.input_grads[layer], chunk.rows[: chunk.num_dst], xd.grad)
                 for l, h in enumerate(prev, start=1):  # --jk: the head's gradient into each earlier output

@@ -77,58 +77,47 @@ def _kernels() -> Any:
 
     prefetch = _prefetch_intrinsic()
 
-    @numba.njit(nogil=True, cache=False)  # type: ignore[untyped-decorator]
-    def csr_mm(indptr: Any, indices: Any, values: Any, x: Any, out: Any, ahead: int, line: int) -> int:
+    @numba.njit(nogil=True, cache=False, inline="always")  # type: ignore[untyped-decorator]
+    def row_sum(indptr: Any, indices: Any, values: Any, x: Any, flat: Any, i: int, acc: Any, ahead: int,
+                line: int) -> int:
+        """``acc[:] =`` row ``i`` of the CSR matrix times ``x``, its entries summed in order from zero, the row
+        ``ahead`` entries on prefetched (each cache line); returns how many entries (or 1 for the row itself)
+        lie outside ``x`` or the entries: skipped, never read."""
         n, cols = x.shape
-        flat = x.reshape(-1)
         nnz, bad = indices.shape[0], 0
-        for i in range(out.shape[0]):
-            for j in range(cols):
-                out[i, j] = 0
-            start, stop = indptr[i], indptr[i + 1]
-            if start < 0 or stop < start or stop > nnz:  # a malformed row: counted, never read
+        for j in range(cols):
+            acc[j] = 0
+        start, stop = indptr[i], indptr[i + 1]
+        if start < 0 or stop < start or stop > nnz:
+            return 1
+        for k in range(start, stop):
+            if k + ahead < nnz:  # the entry ``ahead`` on, in this row or a later one
+                nxt = indices[k + ahead]
+                if 0 <= nxt < n:
+                    for q in range(0, cols, line):
+                        prefetch(flat, nxt * cols + q)
+            c, v = indices[k], values[k]
+            if c < 0 or c >= n:
                 bad += 1
                 continue
-            for k in range(start, stop):
-                if k + ahead < nnz:  # the entry ``ahead`` on, in this row or a later one
-                    nxt = indices[k + ahead]
-                    if 0 <= nxt < n:
-                        for q in range(0, cols, line):  # each cache line of the row ahead
-                            prefetch(flat, nxt * cols + q)
-                c, v = indices[k], values[k]
-                if c < 0 or c >= n:
-                    bad += 1
-                    continue
-                for j in range(cols):
-                    out[i, j] += v * x[c, j]
+            for j in range(cols):
+                acc[j] += v * x[c, j]
+        return bad
+
+    @numba.njit(nogil=True, cache=False)  # type: ignore[untyped-decorator]
+    def csr_mm(indptr: Any, indices: Any, values: Any, x: Any, out: Any, ahead: int, line: int) -> int:
+        flat, bad = x.reshape(-1), 0
+        for i in range(out.shape[0]):
+            bad += row_sum(indptr, indices, values, x, flat, i, out[i], ahead, line)
         return bad
 
     @numba.njit(nogil=True, cache=False)  # type: ignore[untyped-decorator]
     def csr_mm_add(indptr: Any, indices: Any, values: Any, x: Any, host: Any, rows: Any, ahead: int,
                    line: int) -> int:
-        n, cols = x.shape
-        flat = x.reshape(-1)
-        nnz, bad = indices.shape[0], 0
+        flat, bad, cols = x.reshape(-1), 0, x.shape[1]
         acc = np.empty(cols, dtype=x.dtype)
         for i in range(rows.shape[0]):
-            for j in range(cols):
-                acc[j] = 0
-            start, stop = indptr[i], indptr[i + 1]
-            if start < 0 or stop < start or stop > nnz:  # a malformed row: counted, never read
-                bad += 1
-                continue
-            for k in range(start, stop):
-                if k + ahead < nnz:
-                    nxt = indices[k + ahead]
-                    if 0 <= nxt < n:
-                        for q in range(0, cols, line):
-                            prefetch(flat, nxt * cols + q)
-                c, v = indices[k], values[k]
-                if c < 0 or c >= n:
-                    bad += 1
-                    continue
-                for j in range(cols):
-                    acc[j] += v * x[c, j]
+            bad += row_sum(indptr, indices, values, x, flat, i, acc, ahead, line)
             r = rows[i]
             for j in range(cols):
                 host[r, j] += acc[j]

@@ -179,3 +179,27 @@ def test_without_numba_torch_s_ops_serve_with_the_same_bits(monkeypatch: pytest.
         results.append((out.detach(), xr.grad, h))
     for a, b in zip(*results, strict=True):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_layer_input_s_vjp_is_autograd_s_bit_for_bit(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GNN.layer_input_vjp`` (the offload engine's backward through the next layer's ReLU and dropout, without
+    their forward) gives autograd's ``dL/dh`` in every bit, zeros, signed zeros, infinities and NaN in ``h``
+    included, through either dropout path; ``None`` for an ELU model or one with a norm (autograd then runs)."""
+    if fused and not cpu_kernels.available():
+        pytest.skip("numba is not installed: the fused kernel cannot run")
+    monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", 0 if fused else 1 << 62)
+    torch.manual_seed(6)
+    model = build_model("gcn", 12, 24, 5, layers=3, dropout=0.4, heads=1, seed=0)
+    h = torch.randn(700, 24)
+    h[0, :5] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")])
+    ids, grad = torch.randperm(5000)[:700], torch.randn(700, 24)
+    for layer in (1, 2):
+        hr = h.clone().requires_grad_(True)
+        model.layer_input(layer, hr, ids, (3, 7)).backward(grad)
+        got = model.layer_input_vjp(layer, h, ids, (3, 7), grad)
+        assert got is not None and hr.grad is not None
+        assert torch.equal(got.view(torch.int32), hr.grad.view(torch.int32)), layer
+    assert build_model("gat", 12, 24, 5, layers=2, dropout=0.4, heads=2, seed=0).layer_input_vjp(1, h, ids, (3, 7), grad) is None
+    normed = build_model("gcn", 12, 24, 5, layers=2, dropout=0.4, heads=1, seed=0, norm="layer")
+    assert normed.layer_input_vjp(1, h, ids, (3, 7), grad) is None

@@ -93,11 +93,13 @@ def test_reading_in_place_trains_the_bits_gathering_trains(graph: Graph, model: 
     assert calls_in["accumulate"] == calls_g["accumulate"] - calls_in["accumulate_in_place"]
 
 
-def test_with_a_device_budget_the_cpu_rehearses_the_copies(graph: Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("budget", [{"memory_budget": 4_000_000}, {"host_memory": 1 << 30}])
+def test_with_a_budget_the_cpu_gathers(graph: Graph, budget: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ``--gpu-memory`` the CPU stands in for the accelerator the budget is for: every source row is
-    gathered (a new tensor, counted as device memory), nothing is read in place."""
+    gathered (a new tensor, counted as device memory), nothing is read in place. Under ``--host-memory`` too:
+    the blocks over host rows (4 bytes an edge) are not in the host plan."""
     calls = _count_calls(monkeypatch)
-    eng = _engine(graph, "gcn", 2, memory_budget=4_000_000)
+    eng = _engine(graph, "gcn", 2, **budget)
     assert not any(w.io.in_place for w in eng.workers)
     eng.train_epoch(1)
     assert calls["rows"] > 0 and calls["rows_in_place"] == calls["accumulate_in_place"] == 0

@@ -19,7 +19,7 @@ an accelerator the copies are asynchronous (pinned host memory, a copy stream, e
 device the same copies read as NaN until they are waited for, so a missing wait fails a test on a CPU; on the CPU
 the calls are synchronous and every gather, block and result is still a new tensor (a device's byte counter sees
 it), while contiguous reads (:meth:`~RowMover.slice`) are views of the host rows; a CPU mover made ``in_place``
-(the offload engine's, without a device budget) also lets a reader take gathered rows where they are
+(the offload engine's, without a device or host budget) also lets a reader take gathered rows where they are
 (:meth:`~RowMover.rows_in_place`) and a producer add rows into host memory as it makes them
 (:meth:`~RowMover.accumulate_in_place`); every byte is counted all the same.
 
@@ -96,7 +96,7 @@ class RowMover:
         """Copies are asynchronous, on streams (a real accelerator, or the sim device)."""
         self.in_place = in_place and not self.accelerator
         """Host rows may be read where they are (:meth:`rows_in_place`): a CPU that is not rehearsing an
-        accelerator's copies (the engine asks for it where no device budget is set)."""
+        accelerator's copies (the engine asks for it where neither a device nor a host budget is set)."""
         self.stream = rt.new_stream(device) if self.accelerator else None
         """The copy stream prefetched loads are issued on."""
         self.work_stream = rt.new_stream(device) if self.accelerator and own_stream else None

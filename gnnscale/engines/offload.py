@@ -50,7 +50,8 @@ whatever ends the run).
 Dropout masks are keyed by (seed, epoch, layer, *original* vertex id), so forward, recomputation and the in-memory
 engine draw the same masks. The result is the in-memory engine's, up to floating-point summation order.
 
-On a CPU without a device budget (no ``--gpu-memory``: host memory is the device) the chunks read what the
+On a CPU without a device budget or a host one (no ``--gpu-memory``, no ``--host-memory``: host memory is the
+device, and the 4 bytes an edge of the blocks over host rows need no planning) the chunks read what the
 host holds where it is: a propagation, or a cached parameter-free AGGREGATE after layer 0, multiplies the host
 table itself through the chunk's block over its rows (:meth:`~gnnscale.engines.chunks.Chunk.in_place`), and a
 cached propagation's source gradients are added into host rows as they are made
@@ -169,7 +170,7 @@ class OffloadEngine(Engine):
         self.workers = [
             Worker(w, dev, self.replicas.models[w],
                    RowMover(dev, gather=gather, host_lock=host_lock, resident=self.plan.resident_topology,
-                            in_place=config.memory_budget is None),
+                            in_place=config.memory_budget is None and config.host_memory is None),
                    [i for i in range(self.partitions) if i % len(devices) == w])
             for w, dev in enumerate(devices)]
         self.group = WorkerGroup(self.workers)

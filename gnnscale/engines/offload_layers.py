@@ -453,7 +453,12 @@ class LayerPasses:
             x = self._layer_input(worker, layer, step.source_rows(), block.row_ids(), key)
             x = x.detach().requires_grad_(layer > 0)
             y = block_layer(block, x)
-        worker.model.layer_input(layer + 1, y, dst_ids, key).backward(grad_next)
+        # the next layer's input backpropagated without its forward where it is ReLU and dropout (no norm)
+        grad_y = worker.model.layer_input_vjp(layer + 1, y.detach(), dst_ids, key, grad_next)
+        if grad_y is None:
+            worker.model.layer_input(layer + 1, y, dst_ids, key).backward(grad_next)
+        elif y.requires_grad:
+            y.backward(grad_y)
         return agg, x, xd
 
     # ------------------------------------------------------------------------------------------------ inference

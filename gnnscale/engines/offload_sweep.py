@@ -56,7 +56,9 @@ class LayerPass:
     """The chunks may read ``src``'s rows where they are (a plain host tensor, no exchange, a mover that reads in
     place): through :meth:`Chunk.in_place <gnnscale.engines.chunks.Chunk.in_place>`, whose products sum what the
     gathered rows' would, in the same order. Only for a pass whose compute reads the source rows through products
-    of the block alone (a parameter-free linear AGGREGATE or a propagation) and no gradient flows to them."""
+    of the block alone (a parameter-free linear AGGREGATE or a propagation), and whose gradient to them, if any,
+    goes through the block's transpose (:meth:`~gnnscale.nn.base.BlockLayer.aggregate_vjp_add`), not through
+    autograd on the table."""
 
     @property
     def moves_source_rows(self) -> bool:

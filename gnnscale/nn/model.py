@@ -126,6 +126,17 @@ class GNN(nn.Module):
         key = None if seed_epoch is None else self.dropout_key(*seed_epoch, layer)
         return keyed_dropout(h, self.input_dropout if layer == 0 else self.dropout, key, row_ids)
 
+    def layer_input_vjp(self, layer: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int],
+                        grad: Tensor) -> Tensor | None:
+        """``dL/dh`` of :meth:`layer_input` (``layer > 0``, training) from ``grad``, its output's gradient, without
+        its forward: the dropout's backward is the same masked scale of ``grad``, ReLU's ``threshold_backward``
+        (``h <= 0`` where ``relu(h) <= 0``): bitwise what autograd gives. ``None`` where the layer's input has a
+        normalisation or another activation (the caller then runs autograd)."""
+        if layer == 0 or self.activation is not F.relu or not isinstance(self.norms[layer - 1], nn.Identity):
+            return None
+        g = keyed_dropout(grad, self.dropout, self.dropout_key(*seed_epoch, layer), row_ids)
+        return torch.ops.aten.threshold_backward(g, h, 0)
+
     def head(self, hs: list[Tensor]) -> Tensor:
         """With ``jk``, the class scores from every layer's output as the next layer would take it: ``hs[l]`` is
         :meth:`layer_input` ``(l + 1, ...)`` of layer ``l``'s output (normalised, activated, dropped out; the last

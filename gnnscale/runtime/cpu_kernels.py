@@ -192,6 +192,39 @@ def csr_mm_applies(adj: Tensor, x: Tensor) -> bool:
             and adj.dtype == x.dtype and _takes(x) and owner(adj.values()) is None)
 
 
+def _csr_operands(adj: Tensor, x: Tensor) -> tuple[tuple[Any, ...], Tensor]:
+    """The kernels' arrays for ``adj @ x`` (row pointers, columns, values, ``x``) and ``x`` contiguous, after the
+    checks numba does not make: shapes that chain (``ValueError``) and a CSR matrix with one pointer per row and
+    one value per entry (``ValueError``; the kernels count the entries and rows that point outside)."""
+    if adj.dim() != 2 or x.dim() != 2 or x.shape[0] != adj.shape[1]:
+        raise ValueError(f"cannot multiply {tuple(adj.shape)} by {tuple(x.shape)}")
+    indptr, indices, values = adj.crow_indices(), adj.col_indices(), adj.values().detach()
+    if indptr.numel() != adj.shape[0] + 1 or values.numel() != indices.numel():
+        raise ValueError(f"a malformed CSR matrix: {indptr.numel()} row pointers for {adj.shape[0]} rows, "
+                         f"{values.numel()} values for {indices.numel()} entries")
+    x = x.detach().contiguous()
+    return (indptr.numpy(), indices.numpy(), values.numpy(), x.numpy()), x
+
+
+def _raise_if_bad(bad: int, adj: Tensor, x: Tensor) -> None:
+    if bad:
+        raise IndexError(f"{bad} entries or rows of a CSR matrix lie outside its {adj.col_indices().numel()} "
+                         f"entries or the {x.shape[0]} rows it multiplies")
+
+
+def _check_rows(rows: Tensor, num_rows: int) -> None:
+    """``IndexError`` unless every id of ``rows`` lies in a table of ``num_rows`` rows (numba checks no bounds)."""
+    if rows.numel():
+        lo, hi = torch.aminmax(rows)
+        if int(lo) < 0 or int(hi) >= num_rows:
+            raise IndexError(f"row ids in [{int(lo)}, {int(hi)}] outside a table of {num_rows} rows")
+
+
+def _line(x: Tensor) -> int:
+    """Elements of ``x`` per 64-byte cache line (what the kernels prefetch at a time)."""
+    return max(64 // x.element_size(), 1)
+
+
 def csr_mm(adj: Tensor, x: Tensor) -> Tensor:
     """``adj @ x`` for a CPU sparse CSR ``adj`` (``[rows, n]``) and dense ``x`` (``[n, F]``): each output row the
     sum, in the row's order, of its entries' values times their rows of ``x``, one multiply and one add each (no
@@ -199,20 +232,9 @@ def csr_mm(adj: Tensor, x: Tensor) -> Tensor:
     multiply-add (this repo's machine). Entries and rows outside ``x`` or ``adj``'s entries raise
     ``IndexError`` (after the product, whose output is then dropped). ``adj`` and ``x`` must satisfy
     :func:`csr_mm_applies`."""
-    if adj.dim() != 2 or x.dim() != 2 or x.shape[0] != adj.shape[1]:
-        raise ValueError(f"cannot multiply {tuple(adj.shape)} by {tuple(x.shape)}")
-    if adj.crow_indices().numel() != adj.shape[0] + 1 or adj.values().numel() != adj.col_indices().numel():
-        raise ValueError(f"a malformed CSR matrix: {adj.crow_indices().numel()} row pointers for {adj.shape[0]} "
-                         f"rows, {adj.values().numel()} values for {adj.col_indices().numel()} entries")
-    x = x.detach().contiguous()
+    arrays, x = _csr_operands(adj, x)
     out = torch.empty(adj.shape[0], x.shape[1], dtype=x.dtype)
-    indptr, indices = adj.crow_indices(), adj.col_indices()
-    arrays = (indptr.numpy(), indices.numpy(), adj.values().detach().numpy(), x.numpy(), out.numpy())
-    line = max(64 // x.element_size(), 1)  # elements per 64-byte cache line
-    bad = _kernels().csr_mm(*arrays, PREFETCH_AHEAD, line)
-    if bad:
-        raise IndexError(f"{bad} entries or rows of a CSR matrix lie outside its {indices.numel()} entries or the "
-                         f"{x.shape[0]} rows it multiplies")
+    _raise_if_bad(_kernels().csr_mm(*arrays, out.numpy(), PREFETCH_AHEAD, _line(x)), adj, x)
     return out
 
 
@@ -228,24 +250,13 @@ def csr_mm_add(adj: Tensor, x: Tensor, host: Tensor, rows: Tensor) -> None:
     as :func:`csr_mm` sums it, then added to its host row (bitwise the product followed by :func:`add_rows`).
     ``rows`` (int64, one per row of ``adj``) must be distinct; they are checked to lie in ``host`` before any
     write (``IndexError``); entries outside ``x`` are skipped, counted, and raise ``IndexError`` after."""
-    if adj.dim() != 2 or x.dim() != 2 or x.shape[0] != adj.shape[1] or rows.shape != (adj.shape[0],) \
-            or host.shape[1] != x.shape[1] or rows.dtype != torch.int64:
+    if rows.shape != (adj.shape[0],) or rows.dtype != torch.int64 or host.shape[1:] != x.shape[1:]:
         raise ValueError(f"cannot add {tuple(adj.shape)} @ {tuple(x.shape)} into {tuple(host.shape)} rows "
                          f"{tuple(rows.shape)} ({rows.dtype})")
-    if adj.crow_indices().numel() != adj.shape[0] + 1 or adj.values().numel() != adj.col_indices().numel():
-        raise ValueError(f"a malformed CSR matrix: {adj.crow_indices().numel()} row pointers for {adj.shape[0]} "
-                         f"rows, {adj.values().numel()} values for {adj.col_indices().numel()} entries")
-    if rows.numel():
-        lo, hi = torch.aminmax(rows)
-        if int(lo) < 0 or int(hi) >= host.shape[0]:
-            raise IndexError(f"row ids in [{int(lo)}, {int(hi)}] outside a table of {host.shape[0]} rows")
-    x = x.detach().contiguous()
-    line = max(64 // x.element_size(), 1)
-    bad = _kernels().csr_mm_add(adj.crow_indices().numpy(), adj.col_indices().numpy(), adj.values().detach().numpy(),
-                                x.numpy(), host.numpy(), rows.contiguous().numpy(), PREFETCH_AHEAD, line)
-    if bad:
-        raise IndexError(f"{bad} entries or rows of a CSR matrix lie outside its {adj.col_indices().numel()} "
-                         f"entries or the {x.shape[0]} rows it multiplies")
+    arrays, x = _csr_operands(adj, x)
+    _check_rows(rows, host.shape[0])
+    bad = _kernels().csr_mm_add(*arrays, host.numpy(), rows.contiguous().numpy(), PREFETCH_AHEAD, _line(x))
+    _raise_if_bad(bad, adj, x)
 
 
 def add_rows_applies(host: Tensor, rows: Tensor, src: Tensor) -> bool:
@@ -260,8 +271,5 @@ def add_rows(host: Tensor, rows: Tensor, src: Tensor) -> None:
     CPU: the same bits). Checks ``rows`` lie in ``host`` (``IndexError``) before touching it."""
     if src.shape != (rows.numel(), host.shape[1]):
         raise ValueError(f"src {tuple(src.shape)} does not match rows [{rows.numel()}] x F={host.shape[1]}")
-    if rows.numel():
-        lo, hi = torch.aminmax(rows)
-        if int(lo) < 0 or int(hi) >= host.shape[0]:
-            raise IndexError(f"row ids in [{int(lo)}, {int(hi)}] outside a table of {host.shape[0]} rows")
+    _check_rows(rows, host.shape[0])
     _kernels().add_rows(host.numpy(), rows.contiguous().numpy(), src.detach().contiguous().numpy())

@@ -55,11 +55,13 @@ def test_the_csr_kernel_sums_each_row_in_order(dtype: torch.dtype, index_dtype: 
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``sparse_mm`` through the kernel: every bit of the in-order sum, for widths from 1 to 129 (a prefetch of
     each cache line of a row, whole or not), rows without entries, a repeated column, infinities and NaN in the
-    rows; torch's CSR product (MKL's) agrees to rounding (bitwise on this repo's machine); the kernel ran."""
+    rows; torch's CSR product (MKL's) agrees to rounding (bitwise on this repo's machine); the kernel ran, the
+    one compiled for its width up to ``NARROW`` elements."""
     monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", 0)
-    calls = []
-    real = cpu_kernels.csr_mm
+    calls, built = [], []
+    real, build = cpu_kernels.csr_mm, cpu_kernels._build_csr_kernels
     monkeypatch.setattr(cpu_kernels, "csr_mm", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(cpu_kernels, "_build_csr_kernels", lambda w: built.append(w) or build(w))
     n, m = 700, 900
     adj, indptr, cols, values = _csr(n, m, dtype, index_dtype)
     for width in (1, 7, 16, 64, 129):
@@ -70,6 +72,7 @@ def test_the_csr_kernel_sums_each_row_in_order(dtype: torch.dtype, index_dtype: 
         mkl = torch.addmm(torch.empty(n, width, dtype=dtype), adj, x, beta=0.0)
         torch.testing.assert_close(got, mkl, equal_nan=True)
     assert len(calls) == 5
+    assert built == [1, 7, 16, 0, 0]  # narrow rows: their width's own loops; wider ones: the loops for any width
 
 
 @NEEDS_NUMBA
@@ -115,10 +118,11 @@ def _block(num_dst: int, num_src: int, dtype: torch.dtype) -> Block:
     return Block(indptr=indptr, indices=cols, num_src=num_src, edge_weight=values).with_transpose()
 
 
+@pytest.mark.parametrize("width", [5, 33])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_transposed_product_added_into_host_rows_is_the_product_then_the_add(
-        fused: bool, dtype: torch.dtype, one_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
+        fused: bool, dtype: torch.dtype, width: int, one_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """``spmm_t_add`` (the offload engine's source-row gradients on a CPU reading in place) leaves the host
     table as ``A^T @ grad`` followed by ``index_add_`` would, bit for bit, rows outside ``rows`` untouched; with
     numba it runs the fused kernel (counted), without it the product and the add."""
@@ -131,13 +135,26 @@ def test_the_transposed_product_added_into_host_rows_is_the_product_then_the_add
     real = cpu_kernels.csr_mm_add
     monkeypatch.setattr(cpu_kernels, "csr_mm_add", lambda *a: calls.append(1) or real(*a))
     block = _block(300, 400, dtype)
-    grad = torch.randn(300, 33, dtype=dtype) * 100
-    host = torch.randn(1000, 33, dtype=dtype)
+    grad = torch.randn(300, width, dtype=dtype) * 100
+    host = torch.randn(1000, width, dtype=dtype)
     rows = torch.randperm(1000)[:400].sort().values
     expected = host.clone().index_add_(0, rows, spmm_t(block, grad))
     spmm_t_add(block, grad, host, rows)
     assert torch.equal(_bits(host), _bits(expected))
     assert calls == ([1] if fused else [])
+
+
+@NEEDS_NUMBA
+def test_the_fused_transposed_product_counts_its_work(one_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused transposed product takes a product of at least ``MIN_ELEMENTS`` multiply-adds (entries times
+    width) however few rows its gradient has: the offload engine's 5-wide class-layer gradients of one chunk,
+    which the plain product (counting its dense side's elements) leaves to the torch path."""
+    block = _block(300, 400, torch.float32)
+    adj_t = block.adj_t()
+    monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", block.num_edges * 5)
+    assert cpu_kernels.csr_mm_add_applies(adj_t, torch.ones(300, 5), torch.zeros(400, 5))
+    assert not cpu_kernels.csr_mm_add_applies(adj_t, torch.ones(300, 4), torch.zeros(400, 4))
+    assert not cpu_kernels.csr_mm_applies(adj_t, torch.ones(300, 5))
 
 
 @NEEDS_NUMBA

@@ -9,7 +9,10 @@ callers keep their torch formulation, which gives the same bits).
   output row the sum of its entries in order, with the rows it gathers prefetched a few entries ahead. The rows
   a graph's product gathers are random accesses that miss the caches; MKL's CSR kernel (torch's) waits on each,
   this loop has the next ones in flight: 1.8-2.3x faster for 64-wide rows at 100K-800K vertices, even with it
-  for 16-wide ones.
+  for 16-wide ones. Rows of at most :data:`NARROW` elements run loops compiled for their width (unrolled):
+  5-wide ones as fast as MKL's, where the loop for any width took twice as long.
+* :func:`csr_mm_add`: ``host[rows] += adj @ x`` with each row added as it is summed (a chunk's transposed
+  product into its source rows' host gradients), taken by the work (entries times width), not by ``x``'s size.
 * :func:`add_rows`: ``host[rows] += src`` row by row in one pass. Torch's CPU ``index_add_`` dispatches one
   vectorised add per row, which dominates for the narrow rows a chunked engine accumulates (2-8x slower).
 
@@ -40,6 +43,11 @@ FIB32 = -1640531527
 """0x9E3779B9 (the golden-ratio multiplier of keyed dropout's hash) as a signed int32."""
 
 _FLOATS = (torch.float32, torch.float64)
+
+NARROW = 16
+"""Rows of at most this many elements get CSR kernels compiled for their width (each width once per process, on
+first use): a loop over a handful of elements whose count is known only at run time costs more than its
+arithmetic (5-wide rows: 2.6x slower than the width's own kernel)."""
 
 PREFETCH_AHEAD = 8
 """How many entries ahead :func:`csr_mm` prefetches the row an entry gathers (8: measured best of 8, 16 and 32 on
@@ -75,16 +83,34 @@ def _kernels() -> Any:
             for j in range(cols):
                 host[r, j] += src[i, j]
 
+    return SimpleNamespace(masked_scale=masked_scale, add_rows=add_rows)
+
+
+def _csr_kernels(width: int) -> Any:
+    """The CSR kernels for rows of ``width`` elements: compiled for that width when it is at most
+    :data:`NARROW` (their loops unrolled), else the ones for any width (``None`` where numba cannot be
+    imported)."""
+    return _build_csr_kernels(width if width <= NARROW else 0)
+
+
+@functools.cache
+def _build_csr_kernels(width: int) -> Any:
+    """:func:`csr_mm`'s and :func:`csr_mm_add`'s loops for rows of ``width`` elements (0: any width, read from
+    the operand)."""
+    try:
+        numba = importlib.import_module("numba")
+        np = importlib.import_module("numpy")
+    except ImportError:
+        return None
     prefetch = _prefetch_intrinsic()
 
     @numba.njit(nogil=True, cache=False, inline="always")  # type: ignore[untyped-decorator]
-    def row_sum(indptr: Any, indices: Any, values: Any, x: Any, flat: Any, i: int, acc: Any, ahead: int,
-                line: int) -> int:
-        """``acc[:] =`` row ``i`` of the CSR matrix times ``x``, its entries summed in order from zero, the row
-        ``ahead`` entries on prefetched (each cache line); returns how many entries (or 1 for the row itself)
-        lie outside ``x`` or the entries: skipped, never read."""
-        n, cols = x.shape
-        nnz, bad = indices.shape[0], 0
+    def row_sum(indptr: Any, indices: Any, values: Any, x: Any, flat: Any, cols: int, i: int, acc: Any,
+                ahead: int, line: int) -> int:
+        """``acc[:] =`` row ``i`` of the CSR matrix times ``x`` (``cols`` wide), its entries summed in order from
+        zero, the row ``ahead`` entries on prefetched (each cache line); returns how many entries (or 1 for the row
+        itself) lie outside ``x`` or the entries: skipped, never read."""
+        n, nnz, bad = x.shape[0], indices.shape[0], 0
         for j in range(cols):
             acc[j] = 0
         start, stop = indptr[i], indptr[i + 1]
@@ -106,24 +132,26 @@ def _kernels() -> Any:
 
     @numba.njit(nogil=True, cache=False)  # type: ignore[untyped-decorator]
     def csr_mm(indptr: Any, indices: Any, values: Any, x: Any, out: Any, ahead: int, line: int) -> int:
+        cols = width if width else x.shape[1]  # a constant the loops unroll by, when given
         flat, bad = x.reshape(-1), 0
         for i in range(out.shape[0]):
-            bad += row_sum(indptr, indices, values, x, flat, i, out[i], ahead, line)
+            bad += row_sum(indptr, indices, values, x, flat, cols, i, out[i], ahead, line)
         return bad
 
     @numba.njit(nogil=True, cache=False)  # type: ignore[untyped-decorator]
     def csr_mm_add(indptr: Any, indices: Any, values: Any, x: Any, host: Any, rows: Any, ahead: int,
                    line: int) -> int:
-        flat, bad, cols = x.reshape(-1), 0, x.shape[1]
+        cols = width if width else x.shape[1]
+        flat, bad = x.reshape(-1), 0
         acc = np.empty(cols, dtype=x.dtype)
         for i in range(rows.shape[0]):
-            bad += row_sum(indptr, indices, values, x, flat, i, acc, ahead, line)
+            bad += row_sum(indptr, indices, values, x, flat, cols, i, acc, ahead, line)
             r = rows[i]
             for j in range(cols):
                 host[r, j] += acc[j]
         return bad
 
-    return SimpleNamespace(masked_scale=masked_scale, add_rows=add_rows, csr_mm=csr_mm, csr_mm_add=csr_mm_add)
+    return SimpleNamespace(csr_mm=csr_mm, csr_mm_add=csr_mm_add)
 
 
 def _prefetch_intrinsic() -> Any:
@@ -154,12 +182,14 @@ def available() -> bool:
     return _kernels() is not None
 
 
-def _takes(*ts: Tensor) -> bool:
-    """Plain CPU float matrices, the last of at least :data:`MIN_ELEMENTS` elements, where numba imports. Not a
-    sim device's tensors: the sim device checks every access of its tensors through torch's dispatch (a read
-    before its copy was waited for, a race between streams), which a kernel reading memory directly would skip."""
+def _takes(*ts: Tensor, elements: int | None = None) -> bool:
+    """Plain CPU float matrices, the last of at least :data:`MIN_ELEMENTS` elements (or ``elements``, the work
+    when given), where numba imports. Not a sim device's tensors: the sim device checks every access of its
+    tensors through torch's dispatch (a read before its copy was waited for, a race between streams), which a
+    kernel reading memory directly would skip."""
+    work = ts[-1].numel() if elements is None else elements
     return (all(t.device.type == "cpu" and t.dtype in _FLOATS and t.dim() == 2 for t in ts)
-            and ts[-1].numel() >= MIN_ELEMENTS and available() and all(owner(t) is None for t in ts))
+            and work >= MIN_ELEMENTS and available() and all(owner(t) is None for t in ts))
 
 
 def dropout_applies(x: Tensor) -> bool:
@@ -182,14 +212,15 @@ def hashed_scale(x: Tensor, row_hash: Tensor, col_hash: Tensor, threshold: int, 
     return out
 
 
-def csr_mm_applies(adj: Tensor, x: Tensor) -> bool:
+def csr_mm_applies(adj: Tensor, x: Tensor, elements: int | None = None) -> bool:
     """Whether :func:`csr_mm` takes them: a CPU sparse CSR ``adj`` whose values have ``x``'s dtype and a float
-    ``x`` of at least :data:`MIN_ELEMENTS` elements, where numba imports and torch runs one thread; not a sim
-    device's tensors. At several threads MKL's product (torch's) runs on torch's own worker threads; a second
-    set of threads for this loop would contend with them (torch's OpenMP workers spin a while after every op),
-    and on this repo's 2 cores the two were even (a GCN epoch on csbm 200K: 0.283 against 0.291 s)."""
+    ``x`` of at least :data:`MIN_ELEMENTS` elements (or ``elements``), where numba imports and torch runs one
+    thread; not a sim device's tensors. At several threads MKL's product (torch's) runs on torch's own worker
+    threads; a second set of threads for this loop would contend with them (torch's OpenMP workers spin a while
+    after every op), and on this repo's 2 cores the two were even (a GCN epoch on csbm 200K: 0.283 against
+    0.291 s)."""
     return (torch.get_num_threads() == 1 and adj.layout == torch.sparse_csr and adj.device.type == "cpu"
-            and adj.dtype == x.dtype and _takes(x) and owner(adj.values()) is None)
+            and adj.dtype == x.dtype and _takes(x, elements=elements) and owner(adj.values()) is None)
 
 
 def _csr_operands(adj: Tensor, x: Tensor) -> tuple[tuple[Any, ...], Tensor]:
@@ -234,15 +265,18 @@ def csr_mm(adj: Tensor, x: Tensor) -> Tensor:
     :func:`csr_mm_applies`."""
     arrays, x = _csr_operands(adj, x)
     out = torch.empty(adj.shape[0], x.shape[1], dtype=x.dtype)
-    _raise_if_bad(_kernels().csr_mm(*arrays, out.numpy(), PREFETCH_AHEAD, _line(x)), adj, x)
+    _raise_if_bad(_csr_kernels(x.shape[1]).csr_mm(*arrays, out.numpy(), PREFETCH_AHEAD, _line(x)), adj, x)
     return out
 
 
 def csr_mm_add_applies(adj: Tensor, x: Tensor, host: Tensor) -> bool:
-    """Whether :func:`csr_mm_add` takes them: :func:`csr_mm_applies` for ``adj`` and ``x``, and ``host`` a
+    """Whether :func:`csr_mm_add` takes them: :func:`csr_mm_applies` for ``adj`` and ``x`` with a product of at
+    least :data:`MIN_ELEMENTS` multiply-adds (entries times width: the torch path then makes the product and adds
+    it with ``index_add_``, slower from there even for rows too narrow for :func:`csr_mm`), and ``host`` a
     contiguous CPU float tensor of ``x``'s dtype (not a sim device's)."""
-    return (csr_mm_applies(adj, x) and host.device.type == "cpu" and host.dtype == x.dtype and host.dim() == 2
-            and host.is_contiguous() and owner(host) is None)
+    work = adj.values().numel() * x.shape[-1] if adj.layout == torch.sparse_csr else 0
+    return (csr_mm_applies(adj, x, elements=work) and host.device.type == "cpu" and host.dtype == x.dtype
+            and host.dim() == 2 and host.is_contiguous() and owner(host) is None)
 
 
 def csr_mm_add(adj: Tensor, x: Tensor, host: Tensor, rows: Tensor) -> None:
@@ -255,7 +289,8 @@ def csr_mm_add(adj: Tensor, x: Tensor, host: Tensor, rows: Tensor) -> None:
                          f"{tuple(rows.shape)} ({rows.dtype})")
     arrays, x = _csr_operands(adj, x)
     _check_rows(rows, host.shape[0])
-    bad = _kernels().csr_mm_add(*arrays, host.numpy(), rows.contiguous().numpy(), PREFETCH_AHEAD, _line(x))
+    kernels = _csr_kernels(x.shape[1])
+    bad = kernels.csr_mm_add(*arrays, host.numpy(), rows.contiguous().numpy(), PREFETCH_AHEAD, _line(x))
     _raise_if_bad(bad, adj, x)
 
 

@@ -20,8 +20,9 @@ device the same copies read as NaN until they are waited for, so a missing wait 
 the calls are synchronous and every gather, block and result is still a new tensor (a device's byte counter sees
 it), while contiguous reads (:meth:`~RowMover.slice`) are views of the host rows; a CPU mover made ``in_place``
 (the offload engine's, without a device or host budget) also lets a reader take gathered rows where they are
-(:meth:`~RowMover.rows_in_place`) and a producer add rows into host memory as it makes them
-(:meth:`~RowMover.accumulate_in_place`); every byte is counted all the same.
+(:meth:`~RowMover.rows_in_place`), a producer write the rows it stores where they land (:meth:`~RowMover.output`)
+and add rows into host memory as it makes them (:meth:`~RowMover.accumulate_in_place`); every byte is counted all
+the same.
 
 The waits, and what each orders (an accelerator's; none on the CPU):
 
@@ -257,11 +258,21 @@ class RowMover:
         return item, rt.record_event(self.stream)
 
     # -------------------------------------------------------------------------------------------- device -> host
+    def output(self, host: Tensor, lo: int, hi: int) -> Tensor | None:
+        """Where a producer may write the rows it will :meth:`store` at ``host[lo:hi]``: on a mover that reads in
+        place (:attr:`in_place`), those host rows themselves, which :meth:`store` then counts without a copy;
+        else ``None`` (the producer makes its own tensor on the device, and :meth:`store` copies it)."""
+        return host[lo:hi] if self.in_place and host.is_contiguous() else None
+
     def store(self, host: Tensor, lo: int, value: Tensor) -> None:
         """``host[lo:lo+len(value)] = value`` (asynchronous into pinned memory on an accelerator: landed at
-        :meth:`barrier`), counted as ``d2h``."""
+        :meth:`barrier`), counted as ``d2h``; nothing is copied for a ``value`` made in those rows
+        (:meth:`output`)."""
         self.count("d2h", nbytes(value))
-        rt.copy_async(host[lo : lo + value.shape[0]], value.detach())
+        dst = host[lo : lo + value.shape[0]]
+        if self.in_place and value.data_ptr() == dst.data_ptr() and value.stride() == dst.stride():
+            return  # written where it lands
+        rt.copy_async(dst, value.detach())
 
     def accumulate(self, host: Tensor, rows: Tensor, value: Tensor) -> None:
         """``host[rows] += value``, counted as ``d2h``; on an accelerator the copy is asynchronous and the addition

@@ -220,8 +220,9 @@ class LayerPasses:
                 (x_dst,) = step.slices
                 y = self._apply(worker, layer, step, step.source_rows(), x_dst, key, cache)
                 # the next layer's input: activation and dropout applied once per vertex (not once per copy)
-                dst_ids = step.block.row_ids(step.chunk.num_dst)
-                worker.io.store(next_input, step.chunk.lo, worker.model.layer_input(layer + 1, y, dst_ids, key))
+                dst_ids, chunk = step.block.row_ids(step.chunk.num_dst), step.chunk
+                out = worker.io.output(next_input, chunk.lo, chunk.hi)  # on a CPU reading in place: no copy
+                worker.io.store(next_input, chunk.lo, worker.model.layer_input(layer + 1, y, dst_ids, key, out))
 
     def _apply(self, worker: Worker, layer: int, step: ChunkStep, x_src: Tensor, x_dst: Tensor | None,
                key: Key | None, cache: bool) -> Tensor:
@@ -232,7 +233,8 @@ class LayerPasses:
         ids = block.row_ids()
         reads = block if step.in_place is None else step.in_place  # the block the source rows are read through
         if layer in self.host.projecting:
-            agg = block_layer.propagate(reads, x_src)
+            out = worker.io.output(self.host.aggregates[layer], step.chunk.lo, step.chunk.hi) if cache else None
+            agg = block_layer.propagate(reads, x_src, out)
             xd = None if x_dst is None else self._layer_input(worker, layer, x_dst, ids[:num_dst], key)
         else:
             x = self._layer_input(worker, layer, x_src, ids, key)
@@ -265,7 +267,8 @@ class LayerPasses:
                 (x_dst,) = step.slices
                 assert x_dst is not None
                 x = self._layer_input(worker, layer, x_dst, step.dst_ids(), key)
-                worker.io.store(projected, step.chunk.lo, worker.model.block_layers[layer].project(x))
+                out = worker.io.output(projected, step.chunk.lo, step.chunk.hi)
+                worker.io.store(projected, step.chunk.lo, worker.model.block_layers[layer].project(x, out))
 
     def project_backward(self, layer: int, key: Key) -> None:
         """Backpropagate the accumulated ``dL/dp[layer]`` through the projection, chunk by chunk, into the

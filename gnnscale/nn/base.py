@@ -53,8 +53,9 @@ class BlockLayer(nn.Module):
         and cache the propagation like a :attr:`cacheable` layer's."""
         return False
 
-    def project(self, x: Tensor) -> Tensor:
-        """``[rows, F_in] -> [rows, F_agg]``: the per-vertex part of a :attr:`projects_first` AGGREGATE."""
+    def project(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        """``[rows, F_in] -> [rows, F_agg]``: the per-vertex part of a :attr:`projects_first` AGGREGATE; with
+        ``out`` (no autograd), written there and ``out`` returned (an engine's host rows)."""
         raise NotImplementedError
 
     def project_vjp(self, x: Tensor, grad: Tensor, input_grad: bool) -> Tensor | None:
@@ -70,9 +71,9 @@ class BlockLayer(nn.Module):
             self.project(x).backward(grad)
         return x.grad if input_grad else None
 
-    def propagate(self, block: Block, h: Tensor) -> Tensor:
+    def propagate(self, block: Block, h: Tensor, out: Tensor | None = None) -> Tensor:
         """``[num_src, F] -> [num_dst, F]``: the parameter-free sparse part of AGGREGATE (``aggregate_vjp`` is its
-        transpose)."""
+        transpose); with ``out`` (no autograd), written there and ``out`` returned."""
         raise NotImplementedError
 
     def aggregate_vjp(self, block: Block, grad_agg: Tensor) -> Tensor:

@@ -201,5 +201,6 @@ class DecoupledGNN(GNN):
             h = prop(block, h) if alpha is None else attention_propagate(block, h, alpha)
         return h
 
-    def layer_input(self, layer: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None) -> Tensor:
+    def layer_input(self, layer: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None,
+                    out: Tensor | None = None) -> Tensor:
         raise NotImplementedError("decoupled models run T tasks with transform(), not layer by layer")

@@ -43,14 +43,14 @@ class GCNLayer(BlockLayer):
     def projects_first(self) -> bool:
         return self.project_first
 
-    def project(self, x: Tensor) -> Tensor:
-        return self.lin(x)
+    def project(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        return self.lin(x) if out is None else torch.mm(x, self.lin.weight.t(), out=out)  # F.linear's product
 
     def project_vjp(self, x: Tensor, grad: Tensor, input_grad: bool) -> Tensor | None:
         return linear_vjp(self.lin.weight, x, grad, input_grad)
 
-    def propagate(self, block: Block, h: Tensor) -> Tensor:
-        return spmm(block, h)  # [num_dst, F]
+    def propagate(self, block: Block, h: Tensor, out: Tensor | None = None) -> Tensor:
+        return spmm(block, h, out)  # [num_dst, F]
 
     def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
         return self.propagate(block, self.project(x_src) if self.project_first else x_src)

@@ -109,7 +109,8 @@ class GNN(nn.Module):
         """Key of the dropout mask applied to the input of ``layer`` in ``epoch``."""
         return mix_key(seed, epoch, layer)
 
-    def layer_input(self, layer: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None) -> Tensor:
+    def layer_input(self, layer: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int] | None,
+                    out: Tensor | None = None) -> Tensor:
         """What ``layers[layer]`` consumes: normalisation and activation of the previous output (if any), then
         dropout. Per row except BatchNorm in training, whose statistics are over ``h``'s rows.
 
@@ -118,13 +119,14 @@ class GNN(nn.Module):
                 float32 first).
             row_ids: ``[rows]`` global vertex ids of those rows.
             seed_epoch: ``(seed, epoch)`` while training; ``None`` disables dropout (evaluation).
+            out: where to write the result, with no autograd (an engine's host rows; ``out`` is returned).
         """
         if layer > 0:
             h = self.activation(self.norms[layer - 1](h))
         elif h.dtype == torch.bfloat16:  # features stored in bfloat16: upcast where they are (on the device)
             h = h.float()
         key = None if seed_epoch is None else self.dropout_key(*seed_epoch, layer)
-        return keyed_dropout(h, self.input_dropout if layer == 0 else self.dropout, key, row_ids)
+        return keyed_dropout(h, self.input_dropout if layer == 0 else self.dropout, key, row_ids, out)
 
     def layer_input_vjp(self, layer: int, h: Tensor, row_ids: Tensor, seed_epoch: tuple[int, int],
                         grad: Tensor) -> Tensor | None:

@@ -12,17 +12,23 @@ from gnnscale.graph.block import Block
 from gnnscale.runtime import cpu_kernels
 
 
-def sparse_mm(adj: Tensor, x: Tensor) -> Tensor:
+def sparse_mm(adj: Tensor, x: Tensor, out: Tensor | None = None) -> Tensor:
     """``adj @ x`` for a sparse CSR ``adj`` (never differentiated here). On the CPU, large products run
     :func:`gnnscale.runtime.cpu_kernels.csr_mm` (each row summed in order, its rows prefetched); the others are
     written straight into an uninitialised output (``addmm`` with ``beta=0``): bitwise the same product, without the
     zero fill and the full copy of the result that torch's ``@`` adds around its CSR kernel (two of its four
-    passes over the output)."""
+    passes over the output).
+
+    With ``out`` (a contiguous ``[rows, F]`` tensor of ``x``'s dtype, sharing no memory with ``x``), the product
+    is written there and ``out`` returned: an engine's host rows, where the result would be copied to."""
     if adj.device.type != "cpu" or adj.dtype != x.dtype:
-        return adj @ x
+        return adj @ x if out is None else out.copy_(adj @ x)
     if cpu_kernels.csr_mm_applies(adj, x):  # the rows gathered ahead of their use (runtime.cpu_kernels)
-        return cpu_kernels.csr_mm(adj, x)
-    out = torch.empty(adj.shape[0], x.shape[1], dtype=x.dtype)
+        return cpu_kernels.csr_mm(adj, x, out)
+    if out is None or not out.is_contiguous():
+        result = torch.empty(adj.shape[0], x.shape[1], dtype=x.dtype)
+        torch.addmm(result, adj, x, beta=0.0, out=result)
+        return result if out is None else out.copy_(result)
     return torch.addmm(out, adj, x, beta=0.0, out=out)
 
 
@@ -68,10 +74,11 @@ def transpose_order(block: Block) -> Tensor:
     return block._cache["t_order"]
 
 
-def spmm(block: Block, x: Tensor) -> Tensor:
-    """Weighted sum of in-neighbour rows: ``out[v] = sum_u w_uv x[u]`` for each destination row ``v``."""
-    if not x.requires_grad:
-        return sparse_mm(block.adj(), x)
+def spmm(block: Block, x: Tensor, out: Tensor | None = None) -> Tensor:
+    """Weighted sum of in-neighbour rows: ``out[v] = sum_u w_uv x[u]`` for each destination row ``v``; written
+    into ``out`` when given (no autograd: see :func:`sparse_mm`)."""
+    if not x.requires_grad or out is not None:
+        return sparse_mm(block.adj(), x, out)
     return _SpMM.apply(x.contiguous(), block.adj(), block.adj_t())
 
 
@@ -91,9 +98,12 @@ def spmm_t_add(block: Block, grad: Tensor, out: Tensor, rows: Tensor) -> None:
     out.index_add_(0, rows, sparse_mm(adj_t, grad))
 
 
-def spmm_mean(block: Block, x: Tensor) -> Tensor:
-    """Mean of in-neighbour rows (zero for a destination without in-edges)."""
+def spmm_mean(block: Block, x: Tensor, out: Tensor | None = None) -> Tensor:
+    """Mean of in-neighbour rows (zero for a destination without in-edges); written into ``out`` when given (no
+    autograd)."""
     deg = block.in_degree().clamp(min=1).to(x.dtype).unsqueeze(-1)  # [num_dst, 1]
+    if out is not None:
+        return spmm(block, x, out).div_(deg)
     return spmm(block, x) / deg
 
 
@@ -196,7 +206,7 @@ def _masked_scale(x: Tensor, mask: Tensor, p: float) -> Tensor:
     return mask.view(torch.uint8).to(x.dtype).mul_(x).div_(1.0 - p)
 
 
-def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor) -> Tensor:
+def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor, out: Tensor | None = None) -> Tensor:
     """Inverted dropout whose mask depends only on ``key`` and the rows' global vertex ids.
 
     Args:
@@ -204,15 +214,19 @@ def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor) -> Tens
         p: drop probability; ``key=None`` or ``p=0`` returns ``x`` unchanged (evaluation).
         key: from :func:`mix_key` (seed, epoch, layer).
         row_ids: ``[rows]`` global vertex id of each row.
+        out: where to write the result (an engine's host rows; then ``out`` is returned, with no autograd): in
+            the fused kernel's one pass where it runs, else copied there.
     """
     if key is None or p <= 0.0:
-        return x
+        return x if out is None else out.copy_(x)
     if p < 1.0 and cpu_kernels.dropout_applies(x):  # one fused pass each way, no mask kept
         hr, hc, threshold = _hashes(row_ids, x.shape[1], p, key)
-        if not x.requires_grad:
-            return cpu_kernels.hashed_scale(x, hr, hc, threshold, p)
+        if not x.requires_grad or out is not None:
+            return cpu_kernels.hashed_scale(x, hr, hc, threshold, p, out)
         return _HashedDropout.apply(x, hr, hc, threshold, p)  # type: ignore[no-any-return]
     mask = keep_mask(row_ids, x.shape[1], p, key)
+    if out is not None:
+        return out.copy_(_masked_scale(x.detach(), mask, p))
     if not x.requires_grad:
         return _masked_scale(x, mask, p)
     return _MaskedScale.apply(x, mask, p)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from gnnscale.graph.block import Block
@@ -36,14 +37,15 @@ class SAGELayer(BlockLayer):
     def projects_first(self) -> bool:
         return self.project_first
 
-    def project(self, x: Tensor) -> Tensor:
-        return x @ self.lin_l.weight.t()  # [rows, out]
+    def project(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        w = self.lin_l.weight.t()
+        return x @ w if out is None else torch.mm(x, w, out=out)  # [rows, out]
 
     def project_vjp(self, x: Tensor, grad: Tensor, input_grad: bool) -> Tensor | None:
         return linear_vjp(self.lin_l.weight, x, grad, input_grad)
 
-    def propagate(self, block: Block, h: Tensor) -> Tensor:
-        return spmm_mean(block, h)  # [num_dst, F]
+    def propagate(self, block: Block, h: Tensor, out: Tensor | None = None) -> Tensor:
+        return spmm_mean(block, h, out)  # [num_dst, F]
 
     def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
         return self.propagate(block, self.project(x_src) if self.project_first else x_src)

@@ -198,17 +198,29 @@ def dropout_applies(x: Tensor) -> bool:
     return _takes(x)
 
 
-def hashed_scale(x: Tensor, row_hash: Tensor, col_hash: Tensor, threshold: int, p: float) -> Tensor:
+def hashed_scale(x: Tensor, row_hash: Tensor, col_hash: Tensor, threshold: int, p: float,
+                 out: Tensor | None = None) -> Tensor:
     """``x * keep / (1 - p)`` in one pass, ``keep[i, j] = int32((row_hash[i] ^ col_hash[j]) * FIB) >= threshold``
-    (:func:`gnnscale.nn.ops.keep_mask`'s test on its int32 hashes): bitwise what the torch formulation gives.
-    ``x`` must satisfy :func:`dropout_applies`."""
+    (:func:`gnnscale.nn.ops.keep_mask`'s test on its int32 hashes): bitwise what the torch formulation gives;
+    written into ``out`` when given (see :func:`_output`). ``x`` must satisfy :func:`dropout_applies`."""
     if row_hash.shape != (x.shape[0],) or col_hash.shape != (x.shape[1],):
         raise ValueError(f"hashes {tuple(row_hash.shape)} and {tuple(col_hash.shape)} do not match x "
                          f"{tuple(x.shape)}")
     x = x.detach().contiguous()
-    out = torch.empty_like(x)
+    out = _output(out, x.shape, x.dtype)
     q = x.new_tensor(1.0 - p).numpy()[()]  # the divisor in x's dtype, as torch's scalar division rounds it
     _kernels().masked_scale(x.numpy(), row_hash.numpy(), col_hash.numpy(), threshold, q, out.numpy())
+    return out
+
+
+def _output(out: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """A new tensor, or ``out``: a contiguous CPU tensor of that shape and dtype that the kernel writes
+    (``ValueError`` otherwise; nothing it reads may share its memory)."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype)
+    if out.shape != shape or out.dtype != dtype or not out.is_contiguous() or out.device.type != "cpu":
+        raise ValueError(f"cannot write a {tuple(shape)} {dtype} result into {tuple(out.shape)} {out.dtype}"
+                         f"{'' if out.is_contiguous() else ' (not contiguous)'} on {out.device}")
     return out
 
 
@@ -256,15 +268,15 @@ def _line(x: Tensor) -> int:
     return max(64 // x.element_size(), 1)
 
 
-def csr_mm(adj: Tensor, x: Tensor) -> Tensor:
+def csr_mm(adj: Tensor, x: Tensor, out: Tensor | None = None) -> Tensor:
     """``adj @ x`` for a CPU sparse CSR ``adj`` (``[rows, n]``) and dense ``x`` (``[n, F]``): each output row the
     sum, in the row's order, of its entries' values times their rows of ``x``, one multiply and one add each (no
     fused multiply-add). Torch's CSR product on the CPU (MKL's) agrees to rounding; bitwise where MKL fuses no
     multiply-add (this repo's machine). Entries and rows outside ``x`` or ``adj``'s entries raise
-    ``IndexError`` (after the product, whose output is then dropped). ``adj`` and ``x`` must satisfy
-    :func:`csr_mm_applies`."""
+    ``IndexError`` (after the product, whose output is then dropped). Written into ``out`` when given (see
+    :func:`_output`). ``adj`` and ``x`` must satisfy :func:`csr_mm_applies`."""
     arrays, x = _csr_operands(adj, x)
-    out = torch.empty(adj.shape[0], x.shape[1], dtype=x.dtype)
+    out = _output(out, (adj.shape[0], x.shape[1]), x.dtype)
     _raise_if_bad(_csr_kernels(x.shape[1]).csr_mm(*arrays, out.numpy(), PREFETCH_AHEAD, _line(x)), adj, x)
     return out
 

@@ -110,10 +110,10 @@ def spmm_mean(block: Block, x: Tensor, out: Tensor | None = None) -> Tensor:
 # --------------------------------------------------------------------------------------------- keyed dropout
 # Dropout masks are a pure function of (key, global vertex id, feature index), so an engine that processes the
 # graph chunk by chunk, or recomputes a layer in backward, draws exactly the mask the in-memory engine draws.
-_M31 = 0x7FFFFFFF
+_M31 = cpu_kernels.M31
 _FIB32 = cpu_kernels.FIB32  # 0x9E3779B9 as a signed int32 (golden-ratio multiplier)
 _INT32_MIN = -(1 << 31)
-_C = 0x45D9F3B  # < 2^27: a product with a 31-bit value stays below 2^58, no int64 overflow anywhere
+_C = cpu_kernels.MIX  # < 2^27: a product with a 31-bit value stays below 2^58, no int64 overflow anywhere
 
 
 def _mix31(h: Tensor) -> Tensor:
@@ -138,12 +138,16 @@ def mix_key(*parts: int) -> int:
     return h
 
 
-def _hashes(row_ids: Tensor, num_features: int, p: float, key: int) -> tuple[Tensor, Tensor, int]:
-    """The mask's factors: ``[rows]`` and ``[F]`` int32 hashes and the threshold their mixed product is compared
-    with (see :func:`keep_mask`); ``threshold >= 2^31`` keeps nothing (``p == 1``)."""
-    dev = row_ids.device
+def row_hashes(row_ids: Tensor, key: int) -> Tensor:
+    """``[rows]`` int32: the mask's row factors, a 31-bit hash of each global id and ``key`` (the fused kernel
+    makes the same per row, :func:`gnnscale.runtime.cpu_kernels.hashed_scale`)."""
     r = row_ids.long()
-    hr = _mix31(((r ^ (r >> 31)) & _M31) ^ key)  # [rows]
+    return _mix31(((r ^ (r >> 31)) & _M31) ^ key).to(torch.int32)
+
+
+def _col_hashes(num_features: int, p: float, key: int, dev: torch.device) -> tuple[Tensor, int]:
+    """The mask's ``[F]`` int32 column factors and the threshold the mixed product is compared with (see
+    :func:`keep_mask`); ``threshold >= 2^31`` keeps nothing (``p == 1``)."""
     cols = torch.arange(num_features, device=dev, dtype=torch.int64)
     hc = _mix31((cols * 0x9E3779B1) & _M31 ^ _mix31_int(key ^ 0x5BD1E995))  # [F]; the key mixed on the host
     # Per element: XOR of the fully mixed row and column hashes, then multiplicative (Fibonacci) hashing in
@@ -153,12 +157,13 @@ def _hashes(row_ids: Tensor, num_features: int, p: float, key: int) -> tuple[Ten
     # 2^31 (flipping the top bit) commutes into the odd multiplier's operand: (x ^ 2^31) * FIB = x * FIB ^ 2^31
     # (mod 2^32). So the column hashes take the top bit and the product is compared directly.
     threshold = 2 * int(p * (1 << 31)) - (1 << 31)
-    return hr.to(torch.int32), hc.to(torch.int32) ^ _INT32_MIN, threshold
+    return hc.to(torch.int32) ^ _INT32_MIN, threshold
 
 
 def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
     """``[rows, F]`` bool mask, true with probability ``1 - p``, identical for a vertex wherever it appears."""
-    hr, hc, threshold = _hashes(row_ids, num_features, p, key)
+    hc, threshold = _col_hashes(num_features, p, key, row_ids.device)
+    hr = row_hashes(row_ids, key)
     if threshold >= 1 << 31:  # p == 1: nothing kept
         return torch.zeros(row_ids.numel(), num_features, dtype=torch.bool, device=row_ids.device)
     u = hr.unsqueeze(1) ^ hc.unsqueeze(0)  # [rows, F]
@@ -168,18 +173,18 @@ def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
 
 class _HashedDropout(torch.autograd.Function):
     """Keyed dropout in one fused CPU pass each way (:func:`gnnscale.runtime.cpu_kernels.hashed_scale`): backward
-    draws the mask again from the ``[rows]`` and ``[F]`` hashes it saved, so no ``[rows, F]`` mask is kept."""
+    draws the mask again from the ``[rows]`` ids and ``[F]`` hashes it saved, so no ``[rows, F]`` mask is kept."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, hr: Tensor, hc: Tensor, threshold: int, p: float) -> Tensor:
-        ctx.save_for_backward(hr, hc)
-        ctx.threshold, ctx.p = threshold, p
-        return cpu_kernels.hashed_scale(x, hr, hc, threshold, p)
+    def forward(ctx: Any, x: Tensor, ids: Tensor, key: int, hc: Tensor, threshold: int, p: float) -> Tensor:
+        ctx.save_for_backward(ids, hc)
+        ctx.key, ctx.threshold, ctx.p = key, threshold, p
+        return cpu_kernels.hashed_scale(x, ids, key, hc, threshold, p)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
-        hr, hc = ctx.saved_tensors
-        return cpu_kernels.hashed_scale(grad, hr, hc, ctx.threshold, ctx.p), None, None, None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        ids, hc = ctx.saved_tensors
+        return cpu_kernels.hashed_scale(grad, ids, ctx.key, hc, ctx.threshold, ctx.p), None, None, None, None, None
 
 
 class _MaskedScale(torch.autograd.Function):
@@ -220,10 +225,10 @@ def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor, out: Te
     if key is None or p <= 0.0:
         return x if out is None else out.copy_(x)
     if p < 1.0 and cpu_kernels.dropout_applies(x):  # one fused pass each way, no mask kept
-        hr, hc, threshold = _hashes(row_ids, x.shape[1], p, key)
+        hc, threshold = _col_hashes(x.shape[1], p, key, x.device)
         if not x.requires_grad or out is not None:
-            return cpu_kernels.hashed_scale(x, hr, hc, threshold, p, out)
-        return _HashedDropout.apply(x, hr, hc, threshold, p)  # type: ignore[no-any-return]
+            return cpu_kernels.hashed_scale(x, row_ids, key, hc, threshold, p, out)
+        return _HashedDropout.apply(x, row_ids, key, hc, threshold, p)  # type: ignore[no-any-return]
     mask = keep_mask(row_ids, x.shape[1], p, key)
     if out is not None:
         return out.copy_(_masked_scale(x.detach(), mask, p))

@@ -42,6 +42,12 @@ set it to 0 to run the kernels on small inputs."""
 FIB32 = -1640531527
 """0x9E3779B9 (the golden-ratio multiplier of keyed dropout's hash) as a signed int32."""
 
+M31 = 0x7FFFFFFF
+MIX = 0x45D9F3B
+"""Keyed dropout's 31-bit row hash (:func:`gnnscale.nn.ops.row_hashes`): two multiply-xorshift rounds by this
+(< 2^27: a product with a 31-bit value stays below 2^58, no int64 overflow) on ``((id ^ (id >> 31)) & M31) ^
+key``."""
+
 _FLOATS = (torch.float32, torch.float64)
 
 NARROW = 16
@@ -64,10 +70,14 @@ def _kernels() -> Any:
         return None
 
     @numba.njit(nogil=True, cache=False)  # type: ignore[untyped-decorator]
-    def masked_scale(x: Any, hr: Any, hc: Any, threshold: int, q: Any, out: Any) -> None:
+    def masked_scale(x: Any, ids: Any, key: int, hc: Any, threshold: int, q: Any, out: Any) -> None:
         rows, cols = x.shape
         for i in range(rows):
-            h = np.int64(hr[i])
+            r = np.int64(ids[i])  # the row's hash, as row_hashes makes it with torch's int64 ops
+            h = ((r ^ (r >> 31)) & M31) ^ key
+            h = (((h >> 16) ^ h) * MIX) & M31
+            h = (((h >> 16) ^ h) * MIX) & M31
+            h = (h >> 16) ^ h
             for j in range(cols):
                 # int32 multiplication wrapping modulo 2^32, as torch's int32 ``mul_`` does
                 u = np.int32((h ^ np.int64(hc[j])) * np.int64(FIB32))
@@ -198,18 +208,20 @@ def dropout_applies(x: Tensor) -> bool:
     return _takes(x)
 
 
-def hashed_scale(x: Tensor, row_hash: Tensor, col_hash: Tensor, threshold: int, p: float,
+def hashed_scale(x: Tensor, row_ids: Tensor, key: int, col_hash: Tensor, threshold: int, p: float,
                  out: Tensor | None = None) -> Tensor:
     """``x * keep / (1 - p)`` in one pass, ``keep[i, j] = int32((row_hash[i] ^ col_hash[j]) * FIB) >= threshold``
-    (:func:`gnnscale.nn.ops.keep_mask`'s test on its int32 hashes): bitwise what the torch formulation gives;
-    written into ``out`` when given (see :func:`_output`). ``x`` must satisfy :func:`dropout_applies`."""
-    if row_hash.shape != (x.shape[0],) or col_hash.shape != (x.shape[1],):
-        raise ValueError(f"hashes {tuple(row_hash.shape)} and {tuple(col_hash.shape)} do not match x "
-                         f"{tuple(x.shape)}")
+    (:func:`gnnscale.nn.ops.keep_mask`'s test on its int32 hashes), each row's hash made from its id and ``key``
+    as :func:`gnnscale.nn.ops.row_hashes` makes it: bitwise what the torch formulation gives; written into
+    ``out`` when given (see :func:`_output`). ``x`` must satisfy :func:`dropout_applies`."""
+    if row_ids.shape != (x.shape[0],) or col_hash.shape != (x.shape[1],) or row_ids.is_floating_point():
+        raise ValueError(f"ids {tuple(row_ids.shape)} ({row_ids.dtype}) and hashes {tuple(col_hash.shape)} do "
+                         f"not match x {tuple(x.shape)}")
     x = x.detach().contiguous()
     out = _output(out, x.shape, x.dtype)
     q = x.new_tensor(1.0 - p).numpy()[()]  # the divisor in x's dtype, as torch's scalar division rounds it
-    _kernels().masked_scale(x.numpy(), row_hash.numpy(), col_hash.numpy(), threshold, q, out.numpy())
+    _kernels().masked_scale(x.numpy(), row_ids.contiguous().numpy(), key, col_hash.numpy(), threshold, q,
+                            out.numpy())
     return out
 
 

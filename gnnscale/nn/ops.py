@@ -138,34 +138,38 @@ def mix_key(*parts: int) -> int:
     return h
 
 
-def row_hashes(row_ids: Tensor, key: int) -> Tensor:
-    """``[rows]`` int32: the mask's row factors, a 31-bit hash of each global id and ``key`` (the fused kernel
-    makes the same per row, :func:`gnnscale.runtime.cpu_kernels.hashed_scale`)."""
+def _column_key(key: int) -> int:
+    """What the column hashes mix with (``key`` mixed again on the host)."""
+    return _mix31_int(key ^ 0x5BD1E995)
+
+
+def _threshold(p: float) -> int:
+    """What the mixed hashes are compared with (see :func:`keep_mask`); ``>= 2^31`` keeps nothing (``p == 1``)."""
+    return 2 * int(p * (1 << 31)) - (1 << 31)
+
+
+def _hashes(row_ids: Tensor, num_features: int, key: int) -> tuple[Tensor, Tensor]:
+    """The mask's ``[rows]`` and ``[F]`` int32 factors (the fused kernel makes the same,
+    :func:`gnnscale.runtime.cpu_kernels.hashed_scale`)."""
     r = row_ids.long()
-    return _mix31(((r ^ (r >> 31)) & _M31) ^ key).to(torch.int32)
-
-
-def _col_hashes(num_features: int, p: float, key: int, dev: torch.device) -> tuple[Tensor, int]:
-    """The mask's ``[F]`` int32 column factors and the threshold the mixed product is compared with (see
-    :func:`keep_mask`); ``threshold >= 2^31`` keeps nothing (``p == 1``)."""
-    cols = torch.arange(num_features, device=dev, dtype=torch.int64)
-    hc = _mix31((cols * 0x9E3779B1) & _M31 ^ _mix31_int(key ^ 0x5BD1E995))  # [F]; the key mixed on the host
+    hr = _mix31(((r ^ (r >> 31)) & _M31) ^ key)  # [rows]
+    cols = torch.arange(num_features, device=row_ids.device, dtype=torch.int64)
+    hc = _mix31((cols * cpu_kernels.COLUMN) & _M31 ^ _column_key(key))  # [F]
     # Per element: XOR of the fully mixed row and column hashes, then multiplicative (Fibonacci) hashing in
     # int32, keeping the top 31 bits u = (x * FIB mod 2^32) >> 1, and keep when u >= T = floor(p 2^31). int32
     # multiplication wraps modulo 2^32 on CPU and CUDA alike. Three passes over [rows, F] instead of five: with
     # U the unsigned product, u >= T is U >= 2T, i.e. (U - 2^31) >= 2T - 2^31 as signed int32, and subtracting
     # 2^31 (flipping the top bit) commutes into the odd multiplier's operand: (x ^ 2^31) * FIB = x * FIB ^ 2^31
     # (mod 2^32). So the column hashes take the top bit and the product is compared directly.
-    threshold = 2 * int(p * (1 << 31)) - (1 << 31)
-    return hc.to(torch.int32) ^ _INT32_MIN, threshold
+    return hr.to(torch.int32), hc.to(torch.int32) ^ _INT32_MIN
 
 
 def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
     """``[rows, F]`` bool mask, true with probability ``1 - p``, identical for a vertex wherever it appears."""
-    hc, threshold = _col_hashes(num_features, p, key, row_ids.device)
-    hr = row_hashes(row_ids, key)
+    threshold = _threshold(p)
     if threshold >= 1 << 31:  # p == 1: nothing kept
         return torch.zeros(row_ids.numel(), num_features, dtype=torch.bool, device=row_ids.device)
+    hr, hc = _hashes(row_ids, num_features, key)
     u = hr.unsqueeze(1) ^ hc.unsqueeze(0)  # [rows, F]
     u *= _FIB32
     return u >= threshold
@@ -173,18 +177,19 @@ def keep_mask(row_ids: Tensor, num_features: int, p: float, key: int) -> Tensor:
 
 class _HashedDropout(torch.autograd.Function):
     """Keyed dropout in one fused CPU pass each way (:func:`gnnscale.runtime.cpu_kernels.hashed_scale`): backward
-    draws the mask again from the ``[rows]`` ids and ``[F]`` hashes it saved, so no ``[rows, F]`` mask is kept."""
+    draws the mask again from the ``[rows]`` ids it saved, so no ``[rows, F]`` mask is kept."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, ids: Tensor, key: int, hc: Tensor, threshold: int, p: float) -> Tensor:
-        ctx.save_for_backward(ids, hc)
-        ctx.key, ctx.threshold, ctx.p = key, threshold, p
-        return cpu_kernels.hashed_scale(x, ids, key, hc, threshold, p)
+    def forward(ctx: Any, x: Tensor, ids: Tensor, key: int, p: float) -> Tensor:
+        ctx.save_for_backward(ids)
+        ctx.key, ctx.p = key, p
+        return cpu_kernels.hashed_scale(x, ids, key, _column_key(key), _threshold(p), p)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        ids, hc = ctx.saved_tensors
-        return cpu_kernels.hashed_scale(grad, ids, ctx.key, hc, ctx.threshold, ctx.p), None, None, None, None, None
+        (ids,) = ctx.saved_tensors
+        key, p = ctx.key, ctx.p
+        return cpu_kernels.hashed_scale(grad, ids, key, _column_key(key), _threshold(p), p), None, None, None
 
 
 class _MaskedScale(torch.autograd.Function):
@@ -225,10 +230,9 @@ def keyed_dropout(x: Tensor, p: float, key: int | None, row_ids: Tensor, out: Te
     if key is None or p <= 0.0:
         return x if out is None else out.copy_(x)
     if p < 1.0 and cpu_kernels.dropout_applies(x):  # one fused pass each way, no mask kept
-        hc, threshold = _col_hashes(x.shape[1], p, key, x.device)
         if not x.requires_grad or out is not None:
-            return cpu_kernels.hashed_scale(x, row_ids, key, hc, threshold, p, out)
-        return _HashedDropout.apply(x, row_ids, key, hc, threshold, p)  # type: ignore[no-any-return]
+            return cpu_kernels.hashed_scale(x, row_ids, key, _column_key(key), _threshold(p), p, out)
+        return _HashedDropout.apply(x, row_ids, key, p)  # type: ignore[no-any-return]
     mask = keep_mask(row_ids, x.shape[1], p, key)
     if out is not None:
         return out.copy_(_masked_scale(x.detach(), mask, p))

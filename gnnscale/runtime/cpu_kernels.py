@@ -44,9 +44,10 @@ FIB32 = -1640531527
 
 M31 = 0x7FFFFFFF
 MIX = 0x45D9F3B
-"""Keyed dropout's 31-bit row hash (:func:`gnnscale.nn.ops.row_hashes`): two multiply-xorshift rounds by this
-(< 2^27: a product with a 31-bit value stays below 2^58, no int64 overflow) on ``((id ^ (id >> 31)) & M31) ^
-key``."""
+"""Keyed dropout's 31-bit hash (:func:`gnnscale.nn.ops.keep_mask`): two multiply-xorshift rounds by this (< 2^27:
+a product with a 31-bit value stays below 2^58, no int64 overflow), of ``((id ^ (id >> 31)) & M31) ^ key`` for a
+row and of ``((j * COLUMN) & M31) ^ column_key`` for column ``j``."""
+COLUMN = 0x9E3779B1
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -59,6 +60,10 @@ PREFETCH_AHEAD = 8
 """How many entries ahead :func:`csr_mm` prefetches the row an entry gathers (8: measured best of 8, 16 and 32 on
 csbm graphs of 100K-800K vertices; farther ahead evicts rows before their use)."""
 
+HOST_AHEAD = 4
+"""How many rows ahead :func:`csr_mm_add` prefetches the host row it adds into (2, 4 and 8 were even; none took a
+third longer: a chunk's transposed product adds into most rows of a table larger than the caches)."""
+
 
 @functools.cache
 def _kernels() -> Any:
@@ -69,15 +74,21 @@ def _kernels() -> Any:
     except ImportError:
         return None
 
+    @numba.njit(nogil=True, cache=False, inline="always")  # type: ignore[untyped-decorator]
+    def mix31(h: int) -> int:
+        h = (((h >> 16) ^ h) * MIX) & M31
+        h = (((h >> 16) ^ h) * MIX) & M31
+        return (h >> 16) ^ h
+
     @numba.njit(nogil=True, cache=False)  # type: ignore[untyped-decorator]
-    def masked_scale(x: Any, ids: Any, key: int, hc: Any, threshold: int, q: Any, out: Any) -> None:
+    def masked_scale(x: Any, ids: Any, key: int, column_key: int, threshold: int, q: Any, out: Any) -> None:
         rows, cols = x.shape
+        hc = np.empty(cols, dtype=np.int64)  # the column hashes, top bit flipped (see keep_mask)
+        for j in range(cols):
+            hc[j] = np.int64(np.int32(mix31(((np.int64(j) * COLUMN) & M31) ^ column_key)) ^ np.int32(-(1 << 31)))
         for i in range(rows):
-            r = np.int64(ids[i])  # the row's hash, as row_hashes makes it with torch's int64 ops
-            h = ((r ^ (r >> 31)) & M31) ^ key
-            h = (((h >> 16) ^ h) * MIX) & M31
-            h = (((h >> 16) ^ h) * MIX) & M31
-            h = (h >> 16) ^ h
+            r = np.int64(ids[i])
+            h = mix31(((r ^ (r >> 31)) & M31) ^ key)
             for j in range(cols):
                 # int32 multiplication wrapping modulo 2^32, as torch's int32 ``mul_`` does
                 u = np.int32((h ^ np.int64(hc[j])) * np.int64(FIB32))
@@ -152,9 +163,12 @@ def _build_csr_kernels(width: int) -> Any:
     def csr_mm_add(indptr: Any, indices: Any, values: Any, x: Any, host: Any, rows: Any, ahead: int,
                    line: int) -> int:
         cols = width if width else x.shape[1]
-        flat, bad = x.reshape(-1), 0
+        flat, host_flat, bad, m = x.reshape(-1), host.reshape(-1), 0, rows.shape[0]
         acc = np.empty(cols, dtype=x.dtype)
-        for i in range(rows.shape[0]):
+        for i in range(m):
+            if i + HOST_AHEAD < m:  # the host row a few rows on, which the add reads and writes
+                for q in range(0, cols, line):
+                    prefetch(host_flat, rows[i + HOST_AHEAD] * cols + q)
             bad += row_sum(indptr, indices, values, x, flat, cols, i, acc, ahead, line)
             r = rows[i]
             for j in range(cols):
@@ -208,20 +222,19 @@ def dropout_applies(x: Tensor) -> bool:
     return _takes(x)
 
 
-def hashed_scale(x: Tensor, row_ids: Tensor, key: int, col_hash: Tensor, threshold: int, p: float,
+def hashed_scale(x: Tensor, row_ids: Tensor, key: int, column_key: int, threshold: int, p: float,
                  out: Tensor | None = None) -> Tensor:
     """``x * keep / (1 - p)`` in one pass, ``keep[i, j] = int32((row_hash[i] ^ col_hash[j]) * FIB) >= threshold``
-    (:func:`gnnscale.nn.ops.keep_mask`'s test on its int32 hashes), each row's hash made from its id and ``key``
-    as :func:`gnnscale.nn.ops.row_hashes` makes it: bitwise what the torch formulation gives; written into
-    ``out`` when given (see :func:`_output`). ``x`` must satisfy :func:`dropout_applies`."""
-    if row_ids.shape != (x.shape[0],) or col_hash.shape != (x.shape[1],) or row_ids.is_floating_point():
-        raise ValueError(f"ids {tuple(row_ids.shape)} ({row_ids.dtype}) and hashes {tuple(col_hash.shape)} do "
-                         f"not match x {tuple(x.shape)}")
+    (:func:`gnnscale.nn.ops.keep_mask`'s test), the row and column hashes made from the rows' ids, ``key`` and
+    ``column_key`` as :func:`~gnnscale.nn.ops.keep_mask` makes them (:data:`MIX`): bitwise what the torch
+    formulation gives; written into ``out`` when given (see :func:`_output`). ``x`` must satisfy
+    :func:`dropout_applies`."""
+    if row_ids.shape != (x.shape[0],) or row_ids.is_floating_point():
+        raise ValueError(f"ids {tuple(row_ids.shape)} ({row_ids.dtype}) do not match x {tuple(x.shape)}")
     x = x.detach().contiguous()
     out = _output(out, x.shape, x.dtype)
     q = x.new_tensor(1.0 - p).numpy()[()]  # the divisor in x's dtype, as torch's scalar division rounds it
-    _kernels().masked_scale(x.numpy(), row_ids.contiguous().numpy(), key, col_hash.numpy(), threshold, q,
-                            out.numpy())
+    _kernels().masked_scale(x.numpy(), row_ids.contiguous().numpy(), key, column_key, threshold, q, out.numpy())
     return out
 
 

@@ -21,14 +21,13 @@ def sparse_mm(adj: Tensor, x: Tensor, out: Tensor | None = None) -> Tensor:
 
     With ``out`` (a contiguous ``[rows, F]`` tensor of ``x``'s dtype, sharing no memory with ``x``), the product
     is written there and ``out`` returned: an engine's host rows, where the result would be copied to."""
+    if out is not None and (not out.is_contiguous() or adj.device.type != "cpu" or adj.dtype != x.dtype):
+        return out.copy_(sparse_mm(adj, x))
     if adj.device.type != "cpu" or adj.dtype != x.dtype:
-        return adj @ x if out is None else out.copy_(adj @ x)
+        return adj @ x
     if cpu_kernels.csr_mm_applies(adj, x):  # the rows gathered ahead of their use (runtime.cpu_kernels)
         return cpu_kernels.csr_mm(adj, x, out)
-    if out is None or not out.is_contiguous():
-        result = torch.empty(adj.shape[0], x.shape[1], dtype=x.dtype)
-        torch.addmm(result, adj, x, beta=0.0, out=result)
-        return result if out is None else out.copy_(result)
+    out = torch.empty(adj.shape[0], x.shape[1], dtype=x.dtype) if out is None else out
     return torch.addmm(out, adj, x, beta=0.0, out=out)
 
 

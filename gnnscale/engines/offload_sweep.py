@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
+import torch
 from torch import Tensor
 
 from gnnscale import runtime as rt
@@ -149,9 +150,11 @@ class Sweep:
         ``worker.io.compute()`` (the device's scope), and takes the next step outside it (loads are no compute)."""
         if layer_pass.src is not None:
             self.pass_widths.append(width(layer_pass.src))
+        grad = torch.is_grad_enabled()  # thread-local: the workers' threads run as the caller's (no_grad passes)
 
         def work(worker: Worker) -> T:
-            return per_worker(worker, self.steps(worker, layer_pass))
+            with torch.set_grad_enabled(grad):
+                return per_worker(worker, self.steps(worker, layer_pass))
 
         if self.exchange is None or not layer_pass.moves_source_rows:
             return self.group.run(work)

@@ -44,7 +44,9 @@ class GCNLayer(BlockLayer):
         return self.project_first
 
     def project(self, x: Tensor, out: Tensor | None = None) -> Tensor:
-        return self.lin(x) if out is None else torch.mm(x, self.lin.weight.t(), out=out)  # F.linear's product
+        if out is None:
+            return self.lin(x)
+        return torch.mm(x.detach(), self.lin.weight.detach().t(), out=out)  # F.linear's product, no autograd
 
     def project_vjp(self, x: Tensor, grad: Tensor, input_grad: bool) -> Tensor | None:
         return linear_vjp(self.lin.weight, x, grad, input_grad)

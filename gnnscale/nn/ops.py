@@ -23,6 +23,7 @@ def sparse_mm(adj: Tensor, x: Tensor, out: Tensor | None = None) -> Tensor:
     is written there and ``out`` returned: an engine's host rows, where the result would be copied to."""
     if out is not None and (not out.is_contiguous() or adj.device.type != "cpu" or adj.dtype != x.dtype):
         return out.copy_(sparse_mm(adj, x))
+    x = x if out is None else x.detach()  # out= takes no autograd
     if adj.device.type != "cpu" or adj.dtype != x.dtype:
         return adj @ x
     if cpu_kernels.csr_mm_applies(adj, x):  # the rows gathered ahead of their use (runtime.cpu_kernels)

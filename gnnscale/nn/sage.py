@@ -38,8 +38,9 @@ class SAGELayer(BlockLayer):
         return self.project_first
 
     def project(self, x: Tensor, out: Tensor | None = None) -> Tensor:
-        w = self.lin_l.weight.t()
-        return x @ w if out is None else torch.mm(x, w, out=out)  # [rows, out]
+        if out is None:
+            return x @ self.lin_l.weight.t()  # [rows, out]
+        return torch.mm(x.detach(), self.lin_l.weight.detach().t(), out=out)  # no autograd
 
     def project_vjp(self, x: Tensor, grad: Tensor, input_grad: bool) -> Tensor | None:
         return linear_vjp(self.lin_l.weight, x, grad, input_grad)

@@ -55,8 +55,8 @@ def test_the_csr_kernel_sums_each_row_in_order(dtype: torch.dtype, index_dtype: 
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``sparse_mm`` through the kernel: every bit of the in-order sum, for widths from 1 to 129 (a prefetch of
     each cache line of a row, whole or not), rows without entries, a repeated column, infinities and NaN in the
-    rows; torch's CSR product (MKL's) agrees to rounding (bitwise on this repo's machine); the kernel ran, the
-    one compiled for its width up to ``NARROW`` elements."""
+    rows; torch's CSR product (MKL's) agrees to rounding (bitwise on this repo's machine); the kernel ran, its
+    one loop for any width."""
     monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", 0)
     calls, built = [], []
     real, build = cpu_kernels.csr_mm, cpu_kernels._build_csr_kernels
@@ -72,7 +72,7 @@ def test_the_csr_kernel_sums_each_row_in_order(dtype: torch.dtype, index_dtype: 
         mkl = torch.addmm(torch.empty(n, width, dtype=dtype), adj, x, beta=0.0)
         torch.testing.assert_close(got, mkl, equal_nan=True)
     assert len(calls) == 5
-    assert built == [1, 7, 16, 0, 0]  # narrow rows: their width's own loops; wider ones: the loops for any width
+    assert built == [0] * 5  # one loop for any width (the transposed add compiles narrow widths' own)
 
 
 @NEEDS_NUMBA
@@ -125,23 +125,26 @@ def test_the_transposed_product_added_into_host_rows_is_the_product_then_the_add
         fused: bool, dtype: torch.dtype, width: int, one_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """``spmm_t_add`` (the offload engine's source-row gradients on a CPU reading in place) leaves the host
     table as ``A^T @ grad`` followed by ``index_add_`` would, bit for bit, rows outside ``rows`` untouched; with
-    numba it runs the fused kernel (counted), without it the product and the add."""
+    numba it runs the fused kernel (counted; narrow rows the loop compiled for their width), without it the
+    product and the add."""
     if fused and not cpu_kernels.available():
         pytest.skip("numba is not installed: the fused kernel cannot run")
     monkeypatch.setattr(cpu_kernels, "MIN_ELEMENTS", 0)
     if not fused:
         monkeypatch.setattr(cpu_kernels, "_kernels", lambda: None)
-    calls = []
-    real = cpu_kernels.csr_mm_add
+    calls, built = [], []
+    real, build = cpu_kernels.csr_mm_add, cpu_kernels._build_csr_kernels
     monkeypatch.setattr(cpu_kernels, "csr_mm_add", lambda *a: calls.append(1) or real(*a))
     block = _block(300, 400, dtype)
     grad = torch.randn(300, width, dtype=dtype) * 100
     host = torch.randn(1000, width, dtype=dtype)
     rows = torch.randperm(1000)[:400].sort().values
-    expected = host.clone().index_add_(0, rows, spmm_t(block, grad))
+    expected = host.clone().index_add_(0, rows, spmm_t(block, grad))  # the product: the loop for any width
+    monkeypatch.setattr(cpu_kernels, "_build_csr_kernels", lambda w: built.append(w) or build(w))
     spmm_t_add(block, grad, host, rows)
     assert torch.equal(_bits(host), _bits(expected))
     assert calls == ([1] if fused else [])
+    assert built == ([width if width <= cpu_kernels.NARROW else 0] if fused else [])  # narrow rows: their own loop
 
 
 @NEEDS_NUMBA

@@ -9,10 +9,11 @@ callers keep their torch formulation, which gives the same bits).
   output row the sum of its entries in order, with the rows it gathers prefetched a few entries ahead. The rows
   a graph's product gathers are random accesses that miss the caches; MKL's CSR kernel (torch's) waits on each,
   this loop has the next ones in flight: 1.8-2.3x faster for 64-wide rows at 100K-800K vertices, even with it
-  for 16-wide ones. Rows of at most :data:`NARROW` elements run loops compiled for their width (unrolled):
-  5-wide ones as fast as MKL's, where the loop for any width took twice as long.
+  for 16-wide ones.
 * :func:`csr_mm_add`: ``host[rows] += adj @ x`` with each row added as it is summed (a chunk's transposed
-  product into its source rows' host gradients), taken by the work (entries times width), not by ``x``'s size.
+  product into its source rows' host gradients), taken by the work (entries times width), not by ``x``'s size;
+  rows of at most :data:`NARROW` elements run loops compiled for their width (unrolled), the host row it adds
+  into prefetched a few rows ahead.
 * :func:`add_rows`: ``host[rows] += src`` row by row in one pass. Torch's CPU ``index_add_`` dispatches one
   vectorised add per row, which dominates for the narrow rows a chunked engine accumulates (2-8x slower).
 
@@ -52,9 +53,11 @@ COLUMN = 0x9E3779B1
 _FLOATS = (torch.float32, torch.float64)
 
 NARROW = 16
-"""Rows of at most this many elements get CSR kernels compiled for their width (each width once per process, on
-first use): a loop over a handful of elements whose count is known only at run time costs more than its
-arithmetic (5-wide rows: 2.6x slower than the width's own kernel)."""
+"""Rows of at most this many elements get a :func:`csr_mm_add` compiled for their width (each width once per
+process, on first use): a loop over a handful of elements whose count is known only at run time costs more than
+its arithmetic (5-wide rows: 2.5x slower than the width's own loop). :func:`csr_mm` keeps its one loop for any
+width: a second compiled set costs every process resident memory (GAT at 800K vertices, whose 16- and 5-wide
+products would take two: 5.0-5.5 against 4.7-4.8 GiB peak, and no faster)."""
 
 PREFETCH_AHEAD = 8
 """How many entries ahead :func:`csr_mm` prefetches the row an entry gathers (8: measured best of 8, 16 and 32 on
@@ -302,7 +305,7 @@ def csr_mm(adj: Tensor, x: Tensor, out: Tensor | None = None) -> Tensor:
     :func:`_output`). ``adj`` and ``x`` must satisfy :func:`csr_mm_applies`."""
     arrays, x = _csr_operands(adj, x)
     out = _output(out, (adj.shape[0], x.shape[1]), x.dtype)
-    _raise_if_bad(_csr_kernels(x.shape[1]).csr_mm(*arrays, out.numpy(), PREFETCH_AHEAD, _line(x)), adj, x)
+    _raise_if_bad(_csr_kernels(0).csr_mm(*arrays, out.numpy(), PREFETCH_AHEAD, _line(x)), adj, x)
     return out
 
 

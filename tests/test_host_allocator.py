@@ -105,3 +105,19 @@ def test_bad_policies_are_refused() -> None:
         set_host_allocator("auto")  # a config's choice, resolved by the engine
     with pytest.raises(ConfigError, match="--host-allocator"):
         TrainConfig(host_allocator="tcmalloc")
+
+
+def test_auto_leaves_the_allocator_alone_for_per_edge_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` does not retain for a model with per-edge work (GAT: its ``[heads, E]`` blocks fragment a retained
+    heap), even with room to spare; ``retain`` asked for is still applied. Counted through the runtime call."""
+    calls: list[str] = []
+    monkeypatch.setattr(base.rt, "set_host_allocator", calls.append)
+    monkeypatch.setattr(base.rt, "mem_get_info", lambda dev: (1 << 40, 1 << 41))
+    g = tiny_graph()
+    for model_name, policy, expected in [("gat", "auto", []), ("gat", "retain", ["retain"]),
+                                         ("gcn", "auto", ["retain"]), ("sage", "auto", ["retain"])]:
+        calls.clear()
+        cfg = TrainConfig(model=model_name, hidden=8, heads=2, host_allocator=policy)
+        model = build_model(model_name, g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=2, seed=0)
+        InMemoryEngine(g, model, cfg, torch.device("cpu"))
+        assert calls == expected, (model_name, policy, calls)

@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="freed large host blocks: retain (kept for reuse: no page faults on the next epoch's "
                         "temporaries, a larger resident peak) or system (glibc's default); default auto: retain "
                         "when training on the CPU with room (the engine's host estimate at most half the free "
-                        "memory)")
+                        "memory) and no per-edge layer (GAT: there the retained heap fragments, so auto leaves "
+                        "glibc's default)")
     group = _option_groups(t)
     o = group[OffloadOptions]
     o.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")

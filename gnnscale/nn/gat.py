@@ -20,46 +20,46 @@ from gnnscale.nn.ops import sparse_mm, transpose_order, with_values
 
 
 def _per_dst(x: Tensor, counts: Tensor, num_edges: int) -> Tensor:
-    """``[H, num_dst] -> [H, E]``: each destination's value on each of its in-edges (CSR order). A repeat, not a
+    """``[num_dst] -> [E]``: each destination's value on each of its in-edges (CSR order). A repeat, not a
     gather: several times faster than ``index_select`` with the edges' destinations."""
-    return x.repeat_interleave(counts, dim=1, output_size=num_edges)
-
-
-def _segment_sum(x: Tensor, ptr: Tensor) -> Tensor:
-    """``[H, E] -> [H, rows]``: per head, the sum of each CSR row's entries (one 1-D segment reduction per head)."""
-    return torch.stack([torch.segment_reduce(xk, "sum", offsets=ptr) for xk in x])
+    return x.repeat_interleave(counts, output_size=num_edges)
 
 
 def segment_softmax_(e: Tensor, ptr: Tensor, counts: Tensor) -> Tensor:
-    """``[H, E]`` softmax of ``e`` over each destination's in-edges (CSR rows ``ptr``), in place, as PyG's
-    ``softmax`` with ``ptr`` (the maximum subtracted, ``1e-16`` added to the sums)."""
-    E = e.shape[1]
-    m = torch.stack([torch.segment_reduce(ek, "max", offsets=ptr) for ek in e])  # [H, num_dst]; -inf: no edges
+    """``[E]`` softmax of one head's scores ``e`` over each destination's in-edges (CSR rows ``ptr``), in place,
+    as PyG's ``softmax`` with ``ptr`` (the maximum subtracted, ``1e-16`` added to the sums)."""
+    E = e.shape[0]
+    m = torch.segment_reduce(e, "max", offsets=ptr)  # [num_dst]; -inf: no edges
     e.sub_(_per_dst(m, counts, E)).exp_()
-    return e.div_(_per_dst(_segment_sum(e, ptr).add_(1e-16), counts, E))
+    return e.div_(_per_dst(torch.segment_reduce(e, "sum", offsets=ptr).add_(1e-16), counts, E))
 
 
 class _AttentionSpMM(torch.autograd.Function):
     """``out[d, k] = sum_e alpha[e, k] h[src e, k]``, ``alpha`` GATConv's edge softmax of
     ``leaky_relu(a_src[src] + a_dst[dst])``, as one sparse CSR product per head ``k``.
 
-    Per-edge tensors are ``[H, E]`` (each head's edge values contiguous: the CSR values of its product). Forward
-    keeps the weights and the scores' signs. Backward: per head the transposed product ``A_k^T @ grad_k`` for
-    ``h`` and the sampled dense product (SDDMM) ``dot(grad[dst], h[src])`` for the weights; the softmax's
-    backward needs only ``sum_e alpha * d alpha`` per destination.
+    Per-edge tensors are ``[H, E]`` (each head's edge values contiguous: the CSR values of its product), and the
+    work goes head by head: the only per-edge temporaries are one head's ``[E]`` (never a second ``[H, E]``: at
+    800K vertices and 4 heads each is 141 MB, and the host allocator keeps what it frees). Forward keeps the
+    weights and the scores' signs. Backward: per head the transposed product ``A_k^T @ grad_k`` for ``h`` and the
+    sampled dense product (SDDMM) ``dot(grad[dst], h[src])`` for the weights, written into the head's row of the
+    weights' gradient; the softmax's backward needs only ``sum_e alpha * d alpha`` per destination.
     """
 
     @staticmethod
     def forward(ctx: Any, h: Tensor, a_src: Tensor, a_dst: Tensor, block: Block, slope: float) -> Tensor:
-        ptr, src, E = block.indptr.long(), block.indices, block.num_edges
+        ptr, src, E, H = block.indptr.long(), block.indices, block.num_edges, h.shape[1]
         counts = ptr[1:] - ptr[:-1]
-        e = a_src.t().contiguous().index_select(1, src)  # [H, E]
-        e += _per_dst(a_dst.t(), counts, E)
-        positive = e > 0
-        alpha = segment_softmax_(F.leaky_relu_(e, slope), ptr, counts)  # [H, E]
-        adj = block.adj()
-        out = torch.stack([sparse_mm(with_values(adj, alpha[k]), h[:, k].contiguous()) for k in range(h.shape[1])],
-                          dim=1)
+        a_src, a_dst = a_src.t().contiguous(), a_dst.t().contiguous()  # [H, num_src], [H, num_dst]
+        alpha, positive = h.new_empty(H, E), torch.empty(H, E, dtype=torch.bool)
+        adj, outs = block.adj(), []
+        for k in range(H):
+            e = torch.index_select(a_src[k], 0, src, out=alpha[k])
+            e += _per_dst(a_dst[k], counts, E)
+            torch.gt(e, 0, out=positive[k])
+            segment_softmax_(F.leaky_relu_(e, slope), ptr, counts)
+            outs.append(sparse_mm(with_values(adj, e), h[:, k].contiguous()))
+        out = torch.stack(outs, dim=1)
         ctx.save_for_backward(h, alpha, positive)
         ctx.block, ctx.slope = block, slope
         return out  # [num_dst, H, C]
@@ -70,25 +70,25 @@ class _AttentionSpMM(torch.autograd.Function):
         block: Block = ctx.block
         H, E = h.shape[1], block.num_edges
         adj, adj_t, perm = block.adj(), block.adj_t(), transpose_order(block)
-        g = [grad[:, k].contiguous() for k in range(H)]  # [num_dst, C] per head
-        grad_h = None
-        if ctx.needs_input_grad[0]:
-            grad_h = torch.stack([sparse_mm(with_values(adj_t, alpha[k].index_select(0, perm)), g[k])
-                                  for k in range(H)], dim=1)  # [num_src, H, C]
-        # d loss / d alpha[k, e] = dot(grad[dst e, k], h[src e, k]): one SDDMM per head, in CSR edge order
-        grad_e = torch.stack([torch.sparse.sampled_addmm(with_values(adj, alpha[k]), g[k], h[:, k].t(),
-                                                         beta=0.0).values() for k in range(H)])  # [H, E]
-        # softmax: d e = alpha * (d alpha - sum over the destination's in-edges of alpha * d alpha)
-        ptr = block.indptr.long()
+        ptr, t_ptr = block.indptr.long(), adj_t.crow_indices().long()
         counts = ptr[1:] - ptr[:-1]
-        s = _segment_sum(alpha * grad_e, ptr)  # [H, num_dst]
-        grad_e.sub_(_per_dst(s, counts, E)).mul_(alpha)
-        grad_e = torch.where(positive, grad_e, grad_e * ctx.slope)  # leaky ReLU
-        grad_dst = _segment_sum(grad_e, ptr).t()  # [num_dst, H]
-        t_ptr = adj_t.crow_indices().long()
-        grad_src = torch.stack([torch.segment_reduce(ge.index_select(0, perm), "sum", offsets=t_ptr)
-                                for ge in grad_e]).t()  # [num_src, H]
-        return grad_h, grad_src, grad_dst, None, None
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_e = alpha.new_empty(H, E)
+        grad_dst, grad_src = alpha.new_empty(H, block.num_dst), alpha.new_empty(H, h.shape[0])
+        for k in range(H):
+            ak, ge, gk = alpha[k], grad_e[k], grad[:, k].contiguous()  # gk: [num_dst, C]
+            if grad_h is not None:
+                grad_h[:, k] = sparse_mm(with_values(adj_t, ak.index_select(0, perm)), gk)  # [num_src, C]
+            # d loss / d alpha[k, e] = dot(grad[dst e, k], h[src e, k]): the SDDMM, written into grad_e[k]
+            torch.sparse.sampled_addmm(with_values(adj, ak), gk, h[:, k].t(), beta=0.0,
+                                       out=with_values(adj, ge))
+            # softmax: d e = alpha * (d alpha - sum over the destination's in-edges of alpha * d alpha)
+            s = torch.segment_reduce(ak * ge, "sum", offsets=ptr)  # [num_dst]
+            ge.sub_(_per_dst(s, counts, E)).mul_(ak)
+            ge.copy_(torch.where(positive[k], ge, ge * ctx.slope))  # leaky ReLU
+            grad_dst[k] = torch.segment_reduce(ge, "sum", offsets=ptr)
+            grad_src[k] = torch.segment_reduce(ge.index_select(0, perm), "sum", offsets=t_ptr)
+        return grad_h, grad_src.t(), grad_dst.t(), None, None
 
 
 class GATLayer(BlockLayer):

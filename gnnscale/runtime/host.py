@@ -82,8 +82,9 @@ def set_host_allocator(policy: str) -> bool:
     """Set how the host allocator treats freed large blocks, process-wide; returns whether it took effect (False
     where the C library is not glibc, or for ``system`` when nothing was changed before).
 
-    ``retain`` (the engines' default where host memory is the device and has room): glibc's ``mallopt`` mmap and trim
-    thresholds at 1 GiB, so freed blocks below that stay in the heap for the next allocation. By default glibc
+    ``retain`` (the engines' default where host memory is the device, has room and no layer computes per edge:
+    ``Engine.auto_retains``): glibc's ``mallopt`` mmap and trim thresholds at 1 GiB, so freed blocks below that
+    stay in the heap for the next allocation. By default glibc
     serves a block above its mmap threshold (at most 32 MiB once adjusted) with a fresh ``mmap`` and unmaps it on
     ``free``: every ``[V, F]`` temporary of a full-graph epoch on the CPU (51 MB at 200K x 64 float32) is new
     pages the kernel must fault in and zero. Measured on csbm 200K, SAGE, one thread: 266K minor faults and a third

@@ -26,7 +26,8 @@ in-memory engine for offload; sampling: throughput over DGL's, > 1 is faster), t
 of the process (``VmHWM``) and the test accuracy after the epochs.
 
 gnnscale trains with its default ``--host-allocator auto`` (on the CPU: glibc keeps freed blocks below 1 GiB for
-reuse, so an epoch's ``[V, F]`` temporaries are not fresh pages the kernel faults in and zeroes). ``--dgl-retain``
+reuse, so an epoch's ``[V, F]`` temporaries are not fresh pages the kernel faults in and zeroes; not for GAT,
+whose per-edge blocks fragment a retained heap: there glibc's default). ``--dgl-retain``
 runs DGL a second time with the same setting through glibc's environment tunables (``dgl-retain``; the ratios stay
 against plain DGL), so the table shows what the allocator alone is worth.
 
@@ -359,7 +360,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rev", default="HEAD", help="the commit whose gnnscale and workers run (default HEAD)")
     ap.add_argument("--render", default=None, metavar="SESSIONS",
                     help="run nothing: write the section from the run records of these sessions (comma list of "
-                         "session ids in --out, e.g. a 200K run and a later gat-800K run of the same commit)")
+                         "session ids in --out, e.g. a 200K run and a later gat-800K run); a case that several of "
+                         "them ran is taken from the last listed")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
     ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="markdown file for the section")
     ap.add_argument("--note", action="append", default=[], help="a line added under the table (repeatable)")
@@ -472,12 +474,22 @@ def write_section(args: argparse.Namespace, summaries: Sequence[dict[str, Any]],
         print(f"wrote the peers section to {args.results}", file=sys.stderr)
 
 
+def latest_runs(runs: Sequence[dict[str, Any]], sessions: Sequence[str]) -> list[dict[str, Any]]:
+    """Each case's runs from the last of ``sessions`` (in their listed order) that ran it: a later session's
+    rerun of a case replaces the earlier session's rounds of that case instead of merging with them."""
+    order = {s: i for i, s in enumerate(sessions)}
+    last: dict[str, int] = {}
+    for r in runs:
+        last[r["case"]] = max(last.get(r["case"], -1), order[r["session"]])
+    return [r for r in runs if order[r["session"]] == last[r["case"]]]
+
+
 def render(args: argparse.Namespace, command: str) -> int:
     """``--render``: the section from the records of earlier sessions in ``--out`` (their commands listed)."""
     sessions = _list(args.render)
     recs = [json.loads(ln) for ln in args.out.read_text().splitlines() if ln.strip()]
     recs = [r for r in recs if r.get("session") in sessions]
-    runs = [r for r in recs if r.get("record") == "run"]
+    runs = latest_runs([r for r in recs if r.get("record") == "run"], sessions)
     heads = {r["session"]: r for r in recs if r.get("record") == "summary"}  # carry the sessions' environment
     missing = [s for s in sessions if s not in heads]
     if missing or not runs:

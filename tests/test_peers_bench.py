@@ -147,3 +147,28 @@ def test_render_combines_sessions_from_the_records(tmp_path: Path) -> None:
 def test_rev_and_from_tree_exclude_each_other() -> None:
     with pytest.raises(SystemExit):
         peers.parse_args(["--from-tree", "--rev", "HEAD~1"])
+
+
+def test_render_takes_a_case_from_the_last_session_that_ran_it(tmp_path: Path) -> None:
+    """A later session's rerun of a case replaces the earlier session's rounds of it (never merged with them);
+    the other cases keep the session that ran them."""
+    import json
+
+    runs = [{**_run("gcn-200K", "gnnscale", 0, 1.0), "record": "run", "session": "s1"},
+            {**_run("gcn-200K", "dgl", 0, 2.0), "record": "run", "session": "s1"},
+            {**_run("gat-200K", "gnnscale", 0, 8.0), "record": "run", "session": "s1"},
+            {**_run("gat-200K", "dgl", 0, 4.0), "record": "run", "session": "s1"},
+            {**_run("gat-200K", "gnnscale", 0, 3.0), "record": "run", "session": "s2"},
+            {**_run("gat-200K", "gnnscale", 1, 3.0), "record": "run", "session": "s2"},
+            {**_run("gat-200K", "dgl", 0, 6.0), "record": "run", "session": "s2"},
+            {**_run("gat-200K", "dgl", 1, 6.0), "record": "run", "session": "s2"}]
+    assert peers.latest_runs(runs, ["s1", "s2"]) == runs[:2] + runs[4:]
+    assert peers.latest_runs(runs, ["s2", "s1"]) == runs[:4]
+    heads = [{**ENV, "record": "summary", "session": s, "command": f"cmd {s}", "notes": []} for s in ("s1", "s2")]
+    out, md = tmp_path / "peers.jsonl", tmp_path / "R.md"
+    out.write_text("".join(json.dumps(r) + "\n" for r in [*runs, *heads]))
+    md.write_text(f"{peers.BEGIN}\n{peers.END}\n")
+    assert peers.main(["--render", "s1,s2", "--out", str(out), "--results", str(md)]) == 0
+    text = md.read_text()
+    assert "| gat-200K | gnnscale | 3.000 s (3.000-3.000) | 0.50x DGL |" in text
+    assert "| gcn-200K | gnnscale | 1.000 s (1.000-1.000) | 0.50x DGL |" in text

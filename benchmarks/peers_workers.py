@@ -16,7 +16,13 @@ mini-batch workload also pins the process to one core. The result (epoch times, 
 as one JSON object to ``--result``.
 
 Memory: ``peak_rss_bytes`` is the process's ``VmHWM`` at the end (data, library and training together);
-``train_peak_bytes`` is the peak over the resident size after set-up (``VmHWM`` reset through ``clear_refs``).
+``train_peak_bytes`` is the peak over the resident size after set-up (``VmHWM`` reset through ``clear_refs``);
+``epoch_peak_rss_bytes`` and ``epoch_minor_faults``: ``VmHWM`` after each epoch and the minor page faults within
+it (how a retained heap grows, and what glibc's default costs instead). ``--host-allocator`` (gnnscale only) sets
+gnnscale's ``--host-allocator``, default ``auto`` as a user gets it:
+
+    python benchmarks/peers_workers.py run --system gnnscale --workload full --model gat --data DIR --epochs 16 \
+        --host-allocator retain --result OUT.json
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -54,6 +61,11 @@ def _vm(key: str) -> int | None:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     return None
+
+
+def _minor_faults() -> int:
+    """The process's minor page faults so far (pages the kernel mapped and zeroed on first touch)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def reset_peak() -> int | None:
@@ -121,11 +133,11 @@ def gnnscale_run(a: Arrays, meta: dict[str, Any], args: argparse.Namespace) -> d
     from gnnscale.nn import build_model
 
     g = _graph(a, meta)
-    kw: dict[str, Any] = {"engine": "inmemory"}
+    kw: dict[str, Any] = {"engine": "inmemory", "host_allocator": args.host_allocator}
     if args.system == "gnnscale-offload":
-        kw = {"engine": "offload", "chunks": args.chunks}
+        kw = {**kw, "engine": "offload", "chunks": args.chunks}
     elif args.workload == "minibatch":
-        kw = {"engine": "minibatch", "batch_size": BATCH, "fanouts": FANOUTS}
+        kw = {**kw, "engine": "minibatch", "batch_size": BATCH, "fanouts": FANOUTS}
     cfg = _config(args.model, args.epochs, **kw)
     dev = torch.device("cpu")
     engine_cls, _ = select_engine(g, cfg, dev)
@@ -328,17 +340,20 @@ def train_workload(a: Arrays, meta: dict[str, Any], args: argparse.Namespace) ->
     run = RUNNERS[args.system](a, meta, args)
     setup_s = time.perf_counter() - t0
     base = reset_peak()
-    times, losses, edges = [], [], []
+    times, losses, edges, peaks, faults = [], [], [], [], []
     for e in range(1, args.epochs + 1):
-        t0 = time.perf_counter()
+        t0, f0 = time.perf_counter(), _minor_faults()
         loss, n = run["step"](e)
         times.append(time.perf_counter() - t0)
+        peaks.append(_vm("VmHWM"))
+        faults.append(_minor_faults() - f0)
         losses.append(loss)
         edges.append(n)
     acc = run["evaluate"]()
     timed = times[args.warmup:]
     out = {"setup_s": setup_s, "epoch_times_s": timed, "warmup_times_s": times[: args.warmup], "losses": losses,
-           "median_s": float(np.median(timed)), **acc, "detail": run["detail"], "rss_after_setup_bytes": base}
+           "median_s": float(np.median(timed)), **acc, "detail": run["detail"], "rss_after_setup_bytes": base,
+           "epoch_peak_rss_bytes": peaks, "epoch_minor_faults": faults}
     if any(edges):
         out["sampled_edges_per_epoch"] = edges[args.warmup:]
     return out
@@ -442,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup", type=int, default=1)
     r.add_argument("--repeats", type=int, default=3, help="sampling: timed epochs of batches")
     r.add_argument("--chunks", type=int, default=8, help="gnnscale-offload: chunks")
+    r.add_argument("--host-allocator", choices=("auto", "retain", "system"), default="auto",
+                   help="gnnscale's --host-allocator (default auto, as a user gets it)")
     r.add_argument("--result", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.cmd == "prepare":

@@ -124,3 +124,42 @@ def test_attention_never_builds_edge_messages() -> None:
         with _Largest() as log:
             fn(block, x).sum().backward()
         assert (log.largest[0] >= E * HC) == builds, log.largest
+
+
+class _PerEdge(TorchDispatchMode):
+    """Every op output holding at least ``limit`` numbers: (op, shape, dtype)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.made = limit, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, Tensor) and t.layout == torch.strided and t.numel() >= self.limit:
+                self.made.append((str(func), tuple(t.shape), t.dtype))
+        return out
+
+
+def test_attention_makes_per_edge_tensors_one_head_at_a_time() -> None:
+    """The attention works head by head: the only tensors of several heads' edges are the three it keeps (the
+    weights and the scores' signs, saved by forward, and the weights' gradient in backward), each made once;
+    every temporary holds one head's ``[E]``. The formulation over all heads at once made ``[H, E]``
+    temporaries (the scores' sums, the softmax's maximum and sum per edge, the leaky ReLU's gradient), which the
+    host allocator then fragments on; so does the reference here, so the check can fail."""
+    g = csbm(nodes=500, features=16, avg_degree=12, seed=1)
+    H = 4
+    layer = GATLayer(16, 2, heads=H)
+    block = Block.from_graph(g, layer.adjacency)
+    block.adj(), block.adj_t(), block.dst_index()
+    E = block.num_edges
+    assert 500 * H * 2 < 2 * E  # no vertex table reaches the limit
+    x = g.x.clone().requires_grad_()
+    with _PerEdge(2 * E) as log:
+        layer(block, x).sum().backward()
+    assert sorted((shape, str(dtype)) for _, shape, dtype in log.made) == [
+        ((H, E), "torch.bool"), ((H, E), "torch.float32"), ((H, E), "torch.float32")], log.made
+    x = g.x.clone().requires_grad_()
+    with _PerEdge(2 * E) as log:
+        _reference(layer, block, x).sum().backward()
+    assert len(log.made) > 3

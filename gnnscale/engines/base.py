@@ -132,10 +132,10 @@ class Engine(ABC):
     def auto_retains(cls, graph: Graph, model: GNN, config: TrainConfig, device: torch.device) -> bool:
         """Whether ``--host-allocator auto`` retains freed blocks: where host memory is the training device, no
         layer computes per edge and the host has room (:meth:`host_room`). A layer with per-edge work (GAT) frees
-        ``[heads, E]`` and ``[V, F]`` blocks of many sizes each epoch; kept in glibc's heap, they fragment it
-        epoch after epoch (GAT, csbm 800K, one thread: the resident peak climbs from 4.0 to 5.3 GiB over three
-        epochs, then stays; 3.0 GiB with glibc's default, at 1.6x the epoch time). There, ``auto`` leaves
-        glibc's default and ``--host-allocator retain`` buys the speed with the memory."""
+        ``[heads, E]``, ``[E]`` and ``[V, F]`` blocks of many sizes each epoch; kept in glibc's heap, they
+        fragment it over the epochs (GAT, csbm 800K, one thread: the resident peak climbs from 4.4 to 5.2 GiB
+        over five epochs, then stays; 3.1 GiB with glibc's default, at 1.6x the epoch time: benchmarks/RESULTS.md).
+        There, ``auto`` leaves glibc's default and ``--host-allocator retain`` buys the speed with the memory."""
         return (device.type == "cpu" and not any(layer.edge_compute for layer in model.block_layers)
                 and cls.host_room(graph, config))
 

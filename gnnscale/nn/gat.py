@@ -51,7 +51,7 @@ class _AttentionSpMM(torch.autograd.Function):
         ptr, src, E, H = block.indptr.long(), block.indices, block.num_edges, h.shape[1]
         counts = ptr[1:] - ptr[:-1]
         a_src, a_dst = a_src.t().contiguous(), a_dst.t().contiguous()  # [H, num_src], [H, num_dst]
-        alpha, positive = h.new_empty(H, E), torch.empty(H, E, dtype=torch.bool)
+        alpha, positive = h.new_empty(H, E), torch.empty(H, E, dtype=torch.bool, device=h.device)
         adj, outs = block.adj(), []
         for k in range(H):
             e = torch.index_select(a_src[k], 0, src, out=alpha[k])

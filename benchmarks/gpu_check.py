@@ -605,6 +605,17 @@ def main(argv: list[str] | None = None) -> int:
                                 f"offload and minibatch steps ran on `{run_spec}` instead of `{spec}`")
                 print(warnings[-1], flush=True)
 
+        # rewritten after every step: a run cut off (the device's limit) still leaves the steps it finished
+        text = write_summary(out, steps if not only else selected, summary_header(args, mode, spec, pkgs, warnings,
+                                                                                  selected, t_start))
+    text = write_summary(out, steps if not only else selected,
+                         summary_header(args, mode, spec, pkgs, warnings, selected, t_start))
+    print("\n" + text)
+    return 0 if all(s.result.get("status") == "ok" for s in selected) else 1
+
+
+def summary_header(args: argparse.Namespace, mode: str, spec: str, pkgs: dict[str, str | None], warnings: list[str],
+                   selected: list[Step], t_start: float) -> list[str]:
     env_facts = selected[0].result.get("env", {})
     header = [f"# gnnscale gpu-check: {mode}", "",
               f"Device `{env_facts.get('device_name', 'no CUDA device')}`, torch {env_facts.get('torch')}, "
@@ -617,9 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         full = build_steps(argparse.Namespace(dry_run=False), Path("OUT"), "python3", args.dataset)
         header += ["", "A dry run measures nothing: on a GPU these commands run instead (OUT: the output folder):",
                    "", "```", *(shlex.join(s.argv).replace(str(ROOT) + "/", "") for s in full), "```"]
-    text = write_summary(out, steps if not only else selected, header)
-    print("\n" + text)
-    return 0 if all(s.result.get("status") == "ok" for s in selected) else 1
+    return header
 
 
 if __name__ == "__main__":

@@ -198,3 +198,31 @@ def test_the_engine_declares_its_mode_options_and_estimate() -> None:
     line = OffloadEngine.estimate(g, cfg, CPU)
     assert line == f"3 chunk(s) per partition x 2 partition(s) on 1 device(s), about {format_bytes(plan.estimate)} " \
                    "per device"
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
+def test_host_buffer_widths_are_probed_on_the_models_device(model: str) -> None:
+    """The host-buffer sizes come from a probe row through each layer's projection. On the H200 gpu-check that row
+    was made on the CPU in float32 whatever the model's tensors (every CUDA offload test failed). The probe must be
+    made like the layer's own parameters: here float64 ones, which a float32 row cannot multiply."""
+    from gnnscale.engines.offload_layers import HostRows
+
+    kw = dict(layers=3, dropout=0.5, heads=2, seed=0)
+    cpu = build_model(model, 12, 16, 5, **kw)
+    wide = build_model(model, 12, 16, 5, **kw).double()
+    assert HostRows.buffer_bytes(wide, 1000) == HostRows.buffer_bytes(cpu, 1000) > 0
+
+
+def test_accuracies_are_exact_fractions_on_every_engine() -> None:
+    """3 right of 25 is 0.12, not float32's 0.11999999731779099 or 0.12000000476837158 (which of the two came out
+    depended on the device's reduction order: the H200 gpu-check saw offload and in-memory differ so)."""
+    g = csbm(nodes=200, features=8, avg_degree=4, seed=0)
+    cfg = TrainConfig(model="gcn", layers=2, hidden=8, engine="offload", chunks=2)
+    ref, off = _engines(g, cfg)
+    y = torch.arange(50) % 5
+    pred = y.clone()
+    pred[3:25] = (pred[3:25] + 1) % 5  # of the first 25, only 0, 1, 2 are right
+    masks = {"val_mask": torch.arange(50) < 25, "test_mask": torch.zeros(50, dtype=torch.bool)}
+    for engine in (ref, off):
+        acc = engine.accuracies(pred, y, masks)
+        assert acc["val_acc"] == 3 / 25 and acc["test_acc"] is None and acc["train_acc"] is None

@@ -424,6 +424,35 @@ def test_pinning_slices_cover_the_tensor_and_close_once() -> None:
     assert not fake.registered and len(fake.unregistered) == 3 and region.closed
 
 
+def test_pinning_the_same_tensor_twice_shares_one_registration() -> None:
+    """Two engines over one graph pin the same features: CUDA refuses a second registration of a range (an error
+    that then surfaces at the next kernel launch, as the H200 gpu-check's hybrid step met), so the second pin takes
+    a hold on the first registration, and the pages stay registered until the last hold goes."""
+    t = torch.zeros(1000, 3)
+    fake = FakeCudart()
+    first = rt.pin_in_place(t, slice_bytes=5000, cudart=lambda: fake)
+    second = rt.pin_in_place(t, slice_bytes=5000, cudart=lambda: fake)
+    part = rt.pin_in_place(t[10:20], cudart=lambda: fake)  # a part of a registered tensor: covered too
+    assert first is not None and second is not None and part is not None
+    assert fake.calls == 3 and fake.last_error == 0  # one registration of 3 slices, never refused
+    first.close()
+    second.close()
+    assert len(fake.registered) == 3  # `part` still holds it
+    part.close()
+    assert not fake.registered and len(fake.unregistered) == 3 and first.closed and part.closed
+    again = rt.pin_in_place(t, slice_bytes=5000, cudart=lambda: fake)  # registered anew once let go
+    assert again is not None and fake.calls == 6
+    again.close()
+    # a tensor overlapping a registration without being inside it: refused up front, never asked of CUDA
+    big = torch.zeros(100)
+    inner = rt.pin_in_place(big[10:20], cudart=lambda: fake)
+    assert rt.pin_in_place(big, fallback=True, cudart=lambda: fake) is None and fake.last_error == 0
+    with pytest.raises(ConfigError, match="already registered"):
+        rt.pin_in_place(big, cudart=lambda: fake)
+    assert inner is not None
+    inner.close()
+
+
 def test_pinning_failure_unregisters_and_falls_back() -> None:
     t = torch.zeros(4000)
     fake = FakeCudart(fail_at=2)

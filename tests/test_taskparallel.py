@@ -39,9 +39,10 @@ def _model(g, cfg: TrainConfig) -> DecoupledGNN:  # type: ignore[no-untyped-def]
     return m
 
 
-def _config(kind: str, layers: int, devices: int, **kw: object) -> TrainConfig:
-    base = dict(model=kind, layers=layers, hidden=16, dropout=0.5, engine="taskparallel",
-                devices=("cpu",) * devices, subgraphs=3)
+def _config(kind: str, layers: int, devices: int | tuple[str, ...], **kw: object) -> TrainConfig:
+    """``devices``: that many CPU devices, or the devices named."""
+    names = ("cpu",) * devices if isinstance(devices, int) else devices
+    base = dict(model=kind, layers=layers, hidden=16, dropout=0.5, engine="taskparallel", devices=names, subgraphs=3)
     base.update(kw)
     return TrainConfig(**base)  # type: ignore[arg-type]
 
@@ -82,7 +83,7 @@ def test_on_cuda_matches_the_in_memory_model(kind: str, dependency: str) -> None
     cuda = torch.device("cuda")
     n = max(2, torch.cuda.device_count())
     names = tuple(f"cuda:{i % torch.cuda.device_count()}" for i in range(n))
-    cfg = _config(kind, 2, 1, dependency=dependency, devices=names, subgraphs=4)
+    cfg = _config(kind, 2, names, dependency=dependency, subgraphs=4)
     if dependency == "exact":
         _compare(g, cfg, device=cuda)
     else:

@@ -32,6 +32,15 @@ Key = tuple[int, int]
 """``(seed, epoch)``: what dropout masks are keyed by (``None`` in inference: no dropout)."""
 
 
+def projected_width(layer: torch.nn.Module, width: int) -> int:
+    """Columns of ``layer.project`` on ``width`` input columns: one zero row through it, on the layer's own device
+    and dtype (a model on a GPU projects a GPU row)."""
+    p = next(layer.parameters(), None)
+    row = torch.zeros(1, width) if p is None else torch.zeros(1, width, device=p.device, dtype=p.dtype)
+    with torch.no_grad():
+        return int(layer.project(row).shape[1])  # type: ignore[operator]
+
+
 @dataclass(eq=False)
 class HostRows:
     """Every vertex's rows in host memory (pinned for a GPU), in the engine's vertex order: features, each layer's
@@ -70,9 +79,7 @@ class HostRows:
         widths = [layer.in_features for layer in layers]
         projecting = {l for l in range(L) if layers[l].projects_first}
         caching = {l for l in range(L - 1) if layers[l].cacheable or l in projecting}
-        with torch.no_grad():
-            agg_width = {l: layers[l].project(torch.zeros(1, widths[l])).shape[1] if l in projecting
-                         else widths[l] for l in range(L)}
+        agg_width = {l: projected_width(layers[l], widths[l]) if l in projecting else widths[l] for l in range(L)}
 
         def buf(w: int, zero: bool) -> Tensor:
             if spill is not None and not spill.fits_ram(N * w * 4):
@@ -92,12 +99,11 @@ class HostRows:
         layers, L = model.block_layers, len(model.layers)
         widths = [layer.in_features for layer in layers]
         total = sum(2 * widths[l] for l in range(1, L))
-        with torch.no_grad():
-            for l in range(L):
-                proj = layers[l].projects_first
-                agg = layers[l].project(torch.zeros(1, widths[l])).shape[1] if proj else widths[l]
-                total += 2 * agg if proj else 0
-                total += agg if l < L - 1 and (layers[l].cacheable or proj) else 0
+        for l in range(L):
+            proj = layers[l].projects_first
+            agg = projected_width(layers[l], widths[l]) if proj else widths[l]
+            total += 2 * agg if proj else 0
+            total += agg if l < L - 1 and (layers[l].cacheable or proj) else 0
         return 4 * num_rows * total
 
     def buffers(self) -> list[Tensor]:

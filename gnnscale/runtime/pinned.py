@@ -6,13 +6,15 @@ memory would hold it twice. :func:`pin_in_place` registers the tensor's own page
 every CUDA context) and mapped (readable by kernels: under UVA the device address is the host address, which the
 zero-copy gather relies on). ``Tensor.is_pinned()`` asks CUDA about the pointer, so a registered tensor reports
 pinned. (A copy of ``gnnscale.store.pinning`` adapted to the runtime; that module goes when its callers move here.
-TO VERIFY ON A GPU: no session has had one.)
+Run on an H200 by ``make gpu-check``: benchmarks/RESULTS.md.)
 
 Every return code is checked. If a slice fails, the slices already registered are unregistered, then either a
 :class:`~gnnscale.errors.ConfigError` names the size and the CUDA error, or (``fallback=True``) ``None`` tells the
-caller to take a pinned copy (:func:`pinned_host`). A :class:`PinnedRegion` unregisters its slices exactly once:
-on :meth:`~PinnedRegion.close`, on leaving a ``with`` block, or when it is garbage collected; it keeps the tensor
-alive meanwhile. Pinning only means something for a real CUDA device: for the CPU and the sim device
+caller to take a pinned copy (:func:`pinned_host`). A :class:`PinnedRegion` is a hold on a registration; the slices are unregistered exactly
+once, when the last hold goes (:meth:`~PinnedRegion.close`, leaving a ``with`` block, or garbage collection); the
+registration keeps the tensor alive meanwhile. Pinning a tensor whose memory this process registered already (a
+second engine over the same graph) shares that registration instead of registering again, which CUDA refuses
+(``cudaErrorHostMemoryAlreadyRegistered``, an error that also surfaces at the next kernel launch). Pinning only means something for a real CUDA device: for the CPU and the sim device
 :func:`pinned_host` and :func:`pinned_empty` hand back ordinary host memory.
 """
 
@@ -46,27 +48,64 @@ def _code(ret: Any) -> int:
     return int(getattr(ret, "value", ret))
 
 
-def _unregister(cudart: Any, ptrs: list[int], tensor: Tensor) -> None:
+def _unregister(cudart: Any, ptrs: list[int], tensor: Tensor, key: tuple[int, int]) -> None:
     del tensor  # only kept alive until now
+    _LIVE.pop(key, None)
     while ptrs:
         cudart.cudaHostUnregister(ptrs.pop())
 
 
-class PinnedRegion:
-    """A host tensor's pages registered with CUDA, slice by slice; :meth:`close` unregisters them (once)."""
+class _Registration:
+    """One ``cudaHostRegister`` of a memory range, shared by every :class:`PinnedRegion` that asked for it: CUDA
+    refuses to register a range twice (``cudaErrorHostMemoryAlreadyRegistered``, which then also surfaces at the
+    next kernel launch), so a second engine over the same host tensor takes a hold on the first registration."""
 
-    def __init__(self, tensor: Tensor, ptrs: list[int], cudart: Any):
-        self.tensor = tensor
+    def __init__(self, tensor: Tensor, ptrs: list[int], cudart: Any, key: tuple[int, int]):
+        self.holders = 0
         self.slices = len(ptrs)
-        self._finalizer = weakref.finalize(self, _unregister, cudart, ptrs, tensor)
+        self.finalizer = weakref.finalize(self, _unregister, cudart, ptrs, tensor, key)
+
+    def release(self) -> None:
+        self.holders -= 1
+        if self.holders <= 0:
+            self.finalizer()
+
+
+_LIVE: dict[tuple[int, int], weakref.ref[_Registration]] = {}
+"""Live registrations by (address, bytes): the ranges this process has registered and not yet unregistered."""
+
+
+def _covering(base: int, total: int) -> tuple[_Registration | None, bool]:
+    """The live registration holding ``[base, base + total)`` whole, and whether some live one overlaps it."""
+    overlap = False
+    for (b, n), ref in list(_LIVE.items()):
+        reg = ref()
+        if reg is None or not reg.finalizer.alive:
+            continue
+        if b <= base and base + total <= b + n:
+            return reg, True
+        overlap |= b < base + total and base < b + n
+    return None, overlap
+
+
+class PinnedRegion:
+    """A hold on a host tensor's registered pages; :meth:`close` lets go of it (once), and the pages are
+    unregistered when the last hold on the same registration goes (closed or garbage collected)."""
+
+    def __init__(self, tensor: Tensor, registration: _Registration):
+        self.tensor = tensor
+        self._registration = registration
+        registration.holders += 1
+        self.slices = registration.slices
+        self._finalizer = weakref.finalize(self, registration.release)
 
     @property
     def closed(self) -> bool:
-        """Whether the slices have been unregistered."""
-        return not self._finalizer.alive
+        """Whether this hold is let go and its registration gone."""
+        return not self._finalizer.alive and not self._registration.finalizer.alive
 
     def close(self) -> None:
-        """Unregister every slice; a second call does nothing."""
+        """Let go of this hold (a second call does nothing); the last hold unregisters every slice."""
         self._finalizer()
 
     def __enter__(self) -> PinnedRegion:
@@ -107,19 +146,30 @@ def pin_in_place(tensor: Tensor, *, slice_bytes: int = SLICE_BYTES, fallback: bo
         raise ValueError(f"slice_bytes must be >= 1, got {slice_bytes}")
     rt = cudart()
     base, total = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    shared, overlap = _covering(base, total)
+    if shared is not None:  # registered already (another engine over the same tensor): share it
+        return PinnedRegion(tensor, shared)
+    if overlap:  # part of it is registered: CUDA would refuse the rest
+        if fallback:
+            return None
+        raise ConfigError(f"could not pin a {total}-byte host tensor in place: part of it is already registered "
+                          "with CUDA by another tensor")
     ptrs: list[int] = []
     for off in range(0, total, slice_bytes):
         size = min(slice_bytes, total - off)
         code = _code(rt.cudaHostRegister(base + off, size, HOST_REGISTER_FLAGS))
         if code != 0:
-            _unregister(rt, ptrs, tensor)
+            _unregister(rt, ptrs, tensor, (base, total))
             if fallback:
                 return None
             raise ConfigError(f"could not pin {size} bytes of a {total}-byte host tensor in place "
                               f"(cudaHostRegister error {code}); free host memory or raise the locked-memory "
                               "limit (ulimit -l)")
         ptrs.append(base + off)
-    return PinnedRegion(tensor, ptrs, rt)
+    key = (base, total)
+    reg = _Registration(tensor, ptrs, rt, key)
+    _LIVE[key] = weakref.ref(reg)
+    return PinnedRegion(tensor, reg)
 
 
 def pinned_host(tensor: Tensor, *, device: Device | None = None,

@@ -133,20 +133,25 @@ class SyncCounter:
 
 class FakeCudart:
     """A stand-in for the CUDA runtime's host-registration calls (``cudart=lambda: fake`` of
-    :func:`gnnscale.runtime.pin_in_place`): records what is registered, and fails the ``fail_at``-th call."""
+    :func:`gnnscale.runtime.pin_in_place`): records what is registered, fails the ``fail_at``-th call, and refuses
+    a range that overlaps a registered one as CUDA does."""
 
     def __init__(self, fail_at: int | None = None):
         self.fail_at = fail_at
         self.registered: dict[int, int] = {}  # ptr -> size
         self.calls = 0
         self.unregistered: list[int] = []
+        self.last_error = 0
+        """The error a real runtime would leave for the next kernel launch (712: a range registered twice)."""
 
     def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
         assert flags == rt.HOST_REGISTER_FLAGS
         self.calls += 1
         if self.fail_at is not None and self.calls - 1 == self.fail_at:
             return 2  # cudaErrorMemoryAllocation
-        assert ptr not in self.registered
+        if any(p < ptr + size and ptr < p + n for p, n in self.registered.items()):
+            self.last_error = 712  # as CUDA: refused, and the error also surfaces at the next kernel launch
+            return 712  # cudaErrorHostMemoryAlreadyRegistered
         self.registered[ptr] = size
         return 0
 

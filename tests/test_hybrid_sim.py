@@ -181,3 +181,20 @@ def test_a_copy_into_a_buffer_the_trainer_still_reads_fails(graph: Graph, sims: 
     _skip_sync(monkeypatch, lambda t: isinstance(t, rt.SimDevice))
     with pytest.raises(rt.StreamOrderError, match="may still read"):
         eng.train_epoch(1)
+
+
+def test_a_share_sampled_on_the_cpu_is_moved_even_if_drm_hands_sampling_over_meanwhile(
+        graph: Graph, sims: list[rt.SimDevice]) -> None:
+    """DRM may hand an accelerator's sampling to its own device while an iteration sampled by the CPU sampler is
+    between stages. The transfer stage must move that iteration's blocks (the sample stage's record), not decide by
+    the assignment as it is now: on the H200 gpu-check's DRM run the blocks stayed in host memory beside features
+    on the GPU ("Expected all tensors to be on the same device")."""
+    eng = _engine(graph, ("cpu", "sim:0"), (0.4, 0.6), [False, False])
+    it = next(eng._iterations([torch.arange(BATCH)]))
+    it = eng._load(eng._sample(it, 7))
+    assert it.blocks[1] and it.x[1] is not None
+    features = it.x[1].numel() * it.x[1].element_size()
+    topology = sum(b.nbytes() for b in it.blocks[1])
+    eng.gpu_sampler = [False, True]  # the decision lands now
+    it = eng._transfer(it)
+    assert it.bytes_to[1] == features + topology  # the blocks went with the features

@@ -290,7 +290,7 @@ class HybridEngine(SampledEngine):
 
     def _transfer(self, it: Iteration) -> Iteration:
         """Stage 3: each accelerator's features (and the topology the CPU sampled for it) copied to it."""
-        return self.stages.transfer(it, self.gpu_sampler)
+        return self.stages.transfer(it)
 
     def _pipeline(self, items: Iterator[Iteration], key: int) -> Pipeline:
         """The stages on their threads, each holding one iteration (Figure 7's depth: two-stage prefetching)."""

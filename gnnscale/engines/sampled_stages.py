@@ -65,6 +65,9 @@ class Iteration:
     """The DRM assignment (split, samplers, threads) it was sampled under."""
     blocks: list[list[Block]] = field(default_factory=list)
     x: list[Tensor | None] = field(default_factory=list)
+    sampled_on_device: list[bool] = field(default_factory=list)
+    """Per trainer, whether its share was sampled on its own device (then its blocks are there already): fixed by
+    the sample stage, since DRM may hand a sampler's work over while the iteration is between stages."""
     times: dict[str, float] = field(default_factory=dict)
     transfer_s: list[float] = field(default_factory=list)
     bytes_to: list[int] = field(default_factory=list)
@@ -130,6 +133,7 @@ class SampledStages:
         device."""
         G = len(self.devices)
         it.blocks = [[] for _ in range(G)]
+        it.sampled_on_device = list(gpu_sampler)
         on_cpu = [g for g in range(G) if not gpu_sampler[g]]
         on_gpu = [g for g in range(G) if gpu_sampler[g]]
 
@@ -186,10 +190,11 @@ class SampledStages:
         it.times["Load"] = time.perf_counter() - t0
         return it
 
-    def transfer(self, it: Iteration, gpu_sampler: list[bool]) -> Iteration:
-        """Stage 3: each accelerator's features (and its topology, when the CPU sampled it) copied to it,
-        asynchronously on its copy stream; the trainer's stream waits for the copy's event (``it.ready``), and this
-        thread waits on the host for its own copies (the stage's time)."""
+    def transfer(self, it: Iteration) -> Iteration:
+        """Stage 3: each accelerator's features (and its topology, when the CPU sampled it: the sample stage's
+        ``it.sampled_on_device``, not the samplers' assignment now) copied to it, asynchronously on its copy stream;
+        the trainer's stream waits for the copy's event (``it.ready``), and this thread waits on the host for its
+        own copies (the stage's time)."""
         G = len(self.devices)
         it.transfer_s, it.bytes_to, it.ready = [0.0] * G, [0] * G, [None] * G
         for g in range(G):
@@ -202,7 +207,7 @@ class SampledStages:
             moved = x.numel() * x.element_size()
             with rt.use_stream(stream):
                 it.x[g] = rt.to_device(x, dev)
-                if not gpu_sampler[g]:
+                if not it.sampled_on_device[g]:
                     moved += sum(b.nbytes() for b in it.blocks[g])
                     it.blocks[g] = [b.map(functools.partial(rt.to_device, device=dev)) for b in it.blocks[g]]
                 it.ready[g] = rt.record_event(stream)

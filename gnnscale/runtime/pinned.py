@@ -10,11 +10,12 @@ Run on an H200 by ``make gpu-check``: benchmarks/RESULTS.md.)
 
 Every return code is checked. If a slice fails, the slices already registered are unregistered, then either a
 :class:`~gnnscale.errors.ConfigError` names the size and the CUDA error, or (``fallback=True``) ``None`` tells the
-caller to take a pinned copy (:func:`pinned_host`). A :class:`PinnedRegion` is a hold on a registration; the slices are unregistered exactly
-once, when the last hold goes (:meth:`~PinnedRegion.close`, leaving a ``with`` block, or garbage collection); the
-registration keeps the tensor alive meanwhile. Pinning a tensor whose memory this process registered already (a
-second engine over the same graph) shares that registration instead of registering again, which CUDA refuses
-(``cudaErrorHostMemoryAlreadyRegistered``, an error that also surfaces at the next kernel launch). Pinning only means something for a real CUDA device: for the CPU and the sim device
+caller to take a pinned copy (:func:`pinned_host`). A :class:`PinnedRegion` is a hold on a registration; the
+slices are unregistered exactly once, when the last hold goes (:meth:`~PinnedRegion.close`, leaving a ``with``
+block, or garbage collection); the registration keeps the tensor alive meanwhile. Pinning a tensor whose memory
+this process registered already (a second engine over the same graph) shares that registration instead of
+registering again, which CUDA refuses (``cudaErrorHostMemoryAlreadyRegistered``, an error that also surfaces at the
+next kernel launch). Pinning only means something for a real CUDA device: for the CPU and the sim device
 :func:`pinned_host` and :func:`pinned_empty` hand back ordinary host memory.
 """
 

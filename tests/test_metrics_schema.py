@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from gnnscale import TrainConfig, train
-from gnnscale.engines.schema import EPOCH_KEYS, H2D_PARTS, markdown
+from gnnscale.engines.schema import EPOCH_KEYS, H2D_PARTS, KINDS, markdown
 from gnnscale.graph.generators import csbm
+from gnnscale.report import markdown as report_markdown
+from gnnscale.report import run_from_records
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -53,6 +55,20 @@ def test_h2d_bytes_is_the_sum_of_its_parts(records: dict[str, dict[str, Any]], e
         assert rec["h2d_bytes"] > 0 and rec["h2d_row_bytes"] > 0 and rec["h2d_topology_bytes"] > 0
 
 
+@pytest.mark.parametrize("engine", list(RUNS))
+def test_report_markdown_shows_every_key_an_engine_writes_under_its_kind(records: dict[str, dict[str, Any]],
+                                                                         engine: str) -> None:
+    """``gnnscale report --format md`` of the engine's record: each key in the first table or in the table titled
+    by the key's kind."""
+    rec = records[engine]
+    md = report_markdown([run_from_records([rec])]).splitlines()
+    titles = [i for i, line in enumerate(md) if line.endswith(":") and i + 2 < len(md) and md[i + 2].startswith("|")]
+    under = {c.strip(): md[i].split(" (")[0].rstrip(":") for i in titles for c in md[i + 2].strip("|").split("|")}
+    first = {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_time_s", "peak_device_bytes"}
+    assert {k: under.get(k) for k in rec if k not in first} == {k: KINDS[EPOCH_KEYS[k].kind] for k in rec
+                                                                if k not in first}
+
+
 def test_every_key_has_a_unit_and_a_meaning() -> None:
     units = {"bytes", "s", "rows", "count", "fraction", "list", "-"}
     for name, key in EPOCH_KEYS.items():
@@ -62,6 +78,9 @@ def test_every_key_has_a_unit_and_a_meaning() -> None:
             assert key.unit in ("bytes", "list"), name
         if name.endswith("_s"):
             assert key.unit in ("s", "list"), name
+        assert key.kind in KINDS, name
+        if key.unit == "bytes":  # bytes are moved (traffic), held (memory) or a row volume, never just "bytes"
+            assert key.kind in ("moved", "held", "volume"), name
 
 
 def test_docs_metrics_is_generated_from_the_schema() -> None:

@@ -186,8 +186,18 @@ def _scalars(run: Run, kind: str) -> list[str]:
     return [k for k in keys if all(v is None or _is_number(v) for v in (r.get(k) for r in run.records))]
 
 
+def _lists(run: Run, kind: str) -> list[str]:
+    """The run's keys of ``kind`` whose values are lists of numbers, in first-seen order."""
+    keys = dict.fromkeys(k for r in run.records for k, v in r.items() if _kind(k) == kind and isinstance(v, list))
+    return [k for k in keys if all(v is None or (isinstance(v, list) and all(_is_number(x) for x in v))
+                                   for v in (r.get(k) for r in run.records))]
+
+
 def _short(v: Any, limit: int = 60) -> str:
-    text = repr(v)
+    try:
+        text = repr(v)
+    except RecursionError:  # a value nested nearly as deep as the JSON parser allows
+        text = f"<a {type(v).__name__} nested too deeply to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -230,6 +240,10 @@ def build_panels(runs: Sequence[Run]) -> list[Panel]:
                 if key == "peak_device_bytes" or all(math.isnan(v) or v == 0 for v in y):
                     continue  # drawn as "device" above; a counter that never counted anything is legend noise
                 panel.series.append(Series(f"{label} {key}", x, y, i, key))
+        for key in _lists(run, "moved"):  # bytes sent to each trainer (hybrid's accel_bytes): their sum
+            y = [_num(sum(r[key]) if r.get(key) else None, MB) for r in run.records]
+            if not all(math.isnan(v) or v == 0 for v in y):
+                moved.series.append(Series(f"{label} {key} (sum)", x, y, i, f"{key} (sum)"))
     panels = [loss, acc, time_, peak]
     if moved.series:
         panels.append(moved)
@@ -412,8 +426,8 @@ def _kind_tables(run: Run) -> list[str]:
 
 def _kind_cell(v: Any, kind: str) -> str:
     """A value of ``kind`` in its unit (a list: its values, comma-separated); ``|`` escaped for the table."""
-    if isinstance(v, list):
-        return ", ".join(_kind_cell(x, kind) for x in v) if v else "-"
+    if isinstance(v, list):  # one level: what is nested deeper is shown as text (and may be deep: no recursion)
+        return ", ".join(_short(x, 40) if isinstance(x, (list, dict)) else _kind_cell(x, kind) for x in v) or "-"
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
     if not _is_number(v):

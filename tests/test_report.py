@@ -221,7 +221,8 @@ HOST_MEMORY = [
     {"epoch": e, "loss": 1.0, "train_acc": 0.5, "val_acc": 0.5, "test_acc": 0.5, "epoch_time_s": 0.1,
      "peak_device_bytes": 2**20, "h2d_bytes": 3_000_000, "disk_read_bytes": 5_000_000, "anon_rss_bytes": 400 * 2**20,
      "host_rows_ram_bytes": 8 * 2**20, "spill_bytes": 16 * 2**20, "rows_reused_bytes": 1_000_000, "rows_h2d": 10,
-     "feature_hit_rate": 0.25, "device_peak_bytes": [2**20, 2**19], "foo_bytes": 7}
+     "feature_hit_rate": 0.25, "device_peak_bytes": [2**20, 2**19], "accel_bytes": [1_000_000, 500_000],
+     "foo_bytes": 7}
     for e in (1, 2)
 ]
 
@@ -231,14 +232,16 @@ def test_panels_group_counters_by_their_kind_in_the_schema(tmp_path: Path, monke
     memory, and the bytes-moved panel holds traffic only (no row volume, no key the schema does not know)."""
     run = read_run(_write(tmp_path / "h.jsonl", HOST_MEMORY))
     parts = {p.title: [s.part for s in p.series] for p in build_panels([run])}
-    assert parts["moved per epoch"] == ["h2d_bytes", "disk_read_bytes"]
+    assert parts["moved per epoch"] == ["h2d_bytes", "disk_read_bytes", "accel_bytes (sum)"]
+    moved = {s.part: s.y for s in build_panels([run])[4].series}
+    assert moved["accel_bytes (sum)"] == [1.5, 1.5]  # MB, the list's sum
     assert parts["memory held"] == ["device", "anon_rss_bytes", "host_rows_ram_bytes", "spill_bytes"]
     held = {s.part: s.y for s in build_panels([run])[3].series}
     assert held["anon_rss_bytes"] == [400.0, 400.0]  # MiB
     # the schema decides, not the key's name: give disk_read_bytes the kind "held" and it moves panel and table
     monkeypatch.setitem(EPOCH_KEYS, "disk_read_bytes", Key("bytes", "a test's counter", "none", kind="held"))
     parts = {p.title: [s.part for s in p.series] for p in build_panels([run])}
-    assert parts["moved per epoch"] == ["h2d_bytes"] and "disk_read_bytes" in parts["memory held"]
+    assert parts["moved per epoch"] == ["h2d_bytes", "accel_bytes (sum)"] and "disk_read_bytes" in parts["memory held"]
     assert _kind_of(markdown([run]))["disk_read_bytes"] == "held"
 
 
@@ -291,6 +294,10 @@ def test_deeply_nested_json_is_one_error_line(tmp_path: Path, capsys: pytest.Cap
     assert main(["report", str(bad), "--format", "md"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "nested too deeply" in err[0]
+    # as deep as the parser takes: read, tabulated (the nesting shown cut short) and drawn
+    ok = _write(tmp_path / "ok.jsonl", [{**OFFLOAD[0], "x": json.loads("[" * 500 + "1" + "]" * 500)}])
+    assert main(["report", str(ok), "--format", "md"]) == 0
+    assert "| 1 | [[[[" in capsys.readouterr().out and build_panels([read_run(ok)])
 
 
 @pytest.mark.skipif(not _compat.WITH_MATPLOTLIB, reason="matplotlib not installed")

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from gnnscale import TrainConfig, train
+from gnnscale.cli.common import _MetricsWriter
 from gnnscale.engines.schema import EPOCH_KEYS, H2D_PARTS, KINDS, markdown
 from gnnscale.graph.generators import csbm
 from gnnscale.report import markdown as report_markdown
-from gnnscale.report import run_from_records
+from gnnscale.report import read_run
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -44,6 +45,16 @@ def test_every_key_an_engine_writes_is_in_the_schema(records: dict[str, dict[str
 
 
 @pytest.mark.parametrize("engine", list(RUNS))
+def test_every_value_an_engine_writes_has_its_units_type(records: dict[str, dict[str, Any]], engine: str) -> None:
+    """A ``list`` key holds a list of numbers, a key of any other unit but ``-`` a number or null."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    wrong = {k: v for k, v in records[engine].items() if EPOCH_KEYS[k].unit != "-" and not (
+        (isinstance(v, list) and all(number(x) for x in v)) if EPOCH_KEYS[k].unit == "list" else
+        (v is None or number(v)))}
+    assert wrong == {}, f"{engine} writes values that are not of their key's unit"
+
+
+@pytest.mark.parametrize("engine", list(RUNS))
 def test_h2d_bytes_is_the_sum_of_its_parts(records: dict[str, dict[str, Any]], engine: str) -> None:
     rec = records[engine]
     if "h2d_bytes" not in rec:
@@ -57,11 +68,14 @@ def test_h2d_bytes_is_the_sum_of_its_parts(records: dict[str, dict[str, Any]], e
 
 @pytest.mark.parametrize("engine", list(RUNS))
 def test_report_markdown_shows_every_key_an_engine_writes_under_its_kind(records: dict[str, dict[str, Any]],
-                                                                         engine: str) -> None:
-    """``gnnscale report --format md`` of the engine's record: each key in the first table or in the table titled
-    by the key's kind."""
+                                                                         engine: str, tmp_path: Path) -> None:
+    """``gnnscale report --format md`` of the engine's metrics file: each key in the first table or in the table
+    titled by the key's kind."""
     rec = records[engine]
-    md = report_markdown([run_from_records([rec])]).splitlines()
+    writer = _MetricsWriter(str(tmp_path / "m.jsonl"))  # the file train --metrics writes
+    writer.write(rec)
+    writer.close()
+    md = report_markdown([read_run(tmp_path / "m.jsonl")]).splitlines()
     titles = [i for i, line in enumerate(md) if line.endswith(":") and i + 2 < len(md) and md[i + 2].startswith("|")]
     under = {c.strip(): md[i].split(" (")[0].rstrip(":") for i in titles for c in md[i + 2].strip("|").split("|")}
     first = {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_time_s", "peak_device_bytes"}

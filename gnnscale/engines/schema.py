@@ -159,7 +159,8 @@ EPOCH_KEYS: dict[str, Key] = {
                           "minibatch, offload, taskparallel, hybrid, distributed", kind="held"),
     # hybrid (HyScale-GNN)
     "accel_bytes": Key("list", "Bytes sent to each accelerator trainer (features and blocks).", "hybrid", kind="moved"),
-    "gpu_sampled": Key("count", "Batches sampled on the accelerator.", "hybrid"),
+    "gpu_sampled": Key("list", "The accelerator trainers that sample their batches on the accelerator (their "
+                       "indices), at the epoch's end.", "hybrid", kind="setting"),
     "split": Key("list", "Fraction of every batch each trainer took, at the epoch's end.", "hybrid", kind="ratio"),
     "threads": Key("list", "Threads of the CPU sampler, loader and trainer, at the epoch's end.", "hybrid",
                    kind="count"),

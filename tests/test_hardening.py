@@ -258,10 +258,11 @@ def _full_disk(limit: int) -> None:
 def test_convert_on_a_full_disk_is_one_error_line_and_leaves_nothing(tmp_path: Path, spec: str) -> None:
     """Issue #44 item 15: ``OSError: 1280000 requested and 868320 written`` was a traceback."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "gnnscale.cli", "convert", "--dataset", spec, "--out",
-                        str(tmp_path / "g")], capture_output=True, text=True, check=False, env=env, timeout=240,
+    out = tmp_path / "new" / "g"  # in a folder convert creates
+    r = subprocess.run([sys.executable, "-m", "gnnscale.cli", "convert", "--dataset", spec, "--out", str(out)],
+                       capture_output=True, text=True, check=False, env=env, timeout=240,
                        preexec_fn=lambda: _full_disk(200_000))
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1, r.stderr
-    assert err[0].startswith(f"error: convert --out {tmp_path / 'g'}: ") and "nothing was written there" in err[0]
-    assert list(tmp_path.iterdir()) == []  # the partial folder removed
+    assert err[0].startswith(f"error: convert --out {out}: ") and "nothing was written there" in err[0]
+    assert list(tmp_path.iterdir()) == []  # the partial folder removed, and the folder made for it

@@ -1,8 +1,13 @@
 """Run reports from ``gnnscale train --metrics FILE`` (issue #15 item 4).
 
 A metrics file is JSON Lines: one record per finished epoch, then -- only when training ended -- one summary record
-(``"summary": true``). :func:`read_run` reads one, :func:`build_panels` turns runs into plot-ready series (the
-function the tests check), :func:`render_png` draws them headless and :func:`markdown` prints the same as tables.
+(``"summary": true``). :func:`read_run` reads one (:func:`run_from_records`: a run from records in memory, for
+``TrainResult.plot``), :func:`build_panels` turns runs into plot-ready series (the function the tests check),
+:func:`render_png` draws them headless and :func:`markdown` prints the same as tables, with every key a record holds
+under its kind (``engines.schema.KINDS``: bytes moved, bytes held, counts, ...).
+
+Text that comes from the data (run labels: dataset names and specs, file names; counter names) is drawn as plain
+text, never parsed as matplotlib mathtext: a ``$`` in a dataset name is a dollar sign.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from gnnscale import _compat
+from gnnscale.engines.schema import EPOCH_KEYS, KINDS
 from gnnscale.errors import ConfigError, DatasetError
-from gnnscale.fsutil import atomic_file
+from gnnscale.fsutil import atomic_file, check_output, make_parents
 from gnnscale.notes import note
 
 MIB = 2**20
@@ -89,6 +95,8 @@ def read_run(path: str | os.PathLike[str]) -> Run:
         where = f"{p}:{lineno}"
         try:
             rec = json.loads(line)
+        except RecursionError:  # [[[[...]]]] nested deeper than Python's stack
+            raise DatasetError(f"{where}: JSON nested too deeply; expected a gnnscale train --metrics file") from None
         except json.JSONDecodeError as exc:
             if lineno == last and lineno > 1 and not text.endswith("\n"):
                 # the run was killed while it wrote this line: the complete records before it still count
@@ -109,6 +117,20 @@ def read_run(path: str | os.PathLike[str]) -> Run:
     return Run(path=p, records=records, summary=summary, label=_label(p, summary))
 
 
+def run_from_records(records: Sequence[dict[str, Any]], summary: dict[str, Any] | None = None,
+                     name: str = "result") -> Run:
+    """A :class:`Run` of epoch records held in memory (``TrainResult.history`` and ``.summary``): what
+    :func:`read_run` gives for the metrics file ``train --metrics`` writes of them; ``name`` stands for the file's.
+
+    Raises:
+        DatasetError: there is no epoch record.
+    """
+    if not records:
+        raise DatasetError(f"{name}: no epoch records to report")
+    path = Path(name)
+    return Run(path=path, records=[dict(r) for r in records], summary=summary, label=_label(path, summary))
+
+
 def _check_epoch_record(rec: dict[str, Any], where: str) -> None:
     epoch = rec.get("epoch")
     if not isinstance(epoch, int) or isinstance(epoch, bool):
@@ -117,6 +139,10 @@ def _check_epoch_record(rec: dict[str, Any], where: str) -> None:
         v = rec.get(key)
         if v is not None and not _is_number(v):
             raise DatasetError(f"{where}: '{key}' should be a number or null, got {v!r}")
+    for key, v in rec.items():  # the schema's lists: numbers (or nulls) one per device, trainer or rank
+        if key in EPOCH_KEYS and EPOCH_KEYS[key].unit == "list" and v is not None and (
+                not isinstance(v, list) or not all(x is None or _is_number(x) for x in v)):
+            raise DatasetError(f"{where}: '{key}' should be a list of numbers or null, got {_short(v)}")
 
 
 def _label(path: Path, summary: dict[str, Any] | None) -> str:
@@ -142,8 +168,37 @@ def _is_number(v: Any) -> bool:
 
 
 def _counters(rec: dict[str, Any]) -> list[str]:
-    """Byte counters of movement in a record: ``*_bytes`` scalars, peaks (memory, not movement) left out."""
-    return [k for k, v in rec.items() if k.endswith("_bytes") and "peak" not in k and not isinstance(v, list)]
+    """The record's keys the schema gives a number (not a list; not ``-``, which may be a name) and the
+    ``*_bytes`` keys it does not know: each must be a number or null."""
+    return [k for k in rec if (k in EPOCH_KEYS and EPOCH_KEYS[k].unit not in ("list", "-"))
+            or (k not in EPOCH_KEYS and k.endswith("_bytes") and not isinstance(rec[k], list))]
+
+
+def _kind(key: str) -> str:
+    """The key's kind in the schema (``engines.schema.KINDS``); ``other`` for a key it does not define."""
+    k = EPOCH_KEYS.get(key)
+    return "other" if k is None else k.kind
+
+
+def _scalars(run: Run, kind: str) -> list[str]:
+    """The run's keys of ``kind`` whose values are numbers, in first-seen order."""
+    keys = dict.fromkeys(k for r in run.records for k, v in r.items() if _kind(k) == kind and not isinstance(v, list))
+    return [k for k in keys if all(v is None or _is_number(v) for v in (r.get(k) for r in run.records))]
+
+
+def _lists(run: Run, kind: str) -> list[str]:
+    """The run's keys of ``kind`` whose values are lists of numbers, in first-seen order."""
+    keys = dict.fromkeys(k for r in run.records for k, v in r.items() if _kind(k) == kind and isinstance(v, list))
+    return [k for k in keys if all(v is None or (isinstance(v, list) and all(_is_number(x) for x in v))
+                                   for v in (r.get(k) for r in run.records))]
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    try:
+        text = repr(v)
+    except RecursionError:  # a value nested nearly as deep as the JSON parser allows
+        text = f"<a {type(v).__name__} nested too deeply to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _num(v: Any, scale: float = 1.0) -> float:
@@ -152,17 +207,18 @@ def _num(v: Any, scale: float = 1.0) -> float:
 
 # ------------------------------------------------------------------------------------------------ panels
 def build_panels(runs: Sequence[Run]) -> list[Panel]:
-    """Plot-ready panels for ``runs`` overlaid: loss, accuracy (train/val/test per run), epoch time, peak memory
-    by kind (MiB: ``device``, the training device's peak -- on CPU the engine's live bytes --, and ``host``, the
-    largest rank's resident memory where recorded) and, when any run recorded movement counters, bytes moved per
-    epoch (MB). Nulls become NaN."""
+    """Plot-ready panels for ``runs`` overlaid: loss, accuracy (train/val/test per run), epoch time, memory held
+    (MiB: ``device``, the training device's peak -- on CPU the engine's live bytes --, ``host``, the largest rank's
+    resident memory where recorded, and every other counter of the schema's kind ``held``, by its name) and, when
+    any run recorded counters of the kind ``moved``, bytes moved per epoch (MB). Counters are chosen by their kind
+    in the schema, never by their names; one that is null or zero in every epoch is left out. Nulls become NaN."""
     if not runs:
         raise ConfigError("a report needs at least one metrics file")
     labels = _labels(runs)
     loss = Panel("loss", "training loss")
     acc = Panel("accuracy", "accuracy")
     time_ = Panel("epoch time", "epoch time (s)")
-    peak = Panel("peak memory", "peak memory (MiB)")
+    peak = Panel("memory held", "memory held (MiB)")
     moved = Panel("moved per epoch", "moved per epoch (MB)")
     for i, (run, label) in enumerate(zip(runs, labels, strict=True)):
         x = [int(r["epoch"]) for r in run.records]
@@ -178,12 +234,16 @@ def build_panels(runs: Sequence[Run]) -> list[Panel]:
         if any(r.get("rank_rss_bytes") for r in run.records):
             host = [_num(max(r["rank_rss_bytes"]) if r.get("rank_rss_bytes") else None, MIB) for r in run.records]
             peak.series.append(Series(f"{label} host", x, host, i, "host"))
-        keys = dict.fromkeys(k for r in run.records for k in _counters(r))  # first-seen order
-        for key in keys:
-            y = col(key, MB)
-            if all(math.isnan(v) or v == 0 for v in y):
-                continue  # a counter that never moved anything is noise in the legend
-            moved.series.append(Series(f"{label} {key}", x, y, i, key))
+        for panel, kind, scale in ((peak, "held", MIB), (moved, "moved", MB)):
+            for key in _scalars(run, kind):
+                y = col(key, scale)
+                if key == "peak_device_bytes" or all(math.isnan(v) or v == 0 for v in y):
+                    continue  # drawn as "device" above; a counter that never counted anything is legend noise
+                panel.series.append(Series(f"{label} {key}", x, y, i, key))
+        for key in _lists(run, "moved"):  # bytes sent to each trainer (hybrid's accel_bytes): their sum
+            y = [_num(sum(r[key]) if r.get(key) else None, MB) for r in run.records]
+            if not all(math.isnan(v) or v == 0 for v in y):
+                moved.series.append(Series(f"{label} {key} (sum)", x, y, i, f"{key} (sum)"))
     panels = [loss, acc, time_, peak]
     if moved.series:
         panels.append(moved)
@@ -243,18 +303,20 @@ def draw_figure(panels: Sequence[Panel], *, dpi: int = 100, title: str | None = 
             wide = (nruns - 1 - s.run) / max(nruns - 1, 1)
             ax.plot(s.x, s.y, ls, color=f"C{s.run % 10}", marker=mk, markersize=2.5 + 2.5 * wide,
                     linewidth=1.2 + 2.0 * wide, alpha=0.55 if wide else 0.9)
-        ax.set_title(panel.title)
+        ax.set_title(panel.title, parse_math=False)
         ax.set_xlabel("epoch")
-        ax.set_ylabel(panel.ylabel)
+        ax.set_ylabel(panel.ylabel, parse_math=False)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
         ax.grid(True, alpha=0.3)
     handles = [Line2D([], [], color=f"C{r % 10}", linewidth=2.5) for r in runs]
     handles += [Line2D([], [], color="0.3", linestyle=style[p][0], marker=style[p][1])  # type: ignore[arg-type]
                 for p in parts]
-    fig.legend(handles, [*runs.values(), *parts], loc="lower center", ncol=min(LEGEND_COLUMNS, entries),
-               fontsize="small", frameon=False, bbox_to_anchor=(0.5, 0.0))
+    legend = fig.legend(handles, [*runs.values(), *parts], loc="lower center", ncol=min(LEGEND_COLUMNS, entries),
+                        fontsize="small", frameon=False, bbox_to_anchor=(0.5, 0.0))
+    for text in legend.get_texts():  # labels are data (dataset names, file names): plain text, never mathtext
+        text.set_parse_math(False)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, parse_math=False)
     fig.tight_layout(rect=(0.0, foot / height, 1.0, 1.0))
     return fig
 
@@ -273,7 +335,30 @@ def render_png(panels: Sequence[Panel], out: str | os.PathLike[str], *, dpi: int
         raise ConfigError(f"--out {out} is a directory")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: directory {out.parent} does not exist")
-    fig = draw_figure(panels, dpi=dpi, title=title)
+    return save_png(draw_figure(panels, dpi=dpi, title=title), out, dpi=dpi)
+
+
+def plot_records(records: Sequence[dict[str, Any]], summary: dict[str, Any] | None = None,
+                 out: str | os.PathLike[str] | None = None, *, dpi: int = 100) -> Any:
+    """The figure ``gnnscale report`` draws of one run (:func:`build_panels`, :func:`draw_figure`), from its epoch
+    records and summary in memory (``TrainResult.plot``); written as a PNG to ``out`` too when given.
+
+    Raises:
+        ConfigError: matplotlib is not installed, or ``out`` cannot be written.
+        DatasetError: there is no epoch record.
+    """
+    panels = build_panels([run_from_records(records, summary)])
+    if out is not None:
+        out = check_output(out, "out")
+    fig = draw_figure(panels, dpi=dpi)
+    if out is not None:
+        save_png(fig, make_parents(out), dpi=dpi)
+    return fig
+
+
+def save_png(fig: Any, out: str | os.PathLike[str], *, dpi: int = 100) -> Path:
+    """Write the figure ``fig`` to ``out`` as a PNG atomically, with the umask's mode."""
+    out = Path(out)
     with atomic_file(out) as fh:
         fig.savefig(fh, format="png", dpi=dpi, pil_kwargs={"optimize": True})
     return out
@@ -282,7 +367,10 @@ def render_png(panels: Sequence[Panel], out: str | os.PathLike[str], *, dpi: int
 # ------------------------------------------------------------------------------------------------ Markdown
 def markdown(runs: Sequence[Run]) -> str:
     """The report as Markdown: per run a heading, a table with one row per epoch (loss, accuracies, epoch time,
-    peak MiB) and a closing line with the best epoch and the test accuracy there."""
+    peak MiB), a closing line with the best epoch and the test accuracy there, then every other key the records
+    hold, one table per kind of the schema (``engines.schema.KINDS``: bytes moved in MB, bytes held in MiB, row
+    volumes in MB, counts, seconds, fractions and rates, settings; ``other`` for keys it does not define), one row
+    per epoch and one column per key, lists as their values one after another."""
     if not runs:
         raise ConfigError("a report needs at least one metrics file")
     out: list[str] = []
@@ -305,7 +393,49 @@ def markdown(runs: Sequence[Run]) -> str:
         out.append("")
         out.append(_closing(run))
         out.append("")
+        out += _kind_tables(run)
     return "\n".join(out)
+
+
+_KIND_UNITS = {"moved": ("MB", MB), "volume": ("MB", MB), "held": ("MiB", MIB), "time": ("s", 1.0)}
+"""The unit each kind's cells are in, and the bytes (or seconds) per unit."""
+_KIND_FORMATS = {"moved": ".3f", "volume": ".3f", "held": ".1f", "time": ".3f", "ratio": ".4f"}
+_MAIN_TABLE = frozenset(("epoch", *_NUMERIC))
+"""Keys of the first table (peak_device_bytes is its peak MiB)."""
+
+
+def _kind_tables(run: Run) -> list[str]:
+    """One Markdown table per kind of the run's keys beyond the first table."""
+    groups: dict[str, list[str]] = {kind: [] for kind in (*KINDS, "other")}
+    for key in dict.fromkeys(k for r in run.records for k in r if k not in _MAIN_TABLE):  # first-seen order
+        groups[_kind(key)].append(key)
+    out: list[str] = []
+    for kind, keys in groups.items():
+        if not keys:
+            continue
+        unit = _KIND_UNITS.get(kind, ("", 1.0))[0]
+        title = KINDS.get(kind, "other keys (not in the schema)")
+        out += [f"{title}{f' ({unit})' if unit else ''}:", ""]
+        out.append("| epoch | " + " | ".join(k.replace("|", "\\|") for k in keys) + " |")
+        out.append("|---:|" + "---:|" * len(keys))
+        for r in run.records:
+            out.append(f"| {r['epoch']} | " + " | ".join(_kind_cell(r.get(k), kind) for k in keys) + " |")
+        out.append("")
+    return out
+
+
+def _kind_cell(v: Any, kind: str) -> str:
+    """A value of ``kind`` in its unit (a list: its values, comma-separated); ``|`` escaped for the table."""
+    if isinstance(v, list):  # one level: what is nested deeper is shown as text (and may be deep: no recursion)
+        return ", ".join(_short(x, 40) if isinstance(x, (list, dict)) else _kind_cell(x, kind) for x in v) or "-"
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if not _is_number(v):
+        return (" ".join(v.split()) if isinstance(v, str) else _short(v, 40)).replace("|", "\\|")
+    scale = _KIND_UNITS.get(kind, ("", 1.0))[1]
+    if kind in _KIND_FORMATS:
+        return format(v / scale, _KIND_FORMATS[kind])
+    return str(v) if isinstance(v, int) else format(v, ".4g")
 
 
 def _cell(v: Any, fmt: str) -> str:

@@ -24,6 +24,7 @@ from gnnscale.nn import GNN, build_model
 from gnnscale.notes import note, warn
 from gnnscale.predict import save_model
 from gnnscale.progress import stage, timed
+from gnnscale.report import plot_records
 
 EpochRecord = dict[str, Any]
 ITERATION_CHECKPOINTS = 100
@@ -44,6 +45,22 @@ class TrainResult:
     best_state: dict[str, torch.Tensor] = field(default_factory=dict)
     """A CPU copy of the weights at the epoch the summary calls best (``best_epoch``): restore them with
     ``result.model.load_state_dict(result.best_state)``."""
+
+    def plot(self, out: str | os.PathLike[str] | None = None, *, dpi: int = 100) -> Any:
+        """The figure ``gnnscale report`` draws of this run's metrics file (the same panels: loss, accuracy, epoch
+        time, memory held, bytes moved), from :attr:`history` in memory: a matplotlib ``Figure`` (a notebook shows
+        it), also written as a PNG to ``out`` when given. Needs matplotlib (``pip install gnnscale[report]``)."""
+        return plot_records(self.history, self.summary, out, dpi=dpi)
+
+    def __repr__(self) -> str:
+        """One line: the engine, the epochs and the accuracies (not the model's weights)."""
+        s = self.summary
+        fields = {"engine": self.engine, "model": s.get("model"), "dataset": s.get("dataset"),
+                  "epochs": len(self.history), "interrupted": s.get("interrupted"), "best_epoch": s.get("best_epoch"),
+                  "best_val_acc": s.get("best_val_acc"), "test_acc_at_best_val": s.get("test_acc_at_best_val"),
+                  "final_test_acc": self.history[-1].get("test_acc") if self.history else None}
+        return "TrainResult(" + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v!r}"
+                                          for k, v in fields.items() if v is not None) + ")"
 
 
 def check_trainable(graph: Graph) -> None:

@@ -242,3 +242,27 @@ def test_info_statistics_stream_over_edge_slabs(monkeypatch: pytest.MonkeyPatch)
     for slab in (1, 2, 3, 1 << 22):
         monkeypatch.setattr(graph_mod, "_STAT_EDGES", slab)
         assert multi.duplicate_edges() == 3, slab
+
+
+def _full_disk(limit: int) -> None:
+    """In the child: files may grow to ``limit`` bytes, a write past it fails (EFBIG, or numpy's short write) as on
+    a full disk; SIGXFSZ ignored so that the write fails instead of the process being killed."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+@pytest.mark.parametrize("spec", ["csbm:nodes=20000,avg_degree=4,features=16", "kronecker:scale=12,features=16"])
+def test_convert_on_a_full_disk_is_one_error_line_and_leaves_nothing(tmp_path: Path, spec: str) -> None:
+    """Issue #44 item 15: ``OSError: 1280000 requested and 868320 written`` was a traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "new" / "g"  # in a folder convert creates
+    r = subprocess.run([sys.executable, "-m", "gnnscale.cli", "convert", "--dataset", spec, "--out", str(out)],
+                       capture_output=True, text=True, check=False, env=env, timeout=240,
+                       preexec_fn=lambda: _full_disk(200_000))
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1, r.stderr
+    assert err[0].startswith(f"error: convert --out {out}: ") and "nothing was written there" in err[0]
+    assert list(tmp_path.iterdir()) == []  # the partial folder removed, and the folder made for it

@@ -1,8 +1,13 @@
-"""What several commands share: the metrics file, number lists, and printing an accuracy."""
+"""What several commands share: the metrics file, number lists, printing an accuracy, and a failed write."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import functools
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gnnscale.errors import ConfigError
@@ -63,3 +68,29 @@ def _num_list(flag: str, text: str | None, kind: type[float] | type[int], exampl
     except ValueError:
         what = "integers" if kind is int else "numbers"
         raise ConfigError(f"{flag} {text!r}: give comma-separated {what} such as {example}") from None
+
+
+def writes_folder(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command`` (one that writes the folder ``args.out`` through ``graph.io.partial_dir``, which removes the
+    partial folder on any failure) with an ``OSError`` on its way -- a full disk: ``No space left on device``, or
+    numpy's ``N requested and M written`` -- said as one ConfigError line, not a traceback; the folders it created
+    above ``args.out`` are removed too."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        out = Path(args.out).absolute()
+        missing = [p for p in out.parents if not p.exists()]  # folders the command may create above the output
+        try:
+            return command(args)
+        except BrokenPipeError:
+            raise  # stdout closed under the final line (| head): main() ends quietly
+        except OSError as exc:
+            for folder in missing:  # deepest first; only those still empty
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            where = f"{exc.filename}: " if exc.filename else ""
+            why = exc.strerror or f"{exc} (a short write: is the disk full?)"
+            raise ConfigError(f"{args.command} --out {args.out}: {where}{why}; the partial output was removed, "
+                              "nothing was written there") from None
+
+    return run

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gnnscale import progress
-from gnnscale.cli.common import _device_list
+from gnnscale.cli.common import _device_list, writes_folder
 from gnnscale.engines import ENGINES
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import check_output, make_parents, write_output, write_text
@@ -100,6 +100,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+@writes_folder
 def cmd_convert(args: argparse.Namespace) -> int:
     out = check_output(args.out, "--out", folder=True)
     if out.exists():  # checked before the (possibly slow) load

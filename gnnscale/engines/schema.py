@@ -7,12 +7,34 @@ and checks). docs/metrics.md is generated from this module (``python -m gnnscale
 
 Units: ``bytes``; ``s`` (seconds, wall clock); ``rows`` (vertex rows of a feature or activation matrix);
 ``count``; ``fraction`` (0..1); ``list`` (one value per device, trainer or rank, in that order).
+
+Each key also has a *kind* (:data:`KINDS`), what its value is: bytes that *moved* in the epoch (traffic: copies,
+reads, messages) are not bytes *held* (memory: peaks, resident sizes, buffers), though both are bytes. ``gnnscale
+report`` groups a record's keys by kind, never by their names.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+
+KINDS: dict[str, str] = {
+    "metric": "training metrics",
+    "moved": "bytes moved in the epoch",
+    "held": "bytes held",
+    "volume": "row volumes, not all moved",
+    "count": "counts",
+    "time": "seconds",
+    "ratio": "fractions and rates",
+    "setting": "settings",
+}
+"""What a key's value is, and the heading ``gnnscale report`` groups it under: ``moved``, bytes that crossed a link,
+a disk or the network in the epoch; ``held``, bytes resident at a point (a peak, a size at the epoch's end);
+``volume``, bytes of deduplication's accounting (rows needed, rows reused), not all of which moved; the others
+by their unit."""
+
+_UNIT_KINDS = {"s": "time", "rows": "count", "count": "count", "fraction": "ratio"}
+"""The kind a key of these units has unless it says otherwise; ``bytes``, ``list`` and ``-`` keys name theirs."""
 
 
 @dataclass(frozen=True)
@@ -23,43 +45,55 @@ class Key:
     meaning: str
     written_by: str
     """``loop`` (every engine), or the engines that write it, in prose."""
+    kind: str = ""
+    """One of :data:`KINDS` (for a ``list``, the kind of each value); by default the unit's."""
+
+    def __post_init__(self) -> None:
+        if not self.kind:
+            if self.unit not in _UNIT_KINDS:
+                raise ValueError(f"a {self.unit!r} key must name its kind (one of {', '.join(KINDS)})")
+            object.__setattr__(self, "kind", _UNIT_KINDS[self.unit])
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown kind {self.kind!r}: one of {', '.join(KINDS)}")
 
 
 _LOOP = "loop"
 
 EPOCH_KEYS: dict[str, Key] = {
     # written by the training loop for every engine
-    "epoch": Key("count", "Epoch number, from 1.", _LOOP),
-    "loss": Key("-", "Mean training cross-entropy over the epoch's training vertices.", _LOOP),
-    "train_acc": Key("fraction", "Accuracy on the training vertices after the epoch (no dropout).", _LOOP),
-    "val_acc": Key("fraction", "Accuracy on the validation vertices; null without them.", _LOOP),
-    "test_acc": Key("fraction", "Accuracy on the test vertices; null without them.", _LOOP),
+    "epoch": Key("count", "Epoch number, from 1.", _LOOP, kind="metric"),
+    "loss": Key("-", "Mean training cross-entropy over the epoch's training vertices.", _LOOP, kind="metric"),
+    "train_acc": Key("fraction", "Accuracy on the training vertices after the epoch (no dropout).", _LOOP,
+                     kind="metric"),
+    "val_acc": Key("fraction", "Accuracy on the validation vertices; null without them.", _LOOP, kind="metric"),
+    "test_acc": Key("fraction", "Accuracy on the test vertices; null without them.", _LOOP, kind="metric"),
     "epoch_time_s": Key("s", "Training time of the epoch, without the evaluation.", _LOOP),
     "peak_device_bytes": Key("bytes", "Peak memory of the training device(s) in the epoch: the accelerator "
                              "allocator's peak, or on CPU the measured live bytes of the engine's device-side "
-                             "work (multi-device engines: the largest device's).", _LOOP),
+                             "work (multi-device engines: the largest device's).", _LOOP, kind="held"),
     "estimated_peak_device_bytes": Key("bytes", "The planner's estimate of peak_device_bytes for the epoch's chunks "
                                        "(its memory model, issue #30: within 1.00-1.15x of the counted peak).",
-                                       "offload"),
+                                       "offload", kind="held"),
     "norm_passes": Key("count", "With --norm batch: BatchNorm's extra passes over the chunks (task-parallel: "
                        "subgraphs) in the epoch, a statistics pass (forward) and a gradient-sums pass (backward) per "
                        "norm, so that every chunk normalises with the whole layer's statistics.",
                        "offload, taskparallel"),
     "norm_reduced_bytes": Key("bytes", "With --norm batch: bytes of BatchNorm's partial sums (float64 moments and "
                               "gradient sums) the workers, devices or ranks added up in the epoch.",
-                              "offload, taskparallel, minibatch, hybrid, distributed"),
+                              "offload, taskparallel, minibatch, hybrid, distributed", kind="moved"),
     # host <-> device traffic (one meaning for every engine)
     "h2d_bytes": Key("bytes", "Everything copied host -> device in the epoch: the sum of h2d_row_bytes, "
-                     "h2d_topology_bytes and h2d_index_bytes.", "offload, taskparallel, minibatch"),
+                     "h2d_topology_bytes and h2d_index_bytes.", "offload, taskparallel, minibatch", kind="moved"),
     "h2d_row_bytes": Key("bytes", "Vertex rows (features, activations, gradients) copied host -> device.",
-                         "offload, taskparallel, minibatch"),
+                         "offload, taskparallel, minibatch", kind="moved"),
     "h2d_topology_bytes": Key("bytes", "Graph structure copied host -> device: row pointers, neighbour ids, "
-                              "edge weights of blocks or sampled lists.", "offload, taskparallel, minibatch"),
+                              "edge weights of blocks or sampled lists.", "offload, taskparallel, minibatch",
+                              kind="moved"),
     "h2d_index_bytes": Key("bytes", "Row-index vectors copied host -> device (which rows a chunk loads).",
-                           "offload"),
-    "d2h_bytes": Key("bytes", "Vertex rows copied device -> host (outputs, gradients).", "offload"),
-    "d2d_bytes": Key("bytes", "Bytes one device read from another (rows, lists).", "minibatch"),
-    "device_peak_bytes": Key("list", "Peak memory per device, bytes.", "offload, taskparallel"),
+                           "offload", kind="moved"),
+    "d2h_bytes": Key("bytes", "Vertex rows copied device -> host (outputs, gradients).", "offload", kind="moved"),
+    "d2d_bytes": Key("bytes", "Bytes one device read from another (rows, lists).", "minibatch", kind="moved"),
+    "device_peak_bytes": Key("list", "Peak memory per device, bytes.", "offload, taskparallel", kind="held"),
     # full-graph chunked engines
     "chunks": Key("count", "Chunks the vertices are split into (all partitions together for offload).",
                   "offload, taskparallel"),
@@ -67,21 +101,22 @@ EPOCH_KEYS: dict[str, Key] = {
     "devices": Key("count", "Devices the engine trained on.", "offload, taskparallel"),
     "layer_passes": Key("count", "Layer passes over the chunks in the epoch (forward and backward).", "offload"),
     "rows_ori": Key("rows", "Rows the chunks would load with no deduplication (HongTu's V_ori).", "offload"),
-    "rows_ori_bytes": Key("bytes", "rows_ori in bytes.", "offload"),
+    "rows_ori_bytes": Key("bytes", "rows_ori in bytes.", "offload", kind="volume"),
     "rows_h2d": Key("rows", "Rows actually loaded host -> device.", "offload"),
-    "rows_h2d_bytes": Key("bytes", "rows_h2d in bytes.", "offload"),
+    "rows_h2d_bytes": Key("bytes", "rows_h2d in bytes.", "offload", kind="moved"),
     "rows_reused": Key("rows", "Rows kept on the device from the previous chunk (not reloaded).", "offload"),
-    "rows_reused_bytes": Key("bytes", "rows_reused in bytes.", "offload"),
+    "rows_reused_bytes": Key("bytes", "rows_reused in bytes.", "offload", kind="volume"),
     "rows_d2d": Key("rows", "Rows received from another device's chunk (inter-GPU duplicates).", "offload"),
-    "rows_d2d_bytes": Key("bytes", "rows_d2d in bytes.", "offload"),
+    "rows_d2d_bytes": Key("bytes", "rows_d2d in bytes.", "offload", kind="moved"),
     "rows_p2p": Key("rows", "Rows shared between partitions on one device.", "offload"),
-    "rows_p2p_bytes": Key("bytes", "rows_p2p in bytes.", "offload"),
+    "rows_p2p_bytes": Key("bytes", "rows_p2p in bytes.", "offload", kind="moved"),
     # task parallel (NeutronTask)
     "subgraphs": Key("count", "Subgraphs the epoch's chunks were grouped into (Algorithm 1's S).", "taskparallel"),
-    "t2t_bytes": Key("bytes", "Bytes handed between T-task devices.", "taskparallel"),
-    "t2p_bytes": Key("bytes", "Bytes handed from T-task to P-task devices.", "taskparallel"),
-    "p2p_bytes": Key("bytes", "Bytes handed between P-task devices.", "taskparallel"),
-    "p2t_bytes": Key("bytes", "Bytes handed from P-task back to T-task devices (gradients).", "taskparallel"),
+    "t2t_bytes": Key("bytes", "Bytes handed between T-task devices.", "taskparallel", kind="moved"),
+    "t2p_bytes": Key("bytes", "Bytes handed from T-task to P-task devices.", "taskparallel", kind="moved"),
+    "p2p_bytes": Key("bytes", "Bytes handed between P-task devices.", "taskparallel", kind="moved"),
+    "p2t_bytes": Key("bytes", "Bytes handed from P-task back to T-task devices (gradients).", "taskparallel",
+                     kind="moved"),
     "t_forward_s": Key("s", "T-task forward time, summed over devices.", "taskparallel"),
     "p_forward_s": Key("s", "P-task forward time, summed over devices.", "taskparallel"),
     "t_busy_s": Key("s", "T-task time with recomputation and backward, summed over devices.", "taskparallel"),
@@ -92,9 +127,10 @@ EPOCH_KEYS: dict[str, Key] = {
     # sampled engines
     "batches": Key("count", "Mini-batches (iterations) in the epoch.", "minibatch, hybrid, distributed"),
     "trainers": Key("count", "Trainers that shared every batch.", "minibatch, hybrid"),
-    "trainer_seeds": Key("list", "Seed vertices each trainer trained on.", "minibatch, hybrid"),
-    "trainer_sampled_edges": Key("list", "Sampled edges each trainer's blocks held.", "minibatch, hybrid"),
-    "trainer_s": Key("list", "Seconds each trainer spent training.", "hybrid"),
+    "trainer_seeds": Key("list", "Seed vertices each trainer trained on.", "minibatch, hybrid", kind="count"),
+    "trainer_sampled_edges": Key("list", "Sampled edges each trainer's blocks held.", "minibatch, hybrid",
+                                 kind="count"),
+    "trainer_s": Key("list", "Seconds each trainer spent training.", "hybrid", kind="time"),
     "sampled_edges": Key("count", "Edges of all sampled blocks of the epoch.", "minibatch, hybrid, distributed"),
     "fetched_neighbor_entries": Key("count", "Neighbour-list entries the sampler read, every tier together.",
                                     "minibatch"),
@@ -107,11 +143,12 @@ EPOCH_KEYS: dict[str, Key] = {
     "disk_read_bytes": Key("bytes", "Feature bytes read from the graph directory's x.npy by positional reads in "
                            "training (each distinct row once per read; distributed: each rank's own rows once, at "
                            "set-up, in the first epoch's record, summed over the ranks); --host-memory only.",
-                           "minibatch, offload, taskparallel, hybrid, distributed"),
+                           "minibatch, offload, taskparallel, hybrid, distributed", kind="moved"),
     "spill_bytes": Key("bytes", "Bytes of the host buffers (activations, gradients, projections, aggregations) "
-                       "spilled to unlinked files in --scratch; --host-memory and --scratch only.", "offload"),
+                       "spilled to unlinked files in --scratch; --host-memory and --scratch only.", "offload",
+                       kind="held"),
     "host_rows_ram_bytes": Key("bytes", "Bytes of the host buffers kept in RAM (not spilled); --host-memory "
-                               "only.", "offload"),
+                               "only.", "offload", kind="held"),
     "host_cache_hits": Key("count", "Feature rows served by the disk tier's host cache of hot rows; --host-memory "
                            "only.", "minibatch, taskparallel, hybrid"),
     "host_cache_misses": Key("count", "Feature rows the host cache did not hold, read from disk (distinct rows per "
@@ -119,16 +156,18 @@ EPOCH_KEYS: dict[str, Key] = {
     "anon_rss_bytes": Key("bytes", "Anonymous resident memory of the process at the epoch's end (RssAnon of "
                           "/proc/self/status: what the process really holds, the page cache of mapped files "
                           "not included; distributed: the largest rank's); --host-memory only, null off Linux.",
-                          "minibatch, offload, taskparallel, hybrid, distributed"),
+                          "minibatch, offload, taskparallel, hybrid, distributed", kind="held"),
     # hybrid (HyScale-GNN)
-    "accel_bytes": Key("list", "Bytes sent to each accelerator trainer (features and blocks).", "hybrid"),
-    "gpu_sampled": Key("count", "Batches sampled on the accelerator.", "hybrid"),
-    "split": Key("list", "Fraction of every batch each trainer took, at the epoch's end.", "hybrid"),
-    "threads": Key("list", "Threads of the CPU sampler, loader and trainer, at the epoch's end.", "hybrid"),
+    "accel_bytes": Key("list", "Bytes sent to each accelerator trainer (features and blocks).", "hybrid", kind="moved"),
+    "gpu_sampled": Key("list", "The accelerator trainers that sample their batches on the accelerator (their "
+                       "indices), at the epoch's end.", "hybrid", kind="setting"),
+    "split": Key("list", "Fraction of every batch each trainer took, at the epoch's end.", "hybrid", kind="ratio"),
+    "threads": Key("list", "Threads of the CPU sampler, loader and trainer, at the epoch's end.", "hybrid",
+                   kind="count"),
     "drm_work_moves": Key("count", "Dynamic resource management: work moved between trainers.", "hybrid"),
     "drm_thread_moves": Key("count", "Dynamic resource management: threads moved between CPU stages.", "hybrid"),
     "predicted_epoch_s": Key("s", "Epoch time predicted by the performance model.", "hybrid"),
-    "mteps": Key("-", "Millions of traversed (sampled) edges per second.", "hybrid"),
+    "mteps": Key("-", "Millions of traversed (sampled) edges per second.", "hybrid", kind="ratio"),
     "sa_s": Key("s", "Stage time per iteration: sampling on the accelerator.", "hybrid"),
     "sc_s": Key("s", "Stage time per iteration: sampling on the CPU.", "hybrid"),
     "load_s": Key("s", "Stage time per iteration: feature loading.", "hybrid"),
@@ -138,21 +177,22 @@ EPOCH_KEYS: dict[str, Key] = {
     "sync_s": Key("s", "Gradient synchronisation time.", "hybrid, distributed"),
     # distributed (HopGNN)
     "ranks": Key("count", "Ranks of the job.", "distributed"),
-    "strategy": Key("-", "micrograph or model-centric.", "distributed"),
+    "strategy": Key("-", "micrograph or model-centric.", "distributed", kind="setting"),
     "remote_rows": Key("rows", "Feature rows read from other ranks.", "distributed"),
-    "remote_bytes": Key("bytes", "remote_rows in bytes.", "distributed"),
+    "remote_bytes": Key("bytes", "remote_rows in bytes.", "distributed", kind="moved"),
     "needed_rows": Key("rows", "Feature rows the epoch's micrographs needed.", "distributed"),
     "local_rows": Key("rows", "Of those, rows held by the rank that used them.", "distributed"),
     "local_hit_rate": Key("fraction", "local_rows / needed_rows.", "distributed"),
-    "migration_bytes": Key("bytes", "Model bytes moved between ranks (model migration).", "distributed"),
+    "migration_bytes": Key("bytes", "Model bytes moved between ranks (model migration).", "distributed", kind="moved"),
     "time_steps": Key("count", "Time steps per iteration (model migrations + 1), mean over ranks.",
                       "distributed"),
     "merges": Key("count", "Micrograph merges in force (HopGNN §5.3).", "distributed"),
     "fetch_s": Key("s", "Remote feature fetching time, summed over ranks.", "distributed"),
     "migrate_s": Key("s", "Model migration time, summed over ranks.", "distributed"),
-    "rank_feature_bytes": Key("list", "Feature bytes each rank holds.", "distributed"),
-    "rank_cache_peak_bytes": Key("list", "Peak bytes of each rank's pre-gathered feature cache.", "distributed"),
-    "rank_rss_bytes": Key("list", "Resident memory of each rank's process.", "distributed"),
+    "rank_feature_bytes": Key("list", "Feature bytes each rank holds.", "distributed", kind="held"),
+    "rank_cache_peak_bytes": Key("list", "Peak bytes of each rank's pre-gathered feature cache.", "distributed",
+                                 kind="held"),
+    "rank_rss_bytes": Key("list", "Resident memory of each rank's process.", "distributed", kind="held"),
 }
 """Every key a per-epoch record may hold."""
 
@@ -204,10 +244,15 @@ def markdown() -> str:
         "Units: bytes; s (seconds, wall clock); rows (vertex rows); count; fraction (0..1); list (one value per",
         "device, trainer or rank).",
         "",
-        "| key | unit | written by | meaning |",
-        "|---|---|---|---|",
+        "Kinds (what a value is; `gnnscale report` groups the keys by kind): moved (bytes that crossed a link, a disk",
+        "or the network in the epoch: traffic); held (bytes resident at a point: a peak, a size at the epoch's end);",
+        "volume (bytes of deduplication's accounting, rows needed or reused, not all of which moved); count; time;",
+        "ratio (fractions and rates); setting; metric. A list's kind is that of each of its values.",
+        "",
+        "| key | unit | kind | written by | meaning |",
+        "|---|---|---|---|---|",
     ]
-    lines += [f"| `{name}` | {k.unit} | {k.written_by} | {k.meaning} |" for name, k in EPOCH_KEYS.items()]
+    lines += [f"| `{name}` | {k.unit} | {k.kind} | {k.written_by} | {k.meaning} |" for name, k in EPOCH_KEYS.items()]
     lines += [
         "",
         "## The summary's timings",

@@ -32,8 +32,22 @@ class BlockLayer(nn.Module):
     block's adjacency, never by row position: a block whose sources are rows of a larger table (its ``indices``
     the table's row ids) then serves with the table itself as ``x_src``, and a CPU engine reads rows in place."""
 
+    output_bias: ClassVar[str | None] = None
+    """The name of the bias added last to every output row (``"bias"``, ``"lin_l.bias"``, ...), ``None`` for none:
+    under a BatchNorm that follows the layer its gradient is exactly zero (:meth:`biases_before_norm`)."""
+
     in_features: int
     out_features: int
+
+    def biases_before_norm(self, followed_by_batch_norm: bool) -> list[nn.Parameter]:
+        """The layer's biases whose every output row is shifted by them just before a training-mode BatchNorm: its
+        :attr:`output_bias` when ``followed_by_batch_norm``, and any the layer normalises inside itself (GIN's
+        MLP). A BatchNorm subtracts its rows' mean, so their true gradient is zero (:meth:`GNN.biases_before_norm
+        <gnnscale.nn.model.GNN.biases_before_norm>`)."""
+        if not followed_by_batch_norm or self.output_bias is None:
+            return []
+        bias = dict(self.named_parameters()).get(self.output_bias)  # None: a layer built with bias=False
+        return [] if bias is None else [bias]
 
     @property
     def aggregate_has_params(self) -> bool:
@@ -112,3 +126,4 @@ class BlockLayer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}"
+

@@ -37,6 +37,10 @@ class GINLayer(BlockLayer):
         else:
             self.register_buffer("eps", torch.tensor([eps]))
 
+    def biases_before_norm(self, followed_by_batch_norm: bool) -> list[nn.Parameter]:
+        inner = [self.mlp[0].bias] if isinstance(self.mlp[1], nn.BatchNorm1d) else []  # Linear -> BatchNorm inside
+        return inner + ([self.mlp[-1].bias] if followed_by_batch_norm else [])
+
     def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
         return spmm(block, x_src)  # [num_dst, in]
 

@@ -105,6 +105,20 @@ class GNN(nn.Module):
         """The adjacency every layer aggregates over (one per model)."""
         return cast(BlockLayer, self.layers[0]).adjacency
 
+    def biases_before_norm(self) -> list[nn.Parameter]:
+        """The biases that shift every row just before a BatchNorm (``--norm batch``): a hidden layer's output bias
+        (``layers.0.bias``, ``layers.0.lin_l.bias``, ...), GIN's inner ``mlp.0.bias``, a decoupled model's hidden T
+        tasks' ``lin.bias``. BatchNorm subtracts its rows' mean, so their true gradient is exactly zero; a computed
+        one is rounding noise that Adam scales up to steps of about ``lr``, different in every engine (chunks,
+        trainers and ranks sum in other orders). Every engine zeroes their gradients before each optimiser step
+        (:class:`~gnnscale.engines.base.Engine`): they keep their initial values (unless ``weight_decay`` shrinks
+        them), as the running means they shift do, so the engines agree on accuracies as on losses."""
+        biases: list[nn.Parameter] = []
+        for i, layer in enumerate(self.block_layers):
+            normed = i < len(self.norms) and isinstance(self.norms[i], nn.BatchNorm1d)
+            biases += layer.biases_before_norm(normed)
+        return biases
+
     def dropout_key(self, seed: int, epoch: int, layer: int) -> int:
         """Key of the dropout mask applied to the input of ``layer`` in ``epoch``."""
         return mix_key(seed, epoch, layer)

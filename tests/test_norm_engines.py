@@ -167,7 +167,7 @@ def test_input_dropout_zero_drops_only_between_layers_in_every_engine() -> None:
     assert main(["train", "--dataset", "csbm:nodes=200", "--input-dropout", "1.5", "--epochs", "1"]) == 2
 
 
-# ------------------------------------------------------------------------------------------------ the bias before a norm
+# ------------------------------------------------------------------------------------------------ bias before a norm
 BEFORE_NORM = {  # (model, layers, jk): the biases that shift every row just before a BatchNorm
     ("gcn", 3, "none"): {"layers.0.bias", "layers.1.bias"},
     ("sage", 2, "none"): {"layers.0.lin_l.bias"},

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from gnnscale.graph.block import AdjacencySpec, Block
+from gnnscale.graph.graph import Graph
 
 
 class BlockLayer(nn.Module):
@@ -121,9 +122,40 @@ class BlockLayer(nn.Module):
         """``([num_dst, F_agg], [num_dst, F_in]) -> [num_dst, F_out]``: the per-vertex transformation."""
         raise NotImplementedError
 
-    def forward(self, block: Block, x_src: Tensor) -> Tensor:
+    def forward(self, block: Block | Tensor, x_src: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        """``layer(block, x_src)``, or PyG's ``layer(x, edge_index[, edge_weight])`` on the whole graph (its block
+        built from ``edge_index`` with the layer's :attr:`adjacency` on each call, as PyG's uncached convs do)."""
+        block, x_src = block_and_features(self, block, x_src, edge_weight)
         return self.update(self.aggregate(block, x_src), x_src[: block.num_dst])
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}"
 
+
+def block_and_features(who: nn.Module, first: object, second: object, edge_weight: Tensor | None = None
+                       ) -> tuple[Block, Tensor]:
+    """``(block, x)`` from a layer's or a model's call: gnnscale's ``(block, x)``, or PyG's ``(x, edge_index)``
+    (``[N, F]`` features, ``[2, E]`` integer edges ``(source, destination)``), whose block is the whole graph's with
+    ``who.adjacency`` (self-loops, normalisation) and ``edge_weight`` where that adjacency is weighted (GCN, as
+    PyG's ``GCNConv``). Anything else is a ``TypeError`` saying what to pass."""
+    name = type(who).__name__
+    if isinstance(first, Block) and isinstance(second, Tensor):
+        if edge_weight is not None:
+            raise TypeError(f"{name}: edge_weight goes with (x, edge_index); a Block carries its own weights")
+        return first, second
+    edges = isinstance(second, Tensor) and second.dim() == 2 and second.shape[0] == 2 and not (
+        second.dtype.is_floating_point or second.dtype.is_complex or second.dtype == torch.bool)
+    if isinstance(first, Tensor) and first.dim() == 2 and edges:
+        assert isinstance(second, Tensor)
+        adjacency: AdjacencySpec = who.adjacency  # type: ignore[assignment]
+        if edge_weight is not None and not adjacency.weighted:
+            raise TypeError(f"{name} takes no edge_weight: its aggregation is unweighted (as PyG's SAGEConv, "
+                            "GATConv without edge_dim and GINConv); only GCN's is weighted")
+        graph = Graph.from_edge_index(second.cpu(), num_nodes=int(first.shape[0]),
+                                      edge_weight=None if edge_weight is None else edge_weight.cpu())
+        return Block.from_graph(graph, adjacency).to(first.device), first
+    def shown(t: object) -> str:
+        return f"{t.dtype} tensor {list(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+    raise TypeError(f"{name} takes (block, x): a gnnscale Block (Block.from_graph(graph, model.adjacency)) and the "
+                    f"[num_src, F] features; or PyG's (x, edge_index): [N, F] features and [2, E] integer edges; "
+                    f"got ({shown(first)}, {shown(second)})")

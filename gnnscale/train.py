@@ -102,7 +102,7 @@ def data_caveats(graph: Graph, model: GNN) -> list[tuple[str, str]]:
                             "and dgcn aggregate with them"))
     if graph.y is not None and graph.train_mask is not None:
         classes = torch.unique(graph.y[graph.train_mask])
-        if classes.numel() < 2:
+        if classes.numel() == 1:  # (none: an empty train split, an error of check_trainable)
             out.append(("warn", f"the {int(graph.train_mask.sum())} training vertices of {graph.name} all have class "
                                 f"{int(classes[0])}: the model learns to predict that class, and its accuracies "
                                 "(1.0 where every vertex has it) say nothing"))

@@ -103,9 +103,11 @@ def data_caveats(graph: Graph, model: GNN) -> list[tuple[str, str]]:
     if graph.y is not None and graph.train_mask is not None:
         classes = torch.unique(graph.y[graph.train_mask])
         if classes.numel() == 1:  # (none: an empty train split, an error of check_trainable)
+            c = int(classes[0])
+            named = f" ({graph.class_names[c]!r})" if graph.class_names else ""
             out.append(("warn", f"the {int(graph.train_mask.sum())} training vertices of {graph.name} all have class "
-                                f"{int(classes[0])}: the model learns to predict that class, and its accuracies "
-                                "(1.0 where every vertex has it) say nothing"))
+                                f"{c}{named}: the model learns to predict that class, and its accuracies (1.0 where "
+                                "every vertex has it) say nothing"))
     return out
 
 

@@ -168,3 +168,15 @@ def test_inputs_that_are_not_data_are_one_typeerror_or_graph_error() -> None:
         Graph.from_edge_index(EI, y=np.zeros(5, int), train_mask="all")
     with pytest.raises(GraphError, match="labels must be integers"):
         Graph.from_edge_index(EI, y=np.array([0.5, 1, 0, 1, 0]))
+
+
+def test_the_one_class_warning_names_a_string_class(capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(2)
+    y = np.array(["spam", "ham"])[rng.integers(0, 2, 30)]
+    mask = rng.random(30) < 0.5
+    y[mask] = "ham"
+    g = Graph.from_edge_index(rng.integers(0, 30, size=(2, 90)), num_nodes=30, x=rng.standard_normal((30, 4)), y=y,
+                              train_mask=mask)
+    train(g, TrainConfig(epochs=1, hidden=8), "cpu")
+    warnings = _lines(capsys.readouterr().err, "warning", "training vertices")
+    assert len(warnings) == 1 and "all have class 0 ('ham')" in warnings[0], warnings

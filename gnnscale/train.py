@@ -100,6 +100,34 @@ def made_up_parts(graph: Graph) -> list[str]:
     return [p for p in ("features", "labels") if p in (graph.meta.get("made_up") or [])]
 
 
+_UNWEIGHTED = {"sage": "as PyG's SAGEConv, which takes no edge_weight",
+               "gat": "as PyG's GATConv, which reads edge features only with edge_dim",
+               "gin": "as PyG's GINConv, which takes no edge_weight", "dgat": "its attention weighs the edges",
+               "mlp": "it reads no edges"}
+"""Why a model that does not read edge weights does not (the note's words)."""
+
+
+def data_caveats(graph: Graph, model: GNN) -> list[tuple[str, str]]:
+    """What training ``model`` on ``graph`` quietly would not do as its user may think, as ``(kind, line)`` pairs
+    (``note``/``warn``): edge weights the model does not read (only GCN's normalised adjacency is weighted, as in
+    PyG, where ``GCNConv`` takes ``edge_weight`` and ``SAGEConv``, ``GATConv`` and ``GINConv`` do not), and a train
+    split of fewer than two classes (every prediction is then that class: accuracies of 1.0 say nothing)."""
+    out = []
+    if graph.edge_weight is not None and not model.adjacency.weighted:
+        why = _UNWEIGHTED.get(model.kind, "it aggregates over unweighted edges")
+        out.append(("note", f"the {model.kind} model ignores the edge weights of {graph.name} ({why}); only gcn "
+                            "and dgcn aggregate with them"))
+    if graph.y is not None and graph.train_mask is not None:
+        classes = torch.unique(graph.y[graph.train_mask])
+        if classes.numel() == 1:  # (none: an empty train split, an error of check_trainable)
+            c = int(classes[0])
+            named = f" ({graph.class_names[c]!r})" if graph.class_names else ""
+            out.append(("warn", f"the {int(graph.train_mask.sum())} training vertices of {graph.name} all have class "
+                                f"{c}{named}: the model learns to predict that class, and its accuracies (1.0 where "
+                                "every vertex has it) say nothing"))
+    return out
+
+
 def train(
     graph: Graph,
     config: TrainConfig,
@@ -175,6 +203,8 @@ def train(
     ignored = ignored_warning(config, engine_cls.name)
     if ignored and engine.is_primary:  # the API and the CLI say it alike, once per job
         warn(ignored)
+    for kind, line in data_caveats(graph, model) if engine.is_primary else []:
+        (note if kind == "note" else warn)(line)
     # in the order the steps ran: the caller's (load), the engine's steps (within its set-up), its set-up; then
     # this function's part before the first epoch (prepare_s: checks, selection, model, set-up) and the total
     load_s = (timings or {}).get("load_s", 0.0)

@@ -80,7 +80,6 @@ def test_symmetrize_keeps_multiplicity_without_doubling() -> None:
         ({"x": torch.randn(5, 2)}, "features have shape"),
         ({"x": torch.tensor([[0.0], [float("nan")], [1.0]])}, "NaN"),
         ({"x": torch.tensor([[0.0], [float("inf")], [1.0]])}, "NaN or inf"),
-        ({"x": torch.zeros(3, 2, dtype=torch.float64)}, "float32"),
         ({"y": torch.tensor([0, 1, 3]), "num_classes": 3}, "labels must lie in"),
         ({"y": torch.tensor([0, -2, 1])}, "labels must lie in"),
         ({"y": torch.tensor([0, 1])}, "labels have shape"),
@@ -93,6 +92,16 @@ def test_validation_errors_name_the_problem(kwargs: dict, message: str) -> None:
     ei = kwargs.pop("edge_index", torch.tensor([[0, 1], [1, 2]]))
     with pytest.raises(GraphError, match=message):
         Graph.from_edge_index(ei, 3, **kwargs)
+
+
+def test_float64_features_are_converted_by_the_constructors_and_refused_by_the_dataclass() -> None:
+    """``from_edge_index`` converts them to float32 quietly, as ``from_pyg`` does (issue #44 item 18); a Graph
+    built field by field holds what it is given, so there they are an error naming the dtype."""
+    x = torch.rand(3, 2, dtype=torch.float64)
+    g = Graph.from_edge_index(torch.tensor([[0, 1], [1, 2]]), 3, x=x)
+    assert g.x is not None and g.x.dtype == torch.float32 and torch.equal(g.x, x.float())
+    with pytest.raises(GraphError, match="float32"):
+        Graph(indptr=g.indptr, indices=g.indices, x=x)
 
 
 def test_empty_graph_and_bad_csr_rejected() -> None:

@@ -93,6 +93,53 @@ def test_full_graph_layer_equals_pyg(kind: str, weighted: bool) -> None:
     torch.testing.assert_close(ours(block, g.x), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind,weighted", [(k, False) for k in MODELS] + [("gcn", True)])
+def test_a_layer_takes_pygs_call_x_and_edge_index(kind: str, weighted: bool) -> None:
+    """``layer(x, edge_index[, edge_weight])``, as a PyG conv is called: the block is built from ``edge_index``
+    with the layer's adjacency, so the result is the PyG layer's and the Block call's, to the bit."""
+    g = _graph_with_loops()
+    assert g.x is not None
+    ours, theirs = _pair(kind)
+    ei = g.edge_index()
+    w = torch.rand(g.num_edges, generator=torch.Generator().manual_seed(1)) + 0.5 if weighted else None
+    got = ours(g.x, ei) if w is None else ours(g.x, ei, w)
+    torch.testing.assert_close(got, _pyg(kind, theirs, g.x, ei, w), rtol=1e-5, atol=1e-5)
+    weighted_graph = Graph.from_edge_index(ei, g.num_nodes, x=g.x, edge_weight=w)
+    assert torch.equal(got, ours(Block.from_graph(weighted_graph, ours.adjacency), g.x))
+
+
+def test_a_layer_or_model_called_wrongly_says_what_to_pass() -> None:
+    """One TypeError naming both forms, not an AttributeError from inside; edge weights for a layer that reads
+    none are refused as PyG's SAGEConv refuses them."""
+    g = _graph_with_loops()
+    assert g.x is not None
+    model = build_model("gcn", IN, 8, 3, layers=2, dropout=0.0, heads=1, seed=0)
+    for call in (lambda: GCNLayer(IN, OUT)(g.x, g.x), lambda: model(g.edge_index(), g.x),
+                 lambda: model(g.x.numpy(), g.edge_index())):
+        with pytest.raises(TypeError, match=r"takes \(block, x\).*Block\.from_graph.*\(x, edge_index\)"):
+            call()
+    with pytest.raises(TypeError, match="SAGELayer takes no edge_weight"):
+        SAGELayer(IN, OUT)(g.x, g.edge_index(), torch.ones(g.num_edges))
+
+
+@pytest.mark.parametrize("kind", [*MODELS, "dgcn"])
+def test_a_model_takes_pygs_call_x_and_edge_index(kind: str) -> None:
+    """``model(x, edge_index)`` is ``model(Block.from_graph(g, model.adjacency), x)``; a third positional tensor
+    is PyG's ``edge_weight`` (``BasicGNN.forward``), read by GCN's adjacency."""
+    g = _graph_with_loops()
+    assert g.x is not None
+    model = build_model(kind, IN, 8, 3, layers=2, dropout=0.0, heads=2, seed=0).eval()
+    want = model(Block.from_graph(g, model.adjacency), g.x)
+    assert torch.equal(model(g.x, g.edge_index()), want)
+    if kind == "gcn":
+        w = torch.rand(g.num_edges, generator=torch.Generator().manual_seed(2)) + 0.5
+        weighted = Graph.from_edge_index(g.edge_index(), g.num_nodes, x=g.x, edge_weight=w)
+        want_w = model(Block.from_graph(weighted, model.adjacency), g.x)
+        assert not torch.allclose(want_w, want)
+        assert torch.equal(model(g.x, g.edge_index(), w), want_w)
+        assert torch.equal(model(g.x, g.edge_index(), edge_weight=w), want_w)
+
+
 def _keyed_sample(topo: CSRTopology, ids: Tensor, fanout: int, hk: int) -> tuple[Tensor, Tensor]:
     """Every vertex of ``ids`` with its own keyed sample at a hop of key ``hk``: ``(edge_index [2, E] over the
     rows ``ids`` then the new vertices, the rows' global ids)``."""

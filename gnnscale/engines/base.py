@@ -73,6 +73,9 @@ class Engine(ABC):
         """Seconds of the engine's preparation steps (partitioning, planning, ...), for the run's summary."""
         self.model.to(device)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        before_norm = model.biases_before_norm()
+        if before_norm:  # their true gradient is zero: rounding noise must not move them (GNN.biases_before_norm)
+            self.optimizer.register_step_pre_hook(lambda *_: _zero_grads(before_norm))
 
     @property
     def is_primary(self) -> bool:
@@ -235,3 +238,9 @@ class Engine(ABC):
             out[key] = None if n == 0 else int((pred[m] == y[m]).sum()) / n  # the same whatever its device
         return out
 
+
+def _zero_grads(params: list[torch.nn.Parameter]) -> None:
+    """Make the gradients of ``params`` exactly zero (those with none keep none)."""
+    for p in params:
+        if p.grad is not None:
+            p.grad.zero_()

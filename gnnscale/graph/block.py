@@ -29,7 +29,13 @@ class AdjacencySpec:
     """Give every vertex exactly one self-loop (PyG's ``add_remaining_self_loops``: the graph's own loops are
     replaced, a loop listed twice counts once)."""
     norm: Norm = "none"
-    """``"gcn"``: symmetric ``D^-1/2 (A + I) D^-1/2`` weights; ``"none"``: the graph's weights (or ones)."""
+    """``"gcn"``: symmetric ``D^-1/2 (A + I) D^-1/2`` weights from the graph's edge weights; ``"none"``: ones."""
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the graph's edge weights enter the adjacency (GCN's normalisation, as PyG's ``gcn_norm`` of
+        ``edge_weight``); otherwise every edge weighs one."""
+        return self.norm == "gcn"
 
 
 def normalized_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -68,7 +74,7 @@ def sampling_csr(graph: Graph, spec: AdjacencySpec) -> tuple[Tensor, Tensor, Ten
     ``None`` for ones) is then the weight the graph gave each vertex's loop (PyG's ``add_remaining_self_loops``).
     """
     indptr, indices = graph.indptr, graph.indices.long()
-    weight = graph.edge_weight if spec.norm == "gcn" else None
+    weight = graph.edge_weight if spec.weighted else None
     if not spec.self_loops:
         return indptr, indices, weight, None
     return remove_self_loops(indptr, indices, weight, graph.num_nodes)

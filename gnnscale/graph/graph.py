@@ -16,7 +16,7 @@ from torch import Tensor
 
 from gnnscale._compat import require
 from gnnscale.errors import GraphError
-from gnnscale.graph.pyg_data import MASK_NAMES, pyg_arguments
+from gnnscale.graph.pyg_data import MASK_NAMES, pyg_arguments, vertex_data
 
 # The feature dtypes a Graph holds, by the names meta.json, ``--feature-dtype`` and the ``feature_dtype`` dataset
 # option use (``bf16`` and ``fp32`` are accepted too: :func:`feature_dtype`).
@@ -69,6 +69,12 @@ class Graph:
         self.validate()
 
     # ------------------------------------------------------------------ sizes
+    @property
+    def class_names(self) -> list[str] | None:
+        """The name of each class (``class_names[c]``) when the labels were given as strings; else ``None``."""
+        names = self.meta.get("class_names")
+        return None if names is None else list(names)
+
     @property
     def num_nodes(self) -> int:
         return int(self.indptr.numel()) - 1
@@ -213,8 +219,13 @@ class Graph:
             edge_weight: optional ``[E]`` weights.
             coalesce: merge duplicate edges (summing their weights), like PyG's ``coalesce``. Without it (the
                 default, as in every entry point), duplicates stay as multi-edges.
-            **data: ``x``, ``y``, masks, ``name``, ``num_classes``, ``meta`` as for :class:`Graph`.
+            **data: ``x``, ``y``, masks, ``name``, ``num_classes``, ``meta`` as for :class:`Graph`; ``x``, ``y``
+                and the masks may be numpy arrays (as PyG users hold them). Features are converted to float32
+                quietly, as :meth:`from_pyg` does (float64 numpy features are the common case; bfloat16 stays);
+                labels of any integer type to int64, and string labels to classes ``0..C-1`` in sorted order, the
+                names kept as :attr:`class_names`.
         """
+        data = vertex_data(data)
         ei = torch.as_tensor(np.asarray(edge_index) if isinstance(edge_index, np.ndarray) else edge_index)
         if ei.dim() != 2 or ei.shape[0] != 2:
             raise GraphError(f"edge_index must have shape [2, num_edges], got {tuple(ei.shape)}")
@@ -258,7 +269,8 @@ class Graph:
         ``[E, 1]``, said in a one-line note on stderr). Whatever else the ``Data`` holds is dropped with a one-line
         warning naming it: an ``edge_attr`` of several columns (or one next to ``edge_weight``) and any other
         attribute (``pos``, ``batch``, ...). Masks of several splits (shape ``[N, k]``, WikiCS) give column
-        ``split`` (default 0, said in a note); a sparse ``x`` is densified (said in a note)."""
+        ``split`` (default 0, said in a note); a sparse ``x`` is densified (said in a note); features of another dtype
+        than float32 (float64, ...) are converted to float32 quietly, as :meth:`from_edge_index` does."""
         edge_index, num_nodes, ew, kw = pyg_arguments(data, split)
         return cls.from_edge_index(edge_index, num_nodes, edge_weight=ew, coalesce=coalesce, name=name, **kw)
 

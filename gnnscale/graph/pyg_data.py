@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -95,3 +96,71 @@ def _masks(data: Any, split: int | None) -> dict[str, Tensor | None]:
         note(f"from_pyg: {', '.join(multi)} {'holds' if len(multi) == 1 else 'hold'} {k} splits (shape {shown}); "
              "split 0 is used (split=K picks another)")
     return {m: (multi[m][:, split].contiguous() if m in multi else t) for m, t in masks.items()}
+
+
+def vertex_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The vertex data of a ``Graph.from_edge_index`` call as a Graph holds it, from what a PyG user has: numpy
+    arrays (or lists) as tensors; features of another dtype (float64, integers) as float32, as ``from_pyg`` takes
+    them (bfloat16 ones stay); integer labels (any width, or integral floats) as int64; string labels as classes
+    ``0..C-1`` in sorted order, the names kept in ``meta["class_names"]`` (``Graph.class_names``; ``None`` or ``""``
+    is an unlabelled vertex, ``-1``). A type that is none of these is a ``TypeError`` naming what to pass."""
+    out = dict(data)
+    x = _tensor("x", data.get("x"))
+    if x is not None and x.dtype not in (torch.float32, torch.bfloat16):
+        if x.dtype.is_complex:
+            raise TypeError(f"x must hold real numbers, got {x.dtype}")
+        x = x.float()
+    out["x"] = x
+    y = data.get("y")
+    if y is not None:
+        names = _string_labels(y)
+        if names is not None:
+            out["y"], out["meta"] = names[0], {**(data.get("meta") or {}), "class_names": names[1]}
+            out.setdefault("num_classes", len(names[1]))
+        else:
+            out["y"] = _integer_labels(_tensor("y", y))
+    for m in MASK_NAMES:
+        out[m] = _tensor(m, data.get(m))
+    return {k: v for k, v in out.items() if v is not None or k in data}
+
+
+def _tensor(what: str, value: Any) -> Tensor | None:
+    """``value`` as a tensor (numpy arrays and lists converted; a tensor as it is)."""
+    if value is None or isinstance(value, Tensor):
+        return value
+    if isinstance(value, list | tuple) or hasattr(value, "__array__"):  # lists, pandas columns, ...
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return torch.from_numpy(np.ascontiguousarray(value))
+    kind = f"a numpy array of {value.dtype}" if isinstance(value, np.ndarray) else f"a {type(value).__name__}"
+    raise TypeError(f"{what} must be a torch.Tensor or a numpy array of numbers, got {kind}")
+
+
+def _string_labels(y: Any) -> tuple[Tensor, list[str]] | None:
+    """String labels as ``(int64 classes, sorted names)``, ``None`` or ``""`` as ``-1``; ``None`` when ``y`` is not
+    made of strings."""
+    if isinstance(y, Tensor):
+        return None
+    arr = np.asarray(y, dtype=object) if isinstance(y, list | tuple) else np.asarray(y) if hasattr(
+        y, "__array__") else y
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "USO":
+        return None
+    flat = arr.reshape(-1)
+    if arr.dtype.kind == "O" and not all(v is None or isinstance(v, str | bytes) for v in flat):
+        return None  # numbers in an object array: read as numbers
+    text = [None if v is None else v.decode() if isinstance(v, bytes) else str(v) for v in flat]
+    names = sorted({t for t in text if t})
+    index = {n: i for i, n in enumerate(names)}
+    return torch.tensor([index[t] if t else -1 for t in text], dtype=torch.int64), names
+
+
+def _integer_labels(y: Tensor | None) -> Tensor | None:
+    """Integer labels as int64; integral floats too; fractional ones are a GraphError."""
+    if y is None or y.dtype == torch.int64:
+        return y
+    if y.dtype.is_floating_point:
+        if not bool(torch.all(y == torch.round(y))):
+            raise GraphError(f"labels must be integers (or strings: class names), got fractional {y.dtype} values")
+    elif y.dtype == torch.bool or y.dtype.is_complex:
+        raise GraphError(f"labels must be integers (or strings: class names), got {y.dtype}")
+    return y.long()

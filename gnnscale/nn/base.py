@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from gnnscale.graph.block import AdjacencySpec, Block
+from gnnscale.graph.graph import Graph
 
 
 class BlockLayer(nn.Module):
@@ -32,8 +33,22 @@ class BlockLayer(nn.Module):
     block's adjacency, never by row position: a block whose sources are rows of a larger table (its ``indices``
     the table's row ids) then serves with the table itself as ``x_src``, and a CPU engine reads rows in place."""
 
+    output_bias: ClassVar[str | None] = None
+    """The name of the bias added last to every output row (``"bias"``, ``"lin_l.bias"``, ...), ``None`` for none:
+    under a BatchNorm that follows the layer its gradient is exactly zero (:meth:`biases_before_norm`)."""
+
     in_features: int
     out_features: int
+
+    def biases_before_norm(self, followed_by_batch_norm: bool) -> list[nn.Parameter]:
+        """The layer's biases whose every output row is shifted by them just before a training-mode BatchNorm: its
+        :attr:`output_bias` when ``followed_by_batch_norm``, and any the layer normalises inside itself (GIN's
+        MLP). A BatchNorm subtracts its rows' mean, so their true gradient is zero (:meth:`GNN.biases_before_norm
+        <gnnscale.nn.model.GNN.biases_before_norm>`)."""
+        if not followed_by_batch_norm or self.output_bias is None:
+            return []
+        bias = dict(self.named_parameters()).get(self.output_bias)  # None: a layer built with bias=False
+        return [] if bias is None else [bias]
 
     @property
     def aggregate_has_params(self) -> bool:
@@ -107,8 +122,40 @@ class BlockLayer(nn.Module):
         """``([num_dst, F_agg], [num_dst, F_in]) -> [num_dst, F_out]``: the per-vertex transformation."""
         raise NotImplementedError
 
-    def forward(self, block: Block, x_src: Tensor) -> Tensor:
+    def forward(self, block: Block | Tensor, x_src: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        """``layer(block, x_src)``, or PyG's ``layer(x, edge_index[, edge_weight])`` on the whole graph (its block
+        built from ``edge_index`` with the layer's :attr:`adjacency` on each call, as PyG's uncached convs do)."""
+        block, x_src = block_and_features(self, block, x_src, edge_weight)
         return self.update(self.aggregate(block, x_src), x_src[: block.num_dst])
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}"
+
+
+def block_and_features(who: nn.Module, first: object, second: object, edge_weight: Tensor | None = None
+                       ) -> tuple[Block, Tensor]:
+    """``(block, x)`` from a layer's or a model's call: gnnscale's ``(block, x)``, or PyG's ``(x, edge_index)``
+    (``[N, F]`` features, ``[2, E]`` integer edges ``(source, destination)``), whose block is the whole graph's with
+    ``who.adjacency`` (self-loops, normalisation) and ``edge_weight`` where that adjacency is weighted (GCN, as
+    PyG's ``GCNConv``). Anything else is a ``TypeError`` saying what to pass."""
+    name = type(who).__name__
+    if isinstance(first, Block) and isinstance(second, Tensor):
+        if edge_weight is not None:
+            raise TypeError(f"{name}: edge_weight goes with (x, edge_index); a Block carries its own weights")
+        return first, second
+    edges = isinstance(second, Tensor) and second.dim() == 2 and second.shape[0] == 2 and not (
+        second.dtype.is_floating_point or second.dtype.is_complex or second.dtype == torch.bool)
+    if isinstance(first, Tensor) and first.dim() == 2 and edges:
+        assert isinstance(second, Tensor)
+        adjacency: AdjacencySpec = who.adjacency  # type: ignore[assignment]
+        if edge_weight is not None and not adjacency.weighted:
+            raise TypeError(f"{name} takes no edge_weight: its aggregation is unweighted (as PyG's SAGEConv, "
+                            "GATConv without edge_dim and GINConv); only GCN's is weighted")
+        graph = Graph.from_edge_index(second.cpu(), num_nodes=int(first.shape[0]),
+                                      edge_weight=None if edge_weight is None else edge_weight.cpu())
+        return Block.from_graph(graph, adjacency).to(first.device), first
+    def shown(t: object) -> str:
+        return f"{t.dtype} tensor {list(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+    raise TypeError(f"{name} takes (block, x): a gnnscale Block (Block.from_graph(graph, model.adjacency)) and the "
+                    f"[num_src, F] features; or PyG's (x, edge_index): [N, F] features and [2, E] integer edges; "
+                    f"got ({shown(first)}, {shown(second)})")

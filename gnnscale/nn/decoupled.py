@@ -23,7 +23,7 @@ from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, Block
 from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.mlp import MLPLayer
-from gnnscale.nn.model import GNN
+from gnnscale.nn.model import GNN, call_arguments
 from gnnscale.nn.norm import make_norm
 from gnnscale.nn.ops import keyed_dropout, spmm, spmm_t, spmm_t_add
 
@@ -193,8 +193,11 @@ class DecoupledGNN(GNN):
         """The edge task's ``[E]`` attention weights on ``block`` (``None`` for dgcn: the block's own weights)."""
         return None if self.edge is None else self.edge(block, h_src)
 
-    def forward(self, block: Block, x: Tensor, seed_epoch: tuple[int, int] | None = None) -> Tensor:
-        """Whole-graph forward (``num_src == num_dst``): T tasks, the edge task, then the P tasks."""
+    def forward(self, block: Block | Tensor, x: Tensor, seed_epoch: tuple[int, int] | Tensor | None = None, *,
+                edge_weight: Tensor | None = None) -> Tensor:
+        """Whole-graph forward (``num_src == num_dst``): T tasks, the edge task, then the P tasks; or PyG's
+        ``model(x, edge_index[, edge_weight])``, as :meth:`GNN.forward`."""
+        block, x, seed_epoch = call_arguments(self, block, x, seed_epoch, edge_weight)
         h = self.transform(x, block.row_ids(), seed_epoch)
         alpha = self.edge_weights(block, h)
         for prop in self.props:

@@ -102,6 +102,7 @@ class GATLayer(BlockLayer):
     edge_compute: ClassVar[bool] = True
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True)
     update_uses_dst: ClassVar[bool] = False
+    output_bias: ClassVar[str | None] = "bias"
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ class GCNLayer(BlockLayer):
 
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True, norm="gcn")
     update_uses_dst: ClassVar[bool] = False
+    output_bias: ClassVar[str | None] = "bias"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, project_first: bool | None = None):
         super().__init__()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +36,11 @@ class GINLayer(BlockLayer):
             self.eps = nn.Parameter(torch.tensor([eps]))
         else:
             self.register_buffer("eps", torch.tensor([eps]))
+
+    def biases_before_norm(self, followed_by_batch_norm: bool) -> list[nn.Parameter]:
+        first, last = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[-1])
+        inner = [first.bias] if isinstance(self.mlp[1], nn.BatchNorm1d) else []  # Linear -> BatchNorm inside
+        return inner + ([last.bias] if followed_by_batch_norm else [])
 
     def aggregate(self, block: Block, x_src: Tensor) -> Tensor:
         return spmm(block, x_src)  # [num_dst, in]

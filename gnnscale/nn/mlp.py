@@ -15,6 +15,7 @@ class MLPLayer(BlockLayer):
     """``h_v = W x_v + b``; AGGREGATE only selects the destination rows."""
 
     update_uses_dst: ClassVar[bool] = False
+    output_bias: ClassVar[str | None] = "lin.bias"
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, Block
-from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.base import BlockLayer, block_and_features
 from gnnscale.nn.gat import GATLayer
 from gnnscale.nn.gcn import GCNLayer
 from gnnscale.nn.gin import GINLayer
@@ -105,6 +105,20 @@ class GNN(nn.Module):
         """The adjacency every layer aggregates over (one per model)."""
         return cast(BlockLayer, self.layers[0]).adjacency
 
+    def biases_before_norm(self) -> list[nn.Parameter]:
+        """The biases that shift every row just before a BatchNorm (``--norm batch``): a hidden layer's output bias
+        (``layers.0.bias``, ``layers.0.lin_l.bias``, ...), GIN's inner ``mlp.0.bias``, a decoupled model's hidden T
+        tasks' ``lin.bias``. BatchNorm subtracts its rows' mean, so their true gradient is exactly zero; a computed
+        one is rounding noise that Adam scales up to steps of about ``lr``, different in every engine (chunks,
+        trainers and ranks sum in other orders). Every engine zeroes their gradients before each optimiser step
+        (:class:`~gnnscale.engines.base.Engine`): they keep their initial values (unless ``weight_decay`` shrinks
+        them), as the running means they shift do, so the engines agree on accuracies as on losses."""
+        biases: list[nn.Parameter] = []
+        for i, layer in enumerate(self.block_layers):
+            normed = i < len(self.norms) and isinstance(self.norms[i], nn.BatchNorm1d)
+            biases += layer.biases_before_norm(normed)
+        return biases
+
     def dropout_key(self, seed: int, epoch: int, layer: int) -> int:
         """Key of the dropout mask applied to the input of ``layer`` in ``epoch``."""
         return mix_key(seed, epoch, layer)
@@ -153,8 +167,12 @@ class GNN(nn.Module):
             h = hs[-1]
         return self.lin(h)  # type: ignore[no-any-return]
 
-    def forward(self, block: Block, x: Tensor, seed_epoch: tuple[int, int] | None = None) -> Tensor:
-        """Whole-graph forward on one block whose sources are its destinations (``num_src == num_dst``)."""
+    def forward(self, block: Block | Tensor, x: Tensor, seed_epoch: tuple[int, int] | Tensor | None = None, *,
+                edge_weight: Tensor | None = None) -> Tensor:
+        """Whole-graph forward on one block whose sources are its destinations (``num_src == num_dst``); or PyG's
+        ``model(x, edge_index[, edge_weight])`` (the block built from ``edge_index`` with :attr:`adjacency` on each
+        call: :func:`~gnnscale.nn.base.block_and_features`)."""
+        block, x, seed_epoch = call_arguments(self, block, x, seed_epoch, edge_weight)
         row_ids = block.row_ids()
         h, hs = x, []
         for i, layer in enumerate(self.layers):
@@ -165,3 +183,13 @@ class GNN(nn.Module):
         if self.lin is None:
             return h
         return self.head([*hs, self.layer_input(len(self.layers), h, row_ids, seed_epoch)])
+
+
+def call_arguments(model: GNN, block: Block | Tensor, x: Tensor, seed_epoch: tuple[int, int] | Tensor | None,
+              edge_weight: Tensor | None) -> tuple[Block, Tensor, tuple[int, int] | None]:
+    """A model's ``(block, x, seed_epoch)`` from its call, gnnscale's or PyG's (``model(x, edge_index,
+    edge_weight)``: a third positional tensor is PyG's ``edge_weight``, as in ``BasicGNN.forward``)."""
+    if isinstance(seed_epoch, Tensor):
+        edge_weight, seed_epoch = seed_epoch, None
+    b, x = block_and_features(model, block, x, edge_weight)
+    return b, x, seed_epoch

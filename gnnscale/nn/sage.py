@@ -21,6 +21,7 @@ class SAGELayer(BlockLayer):
 
     sparse_backward: ClassVar[bool] = True
     reads_by_product: ClassVar[bool] = True
+    output_bias: ClassVar[str | None] = "lin_l.bias"
 
     def __init__(self, in_features: int, out_features: int, project_first: bool | None = None):
         super().__init__()

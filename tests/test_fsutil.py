@@ -219,7 +219,7 @@ def test_the_next_save_removes_a_killed_writer_s_temporaries_only(tmp_path: Path
 
     model = build_model(cfg.model, 4, cfg.hidden, 5, **cfg.model_kwargs())
     _full_under(tmp_path, monkeypatch)  # the next save fails (the disk is full): it still cleans up first
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises((OSError, RuntimeError)):  # (what torch.save raises is the full-disk tests' matter)
         save_model(target, model, cfg, g)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
     monkeypatch.undo()

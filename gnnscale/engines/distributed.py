@@ -396,7 +396,6 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
             return
         rank, ep, when, kind = spec.split(":")
         if (int(rank), int(ep), int(when)) == (self.rank, epoch, it):
-            # said first: a test waits for this line (the job is up and failing now), not for a number of seconds
             print(f"GNNSCALE_FAULT: rank {self.rank} fails ({kind}) at epoch {epoch}, iteration {it}",
                   file=sys.stderr, flush=True)
             if kind == "kill":

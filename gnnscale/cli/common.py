@@ -8,7 +8,15 @@ import os
 from typing import Any
 
 from gnnscale.errors import ConfigError
-from gnnscale.fsutil import atomic_file, check_output, fallback_paths, lock_output, make_parents, write_all
+from gnnscale.fsutil import (
+    OutputLock,
+    atomic_file,
+    check_output,
+    fallback_paths,
+    lock_output,
+    make_parents,
+    write_all,
+)
 from gnnscale.notes import warn
 
 
@@ -17,15 +25,15 @@ class _MetricsWriter:
     the epochs it finished; the summary record comes last, only when training ends). FILE is created at the first
     record, so bad input that stops a run before its first epoch leaves nothing behind.
 
-    ``lock``: hold FILE's lock (:func:`gnnscale.fsutil.lock_output`) from now until :meth:`close`, so a second run
-    on the same FILE is refused instead of tearing its lines. A write that fails (a full disk) does not stop
+    The writer holds FILE's lock (:func:`gnnscale.fsutil.lock_output`) from now until :meth:`close`, so a second
+    run on the same FILE is refused instead of tearing its lines. A write that fails (a full disk) does not stop
     training: one warning says so, the records are kept, and each later record tries again (from the last whole
     record: a torn line is cut); at :meth:`close` the records still unwritten go to FILE if it can take them now,
     else to a copy in the working or temporary folder, and a warning says where."""
 
-    def __init__(self, path: str, *, lock: bool = True):
+    def __init__(self, path: str):
         self.path = check_output(path, "--metrics")
-        self.lock = lock_output(self.path, "--metrics") if lock else None
+        self.lock: OutputLock | None = lock_output(self.path, "--metrics")
         self.fd: int | None = None
         self.lines: list[bytes] = []  # every record so far
         self.good = 0  # bytes of FILE that are whole records

@@ -9,13 +9,24 @@ epochs after a resume are the epochs an uninterrupted run would have trained.
 Models and checkpoints are files users pass around, so they hold plain data only -- tensors, numbers, strings and
 lists, tuples and dicts of them (:func:`plain`) -- and are read with ``torch.load(..., weights_only=True)``: a file
 that holds anything else (a pickled object, which could run code while it loads) is refused, never unpickled.
+
+Each file carries a ``checksum`` of its content (:func:`content_digest`: blake2b over every tensor's dtype, shape
+and bytes and every value, in order), verified when it loads: a file damaged after it was written (a flipped or
+zeroed block, which torch's zip reader does not notice inside a tensor) is refused in one line. Files written
+before checksums (no ``checksum`` key) load as they did. Checkpoints and saved models also carry the graph's
+``fingerprint`` (:func:`gnnscale.graph.fingerprint.fingerprint`), so a resume on another graph is refused.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import pickle
 import re
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,7 +36,8 @@ import torch
 
 from gnnscale.config import TrainConfig
 from gnnscale.errors import ConfigError
-from gnnscale.fsutil import atomic_file, check_output
+from gnnscale.fsutil import LOCK_OWNER, OutputLock, atomic_file, check_output, lock_output
+from gnnscale.graph.fingerprint import PARTS, differing_parts
 
 FORMAT = "gnnscale-checkpoint"
 VERSION = 1
@@ -82,12 +94,85 @@ def plain(obj: Any, where: str = "") -> Any:
                     "plain data only (weights_only loading)")
 
 
+def _digest(obj: Any, h: hashlib.blake2b) -> None:
+    if obj is None:
+        h.update(b"N")
+    elif isinstance(obj, bool):
+        h.update(b"T" if obj else b"F")
+    elif isinstance(obj, int):
+        h.update(b"i%d;" % obj)
+    elif isinstance(obj, float):
+        h.update(b"f" + struct.pack("<d", obj))
+    elif isinstance(obj, str):
+        data = obj.encode("utf-8", "surrogatepass")
+        h.update(b"s%d;" % len(data) + data)
+    elif isinstance(obj, torch.Tensor):
+        t = obj.detach().to("cpu").contiguous().reshape(-1)  # [numel]
+        h.update(f"t{obj.dtype};{tuple(obj.shape)};".encode())
+        if t.numel():
+            h.update(t.view(torch.uint8).numpy().data)
+    elif isinstance(obj, (torch.dtype, torch.device)):
+        h.update(f"d{obj};".encode())
+    elif isinstance(obj, dict):
+        h.update(b"{%d;" % len(obj))
+        for k, v in obj.items():
+            _digest(k, h)
+            _digest(v, h)
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"%s%d;" % (b"[" if isinstance(obj, list) else b"(", len(obj)))
+        for v in obj:
+            _digest(v, h)
+    else:
+        raise TypeError(f"cannot checksum {type(obj).__name__}: not plain data")
+
+
+def content_digest(obj: Any) -> str:
+    """A checksum of the :func:`plain` data ``obj`` (``blake2b-256:HEX``), the same for the object saved and the
+    object ``torch.load`` reads back from the file."""
+    h = hashlib.blake2b(digest_size=32)
+    _digest(obj, h)
+    return f"blake2b-256:{h.hexdigest()}"
+
+
+class _Writes:
+    """A file for ``torch.save`` that keeps the ``OSError`` of a failed write: torch's zip writer turns it into a
+    ``RuntimeError`` (``[enforce fail at inline_container.cc] unexpected pos``) that names neither the file nor
+    the reason (a full disk)."""
+
+    def __init__(self, fh: Any):
+        self.fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self.fh.write(data))
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     """``torch.save(obj)`` to ``path`` durably and atomically (:func:`gnnscale.fsutil.atomic_file`), as
-    :func:`plain` data."""
+    :func:`plain` data; a dict gets its ``checksum`` (:func:`content_digest`). A write that fails (a full disk) is
+    an ``OSError``, whatever torch made of it."""
     obj = plain(obj)
+    if isinstance(obj, dict):
+        obj = {k: v for k, v in obj.items() if k != "checksum"}
+        obj["checksum"] = content_digest(obj)
     with atomic_file(path, durable=True) as fh:
-        torch.save(obj, fh)
+        out = _Writes(fh)
+        try:
+            torch.save(obj, out)  # type: ignore[arg-type]  # a file: write() is all torch's zip writer uses
+        except RuntimeError as exc:
+            if out.error is not None:
+                raise out.error from exc
+            if "unexpected pos" in str(exc) or "file write failed" in str(exc):
+                raise OSError(errno.EIO, f"torch.save could not write the file ({str(exc).splitlines()[0]})"
+                              ) from exc
+            raise
     return Path(path)
 
 
@@ -118,6 +203,15 @@ def load_versioned(path: Path, fmt: str, version: int, kind: str, what: str, hin
         raise ConfigError(f"{what} is not a gnnscale {kind}{hint}")
     if obj.get("version") != version:
         raise ConfigError(f"{what} has {kind} format version {obj.get('version')}; this gnnscale reads {version}")
+    if "checksum" in obj:  # files written before checksums have none, and load as they did
+        stored = obj.pop("checksum")
+        try:
+            digest = content_digest(obj)
+        except Exception:  # noqa: BLE001 -- content no gnnscale file holds (a sparse tensor): damaged as well
+            digest = None
+        if stored != digest:
+            raise ConfigError(f"{what} is damaged: its content does not match the checksum it was written with (the "
+                              f"file changed since); use another copy of the {kind}")
     return obj
 
 
@@ -129,9 +223,18 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     return load_versioned(path, FORMAT, VERSION, "checkpoint", f"--resume: {path}")
 
 
-def check_resumable(state: dict[str, Any], config: TrainConfig, dataset: str, num_nodes: int) -> None:
+def lock_checkpoint(directory: str | os.PathLike[str]) -> OutputLock:
+    """This run's lock on the ``--checkpoint`` folder (:func:`gnnscale.fsutil.lock_output`): a second run on the
+    same folder is refused while this one lives."""
+    return lock_output(checkpoint_path(directory), "--checkpoint", shown=directory)
+
+
+def check_resumable(state: dict[str, Any], config: TrainConfig, dataset: str, num_nodes: int,
+                    fingerprint: dict[str, str] | None = None) -> None:
     """Refuse a resume whose config would train a different model, or on another graph (one line naming the
-    differing fields)."""
+    differing fields): another name or vertex count, or another content (``fingerprint``, the graph's
+    :func:`gnnscale.graph.fingerprint.fingerprint`, against the checkpoint's: topology, features, labels or
+    split). A checkpoint written before fingerprints is compared by name and vertex count only."""
     old = state["config"]
     new = asdict(config)
     diff = [f"--{k.replace('_', '-')} {old.get(k)} -> {new[k]}" for k in MODEL_FIELDS if old.get(k) != new[k]]
@@ -141,6 +244,37 @@ def check_resumable(state: dict[str, Any], config: TrainConfig, dataset: str, nu
     if (state["dataset"], state["num_nodes"]) != (dataset, num_nodes):
         raise ConfigError(f"--resume: the checkpoint was trained on {state['dataset']} ({state['num_nodes']:,} "
                           f"vertices), not {dataset} ({num_nodes:,})")
+    old_print = state.get("fingerprint")
+    if fingerprint is not None and isinstance(old_print, dict):
+        differ = differing_parts(old_print, fingerprint)
+        if differ:
+            parts = ", ".join(differ[:-1]) + (" and " if len(differ) > 1 else "") + differ[-1]
+            raise ConfigError(f"--resume: the checkpoint was trained on another {dataset} graph: its {parts} "
+                              f"differ{'s' * (len(differ) == 1)} (same name and {num_nodes:,} vertices; parts "
+                              f"compared: {', '.join(PARTS)}); resume on the graph it was trained on, or give a new "
+                              "--checkpoint folder")
     if state["epoch"] >= config.epochs:
         raise ConfigError(f"--resume: the checkpoint already has {state['epoch']} epochs; raise --epochs above it "
                           "to train on")
+
+
+@contextmanager
+def job_locks(*, metrics: str | None = None, checkpoint: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """The locks of a job's outputs (``--metrics`` FILE, ``--checkpoint`` DIR), held by the process that starts its
+    ranks while they run; the ranks find them held by it (:data:`gnnscale.fsutil.LOCK_OWNER`) and go on."""
+    locks = []
+    before = os.environ.get(LOCK_OWNER)
+    try:
+        if metrics:
+            locks.append(lock_output(check_output(metrics, "--metrics"), "--metrics"))
+        if checkpoint is not None:
+            locks.append(lock_checkpoint(checkpoint))
+        os.environ[LOCK_OWNER] = str(os.getpid())
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LOCK_OWNER, None)
+        else:
+            os.environ[LOCK_OWNER] = before
+        for lock in reversed(locks):
+            lock.release()

@@ -7,7 +7,9 @@ and keeps the work on a fallback path when the write fails late."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,14 +46,57 @@ def honour_umask(path: Path | str) -> None:
         os.chmod(path, 0o666 & ~mask)
 
 
+_TMP_SUFFIX = ".tmp"
+_LEGACY_TMP = re.compile(r"[a-z0-9_]{8}")
+"""The random part of the temporaries gnnscale wrote before they carried their writer's pid (``tempfile``'s)."""
+
+
+def _temp_prefix(path: Path, pid: int | None = None) -> str:
+    return f".{path.name}.gnnscale-{os.getpid() if pid is None else pid}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: a process of another user has the pid
+        return True
+    return True
+
+
+def stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
+    """The temporaries of :func:`atomic_file` for ``path`` that no running writer owns: ``.NAME.gnnscale-PID-*.tmp``
+    of a process that is gone (killed mid-write), and ``.NAME.XXXXXXXX.tmp`` of gnnscale versions before the pid
+    was in the name. Another program's files, and the temporary of a writer still running, are not among them."""
+    path = Path(path)
+    lead = f".{path.name}."
+    out = []
+    try:
+        names = [e.name for e in os.scandir(path.parent)]
+    except OSError:
+        return []
+    for name in names:
+        if not (name.startswith(lead) and name.endswith(_TMP_SUFFIX)):
+            continue
+        middle = name[len(lead) : -len(_TMP_SUFFIX)]
+        mine = re.fullmatch(r"gnnscale-(\d+)-[a-z0-9_]+", middle)
+        if (mine is not None and not _alive(int(mine.group(1)))) or _LEGACY_TMP.fullmatch(middle):
+            out.append(path.parent / name)
+    return out
+
+
 @contextmanager
 def atomic_file(path: str | os.PathLike[str], *, durable: bool = False) -> Iterator[BinaryIO]:
-    """Write ``path`` through a hidden temporary sibling that is renamed onto it when the ``with`` body ends, so
-    ``path`` holds the old content or the new, never part of one (and nothing is left when the body fails). The
-    file gets the umask's permissions. ``durable``: fsync the file before the rename and the folder after (a
-    checkpoint must survive a power cut); temporaries a killed writer left beside ``path`` are removed then."""
+    """Write ``path`` through a hidden temporary sibling (``.NAME.gnnscale-PID-XXXX.tmp``) that is renamed onto it
+    when the ``with`` body ends, so ``path`` holds the old content or the new, never part of one (and nothing is
+    left when the body fails). The file gets the umask's permissions. ``durable``: fsync the file before the rename
+    and the folder after (a checkpoint must survive a power cut). Temporaries a killed writer left for ``path``
+    (:func:`stale_temporaries`) are removed first, which also gives their space back to this write."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    for stale in stale_temporaries(path):
+        stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=_TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh
@@ -72,8 +117,95 @@ def atomic_file(path: str | os.PathLike[str], *, durable: bool = False) -> Itera
                 os.close(dfd)
         except OSError:
             pass
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):
-            stale.unlink(missing_ok=True)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to the file descriptor ``fd`` (``os.write`` may write part of it); an ``OSError`` (a full
+    disk: ``ENOSPC``) leaves what was written so far."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+# ------------------------------------------------------------------------------------------------ locks
+LOCK_OWNER = "GNNSCALE_LOCK_OWNER"
+"""Set in the ranks of a job started by ``--ranks`` or ``gnnscale.launch``: the pid of the process that started
+them, which holds the job's output locks (a rank finds them held by it, and goes on)."""
+
+
+class OutputLock:
+    """An exclusive ``fcntl.flock`` on ``.NAME.lock`` beside an output, holding the pid of the process that took it.
+    The kernel lets it go when the process ends, however it ends (SIGKILL too); :meth:`release` also removes the
+    file, and the folders made for it when they are empty."""
+
+    def __init__(self, path: Path, fd: int | None, made: list[Path]):
+        self.path, self.fd, self.made = path, fd, made
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        self.path.unlink(missing_ok=True)  # while held: a run waiting on the old file sees it replaced (lock_output)
+        os.close(self.fd)
+        self.fd = None
+        for folder in self.made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+    def __enter__(self) -> OutputLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_path(path: str | os.PathLike[str]) -> Path:
+    """The lock file of the output ``path``: ``.NAME.lock`` in its folder."""
+    p = Path(path)
+    return p.parent / f".{p.name}.lock"
+
+
+def lock_output(path: str | os.PathLike[str], flag: str, shown: str | os.PathLike[str] | None = None) -> OutputLock:
+    """Take the lock of the output ``path`` (:class:`OutputLock`) for this run, or refuse in one
+    :class:`ConfigError` naming the run that holds it (its pid): two runs writing one checkpoint or metrics file
+    would tear it. A lock held by the process that started this rank's job (:data:`LOCK_OWNER`) is this job's.
+    ``shown``: the path the error names (the ``--checkpoint`` folder of ``DIR/checkpoint.pt``)."""
+    p = Path(path)
+    target = lock_path(p)
+    made = []
+    above = target.parent
+    while not above.exists():
+        made.append(above)
+        above = above.parent
+    shown = shown or p
+    while True:
+        try:
+            for folder in reversed(made):
+                folder.mkdir(exist_ok=True)
+            fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise ConfigError(f"{flag} {shown}: cannot create its lock file {target} ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if holder and holder == os.environ.get(LOCK_OWNER):
+                return OutputLock(target, None, [])
+            who = f"pid {holder}" if holder.isdigit() else "its pid unknown"
+            raise ConfigError(f"{flag} {shown} is in use by another gnnscale run ({who}); wait for it to end, or "
+                              "give another path") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(target).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the run that held it removed it as we waited: lock the new file
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return OutputLock(target, fd, made)
 
 
 # ------------------------------------------------------------------------------------------------ outputs

@@ -12,6 +12,7 @@ folder, from which this process reads it back (weights only: no pickle crosses).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -21,9 +22,10 @@ from pathlib import Path
 import torch
 
 from gnnscale import errors
+from gnnscale.checkpoint import job_locks
 from gnnscale.config import TrainConfig
 from gnnscale.distributed.comm import current as current_comm
-from gnnscale.distributed.job import PEER_FAILED
+from gnnscale.distributed.job import PEER_FAILED, launched
 from gnnscale.distributed.launch import run_ranks
 from gnnscale.engines import requested_mode
 from gnnscale.engines.devices import rank_device
@@ -36,6 +38,29 @@ from gnnscale.nn import build_model
 from gnnscale.train import TrainResult, as_graph, check_trainable, train
 
 _RESULT = "result.pt"
+_OUT = "GNNSCALE_LAUNCH_OUT"
+"""Set in the ranks of a :func:`launch` job: its result folder (where a rank that calls ``launch`` again, as it
+imports an unguarded script, leaves its error for the caller)."""
+GUARD = ("put the gnnscale.launch call (and the work before it) under `if __name__ == \"__main__\":` in the script: "
+         "the ranks are new Python processes that import the script, and run all of it that is not guarded")
+
+
+def _refuse_in_a_rank() -> None:
+    """``launch`` called in a rank: refused in one line. A rank that re-imports the caller's script (the
+    ``spawn`` start method runs the main module again, as ``__mp_main__``) met an unguarded call: it leaves the
+    error for the job's caller and ends at once (a traceback there would name neither the cause nor the fix)."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # importing the caller's main module
+        # (torch's variables, RANK too, are set only after: the file is named by the process id)
+        message = f"gnnscale.launch was called again in a rank as it imported the script; {GUARD}"
+        out = os.environ.get(_OUT)
+        if out and Path(out).is_dir():
+            _atomic_write(Path(out) / f"error-{os.getpid()}.json", json.dumps(["ConfigError", message]).encode())
+        else:
+            print(f"error: {message}", file=sys.stderr, flush=True)
+        os._exit(2)
+    rank = os.environ.get("RANK", "?")
+    raise ConfigError(f"gnnscale.launch was called in rank {rank} of a launched job (torchrun or a launch): it starts "
+                      "the ranks itself; run the script with python, and train in a rank with gnnscale.train")
 
 
 @dataclass(frozen=True)
@@ -70,7 +95,8 @@ def launch(
 
     The same job as ``gnnscale train --dataset DATASET --engine distributed --ranks R`` (same launcher, same
     losses), from Python. Call it under ``if __name__ == "__main__":`` in a script: the ranks are new Python
-    processes (spawned), which import the script's main module.
+    processes (spawned), which import the script's main module; an unguarded call, met again by the ranks as
+    they import it, is refused with one :class:`ConfigError` saying so (the work above it has run in each rank).
 
     Args:
         dataset: a dataset spec or path (``load_dataset``'s, read by every rank with ``root`` and ``config.seed``),
@@ -88,6 +114,8 @@ def launch(
         GnnscaleError: bad input, found here or by the ranks (rank 0's error, as the command prints it).
         RankFailure: a rank died or failed; the message is the launcher's line naming it.
     """
+    if launched() or getattr(multiprocessing.current_process(), "_inheriting", False):
+        _refuse_in_a_rank()
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ConfigError(f"ranks must be a number of processes >= 1, got {ranks!r}")
     config = replace(config, ranks=ranks)
@@ -108,7 +136,16 @@ def launch(
                       None if checkpoint is None else os.fspath(checkpoint), checkpoint_every, checkpoint_iterations,
                       resume)
         said: list[str] = []
-        code = run_ranks(run_rank, job, ranks, say=said.append)
+        before = os.environ.get(_OUT)
+        os.environ[_OUT] = tmp  # the ranks inherit it
+        try:
+            with job_locks(checkpoint=checkpoint):
+                code = run_ranks(run_rank, job, ranks, say=said.append)
+        finally:
+            if before is None:
+                os.environ.pop(_OUT, None)
+            else:
+                os.environ[_OUT] = before
         if code == 0:
             return _read_result(Path(tmp) / _RESULT, config)
         if code == 130:

@@ -19,6 +19,7 @@ from gnnscale.engines import select_engine
 from gnnscale.engines.devices import resolve_devices
 from gnnscale.errors import ConfigError, GraphError
 from gnnscale.fsutil import atomic_file, make_parents
+from gnnscale.graph.fingerprint import fingerprint as graph_fingerprint
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
 
@@ -28,17 +29,21 @@ OUTPUT_SUFFIXES = (".npy", ".pt", ".csv")
 
 
 def save_model(path: str | os.PathLike[str], model: GNN, config: TrainConfig, graph: Graph,
-               state: dict[str, Tensor] | None = None, **meta: Any) -> Path:
+               state: dict[str, Tensor] | None = None, *, fingerprint: dict[str, str] | None = None,
+               **meta: Any) -> Path:
     """Write ``model`` (or the weights ``state``, e.g. ``TrainResult.best_state``) with what rebuilds it: the
-    config and the graph's feature and class counts, and ``meta`` (plain data: ``interrupted=True,
-    epochs_done=k``). Atomic; missing folders above ``path`` are created. Loads with ``weights_only=True``."""
+    config and the graph's feature and class counts, the graph's ``fingerprint`` (computed when not given:
+    :func:`gnnscale.graph.fingerprint.fingerprint`), and ``meta`` (plain data: ``interrupted=True,
+    epochs_done=k``). Atomic, with a checksum verified by :func:`load_model`; missing folders above ``path`` are
+    created. Loads with ``weights_only=True``."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"--save-model {path} is a directory")
     weights = {k: v.detach().cpu() for k, v in (state or model.state_dict()).items()}
     return atomic_save({"format": FORMAT, "version": VERSION, "config": asdict(config),
                         "num_features": graph.num_features, "num_classes": graph.num_classes,
-                        "dataset": graph.name, "state_dict": weights, **meta}, make_parents(path))
+                        "dataset": graph.name, "fingerprint": graph_fingerprint(graph) if fingerprint is None
+                        else fingerprint, "state_dict": weights, **meta}, make_parents(path))
 
 
 def load_model(path: str | os.PathLike[str]) -> tuple[GNN, TrainConfig]:

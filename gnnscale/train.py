@@ -13,12 +13,19 @@ from typing import Any
 import torch
 
 from gnnscale import runtime as rt
-from gnnscale.checkpoint import check_checkpoint_args, check_resumable, load_checkpoint, save_checkpoint
+from gnnscale.checkpoint import (
+    check_checkpoint_args,
+    check_resumable,
+    load_checkpoint,
+    lock_checkpoint,
+    save_checkpoint,
+)
 from gnnscale.config import TrainConfig
 from gnnscale.engines import ignored_warning, select_engine
 from gnnscale.engines.base import Engine
 from gnnscale.engines.devices import peak_device_bytes, reset_peak_device_bytes, resolve_devices
 from gnnscale.errors import ConfigError, GraphError, TrainingError
+from gnnscale.graph.fingerprint import fingerprint
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
 from gnnscale.notes import note, warn
@@ -185,9 +192,40 @@ def train(
         raise ConfigError(f"--checkpoint-iterations must be >= 0, got {checkpoint_iterations}")
     if checkpoint_iterations and checkpoint is None:
         raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
+    # one run per checkpoint folder (rank 0 of a job writes; the launcher of a --ranks job holds it for its ranks)
+    lock = lock_checkpoint(checkpoint) if checkpoint is not None and os.environ.get("RANK", "0") == "0" else None
+    try:
+        return _train(graph, config, dev, start, made_up, on_epoch=on_epoch, on_start=on_start, timings=timings,
+                      checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                      checkpoint_iterations=checkpoint_iterations, resume=resume, on_resume=on_resume,
+                      on_stop=on_stop)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(
+    graph: Graph,
+    config: TrainConfig,
+    dev: torch.device,
+    start: float,
+    made_up: list[str],
+    *,
+    on_epoch: Callable[[EpochRecord], None] | None,
+    on_start: Callable[[Engine, dict[str, list[str]], dict[str, float]], None] | None,
+    timings: dict[str, float] | None,
+    checkpoint: str | os.PathLike[str] | None,
+    checkpoint_every: int,
+    checkpoint_iterations: int | None,
+    resume: bool,
+    on_resume: Callable[[list[EpochRecord]], None] | None,
+    on_stop: Callable[[TrainResult, BaseException], None] | None,
+) -> TrainResult:
+    """:func:`train` after its checks, under the checkpoint folder's lock."""
     saved = load_checkpoint(checkpoint) if resume and checkpoint is not None else None
+    prints = fingerprint(graph) if checkpoint is not None else None  # the graph's content, kept with each checkpoint
     if saved is not None:
-        check_resumable(saved, config, graph.name, graph.num_nodes)
+        check_resumable(saved, config, graph.name, graph.num_nodes, prints)
     engine_cls, rejected = select_engine(graph, config, dev)
     assert graph.num_classes is not None
     model = build_model(
@@ -238,9 +276,10 @@ def train(
             return
         try:
             Path(checkpoint).mkdir(parents=True, exist_ok=True)
-            save_model(Path(checkpoint) / "model.pt", model, config, graph, best_state)
+            save_model(Path(checkpoint) / "model.pt", model, config, graph, best_state, fingerprint=prints)
             save_checkpoint(checkpoint, {
                 "epoch": epoch, "config": asdict(config), "dataset": graph.name, "num_nodes": graph.num_nodes,
+                "fingerprint": prints,
                 "engine_name": engine_cls.name, "model": model.state_dict(),
                 "optimizer": engine.optimizer.state_dict(), "engine": engine.state_dict(), "history": history,
                 "best": best, "best_state": best_state})

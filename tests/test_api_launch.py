@@ -59,3 +59,37 @@ def test_bad_input_is_raised_in_the_caller(tmp_path: Path) -> None:
     tiny = io.save(csbm(nodes=3, features=4, avg_degree=1, seed=1, train=0.34), tmp_path / "tiny")
     with pytest.raises(ConfigError, match="more than the graph's 3 vertices"):  # found by the ranks: rank 0's error
         gs.launch(str(tiny), _config(epochs=1), ranks=4, device="cpu")
+
+
+UNGUARDED = """
+import gnnscale as gs
+print("top level ran", flush=True)
+cfg = gs.TrainConfig(engine="distributed", model="sage", batch_size=50, fanouts=(5, 3), epochs=1, merge="off")
+try:
+    gs.launch("csbm:nodes=200,features=8,avg_degree=4", cfg, ranks=2, device="cpu")
+except gs.GnnscaleError as exc:
+    print(f"caught {type(exc).__name__}: {exc}", flush=True)
+"""
+
+
+def test_a_launch_without_the_main_guard_says_how_to_fix_it(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    caught = [line for line in p.stdout.splitlines() if line.startswith("caught")]
+    # the caller gets one ConfigError: the ranks met the call again as they imported the script, and stopped there
+    assert len(caught) == 1, p.stdout
+    assert caught[0].startswith("caught ConfigError: gnnscale.launch was called again in a rank as it imported the "
+                                "script; put the gnnscale.launch call"), caught
+    assert '`if __name__ == "__main__":`' in caught[0]
+    assert p.stdout.count("top level ran") == 3  # the caller's and each rank's import: nothing trained
+
+
+def test_launch_inside_a_rank_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError, match="called in rank 1 of a launched job"):
+        gs.launch(_graph(), _config(), ranks=2, device="cpu")

@@ -109,10 +109,17 @@ def test_an_interrupted_checkpoint_write_leaves_the_previous_one(tmp_path: Path,
     assert state is not None and state["epoch"] == 1 and torch.equal(state["payload"], torch.arange(10))
     assert sorted(p.name for p in tmp_path.iterdir()) == [FILE]
     # a writer killed outright leaves its temporary: loading ignores it, the next save removes it
-    (tmp_path / f".{FILE}.dead.tmp").write_bytes(b"\0" * 100)
+    (tmp_path / f".{FILE}.gnnscale-{_dead_pid()}-x1y2.tmp").write_bytes(b"\0" * 100)
     assert load_checkpoint(tmp_path)["epoch"] == 1  # type: ignore[index]
     save_checkpoint(tmp_path, {"epoch": 3})
     assert sorted(p.name for p in tmp_path.iterdir()) == [FILE] and load_checkpoint(tmp_path)["epoch"] == 3  # type: ignore[index]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -151,3 +158,113 @@ def test_checkpoint_flags_are_checked_before_loading(tmp_path: Path, capsys: pyt
     cfg = TrainConfig(epochs=1)
     with pytest.raises(ConfigError, match="already has 1 epochs; raise --epochs"):
         check_resumable({"config": asdict(cfg), "dataset": "x", "num_nodes": 1, "epoch": 1}, cfg, "x", 1)
+
+
+# ------------------------------------------------------------------------------------- issue #44: trust, round 4
+SMALL = "csbm:nodes=300,avg_degree=4,features=64"
+
+
+def _small_run(ck: Path, *extra: str) -> list[str]:
+    return ["train", "--dataset", SMALL, "--hidden", "128", "--epochs", "1", "--quiet", "--device", "cpu",
+            "--checkpoint", str(ck), *extra]
+
+
+def _zero_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_or_model_is_refused_in_one_line(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    ck = tmp_path / "ck"
+    assert main(_small_run(ck)) == 0
+    capsys.readouterr()
+    for name in (FILE, "model.pt"):
+        _zero_middle(ck / name)
+        torch.load(ck / name, weights_only=True)  # torch itself does not notice: the block is inside a tensor
+    assert main([*_small_run(ck), "--epochs", "2", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --resume: {ck / FILE} is damaged") and err.count("\n") == 1, err
+    out = tmp_path / "p.npy"
+    assert main(["predict", "--dataset", SMALL, "--model", str(ck / "model.pt"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --model {ck / 'model.pt'} is damaged") and err.count("\n") == 1, err
+    assert not out.exists()
+    from gnnscale.checkpoint import content_digest
+
+    assert main(_small_run(tmp_path / "whole")) == 0
+    for name in (FILE, "model.pt"):
+        raw = torch.load(tmp_path / "whole" / name, weights_only=True)
+        stored = raw.pop("checksum")  # written with the file, over everything else in it
+        assert stored == content_digest(raw)
+
+
+def test_a_file_written_before_checksums_still_loads(tmp_path: Path) -> None:
+    from gnnscale.checkpoint import plain
+
+    save_checkpoint(tmp_path, {"epoch": 4, "w": torch.ones(3)})
+    old = torch.load(tmp_path / FILE, weights_only=True)
+    del old["checksum"]
+    torch.save(plain(old), tmp_path / FILE)  # as gnnscale wrote it before
+    state = load_checkpoint(tmp_path)
+    assert state is not None and state["epoch"] == 4 and "checksum" not in state
+    old["checksum"] = "blake2b-256:" + "0" * 64  # a checksum that does not match is refused, though
+    torch.save(plain(old), tmp_path / FILE)
+    with pytest.raises(ConfigError, match="is damaged"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_resume_on_another_graph_is_refused_naming_the_part(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from dataclasses import replace
+
+    ck = tmp_path / "ck"
+    base = ["train", "--dataset", "csbm:nodes=400,avg_degree=4,features=8", "--hidden", "8", "--quiet",
+            "--device", "cpu", "--checkpoint", str(ck)]
+    assert main([*base, "--epochs", "1"]) == 0
+    capsys.readouterr()
+    # same name, same vertex count, another graph: refused before any epoch
+    other = ["--dataset", "csbm:nodes=400,avg_degree=4,features=8,seed=7,homophily=0.9"]
+    assert main([*base, "--epochs", "2", "--resume", *other]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --resume:") and err.count("\n") == 1, err
+    assert "its topology, features, labels and split differ" in err, err
+    assert load_checkpoint(ck)["epoch"] == 1  # type: ignore[index]
+
+    g = csbm(nodes=200, avg_degree=4, features=8, seed=3)
+    cfg = TrainConfig(hidden=8, epochs=1)
+    ck2 = tmp_path / "api"
+    train(g, cfg, "cpu", checkpoint=ck2)
+    assert load_checkpoint(ck2)["fingerprint"]["split"]  # type: ignore[index]
+    more = replace(cfg, epochs=2)
+    swapped = replace(g, train_mask=g.test_mask, test_mask=g.train_mask)  # trained vertices would be tested on
+    x = g.x.clone()  # type: ignore[union-attr]
+    x[0, 0] += 1
+    y = g.y.clone()  # type: ignore[union-attr]
+    y[-1] = (y[-1] + 1) % g.num_classes  # type: ignore[operator]
+    for changed, part in ((swapped, "split"), (replace(g, x=x), "features"), (replace(g, y=y), "labels")):
+        with pytest.raises(ConfigError, match=f"its {part} differs"):
+            train(changed, more, "cpu", checkpoint=ck2, resume=True)
+    assert train(g, more, "cpu", checkpoint=ck2, resume=True).summary["resumed_from_epoch"] == 1
+
+
+def test_the_fingerprint_samples_large_arrays_and_ignores_storage(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from gnnscale.graph import io
+    from gnnscale.graph.fingerprint import SLICE, SLICES, differing_parts, fingerprint
+
+    g = csbm(nodes=5000, avg_degree=4, features=64, seed=1)
+    assert g.x is not None and g.x.numel() > SLICES * SLICE  # sampled, not hashed whole
+    mapped = io.open_dir(io.save(g, tmp_path / "g"))  # memory-mapped arrays of a converted directory
+    assert fingerprint(mapped) == fingerprint(g)
+    assert fingerprint(g.with_indices_dtype(torch.int32)) == fingerprint(g)  # the same graph, narrower ids
+    x = g.x.clone()
+    x[0, 0] += 1  # inside the first slice
+    assert differing_parts(fingerprint(g), fingerprint(replace(g, x=x))) == ["features"]
+    x = g.x.clone()
+    x[-1, -1] += 1  # inside the last slice
+    assert differing_parts(fingerprint(g), fingerprint(replace(g, x=x))) == ["features"]
+    assert differing_parts(fingerprint(g), fingerprint(replace(g, x=g.x[:, :63].contiguous()))) == ["features"]

@@ -6,33 +6,96 @@ import argparse
 import contextlib
 import functools
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gnnscale.errors import ConfigError
-from gnnscale.fsutil import check_output, make_parents
+from gnnscale.fsutil import (
+    OutputLock,
+    atomic_file,
+    check_output,
+    fallback_paths,
+    lock_output,
+    make_parents,
+    write_all,
+)
+from gnnscale.notes import warn
 
 
 class _MetricsWriter:
-    """JSON Lines to FILE, one record per finished epoch, flushed as it is written (an interrupted or failed run
-    keeps the epochs it finished; the summary record comes last, only when training ends). FILE is created at the
-    first record, so bad input that stops a run before its first epoch leaves nothing behind."""
+    """JSON Lines to FILE, one record per finished epoch, written as it comes (an interrupted or failed run keeps
+    the epochs it finished; the summary record comes last, only when training ends). FILE is created at the first
+    record, so bad input that stops a run before its first epoch leaves nothing behind.
+
+    The writer holds FILE's lock (:func:`gnnscale.fsutil.lock_output`) from now until :meth:`close`, so a second
+    run on the same FILE is refused instead of tearing its lines. A write that fails (a full disk) does not stop
+    training: one warning says so, the records are kept, and each later record tries again (from the last whole
+    record: a torn line is cut); at :meth:`close` the records still unwritten go to FILE if it can take them now,
+    else to a copy in the working or temporary folder, and a warning says where."""
 
     def __init__(self, path: str):
         self.path = check_output(path, "--metrics")
-        self.fh: Any = None
+        self.lock: OutputLock | None = lock_output(self.path, "--metrics")
+        self.fd: int | None = None
+        self.lines: list[bytes] = []  # every record so far
+        self.good = 0  # bytes of FILE that are whole records
+        self.done = 0  # records among them
+        self.failed = False
 
     def write(self, record: dict[str, Any]) -> None:
-        if self.fh is None:
-            self.fh = open(make_parents(self.path), "w")  # noqa: SIM115 -- kept open across epochs, closed by close()
-        self.fh.write(json.dumps(_finite(record), allow_nan=False) + "\n")
-        self.fh.flush()
+        self.lines.append((json.dumps(_finite(record), allow_nan=False) + "\n").encode())
+        self._catch_up()
+
+    def _catch_up(self) -> bool:
+        """Write the records FILE lacks; whether it has them all now."""
+        try:
+            if self.fd is None:
+                self.fd = os.open(make_parents(self.path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            if self.failed:  # cut what a failed write left of a line
+                os.ftruncate(self.fd, self.good)
+            data = b"".join(self.lines[self.done :])
+            os.lseek(self.fd, self.good, os.SEEK_SET)
+            write_all(self.fd, data)
+        except OSError as exc:
+            if not self.failed:
+                warn(f"could not write --metrics {self.path} ({exc.strerror or exc}): training goes on; its records "
+                     "are kept and written when the disk takes them")
+            self.failed = True
+            return False
+        self.good += len(data)
+        self.done = len(self.lines)
+        return True
 
     def close(self) -> None:
-        if self.fh is not None:
-            self.fh.close()
-            self.fh = None
+        try:
+            if self.failed and not self._catch_up():
+                self._copy_elsewhere()
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
+
+    def _copy_elsewhere(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.good)  # FILE keeps its whole records only
+        data = b"".join(self.lines)
+        for alt in fallback_paths(self.path):
+            try:
+                with atomic_file(alt) as fh:
+                    fh.write(data)
+            except OSError:
+                continue
+            warn(f"--metrics {self.path} holds the first {self.done} of {len(self.lines)} records (the disk was "
+                 f"full); all {len(self.lines)} are in {alt}")
+            return
+        warn(f"--metrics {self.path} holds the first {self.done} of {len(self.lines)} records; the others could not "
+             "be written anywhere (the disk was full)")
 
 
 def _finite(v: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from gnnscale import progress
-from gnnscale.checkpoint import check_checkpoint_args
+from gnnscale.checkpoint import check_checkpoint_args, job_locks
 from gnnscale.cli.common import _device_list, _fmt, _MetricsWriter, _num_list
 from gnnscale.config import TrainConfig
 from gnnscale.distributed.comm import current as current_comm
@@ -71,12 +71,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                 raise ConfigError("--engine distributed runs as a job of ranks: start it with torchrun (torchrun "
                                   "--nproc-per-node R -m gnnscale train --engine distributed ...) or give --ranks R "
                                   "to start R ranks on this machine")
-            if args.metrics:
-                _MetricsWriter(args.metrics)  # a bad path fails here, before any rank starts
             rank_device(args.device, args.ranks, 0)  # one GPU per rank: say so before any rank starts
             if args.plan is not None:
                 load_rank_plan(args.plan, args.ranks)
-            return run_ranks(args.entry, args.argv, args.ranks)  # args.entry: main, which the ranks run
+            with job_locks(metrics=args.metrics, checkpoint=args.checkpoint):  # a bad path fails here, before any
+                return run_ranks(args.entry, args.argv, args.ranks)  # rank starts; args.entry: main, run by the ranks
         rank = int(os.environ["RANK"])
         if rank != 0:  # rank 0 reports; the others speak only of their own failures (stderr)
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the rest of this rank's life
@@ -84,11 +83,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     device = resolve_devices(config, args.device)
     if args.device == "auto" and not config.devices and device.type == "cpu":
         print("no CUDA device found: training on CPU (--device cpu says so and silences this)")
-    writer = _MetricsWriter(args.metrics) if args.metrics else None
     progress.enable(not args.quiet and sys.stderr.isatty())
     # torch's optimisers import torch._dynamo (seconds) when the engine is built: import it while the data loads
     threading.Thread(target=_warm_imports, daemon=True, name="gnnscale-imports").start()
     timings: dict[str, float] = {}
+    writer = _MetricsWriter(args.metrics) if args.metrics else None  # holds the file's lock until it is closed
     try:
         with progress.stage("load", timings):
             graph = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)

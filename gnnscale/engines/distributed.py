@@ -43,7 +43,7 @@ the trainers (this rank's model, or the models hopping through it), an all-reduc
 reducer; the loop's iteration hook writes §8's iteration checkpoints, with every rank's counters.
 
 Testing hook: ``GNNSCALE_FAULT=RANK:EPOCH:ITERATION:kill|raise`` makes that rank SIGKILL itself (or raise) as
-that iteration (0-based) starts.
+that iteration (0-based) starts, after a ``GNNSCALE_FAULT: rank R fails ...`` line on stderr.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -395,6 +396,8 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
             return
         rank, ep, when, kind = spec.split(":")
         if (int(rank), int(ep), int(when)) == (self.rank, epoch, it):
+            print(f"GNNSCALE_FAULT: rank {self.rank} fails ({kind}) at epoch {epoch}, iteration {it}",
+                  file=sys.stderr, flush=True)
             if kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"fault injected at epoch {epoch}, iteration {it} (GNNSCALE_FAULT)")

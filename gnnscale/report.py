@@ -64,7 +64,7 @@ class Panel:
 
     title: str
     ylabel: str
-    """The y axis label, with its unit: ``peak memory (MiB)``."""
+    """The y axis label, with its unit: ``memory held (MiB)``."""
     series: list[Series] = field(default_factory=list)
 
 

@@ -296,11 +296,11 @@ def test_the_report_figure_is_fit_for_a_paper(tmp_path: Path) -> None:
             read_run(_metrics(tmp_path, "b.jsonl"))]
     panels = build_panels(runs)
     memory = next(p for p in panels if "memory" in p.title)
-    assert memory.ylabel == "peak memory (MiB)" and {s.part for s in memory.series} == {"device"}
+    assert memory.ylabel == "memory held (MiB)" and {s.part for s in memory.series} == {"device"}
     fig = draw_figure(panels)
     fig.canvas.draw()
     axes = fig.axes
-    assert [ax.get_ylabel() for ax in axes][:4] == ["training loss", "accuracy", "epoch time (s)", "peak memory (MiB)"]
+    assert [ax.get_ylabel() for ax in axes][:4] == ["training loss", "accuracy", "epoch time (s)", "memory held (MiB)"]
     for ax in axes:
         loc = ax.xaxis.get_major_locator()
         assert isinstance(loc, MaxNLocator) and loc._integer  # epochs are whole numbers

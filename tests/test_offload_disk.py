@@ -214,3 +214,35 @@ def test_chunk_topology_past_the_budget_is_file_backed(gdir: Path, tmp_path: Pat
     assert list(scratch.iterdir()) == []
     roomy = _engine(gdir, "1GB")  # the budget holds the blocks beside every buffer: nothing in files
     assert roomy.spill is None and roomy.chunks[0].block.indices.untyped_storage().filename is None
+
+
+def test_spill_files_have_their_blocks_allocated(gdir: Path, tmp_path: Path) -> None:
+    """A spill file is reserved (posix_fallocate), not sparse: a disk that fills after the free-space check cannot
+    end the run with SIGBUS when a mapped page is written back (issue #44, item 11)."""
+    eng = _engine(gdir, "100KB", str(tmp_path / "scr"))
+    assert eng.spill is not None and eng.spill.fds
+    for fd in eng.spill.fds:
+        st = os.fstat(fd)
+        assert st.st_size > 0 and st.st_blocks * 512 >= st.st_size
+
+
+def test_a_disk_that_cannot_reserve_a_spill_file_is_one_error_line(gdir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    calls: list[int] = []
+
+    def full(fd: int, offset: int, length: int) -> None:
+        calls.append(length)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    scratch = tmp_path / "scr"
+    args = ["train", "--dataset", str(gdir), "--engine", "offload", "--chunks", "3", "--hidden", "16", "--epochs",
+            "1", "--quiet", "--host-memory", "100KB", "--scratch", str(scratch)]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert calls and len(err) == 1 and err[0].startswith("error: --scratch") and "no room" in err[0]
+    assert list(scratch.iterdir()) == []  # nothing half-written left behind

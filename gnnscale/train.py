@@ -23,7 +23,9 @@ from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
 from gnnscale.notes import note, warn
 from gnnscale.predict import save_model
+from gnnscale.plan.host import HostBase, host_base, host_peak_bytes
 from gnnscale.progress import stage, timed
+from gnnscale.units import format_bytes
 
 EpochRecord = dict[str, Any]
 ITERATION_CHECKPOINTS = 100
@@ -81,6 +83,19 @@ def made_up_parts(graph: Graph) -> list[str]:
     """Which of the graph's ``features`` and ``labels`` a reader made up (drawn at random: the data had none), as
     its ``meta["made_up"]`` records them."""
     return [p for p in ("features", "labels") if p in (graph.meta.get("made_up") or [])]
+
+
+def _host_bound(record: EpochRecord, base: HostBase, budget: int | None, warned: bool) -> bool:
+    """The epoch record's ``host_base_bytes`` and ``host_peak_bytes`` (``VmHWM`` so far); a warning, unless
+    ``warned`` already, when the peak passed the base plus ``--host-memory``. Whether it has warned."""
+    peak = host_peak_bytes()
+    record["host_base_bytes"], record["host_peak_bytes"] = base.total, peak
+    assert budget is not None
+    if peak is not None and peak > base.total + budget and not warned:
+        warn(f"--host-memory {format_bytes(budget)}: the peak resident memory {format_bytes(peak)} passed the "
+             f"{format_bytes(base.total + budget)} it should stay under ({base.describe(budget)})")
+        return True
+    return warned
 
 
 def train(
@@ -143,7 +158,13 @@ def train(
     saved = load_checkpoint(checkpoint) if resume and checkpoint is not None else None
     if saved is not None:
         check_resumable(saved, config, graph.name, graph.num_nodes)
+    loaded = host_peak_bytes()  # the graph is loaded; the engines' planners have not run
     engine_cls, rejected = select_engine(graph, config, dev)
+    warned = False
+    # what --host-memory does not bound (the peak is at most base + budget): the loaded process, the engine's
+    # topology index (its planner's and its own copies of the CSR), kernels
+    base = (None if config.host_memory is None or not engine_cls.honours_host_memory()
+            else host_base(graph.num_nodes, graph.num_edges, engine_cls.host_topology_copies, loaded))
     assert graph.num_classes is not None
     model = build_model(
         config.model,
@@ -233,6 +254,8 @@ def train(
                 "peak_device_bytes": peak_device_bytes(dev),
                 **stats,
             }
+            if base is not None:
+                warned = _host_bound(record, base, config.host_memory, warned)
             history.append(record)
             if not math.isfinite(record["loss"]):
                 if on_epoch is not None:

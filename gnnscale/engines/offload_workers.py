@@ -20,6 +20,7 @@ from torch import Tensor
 from gnnscale import runtime as rt
 from gnnscale.engines.mover import RowMover
 from gnnscale.errors import ConfigError
+from gnnscale.graph.mapped import release_pages
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import LiveBytesCounter
 from gnnscale.store import FeatureSource, ReadStats
@@ -129,6 +130,8 @@ class Spill:
         self.file_bytes = 0
         """Bytes of the file-backed copies (:meth:`copy`)."""
         self.fds: list[int] = []
+        self.maps: list[Tensor] = []
+        """Every file-backed tensor made (buffers and copies): :meth:`release` drops their resident pages."""
         self.copies = 0
         self.dir: str | None = tempfile.mkdtemp(prefix="gnnscale-spill-", dir=root)
 
@@ -158,7 +161,16 @@ class Spill:
             self.fds.append(fd)
         else:
             os.close(fd)
+        self.maps.append(t)
         return t
+
+    def release(self) -> None:
+        """Drop every mapped buffer's resident pages from the process (:func:`~gnnscale.graph.mapped.
+        release_pages`; shared maps: nothing is lost, the pages stay in the page cache and their files): called
+        after each chunk, so that the spilled buffers' pages a chunk touched do not add up in the process's
+        resident set over a pass (``--host-memory`` bounds it)."""
+        for t in self.maps:
+            release_pages(t)
 
     def tensor(self, rows: int, width: int) -> Tensor:
         """A zero ``[rows, width]`` float32 tensor mapped from a new file (unlinked at once)."""

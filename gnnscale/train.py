@@ -22,8 +22,8 @@ from gnnscale.errors import ConfigError, GraphError, TrainingError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
 from gnnscale.notes import note, warn
-from gnnscale.predict import save_model
 from gnnscale.plan.host import HostBase, host_base, host_peak_bytes
+from gnnscale.predict import save_model
 from gnnscale.progress import stage, timed
 from gnnscale.units import format_bytes
 
@@ -179,6 +179,9 @@ def train(
     ignored = ignored_warning(config, engine_cls.name)
     if ignored and engine.is_primary:  # the API and the CLI say it alike, once per job
         warn(ignored)
+    if config.scratch is not None and config.host_memory is None and engine.is_primary:
+        warn("--scratch has no effect without --host-memory: nothing spills to files unless a host budget cannot "
+             "hold it")
     # in the order the steps ran: the caller's (load), the engine's steps (within its set-up), its set-up; then
     # this function's part before the first epoch (prepare_s: checks, selection, model, set-up) and the total
     load_s = (timings or {}).get("load_s", 0.0)

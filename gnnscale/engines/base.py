@@ -170,11 +170,6 @@ class Engine(ABC):
         """Why the host cannot hold what this engine keeps there (its estimate against the available memory);
         ``None`` when it can."""
         parts = estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies)
-        if config.host_memory is not None and not cls.honours_host_memory():
-            held = sum(parts.values()) + graph_bytes(graph)
-            if held > config.host_memory:  # --engine auto then takes an engine that honours the budget
-                return (f"does not take --host-memory and holds the whole graph in host memory (about "
-                        f"{format_bytes(held)}, more than the {format_bytes(config.host_memory)} budget)")
         if cls.spills_to_scratch and config.host_memory is not None \
                 and "activations" in parts:  # what --host-memory cannot hold spills to files: not RAM
             spill = parts["activations"] - config.host_memory

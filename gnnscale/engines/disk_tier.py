@@ -60,8 +60,8 @@ def host_plan(graph: Graph, config: TrainConfig, model: GNN, *, readers: int = 1
               cache: bool = True, working_bytes: int = 0) -> HostPlan | None:
     """The planner's split of ``--host-memory`` for ``model`` on ``graph`` (:func:`~gnnscale.plan.host.plan_host`:
     ``readers`` disk readers, ``activation_bytes`` of host activation buffers, what is left to a host row cache when
-    ``cache``, ``working_bytes`` of batches or chunks in flight); ``None`` without ``--host-memory``. A budget below the run's fixed parts raises one ConfigError
-    line."""
+    ``cache``, ``working_bytes`` of batches or chunks in flight); ``None`` without ``--host-memory``. A budget below
+    the run's fixed parts raises one ConfigError line."""
     if config.host_memory is None:
         return None
     row = max(graph.num_features, 1) * (graph.x.element_size() if graph.x is not None else 4)

@@ -65,10 +65,11 @@ from gnnscale.engines.sampled import (
 from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.engines.sampled_norm import BatchNormSync, traffic, wait_all
+from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
-from gnnscale.plan.host import sampled_batch_rows, sampled_working_bytes
-from gnnscale.plan.memory import available_device_bytes
+from gnnscale.plan.host import plan_host, sampled_batch_rows, sampled_working_bytes
+from gnnscale.plan.memory import available_device_bytes, estimate_host_bytes
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.cache import DeviceCache
 from gnnscale.store.disk import DiskSource
@@ -137,6 +138,14 @@ class MiniBatchEngine(SampledEngine):
         if "cpu" in kinds and len(kinds) > 1:
             reasons.append(f"--devices {','.join(config.devices or ())} mixes the CPU and accelerators: the hybrid "
                            "engine trains them together")
+        if config.host_memory is not None:  # the set-up's host plan, priced before any work (plan, --engine auto)
+            row = max(graph.num_features, 1) * (graph.x.element_size() if graph.x is not None else 4)
+            try:
+                plan_host(config.host_memory, num_nodes=graph.num_nodes, row_bytes=row,
+                          parameters=estimate_host_bytes(graph, config, layer_copies=0)["model"] // 16,
+                          working_bytes=cls.working_bytes(graph, config, len(config.devices or (1,))))
+            except ConfigError as exc:
+                reasons.append(str(exc))
         return reasons
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):

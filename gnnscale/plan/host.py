@@ -38,8 +38,9 @@ from gnnscale.runtime.host import proc_kib
 from gnnscale.store.disk import BUFFER_BYTES
 from gnnscale.units import format_bytes
 
-__all__ = ["CPU_CHUNK_SHARE", "RUNTIME_ALLOWANCE", "cpu_chunk_bytes", "VERTEX_ARRAY_BYTES", "HostBase", "HostPlan", "host_base", "host_peak_bytes",
-           "plan_host", "read_buffer_bytes", "sampled_batch_rows", "sampled_working_bytes"]
+__all__ = ["CPU_CHUNK_SHARE", "RUNTIME_ALLOWANCE", "VERTEX_ARRAY_BYTES", "HostBase", "HostPlan", "cpu_chunk_bytes",
+           "host_base", "host_peak_bytes", "plan_host", "read_buffer_bytes", "sampled_batch_rows",
+           "sampled_working_bytes"]
 
 VERTEX_ARRAY_BYTES = 32
 """Host bytes a vertex costs in arrays every engine keeps (an int64 label, an order or map entry, a predicted class,

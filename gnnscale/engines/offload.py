@@ -180,14 +180,14 @@ class OffloadEngine(Engine):
         perm = part.perm
         assert graph.x is not None and graph.y is not None
         # on a CPU the chunk being computed is host memory too: the planner's modelled peak, held by the host plan
-        chunk = 0 if pin or config.host_memory is None else self.plan.estimate
+        chunk_bytes = 0 if pin or config.host_memory is None else self.plan.estimate
         self.host_plan = host_plan(graph, config, model, readers=len(self.workers), cache=False,
                                    activation_bytes=HostRows.buffer_bytes(model, graph.num_nodes),
-                                   working_bytes=chunk)
+                                   working_bytes=chunk_bytes)
         if self.host_plan is not None and self.host_plan.spills:  # the pages one chunk touches in the spill files
             self.host_plan = host_plan(graph, config, model, readers=len(self.workers), cache=False,
                                        activation_bytes=HostRows.buffer_bytes(model, graph.num_nodes),
-                                       working_bytes=chunk + spill_window(model, self.plan, graph.num_nodes))
+                                       working_bytes=chunk_bytes + spill_window(model, self.plan, graph.num_nodes))
         """The planner's split of ``--host-memory`` (read buffers, activations in RAM, the rest spilled)."""
         self.tier = open_disk_tier(graph, self.host_plan, self.name)
         self.disk: list[DiskSource] = [] if self.tier is None else self.tier.sources

@@ -16,8 +16,9 @@ peak resident set size, its VmHWM; where /usr/bin/time is missing, ``resource``'
 ``OMP_NUM_THREADS`` as given (default 1). A training run writes ``--metrics`` to a temporary file: the record
 keeps the epoch's keys (epoch_time_s, disk_read_bytes, host_cache_hits/misses, anon_rss_bytes, spill_bytes,
 host_base_bytes, host_peak_bytes, ...; with --host-memory ``host_bound_bytes`` = base + budget and
-``within_bound``: the peak RSS at most that), the summary's timings (load_s, prepare_s, training_s, eval_s, wall_s) and the process's peak RSS. Records (``"kind": "convert"`` or
-``"train"``) are appended to ``--out`` (default benchmarks/results/disk_scale.jsonl) with the environment (date,
+``within_bound``: the peak RSS at most that), the summary's timings (load_s, prepare_s, training_s, eval_s,
+wall_s) and the process's peak RSS. Records (``"kind": "convert"`` or ``"train"``) are appended to ``--out``
+(default benchmarks/results/disk_scale.jsonl) with the environment (date,
 device, git revision and whether the tree was clean, command). The page cache is not dropped between runs (that
 needs root): a run's disk reads may come from it; ``anon_rss_bytes`` is what the process itself holds.
 """

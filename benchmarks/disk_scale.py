@@ -12,11 +12,13 @@ fits in RAM with and without ``--host-memory`` to give the slowdown of reading f
         --host-memory 4GiB --pair --rounds 3
 
 Every command runs ``python -m gnnscale`` in a subprocess under ``/usr/bin/time -v`` (the child's wall time and
-peak resident set size; where /usr/bin/time is missing, ``resource``'s children's peak) with ``OMP_NUM_THREADS``
-as given (default 1). A training run writes ``--metrics`` to a temporary file: the record keeps the epoch's keys
-(epoch_time_s, disk_read_bytes, host_cache_hits/misses, anon_rss_bytes, spill_bytes, ...), the summary's timings
-(load_s, prepare_s, training_s, eval_s, wall_s) and the process's peak RSS. Records (``"kind": "convert"`` or
-``"train"``) are appended to ``--out`` (default benchmarks/results/disk_scale.jsonl) with the environment (date,
+peak resident set size, its VmHWM; where /usr/bin/time is missing, ``resource``'s children's peak) with
+``OMP_NUM_THREADS`` as given (default 1). A training run writes ``--metrics`` to a temporary file: the record
+keeps the epoch's keys (epoch_time_s, disk_read_bytes, host_cache_hits/misses, anon_rss_bytes, spill_bytes,
+host_base_bytes, host_peak_bytes, ...; with --host-memory ``host_bound_bytes`` = base + budget and
+``within_bound``: the peak RSS at most that), the summary's timings (load_s, prepare_s, training_s, eval_s,
+wall_s) and the process's peak RSS. Records (``"kind": "convert"`` or ``"train"``) are appended to ``--out``
+(default benchmarks/results/disk_scale.jsonl) with the environment (date,
 device, git revision and whether the tree was clean, command). The page cache is not dropped between runs (that
 needs root): a run's disk reads may come from it; ``anon_rss_bytes`` is what the process itself holds.
 """
@@ -39,6 +41,8 @@ from typing import Any
 
 import torch
 
+from gnnscale.units import parse_budget
+
 try:  # run as a script (its folder is on sys.path) or imported as benchmarks.disk_scale
     from offload import append_records, environment
 except ImportError:  # pragma: no cover
@@ -47,7 +51,8 @@ except ImportError:  # pragma: no cover
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "disk_scale.jsonl"
 TIME = shutil.which("time") and Path("/usr/bin/time")
 _KEYS = ("loss", "epoch_time_s", "disk_read_bytes", "host_cache_hits", "host_cache_misses", "anon_rss_bytes",
-         "spill_bytes", "host_rows_ram_bytes", "chunks", "h2d_bytes", "peak_device_bytes", "val_acc", "test_acc")
+         "spill_bytes", "host_rows_ram_bytes", "chunks", "h2d_bytes", "peak_device_bytes", "val_acc", "test_acc",
+         "host_base_bytes", "host_peak_bytes")
 
 
 def run(cmd: list[str], threads: int) -> dict[str, Any]:
@@ -103,6 +108,9 @@ def train_once(args: argparse.Namespace, host_memory: str | None) -> dict[str, A
            "host_memory": host_memory, "scratch": args.scratch if host_memory else None, "cmd": cmd[1:], **r,
            **{k: last.get(k) for k in _KEYS},
            "timings": summary.get("timings"), "epoch_times_s": [x.get("epoch_time_s") for x in epochs]}
+    if host_memory is not None and rec.get("host_base_bytes") is not None:  # the bound --host-memory promises
+        rec["host_bound_bytes"] = rec["host_base_bytes"] + parse_budget(host_memory)
+        rec["within_bound"] = rec["peak_rss_bytes"] <= rec["host_bound_bytes"]
     hits, misses = rec.get("host_cache_hits"), rec.get("host_cache_misses")
     seen = (hits or 0) + (misses or 0)
     rec["host_cache_hit_ratio"] = (hits or 0) / seen if seen else None
@@ -117,15 +125,16 @@ def _row(r: dict[str, Any]) -> str:
             f"{g(r['epoch_time_s'], 1, '.1f')} | {g(t.get('eval_s'), 1, '.1f')} | {g(t.get('prepare_s'), 1, '.1f')} | "
             f"{g(r['wall_s'], 1, '.0f')} | "
             f"{g(r['disk_read_bytes'], 1e9)} | {g(r['host_cache_hit_ratio'], 1, '.3f')} | "
-            f"{g(r['anon_rss_bytes'], 2**30)} | {g(r['peak_rss_bytes'], 2**30)} | {g(r['spill_bytes'], 1e9)} | "
-            f"{g(r['loss'], 1, '.4f')} |")
+            f"{g(r['anon_rss_bytes'], 2**30)} | {g(r['peak_rss_bytes'], 2**20, '.0f')} | "
+            f"{g(r.get('host_base_bytes'), 2**20, '.0f')} | {g(r.get('host_bound_bytes'), 2**20, '.0f')} | "
+            f"{g(r['spill_bytes'], 1e9)} | {g(r['loss'], 1, '.4f')} |")
 
 
 def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     recs: list[dict[str, Any]] = []
     print("| engine | host memory | rc | epoch s | eval s | prepare s | wall s | disk read GB | cache hit ratio | "
-          "anon RSS GiB | peak RSS GiB | spill GB | loss |")
-    print("|---|---|---|" + "---:|" * 10)
+          "anon RSS GiB | VmHWM MiB | base MiB | base + budget MiB | spill GB | loss |")
+    print("|---|---|---|" + "---:|" * 12)
     for rnd in range(args.rounds):
         for hm in ([args.host_memory, None] if args.pair else [args.host_memory]):
             rec = train_once(args, hm) | {"round": rnd}

@@ -213,10 +213,12 @@ class StoreOptions:
     """Mini-batch: what ranks vertices for device memory: ``degree`` (out-degree) or ``presample`` (access counts
     of a few sampled batches)."""
     host_memory: int | None = None
-    """Mini-batch: host memory, in bytes, for the disk tier's caches, buffers and activations (a string reads as
-    ``memory_budget`` does: ``"32MB"``, ``"2GiB"``, a plain number is GiB). Set, and the features a memory map of a
-    converted directory (``gnnscale convert``): they are read from its ``x.npy`` by positional reads behind a
-    host cache of the hottest rows, not held in host memory. ``None``: the features stay where the graph holds them."""
+    """Host memory, in bytes, the run may use beyond its base (:class:`~gnnscale.plan.host.HostBase`: the process's
+    peak stays under base + this; every engine that reads it, ``Engine.honours_host_memory``) for the disk tier's
+    caches, buffers, batches or chunks and activations (a string reads as ``memory_budget`` does: ``"32MB"``,
+    ``"2GiB"``, a plain number is GiB). Set, and the features a memory map of a converted directory (``gnnscale
+    convert``): they are read from its ``x.npy`` by positional reads behind a host cache of the hottest rows, not
+    held in host memory. ``None``: no bound; the features stay where the graph holds them."""
 
 
 @dataclass(kw_only=True)

@@ -29,9 +29,11 @@ from gnnscale.graph.fingerprint import fingerprint
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
 from gnnscale.notes import note, warn
+from gnnscale.plan.host import HostBase, host_base, host_peak_bytes
 from gnnscale.predict import save_model
 from gnnscale.progress import stage, timed
 from gnnscale.report import plot_records
+from gnnscale.units import format_bytes
 
 EpochRecord = dict[str, Any]
 ITERATION_CHECKPOINTS = 100
@@ -135,6 +137,19 @@ def data_caveats(graph: Graph, model: GNN) -> list[tuple[str, str]]:
     return out
 
 
+def _host_bound(record: EpochRecord, base: HostBase, budget: int | None, warned: bool) -> bool:
+    """The epoch record's ``host_base_bytes`` and ``host_peak_bytes`` (``VmHWM`` so far); a warning, unless
+    ``warned`` already, when the peak passed the base plus ``--host-memory``. Whether it has warned."""
+    peak = host_peak_bytes()
+    record["host_base_bytes"], record["host_peak_bytes"] = base.total, peak
+    assert budget is not None
+    if peak is not None and peak > base.total + budget and not warned:
+        warn(f"--host-memory {format_bytes(budget)}: the peak resident memory {format_bytes(peak)} passed the "
+             f"{format_bytes(base.total + budget)} it should stay under ({base.describe(budget)})")
+        return True
+    return warned
+
+
 def train(
     graph: Graph,
     config: TrainConfig,
@@ -226,7 +241,13 @@ def _train(
     prints = fingerprint(graph) if checkpoint is not None else None  # the graph's content, kept with each checkpoint
     if saved is not None:
         check_resumable(saved, config, graph.name, graph.num_nodes, prints)
+    loaded = host_peak_bytes()  # the graph is loaded; the engines' planners have not run
     engine_cls, rejected = select_engine(graph, config, dev)
+    warned = False
+    # what --host-memory does not bound (the peak is at most base + budget): the loaded process, the engine's
+    # topology index (its planner's and its own copies of the CSR), kernels
+    base = (None if config.host_memory is None or not engine_cls.honours_host_memory()
+            else host_base(graph.num_nodes, graph.num_edges, engine_cls.host_topology_copies, loaded))
     assert graph.num_classes is not None
     model = build_model(
         config.model,
@@ -243,6 +264,9 @@ def _train(
         warn(ignored)
     for kind, line in data_caveats(graph, model) if engine.is_primary else []:
         (note if kind == "note" else warn)(line)
+    if config.scratch is not None and config.host_memory is None and engine.is_primary:
+        warn("--scratch has no effect without --host-memory: nothing spills to files unless a host budget cannot "
+             "hold it")
     # in the order the steps ran: the caller's (load), the engine's steps (within its set-up), its set-up; then
     # this function's part before the first epoch (prepare_s: checks, selection, model, set-up) and the total
     load_s = (timings or {}).get("load_s", 0.0)
@@ -319,6 +343,8 @@ def _train(
                 "peak_device_bytes": peak_device_bytes(dev),
                 **stats,
             }
+            if base is not None:
+                warned = _host_bound(record, base, config.host_memory, warned)
             history.append(record)
             if not math.isfinite(record["loss"]):
                 if on_epoch is not None:

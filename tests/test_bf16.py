@@ -193,9 +193,9 @@ def test_offload_reads_a_bf16_directory_from_disk_as_the_in_memory_run(tmp_path:
         return eng, [eng.train_epoch(e) for e in (1, 2)]
 
     _, plain = run("b", None)
-    eng, disk = run("b", "100KB")
+    eng, disk = run("b", "750KB")
     assert eng.disk and all(d.dtype == torch.bfloat16 for d in eng.disk)
     assert [r["loss"] for r in disk] == [r["loss"] for r in plain]
-    _, full = run("f", "100KB")
+    _, full = run("f", "750KB")
     for r, f in zip(disk, full, strict=True):
         assert r["disk_read_bytes"] > 0 and r["disk_read_bytes"] * 2 == f["disk_read_bytes"]

@@ -80,7 +80,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 def test_from_disk_a_costly_layerwise_evaluation_samples_with_the_training_fanouts(
         hubs: Path, calls: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
-    eng = _engine(hubs, host_memory="100KB")
+    eng = _engine(hubs, host_memory="2MB")
     assert eng.tier is not None
     layerwise, sampled = eng.inference.reads(torch.arange(100, 110), eng.graph.in_degree(), (2, 2))
     assert layerwise == HUBS * (N + 1) + TARGETS * (HUBS + 1) and sampled == TARGETS * 7
@@ -92,7 +92,7 @@ def test_from_disk_a_costly_layerwise_evaluation_samples_with_the_training_fanou
 
 
 @pytest.mark.parametrize("kw, want", [({}, "layerwise"),  # in RAM: exact, whatever it reads
-                                      ({"host_memory": "100KB", "eval_fanouts": (3, 3)}, (3, 3))])
+                                      ({"host_memory": "2MB", "eval_fanouts": (3, 3)}, (3, 3))])
 def test_in_ram_or_with_eval_fanouts_the_choice_is_not_made(hubs: Path, calls: list[Any], kw: dict[str, Any],
                                                              want: Any) -> None:
     eng = _engine(hubs, **kw)
@@ -105,6 +105,6 @@ def test_from_disk_a_cheap_layerwise_evaluation_stays_exact(tmp_path: Path, call
     for m in ("train_mask", "val_mask", "test_mask"):  # every vertex labelled: layer-wise reads E + N rows
         setattr(g, m, torch.arange(N) % 3 == ("train_mask", "val_mask", "test_mask").index(m))
     io.save(g, tmp_path / "g")
-    eng = _engine(tmp_path / "g", host_memory="100KB")
+    eng = _engine(tmp_path / "g", host_memory="2MB")
     eng.evaluate()
     assert calls == ["layerwise"]

@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.store import DeviceCache, FeatureSourceError, InMemorySource
 from gnnscale.store.disk import DiskSource, Upcast, host_cached, hot_rows_fitting, mapped_npy, npy_layout
+from gnnscale.units import parse_budget
 
 CPU = torch.device("cpu")
 
@@ -169,10 +171,15 @@ def test_bf16_directory_reads_bfloat16_rows_at_two_bytes(tmp_path: Path) -> None
     assert up.gather(ids, out=out).data_ptr() == out.data_ptr() and torch.equal(out[:800], g.x[ids].float())
 
 
-def _run(g_dir: Path, host_memory: str | None, devices: tuple[str, ...] | None = None) -> list[dict[str, float]]:
+def _run(g_dir: Path, cache: str | None, devices: tuple[str, ...] | None = None) -> list[dict[str, float]]:
+    """Two epochs of minibatch from ``g_dir``, in RAM (``cache`` None) or under the --host-memory that leaves
+    about ``cache`` (less the model and vertex arrays) beside the working set and the read buffer."""
     g = io.open_dir(g_dir)
     cfg = TrainConfig(model="sage", layers=2, hidden=16, engine="minibatch", batch_size=64, fanouts=(5, 3),
-                      epochs=2, host_memory=host_memory, devices=devices)
+                      epochs=2, devices=devices)
+    if cache is not None:
+        work = MiniBatchEngine.working_bytes(g, cfg, len(devices or (1,)))
+        cfg = replace(cfg, host_memory=-(-(work + parse_budget(cache)) * 8 // 7))  # the read buffer: an eighth
     assert g.num_classes is not None
     model = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers,
                         dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
@@ -213,13 +220,14 @@ def test_cli_host_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     io.save(csbm(nodes=600, features=8, seed=1), tmp_path / "g")
     metrics = tmp_path / "m.jsonl"
     args = ["train", "--dataset", str(tmp_path / "g"), "--engine", "minibatch", "--fanouts", "4,3",
-            "--batch-size", "50", "--epochs", "1", "--quiet", "--metrics", str(metrics)]
+            "--batch-size", "50", "--hidden", "8", "--epochs", "1", "--quiet", "--metrics", str(metrics)]
     capsys.readouterr()
-    assert main([*args, "--host-memory", "20KB"]) == 2  # below the model, vertex arrays and read buffer
+    assert main([*args, "--host-memory", "20KB"]) == 2  # below the model, vertex arrays, read buffer, batches
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: --host-memory") and "give at least" in err[0]
+    assert len(err) == 1 and err[0].startswith("error: ") and "minibatch: --host-memory" in err[0]
+    assert "give at least" in err[0]
     assert not metrics.exists()
-    assert main([*args, "--host-memory", "60KB"]) == 0
+    assert main([*args, "--host-memory", "310KB"]) == 0  # a cache of a few KB beside the batches
     rec = json.loads(metrics.read_text().splitlines()[0])
     assert rec["disk_read_bytes"] > 0 and "anon_rss_bytes" in rec
     assert TrainConfig(host_memory="32MB").host_memory == 32 * 10**6

@@ -4,6 +4,8 @@ traceback from the allocator."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from gnnscale import TrainConfig
 from gnnscale.cli import main
 from gnnscale.engines import ENGINES, OffloadEngine, select_engine
 from gnnscale.errors import EngineError
+from gnnscale.graph import io
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.plan.memory import estimate_host_bytes
@@ -86,3 +89,58 @@ def test_the_cli_says_it_in_one_line_before_training(monkeypatch: pytest.MonkeyP
     assert len(err) == 1 and err[0].startswith("error: no engine can train")
     assert "offload: " in err[0] and "of host memory" in err[0]
     assert "more than is available (1.0 MiB)" in err[0]
+
+
+# --host-memory and --scratch across the commands (issue #44, item 20)
+@pytest.fixture(scope="module")
+def gdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("hostmem_cli") / "g"
+    io.save(csbm(nodes=2000, features=64, avg_degree=5, seed=2), out)
+    return out
+
+
+def test_auto_takes_an_engine_that_honours_the_host_budget(gdir: Path) -> None:
+    g = io.open_dir(gdir)
+    assert select_engine(g, TrainConfig(), CPU)[0] is ENGINES["inmemory"]
+    chosen, rejected = select_engine(g, TrainConfig(host_memory="4MB"), CPU)
+    assert chosen is not ENGINES["inmemory"] and chosen.honours_host_memory()
+    assert "does not take --host-memory" in rejected["inmemory"][0]
+    assert select_engine(g, TrainConfig(host_memory="4GB"), CPU)[0] is ENGINES["inmemory"]  # it fits: the cheapest
+
+
+def test_plan_takes_host_memory_and_prints_the_base(gdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--dataset", str(gdir), "--device", "cpu", "--host-memory", "4MB"]) == 0
+    out = capsys.readouterr().out
+    assert "inmemory      rejected: does not take --host-memory" in out
+    line = next(x for x in out.splitlines() if "host base" in x)
+    assert line.startswith("offload: host base") and "bounds the peak resident memory at" in line
+    assert main(["plan", "--dataset", str(gdir), "--device", "cpu", "--mode", "sampled", "--host-memory", "20KB"]) == 0
+    assert "minibatch     rejected: --host-memory 19.5 KiB cannot hold" in capsys.readouterr().out
+
+
+def test_train_help_lists_host_memory_under_every_engine_that_takes_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    takers = [n for n, cls in ENGINES.items() if cls.honours_host_memory()]
+    assert set(takers) == {"minibatch", "offload", "taskparallel", "hybrid", "distributed"}
+    head = f"host memory (engines {', '.join(takers)}):"
+    assert head in text  # its own group, titled by every engine that takes it (not the minibatch group)
+    assert "--host-memory SIZE" in text.split(head)[1][:300]
+
+
+def test_scratch_without_host_memory_says_it_does_nothing(gdir: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["train", "--dataset", str(gdir), "--engine", "offload", "--epochs", "1", "--quiet", "--device", "cpu",
+            "--scratch", str(tmp_path), "--metrics", str(tmp_path / "m.jsonl")]
+    assert main(args) == 0
+    warned = [x for x in capsys.readouterr().err.splitlines() if "--scratch" in x]
+    assert warned == ["warning: --scratch has no effect without --host-memory: nothing spills to files unless a "
+                      "host budget cannot hold it"]
+
+
+def test_convert_help_names_the_specs_that_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "kronecker and edgelist specs stream" in text and "every other spec is loaded whole" in text

@@ -78,6 +78,15 @@ def _add_hybrid_args(p: Any) -> None:
                         "all (default: half the cores to the trainer, the rest split)")
 
 
+def _add_host_memory(p: Any) -> None:
+    p.add_argument("--host-memory", metavar="SIZE",
+                   help="host memory the run may use beyond its base (the loaded process, the engine's topology "
+                        "index and kernels: 'gnnscale plan --host-memory' prints it), e.g. 32MB, 2GiB, a plain "
+                        "number is GiB: the peak resident memory stays under base + SIZE; a converted directory's "
+                        "features are read from disk behind a host cache, offload's activations past it spill to "
+                        "--scratch (default: no bound, everything in memory)")
+
+
 def _option_groups(train: argparse.ArgumentParser) -> dict[type, Any]:
     """One flag group per option group of :class:`~gnnscale.config.TrainConfig`: an engine's own group is titled
     by the engine, a group several engines read names them; the model's and the run's flags stay ungrouped."""
@@ -214,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "cost drops); default auto")
     o.add_argument("--scratch", metavar="DIR", nargs="?", const="",
                    help="offload with --host-memory: the folder the layer activations and gradients the budget "
-                        "cannot hold spill to, as files removed at the end (default: the system's temporary folder)")
+                        "cannot hold spill to, as files removed at the end (default: the system's temporary folder); "
+                        "without --host-memory nothing spills (said in a warning)")
     _add_plan_dir(group[PartitionOptions])
     mb = group[MiniBatchOptions]
     sampling = group[SamplingOptions]
@@ -239,10 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     group[StoreOptions].add_argument("--hotness", choices=["degree", "presample"], default="degree",
                     help="rank vertices for device memory by out-degree or by access counts of a few sampled "
                          "batches (default degree)")
-    group[StoreOptions].add_argument("--host-memory", metavar="SIZE",
-                    help="host memory for the disk tier's caches, buffers and activations (e.g. 32MB, 2GiB; a plain "
-                         "number is GiB): the features of a converted directory are read from disk behind a host "
-                         "cache of the hottest rows (default: held in memory)")
+    _add_host_memory(t.add_argument_group(
+        f"host memory (engines {', '.join(n for n, cls in ENGINES.items() if cls.honours_host_memory())})",
+        "bound the process's peak resident memory: a converted directory's features read from disk"))
     _add_hybrid_args(group[HybridOptions])
     tp = group[TaskParallelOptions]
     tp.add_argument("--dependency", choices=["exact", "skip"], default="exact",
@@ -301,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--mode", choices=list(MODES), default="auto",
                     help="training mode to plan for: full, sampled or distributed (default auto: full)")
     pl.add_argument("--device", default="auto", help="the training device (default auto)")
+    _add_host_memory(pl)
     pl.set_defaults(command="plan")
 
     i = sub.add_parser("info", help="print size, degree statistics and memory footprint of a dataset")
@@ -340,8 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the bus; engines upcast them to float32 on the device); default: as read, float32 for "
                         "every reader (the spec's feature_dtype option wins)")
     c.add_argument("--host-memory", metavar="SIZE",
-                   help="kronecker specs are written block by block, without holding the graph in memory: the "
-                        "host memory the blocks may use, GiB or a size (512MB; default: a quarter of the available "
-                        "RAM)")
+                   help="kronecker and edgelist specs stream: they are written block by block, without holding "
+                        "the graph in memory, and this is the host memory the blocks may use, GiB or a size (512MB; "
+                        "default: a quarter of the available RAM); every other spec is loaded whole (this has no "
+                        "effect on it, said in a note)")
     c.set_defaults(command="convert")
     return parser

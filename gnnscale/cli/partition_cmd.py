@@ -19,6 +19,7 @@ from gnnscale.graph.datasets import load_dataset
 from gnnscale.nn import build_model
 from gnnscale.partition import load_or_chunk, load_or_partition, partition_graph, permute_csr
 from gnnscale.partition.dedup import chunk_rows, comm_volume, default_schedule, reorganize
+from gnnscale.plan.host import host_base, host_peak_bytes
 from gnnscale.plan.hybrid import mteps
 from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
 from gnnscale.train import check_trainable
@@ -38,15 +39,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
                          memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
                          partitions=args.partitions, chunks=args.chunks, partition_method=args.method,
                          chunker=args.chunker, plan_dir=args.plan_dir, t_devices=args.t_devices,
-                         subgraphs=args.subgraphs)
+                         subgraphs=args.subgraphs,
+                         host_memory=None if args.host_memory is None else parse_budget(args.host_memory))
     device = resolve_devices(config, args.device)
     g = load_dataset(args.dataset, args.root, seed=args.seed)
     check_trainable(g)
+    loaded = host_peak_bytes()  # as train measures it: the graph loaded, no planner run yet
     found = candidates(g, config, device)
     chosen = next((c.name for c in found if not c.reasons), None)
+    base = None
+    if config.host_memory is not None and chosen is not None and ENGINES[chosen].honours_host_memory():
+        base = host_base(g.num_nodes, g.num_edges, ENGINES[chosen].host_topology_copies, loaded)
     if args.json:
         print(json.dumps({"dataset": g.name, "mode": requested_mode(config), "device": str(device),
-                          "chosen": chosen, "candidates": [asdict(c) for c in found]}))
+                          "chosen": chosen, "candidates": [asdict(c) for c in found],
+                          "host_base_bytes": None if base is None else base.total}))
         return 0
     print(f"dataset  {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges; model {config.model}; "
           f"{requested_mode(config)} mode on {device}")
@@ -55,6 +62,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         what = f"fits: {c.estimate}" if not c.reasons else f"rejected: {'; '.join(c.reasons)}"
         print(f"{mark} {c.name:<13} {what.rstrip(': ')}")
     print(f"--engine auto would choose {chosen}" if chosen else "no engine of this mode can train it")
+    if base is not None:
+        assert config.host_memory is not None
+        print(f"{chosen}: {base.describe(config.host_memory)}")
     return 0
 
 

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
 
 
+def graph_bytes(graph: Graph) -> int:
+    """Bytes of the graph's arrays (topology, features, labels): what an engine that loads it whole holds."""
+    arrays = [graph.indptr, graph.indices, graph.x, graph.y, graph.edge_weight]
+    return sum(t.numel() * t.element_size() for t in arrays if t is not None)
+
+
 class Engine(ABC):
     """Trains a :class:`~gnnscale.nn.model.GNN` on a :class:`~gnnscale.graph.Graph`, one epoch per call.
 
@@ -54,6 +60,11 @@ class Engine(ABC):
     counts its device), 1 (layer-wise inference keeps each layer's output), 2 (offload and task-parallel keep every
     vertex's layer input and its gradient): its host memory grows with the graph and the hidden width
     (:func:`~gnnscale.plan.memory.estimate_host_bytes`)."""
+    host_topology_copies: ClassVar[float] = 1.0
+    """The engine's topology index, in copies of the graph's CSR bytes it builds in host memory beside the graph's
+    own arrays (normalised, permuted, transposed, its temporaries at their peak): part of the base that
+    ``--host-memory`` does not bound (:class:`~gnnscale.plan.host.HostBase`). Measured: minibatch's sampling lists
+    1.5, offload's normalised, permuted and cut blocks with their transposes 7 (Kronecker scale 18)."""
     trains_jk: ClassVar[bool] = False
     """Whether the engine trains ``--jk`` (the class scores from every layer's output: :meth:`GNN.head
     <gnnscale.nn.model.GNN.head>`); the engines that compute the scores with the last layer refuse it."""
@@ -140,7 +151,14 @@ class Engine(ABC):
         over five epochs, then stays; 3.1 GiB with glibc's default, at 1.6x the epoch time: benchmarks/RESULTS.md).
         There, ``auto`` leaves glibc's default and ``--host-allocator retain`` buys the speed with the memory."""
         return (device.type == "cpu" and not any(layer.edge_compute for layer in model.block_layers)
+                and config.host_memory is None  # retained blocks are resident: past a budget's bound
                 and cls.host_room(graph, config))
+
+    @classmethod
+    def honours_host_memory(cls) -> bool:
+        """Whether ``--host-memory`` bounds this engine's host memory (it reads the option)."""
+        return "host_memory" in cls.also_reads or any(
+            "host_memory" in getattr(o, "__dataclass_fields__", {}) for o in cls.options)
 
     @classmethod
     def host_room(cls, graph: Graph, config: TrainConfig) -> bool:

@@ -57,17 +57,17 @@ class DiskTier:
 
 
 def host_plan(graph: Graph, config: TrainConfig, model: GNN, *, readers: int = 1, activation_bytes: int = 0,
-              cache: bool = True) -> HostPlan | None:
+              cache: bool = True, working_bytes: int = 0) -> HostPlan | None:
     """The planner's split of ``--host-memory`` for ``model`` on ``graph`` (:func:`~gnnscale.plan.host.plan_host`:
     ``readers`` disk readers, ``activation_bytes`` of host activation buffers, what is left to a host row cache when
-    ``cache``); ``None`` without ``--host-memory``. A budget below the run's fixed parts raises one ConfigError
-    line."""
+    ``cache``, ``working_bytes`` of batches or chunks in flight); ``None`` without ``--host-memory``. A budget below
+    the run's fixed parts raises one ConfigError line."""
     if config.host_memory is None:
         return None
     row = max(graph.num_features, 1) * (graph.x.element_size() if graph.x is not None else 4)
     return plan_host(config.host_memory, num_nodes=graph.num_nodes, row_bytes=row, readers=readers,
                      parameters=sum(p.numel() for p in model.parameters()), activation_bytes=activation_bytes,
-                     cache=cache)
+                     cache=cache, working_bytes=working_bytes)
 
 
 def open_disk_tier(graph: Graph, plan: HostPlan | None, engine: str) -> DiskTier | None:

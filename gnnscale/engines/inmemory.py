@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gnnscale.engines.base import Engine
+from gnnscale.engines.base import Engine, graph_bytes
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.model import GNN
@@ -48,6 +48,12 @@ class InMemoryEngine(Engine):
         if need > have:
             return [f"needs about {format_bytes(need)} for the whole graph and its activations, "
                     f"more than {what} ({format_bytes(have)})"]
+        # --host-memory: this engine does not take it, so it fits only when what it holds in host memory does (on
+        # a CPU the whole run; on an accelerator the graph it loads): --engine auto then takes one that honours it
+        held = need if device.type == "cpu" else graph_bytes(graph)
+        if config.host_memory is not None and held > config.host_memory:
+            return [f"does not take --host-memory and holds about {format_bytes(held)} in host memory, more than "
+                    f"the {format_bytes(config.host_memory)} budget"]
         return []
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):

@@ -65,9 +65,11 @@ from gnnscale.engines.sampled import (
 from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.engines.sampled_norm import BatchNormSync, traffic, wait_all
+from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
-from gnnscale.plan.memory import available_device_bytes
+from gnnscale.plan.host import plan_host, sampled_batch_rows, sampled_working_bytes
+from gnnscale.plan.memory import available_device_bytes, estimate_host_bytes
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.cache import DeviceCache
 from gnnscale.store.disk import DiskSource
@@ -106,6 +108,7 @@ class MiniBatchEngine(SampledEngine):
     model replicas on threads (:meth:`_run`), and :class:`Replicas` reduces."""
 
     name = "minibatch"
+    host_topology_copies = 2.0  # the sampling lists without self-loops (and their temporaries): see Engine
     trains_jk = True  # the sampled forward combines every layer at the seeds; layer-wise evaluation too
     mode = "sampled"
     options = (SamplingOptions, MiniBatchOptions, StoreOptions, GatherOptions)
@@ -135,6 +138,14 @@ class MiniBatchEngine(SampledEngine):
         if "cpu" in kinds and len(kinds) > 1:
             reasons.append(f"--devices {','.join(config.devices or ())} mixes the CPU and accelerators: the hybrid "
                            "engine trains them together")
+        if config.host_memory is not None:  # the set-up's host plan, priced before any work (plan, --engine auto)
+            row = max(graph.num_features, 1) * (graph.x.element_size() if graph.x is not None else 4)
+            try:
+                plan_host(config.host_memory, num_nodes=graph.num_nodes, row_bytes=row,
+                          parameters=estimate_host_bytes(graph, config, layer_copies=0)["model"] // 16,
+                          working_bytes=cls.working_bytes(graph, config, len(config.devices or (1,))))
+            except ConfigError as exc:
+                reasons.append(str(exc))
         return reasons
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
@@ -143,7 +154,8 @@ class MiniBatchEngine(SampledEngine):
         budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
         hotness = self.presampled_hotness() if config.hotness == "presample" else None
         graph_ratio, feature_ratio = config.gpu_graph_ratio, config.gpu_feature_ratio
-        self.tier = open_disk_tier(graph, host_plan(graph, config, model), self.name)
+        self.tier = open_disk_tier(graph, host_plan(graph, config, model, working_bytes=self.working_bytes(
+            graph, config, len(devices))), self.name)
         """The disk tier (``--host-memory`` on a converted directory): the store's host tier reads from it."""
         self.disk: DiskSource | None = None if self.tier is None else self.tier.source
         if self.tier is not None and not any(rt.is_accelerator(d) for d in devices):
@@ -173,6 +185,26 @@ class MiniBatchEngine(SampledEngine):
             model, self.store, self.store.features, self.adjacency, graph.num_nodes, config.batch_size, device,
             batches=lambda parts, fanouts, key: self._batches(self.trainers[0], parts, fanouts, key),
             done=self.store.reset_stats)
+        if self.tier is not None:  # layer-wise steps within the budget's working set: the batches' rows
+            share, flight, fanouts = self.in_flight(graph, config, len(devices))
+            self.inference.degree = graph.in_degree()
+            self.inference.max_rows = flight * sampled_batch_rows(graph.num_nodes, share, fanouts)[0]
+
+    @staticmethod
+    def in_flight(graph: Graph, config: TrainConfig, trainers: int) -> tuple[int, int, tuple[int, ...]]:
+        """``(seeds per trainer, batches in flight, fanouts)``: each trainer's queue, the batch it trains and the
+        one its producer makes."""
+        share = -(-config.batch_size // max(trainers, 1))
+        return share, trainers * (QUEUE_DEPTH + 2), tuple(config.fanouts or default_fanouts(config.layers))
+
+    @classmethod
+    def working_bytes(cls, graph: Graph, config: TrainConfig, trainers: int) -> int:
+        """Host bytes of the batches in flight and of layer-wise evaluation under ``--host-memory``
+        (:func:`~gnnscale.plan.host.sampled_working_bytes`)."""
+        share, flight, fanouts = cls.in_flight(graph, config, trainers)
+        row = 4 * max(graph.num_features, 1)  # gathered rows are float32 (bf16 rows are upcast)
+        return sampled_working_bytes(graph.num_nodes, row, share, fanouts, config.hidden, flight,
+                                     graph.num_classes or 1)
 
     def presampled_hotness(self) -> Tensor:
         """Access counts from a short pre-sampling pass (XGNN's alternative to degree): how often each vertex is

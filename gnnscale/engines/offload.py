@@ -120,6 +120,7 @@ class OffloadEngine(Engine):
 
     name = "offload"
     host_layer_copies = 2
+    host_topology_copies = 6.0  # the planner's edge gaps, the normalised, permuted and transposed CSR, the blocks
     trains_jk = True  # the last layer's pass reads the earlier layers' stored outputs beside it (GNN.head)
     plan_kind = "partition"
     mode = "full"
@@ -178,8 +179,15 @@ class OffloadEngine(Engine):
         host = partial(_pinned, device=devices[0]) if pin else _unchanged
         perm = part.perm
         assert graph.x is not None and graph.y is not None
+        # on a CPU the chunk being computed is host memory too: the planner's modelled peak, held by the host plan
+        chunk_bytes = 0 if pin or config.host_memory is None else self.plan.estimate
         self.host_plan = host_plan(graph, config, model, readers=len(self.workers), cache=False,
-                                   activation_bytes=HostRows.buffer_bytes(model, graph.num_nodes))
+                                   activation_bytes=HostRows.buffer_bytes(model, graph.num_nodes),
+                                   working_bytes=chunk_bytes)
+        if self.host_plan is not None and self.host_plan.spills:  # the pages one chunk touches in the spill files
+            self.host_plan = host_plan(graph, config, model, readers=len(self.workers), cache=False,
+                                       activation_bytes=HostRows.buffer_bytes(model, graph.num_nodes),
+                                       working_bytes=chunk_bytes + spill_window(model, self.plan, graph.num_nodes))
         """The planner's split of ``--host-memory`` (read buffers, activations in RAM, the rest spilled)."""
         self.tier = open_disk_tier(graph, self.host_plan, self.name)
         self.disk: list[DiskSource] = [] if self.tier is None else self.tier.sources
@@ -216,6 +224,8 @@ class OffloadEngine(Engine):
             if pin and self.plan.exchange is not None:
                 self.plan.exchange.pin_memory()
             self.sweep = Sweep(self.group, self.chunks, self.plan.schedule.tolist(), self.plan.exchange)
+            if self.spill is not None:  # the spilled pages a chunk touched leave the process after it
+                self.sweep.after_chunk = self.spill.release
             self._pred = host(torch.empty(graph.num_nodes, dtype=torch.int64))
             self.host = HostRows.allocate(model, self.features, host, self.spill)
         finally:
@@ -379,6 +389,18 @@ def chunk_file_bytes(model: GNN, plan: OffloadPlan, num_nodes: int, num_edges: i
     rows = sum(r.numel() for r in plan.rows)
     sizes = torch.tensor([[num_nodes, rows, num_edges + num_nodes]])
     return int(topology_bytes(model, sizes, num_nodes)[0]) + 8 * rows + 16 * num_nodes  # + training ids, labels
+
+
+def spill_window(model: GNN, plan: OffloadPlan, num_nodes: int) -> int:
+    """Bytes of the spill files' pages one chunk may touch before they are released (:meth:`Spill.release`): a
+    page (4 KiB) for each of the largest chunk's source rows in the buffer it gathers from or adds gradients into,
+    at most that buffer, and its destination rows of three row-sliced buffers (output, aggregation, gradient)."""
+    widths = [layer.out_features for layer in model.block_layers]  # the host buffers' (not the features')
+    row = 4 * max(widths)
+    rows = max((r.numel() for r in plan.rows), default=0)
+    p = plan.partition
+    dst = max((hi - lo for lo, hi in (p.chunk_range(k) for k in range(p.num_chunks))), default=0)
+    return min(num_nodes * row, rows * 4096) + 3 * dst * row
 
 
 def _spill_what(plan: HostPlan, files: int) -> str:

@@ -143,6 +143,9 @@ class Sweep:
         self.exchange = None if exchange is None else Exchange(exchange, group)
         self.pass_widths: list[int] = []
         """Row widths of the passes that read source rows (since the last clear): the row counters' passes."""
+        self.after_chunk: Callable[[], None] | None = None
+        """Called after each chunk of a worker's pass (``--host-memory``: the spill files' pages leave the
+        process)."""
 
     def run(self, layer_pass: LayerPass, per_worker: Callable[[Worker, Iterator[ChunkStep]], T]) -> list[T]:
         """``per_worker(worker, steps)`` on every worker, ``steps`` its chunks of ``layer_pass``, with the
@@ -175,6 +178,8 @@ class Sweep:
                 staged = step.staged
                 exchange.begin_batch(worker, step.batch, staged)
             yield step
+            if self.after_chunk is not None:
+                self.after_chunk()
             if exchange is not None and step.last_of_batch:
                 assert staged is not None
                 exchange.end_batch(worker, step.batch, staged)

@@ -3,6 +3,7 @@ a pass runs on every worker at once, one thread each when there are several."""
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
@@ -19,6 +20,7 @@ from torch import Tensor
 from gnnscale import runtime as rt
 from gnnscale.engines.mover import RowMover
 from gnnscale.errors import ConfigError
+from gnnscale.graph.mapped import release_pages
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import LiveBytesCounter
 from gnnscale.store import FeatureSource, ReadStats
@@ -68,6 +70,25 @@ FILE_MIN_BYTES = 1 << 16
 """A tensor smaller than this stays in RAM rather than in a file of its own (:meth:`Spill.copy`)."""
 
 
+def reserve(fd: int, nbytes: int, folder: str) -> None:
+    """Give the file ``fd`` its ``nbytes`` as allocated blocks (``posix_fallocate``), not a sparse hole: a mapped
+    file whose pages the disk cannot take ends the process with SIGBUS when they are written back, so a disk that
+    fills after the free-space check is one :class:`ConfigError` line here, before any page is mapped. A file system
+    that cannot preallocate (``EOPNOTSUPP``/``EINVAL``) gets the plain size."""
+    if nbytes == 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConfigError(f"--scratch {folder}: no room for a spill file of {format_bytes(nbytes)} "
+                              f"({exc.strerror}): free space there, choose another --scratch or raise "
+                              "--host-memory") from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise ConfigError(f"--scratch {folder}: cannot reserve a spill file: {exc.strerror or exc}") from None
+        os.ftruncate(fd, nbytes)
+
+
 class Spill:
     """Host buffers past a RAM allowance (``--host-memory``), as file-backed tensors (``--scratch DIR``).
 
@@ -109,6 +130,8 @@ class Spill:
         self.file_bytes = 0
         """Bytes of the file-backed copies (:meth:`copy`)."""
         self.fds: list[int] = []
+        self.maps: list[Tensor] = []
+        """Every file-backed tensor made (buffers and copies): :meth:`release` drops their resident pages."""
         self.copies = 0
         self.dir: str | None = tempfile.mkdtemp(prefix="gnnscale-spill-", dir=root)
 
@@ -127,7 +150,7 @@ class Spill:
         n = math.prod(shape)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, n * dtype.itemsize)
+            reserve(fd, n * dtype.itemsize, self.root)
             t = torch.from_file(path, shared=True, size=n, dtype=dtype).view(shape)
         except BaseException:
             os.close(fd)
@@ -138,7 +161,16 @@ class Spill:
             self.fds.append(fd)
         else:
             os.close(fd)
+        self.maps.append(t)
         return t
+
+    def release(self) -> None:
+        """Drop every mapped buffer's resident pages from the process (:func:`~gnnscale.graph.mapped.
+        release_pages`; shared maps: nothing is lost, the pages stay in the page cache and their files): called
+        after each chunk, so that the spilled buffers' pages a chunk touched do not add up in the process's
+        resident set over a pass (``--host-memory`` bounds it)."""
+        for t in self.maps:
+            release_pages(t)
 
     def tensor(self, rows: int, width: int) -> Tensor:
         """A zero ``[rows, width]`` float32 tensor mapped from a new file (unlinked at once)."""

@@ -22,7 +22,7 @@ from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
 
 def layerwise(model: GNN, topology: Topology, features: Callable[[Tensor], Tensor], num_nodes: int,
               adjacency: SampledAdjacency, *, batch_size: int, device: torch.device,
-              targets: Tensor | None = None) -> Tensor:
+              targets: Tensor | None = None, degree: Tensor | None = None, max_rows: int | None = None) -> Tensor:
     """Exact outputs, layer by layer over full neighbourhoods from ``topology``, in steps of at least
     :data:`EVAL_BATCH` destinations; the first layer's input rows from ``features`` (on ``device``), every later
     layer's from the layer before (kept in host memory, on the CPU).
@@ -32,7 +32,11 @@ def layerwise(model: GNN, topology: Topology, features: Callable[[Tensor], Tenso
     (:func:`needed_rows`): evaluating a graph whose labelled vertices are a few percent of it (ogbn-papers100M's
     1.3%) computes and holds a few percent of the last layer and the neighbourhood of those below, not every vertex
     (a layer whose rows would be more than :data:`ALL_ROWS_SHARE` of the graph computes every vertex, and so do the
-    layers below it). A row's value does not depend on which other rows are computed with it."""
+    layers below it). A row's value does not depend on which other rows are computed with it.
+
+    With ``max_rows`` (a host budget, ``--host-memory``) and ``degree`` (every vertex's in-degree, a bound on its
+    sampled neighbours), a step ends before its destinations' input rows (each one's degree plus itself) pass
+    ``max_rows``, so one step's gathered rows stay within the budget's working set (a vertex alone is a step)."""
     size = max(batch_size, EVAL_BATCH)
     exact = adjacency.exact()
     layers = model.block_layers
@@ -45,8 +49,7 @@ def layerwise(model: GNN, topology: Topology, features: Callable[[Tensor], Tenso
         ids = None if rows is None else rows[i]
         count = num_nodes if ids is None else ids.numel()
         out = None
-        for lo in range(0, count, size):
-            hi = min(lo + size, count)
+        for lo, hi in _steps(count, size, ids, degree, max_rows):
             dst = torch.arange(lo, hi, device=device) if ids is None else ids[lo:hi].to(device)
             block = sample_blocks(topology, dst, (-1,), adjacency=exact)[0]
             src = block.src_ids
@@ -71,6 +74,24 @@ def layerwise(model: GNN, topology: Topology, features: Callable[[Tensor], Tenso
     done = before if before is not None else torch.unique(targets.cpu())
     pred[done] = (h if before is not None else h[done]).argmax(-1)
     return pred
+
+
+def _steps(count: int, size: int, ids: Tensor | None, degree: Tensor | None,
+           max_rows: int | None) -> list[tuple[int, int]]:
+    """``[lo, hi)`` positions of each step over ``count`` destinations (``ids``, or every vertex): ``size`` at a
+    time, and with ``max_rows`` also cut where the destinations' input rows (degree + 1 each) would pass it."""
+    if max_rows is None or degree is None:
+        return [(lo, min(lo + size, count)) for lo in range(0, count, size)]
+    rows = (degree if ids is None else degree[ids.cpu()]).to(torch.int64) + 1
+    ends = torch.cumsum(rows, 0)
+    out, lo = [], 0
+    while lo < count:
+        base = int(ends[lo - 1]) if lo else 0
+        hi = int(torch.searchsorted(ends, base + max_rows, right=True))  # first position past the budget
+        hi = min(max(hi, lo + 1), lo + size, count)
+        out.append((lo, hi))
+        lo = hi
+    return out
 
 
 class _Head:
@@ -206,11 +227,16 @@ class SampledInference:
     inline from ``topology`` and ``features``."""
     done: Callable[[], object] | None = None
     """Called after every pass (the mini-batch store's counters are reset: inference is not an epoch's)."""
+    degree: Tensor | None = None
+    """Every vertex's in-degree, with :attr:`max_rows` (a host budget): layer-wise steps by their input rows."""
+    max_rows: int | None = None
+    """At most this many input rows per layer-wise step (``--host-memory``'s working set); ``None``: no bound."""
 
     def layerwise(self, targets: Tensor | None = None) -> Tensor:
         """``[N, C]`` exact outputs, or with ``targets`` ``[N]`` predictions of ``targets`` (:func:`layerwise`)."""
         h = layerwise(self.model, self.topology, self.features, self.num_nodes, self.adjacency,
-                      batch_size=self.batch_size, device=self.device, targets=targets)
+                      batch_size=self.batch_size, device=self.device, targets=targets, degree=self.degree,
+                      max_rows=self.max_rows)
         if self.done is not None:
             self.done()
         return h

@@ -157,6 +157,14 @@ EPOCH_KEYS: dict[str, Key] = {
                           "/proc/self/status: what the process really holds, the page cache of mapped files "
                           "not included; distributed: the largest rank's); --host-memory only, null off Linux.",
                           "minibatch, offload, taskparallel, hybrid, distributed", kind="held"),
+    "host_base_bytes": Key("bytes", "What --host-memory does not bound: the process's peak resident memory once the "
+                           "graph was loaded, the engine's topology index and the kernels' allowance "
+                           "(gnnscale plan --host-memory prints it); --host-memory only.",
+                           "minibatch, offload, taskparallel, hybrid, distributed", kind="held"),
+    "host_peak_bytes": Key("bytes", "The process's peak resident memory so far (VmHWM of /proc/self/status: "
+                           "anonymous and mapped file pages); under --host-memory at most host_base_bytes plus the "
+                           "budget (a warning says when not); --host-memory only, null off Linux.",
+                           "minibatch, offload, taskparallel, hybrid, distributed", kind="held"),
     # hybrid (HyScale-GNN)
     "accel_bytes": Key("list", "Bytes sent to each accelerator trainer (features and blocks).", "hybrid", kind="moved"),
     "gpu_sampled": Key("list", "The accelerator trainers that sample their batches on the accelerator (their "

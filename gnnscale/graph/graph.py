@@ -16,6 +16,7 @@ from torch import Tensor
 
 from gnnscale._compat import require
 from gnnscale.errors import GraphError
+from gnnscale.graph.mapped import mapped_file, release_pages
 from gnnscale.graph.pyg_data import MASK_NAMES, pyg_arguments, vertex_data
 
 # The feature dtypes a Graph holds, by the names meta.json, ``--feature-dtype`` and the ``feature_dtype`` dataset
@@ -24,6 +25,7 @@ FEATURE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _FEATURE_DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16"}
 # NaN/inf checks read features in slabs of this many rows, so a memory-mapped matrix is never loaded whole.
 _CHECK_ROWS = 1 << 16
+_CHECK_BYTES = 4 << 20
 # degree and self-loop statistics read the edges in slabs of this many
 _STAT_EDGES = 1 << 22
 
@@ -155,14 +157,19 @@ class Graph:
             if self.x.dtype not in FEATURE_DTYPES.values():
                 raise GraphError(f"features must be float32 (or bfloat16, stored at half the bytes), got "
                                  f"{self.x.dtype}")
-            for start in range(0, n, _CHECK_ROWS):
-                ok = torch.isfinite(self.x[start : start + _CHECK_ROWS])
+            mapped = mapped_file(self.x) is not None  # a converted directory's x.npy: read it, keep none of it
+            row_bytes = max(1, self.x.shape[1] * self.x.element_size())
+            step = max(1, min(_CHECK_ROWS, _CHECK_BYTES // row_bytes))  # the check's temporaries stay small
+            for start in range(0, n, step):
+                ok = torch.isfinite(self.x[start : start + step])
+                if mapped:  # the pages read leave the process (--host-memory bounds it; issue #44)
+                    release_pages(self.x, start * row_bytes, step * row_bytes)
                 if not bool(ok.all()):
                     bad = ~ok.all(dim=1)
                     row = start + int(torch.nonzero(bad)[0])
                     col = int(torch.nonzero(~ok[row - start])[0])
                     value = float(self.x[row, col])
-                    last = min(n, start + _CHECK_ROWS) - 1
+                    last = min(n, start + step) - 1
                     raise GraphError(f"features contain NaN or inf: first at row {row}, column {col} ({value}); "
                                      f"{int(bad.sum())} bad row(s) among rows {start}..{last}")
         unlabelled = False

@@ -5,6 +5,8 @@ replaced since), so the disk tier can read rows from the file instead of the map
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import weakref
 from dataclasses import dataclass
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["MappedFile", "mapped_file", "register_mapped"]
+__all__ = ["MappedFile", "mapped_file", "register_mapped", "release_pages"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +62,33 @@ def mapped_file(t: torch.Tensor) -> MappedFile | None:
         return entry[0] if _file_stat(entry[0].path) == entry[0].stat else None
     except OSError:
         return None
+
+
+_MADV_DONTNEED = 4
+_libc: ctypes.CDLL | None = None
+
+
+def release_pages(t: torch.Tensor, start: int = 0, nbytes: int | None = None) -> bool:
+    """Drop the resident pages of bytes ``[start, start + nbytes)`` of the file-backed tensor ``t`` from the
+    process (``madvise(MADV_DONTNEED)``): they stay in the kernel's page cache (a shared map's written pages are
+    written back to its file) and are read again on the next access, but stop counting in the process's resident
+    set (``VmRSS``/``VmHWM``). Only for a mapping of a file that nobody writes through a private copy: a private
+    map's written pages would be lost (the graph's arrays are never written; spill files are shared maps). Linux
+    only; ``False`` where it did nothing."""
+    global _libc
+    if not t.is_cpu or t.numel() == 0 or not hasattr(os, "sysconf"):
+        return False
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        if name is None:
+            return False
+        _libc = ctypes.CDLL(name, use_errno=True)
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = t.numel() * t.element_size()
+    lo = t.data_ptr() + start
+    hi = t.data_ptr() + (total if nbytes is None else min(total, start + nbytes))
+    lo = (lo + page - 1) // page * page  # whole pages inside the range only: never a neighbour's page
+    hi = hi // page * page
+    if hi <= lo:
+        return False
+    return _libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) == 0

@@ -17,6 +17,14 @@ memory). What the plan prices, per part:
   full-graph engines' activation buffers, those that fit in RAM (:attr:`HostPlan.ram_activation_bytes`) and the rest
   spilled to files (:attr:`HostPlan.spill_bytes`).
 
+What the budget bounds (issue #44): the process's peak resident memory (``VmHWM`` of ``/proc/self/status``: anonymous
+memory and mapped file pages alike) is at most :class:`HostBase` plus the budget. The base is what no budget can
+remove: the process as it stands once the graph is loaded (the interpreter, torch, the graph's memory-mapped
+topology as validation read it: its features' pages are released after they are checked), the engine's own
+topology index (its copies of the CSR, :attr:`~gnnscale.engines.base.Engine.host_topology_copies` of the graph's
+CSR bytes) and :data:`RUNTIME_ALLOWANCE` for what training loads (compiled kernels, thread stacks). ``gnnscale
+plan --host-memory`` prints it; each epoch record carries ``host_base_bytes`` and ``host_peak_bytes``.
+
 A budget that cannot hold the fixed parts is refused with one :class:`~gnnscale.errors.ConfigError` line that names
 each part and the least budget that would do.
 """
@@ -26,14 +34,93 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gnnscale.errors import ConfigError
+from gnnscale.runtime.host import proc_kib
 from gnnscale.store.disk import BUFFER_BYTES
 from gnnscale.units import format_bytes
 
-__all__ = ["VERTEX_ARRAY_BYTES", "HostPlan", "plan_host", "read_buffer_bytes"]
+__all__ = ["CPU_CHUNK_SHARE", "RUNTIME_ALLOWANCE", "VERTEX_ARRAY_BYTES", "HostBase", "HostPlan", "cpu_chunk_bytes",
+           "host_base", "host_peak_bytes", "plan_host", "read_buffer_bytes", "sampled_batch_rows",
+           "sampled_working_bytes"]
 
 VERTEX_ARRAY_BYTES = 32
 """Host bytes a vertex costs in arrays every engine keeps (an int64 label, an order or map entry, a predicted class,
 the masks, placement maps): a lower bound, so that a budget refused is surely too small."""
+
+
+RUNTIME_ALLOWANCE = 160 << 20
+"""Bytes training adds to the process that loaded the graph, whatever the budget: the code of torch's and
+gnnscale's kernels paged in as training first runs them (shared-library file pages count in the resident set),
+the JIT's compiled kernels, thread stacks and allocator arenas (measured on Linux, torch 2.13, one thread:
+120-150 MiB, mostly library pages: benchmarks/RESULTS.md)."""
+
+
+@dataclass(frozen=True)
+class HostBase:
+    """What ``--host-memory`` does not bound (bytes): the budget bounds the process's peak (``VmHWM``) at
+    :attr:`total` plus the budget."""
+
+    loaded: int
+    """The process's peak resident memory once the graph is loaded (``VmHWM``): interpreter, torch, the graph."""
+    topology: int
+    """The engine's topology index: its own copies of the graph's CSR (priced)."""
+    runtime: int = RUNTIME_ALLOWANCE
+
+    @property
+    def total(self) -> int:
+        return self.loaded + self.topology + self.runtime
+
+    def describe(self, budget: int) -> str:
+        return (f"host base {format_bytes(self.total)} (the loaded process {format_bytes(self.loaded)}, the topology "
+                f"index {format_bytes(self.topology)}, kernels and library code {format_bytes(self.runtime)}): "
+                f"--host-memory {format_bytes(budget)} bounds the peak resident memory at "
+                f"{format_bytes(self.total + budget)}")
+
+
+def host_peak_bytes() -> int | None:
+    """The process's peak resident set (``VmHWM``: anonymous and file pages), bytes; ``None`` off Linux."""
+    kib = proc_kib("/proc/self/status", "VmHWM")
+    return None if kib is None else kib * 1024
+
+
+def host_base(num_nodes: int, num_edges: int, copies: float, loaded: int | None = None) -> HostBase:
+    """The base of a run whose engine keeps ``copies`` copies of the ``num_nodes``/``num_edges`` CSR (int64
+    indptr and indices, a float32 weight); ``loaded``: the process's peak once the graph was loaded (default:
+    measured now; take it before any planner runs)."""
+    csr = 8 * (num_nodes + 1) + 12 * num_edges
+    return HostBase(loaded=(host_peak_bytes() if loaded is None else loaded) or 0, topology=int(copies * csr))
+
+
+CPU_CHUNK_SHARE = 4
+"""On a CPU, host memory is offload's device too: the chunks are planned in ``--host-memory / CPU_CHUNK_SHARE``
+(without ``--gpu-memory``), which the host plan holds as the chunk's working set."""
+
+
+def cpu_chunk_bytes(budget: int) -> int:
+    """The device budget of offload's chunks on a CPU under ``--host-memory budget`` (:data:`CPU_CHUNK_SHARE`)."""
+    return budget // CPU_CHUNK_SHARE
+
+
+def sampled_batch_rows(num_nodes: int, batch_size: int, fanouts: tuple[int, ...]) -> tuple[int, int]:
+    """``(input rows, edges)`` of one sampled batch at most: ``batch_size * (1 + f1 + f1*f2 + ...)`` rows (``-1``:
+    every vertex), capped at ``num_nodes``; an upper bound (hubs shared by the seeds' neighbourhoods make fewer)."""
+    rows, hop, edges = batch_size, batch_size, 0
+    for f in fanouts:
+        hop = num_nodes if f < 0 else min(num_nodes, hop * f)
+        edges += hop
+        rows += hop
+    return min(rows, num_nodes), edges
+
+
+def sampled_working_bytes(num_nodes: int, row_bytes: int, batch_size: int, fanouts: tuple[int, ...],
+                          hidden: int, in_flight: int, classes: int = 1) -> int:
+    """Host bytes a sampled engine works in beyond its caches: ``in_flight`` batches at once (made, queued,
+    trained; :func:`sampled_batch_rows`), each row gathered as float32 features (``row_bytes``) and its blocks'
+    edges (ids and weights, 16 bytes each), a hidden activation and its gradient per layer for the batch in
+    training; and layer-wise evaluation's two ``[N, max(hidden, classes)]`` float32 tables, whose steps take the
+    batches' rows (:func:`~gnnscale.engines.sampled_eval.layerwise`'s ``max_rows``)."""
+    rows, edges = sampled_batch_rows(num_nodes, batch_size, fanouts)
+    batches = in_flight * (rows * row_bytes + 16 * edges) + rows * 8 * hidden * len(fanouts)
+    return batches + 2 * 4 * num_nodes * max(hidden, classes)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from gnnscale.partition.plan import (
     load_or_partition,
     permute_csr,
 )
+from gnnscale.plan.host import cpu_chunk_bytes
 from gnnscale.plan.memory import available_device_bytes
 from gnnscale.plan.offload_memory import block_cache_bytes, epoch_peak, modelled
 from gnnscale.plan.throughput import throughput
@@ -245,11 +246,15 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
     size = rt.mem_get_info(device)[1] if config.memory_budget is None else None
     key = (graph.num_nodes, graph.num_edges, config.model, config.layers, config.hidden, config.heads,
            config.partitions, config.chunks, config.partition_method, config.seed, config.memory_budget,
+           config.host_memory,
            str(config.plan_dir), dedup, config.chunker, config.reorganize, tuple(devices), str(device), size)
     memo = _MEMO.get(id(graph))
     if memo is not None and memo[0]() is graph and memo[1] == key:
         return memo[2]
     budget = (config.memory_budget if config.memory_budget is not None
+              else cpu_chunk_bytes(config.host_memory) if config.host_memory is not None and not accelerator
+              and config.chunks is None  # the planner chooses the chunks in the budget's share (forced: priced)
+              else config.host_memory if config.host_memory is not None and not accelerator
               else available_device_bytes(device))  # type: ignore[arg-type]  # any runtime device
     m = config.partitions
     if len(devices) > m:

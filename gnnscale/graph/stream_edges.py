@@ -136,6 +136,19 @@ class _Distinct:
         return self.merged
 
 
+def _past_budget(budget: int, distinct: _Distinct) -> bool:
+    """Whether the distinct ids so far leave ``budget`` too little for the blocks (:func:`stream.plan_blocks`).
+    Past it, the first pass only counts the ids (beyond the budget, but 8 of the 40 bytes a vertex the writer
+    would need), so that the refusal names the graph's vertex count and a budget that is enough."""
+    for size in (distinct.size, distinct.ids().size):  # size counts the ids of unmerged blocks more than once
+        try:
+            stream.plan_blocks(budget, size, 1, 1)
+            return False
+        except DatasetError:
+            pass
+    return True
+
+
 class _Weights:
     """Running summary of the weights, for :func:`edgelist.ids_like`."""
 
@@ -167,7 +180,7 @@ def _first_pass(spec: Spec, tmp: Path, budget: int, bar: tqdm) -> tuple[_Pass1, 
     headers = edgelist.Headers()
     layout: edgelist.Layout | None = None
     seen_fields = False
-    edges, top = 0, -1
+    edges, top, over = 0, -1, False
     distinct = None if keep_ids else _Distinct()
     weights = _Weights() if weight_column else None
     with open(tmp / "raw-src.bin", "wb") as fs, open(tmp / "raw-dst.bin", "wb") as fd, \
@@ -187,17 +200,20 @@ def _first_pass(spec: Spec, tmp: Path, budget: int, bar: tqdm) -> tuple[_Pass1, 
             if ids.shape[1]:
                 edges += ids.shape[1]
                 top = max(top, int(ids.max()))
-                fs.write(ids[0].tobytes())
-                fd.write(ids[1].tobytes())
+                if not over:
+                    fs.write(ids[0].tobytes())
+                    fd.write(ids[1].tobytes())
                 if distinct is not None:
                     distinct.add(ids)
-                    stream.plan_blocks(budget, distinct.size, 1, 1)  # the distinct ids past the budget: refuse
+                    over = over or _past_budget(budget, distinct)
                 if w is not None and weights is not None:
                     weights.add(w)
                     fw.write(w.astype(np.float32).tobytes())
             bar.update()
     if layout is None:
         raise DatasetError(f"{path}: no edges found")
+    if distinct is not None and over:  # refused with the graph's vertex count, not the count when the budget ran out
+        stream.plan_blocks(budget, distinct.ids().size, 1, 1)
     return _Pass1(edges, top, None if distinct is None else distinct.ids(), headers), weights
 
 

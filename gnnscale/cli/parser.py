@@ -22,8 +22,9 @@ from gnnscale.config import (
     SamplingOptions,
     StoreOptions,
     TaskParallelOptions,
+    TrainConfig,
 )
-from gnnscale.engines import ENGINES, readers_of
+from gnnscale.engines import ENGINES, model_refusers, readers_of
 from gnnscale.errors import GnnscaleError
 from gnnscale.nn import ALL_MODELS, JK_MODES, NORMS
 from gnnscale.partition import CHUNKERS, PARTITION_METHODS
@@ -73,6 +74,11 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{self.prog.split()[-1]}: {message}")
+
+
+def _refusers(**option: Any) -> str:
+    """The engines that refuse a gcn with ``option`` (their capabilities, as the registry reads them)."""
+    return ", ".join(model_refusers(TrainConfig(**option))) or "no engine"
 
 
 def _add_dataset_args(p: argparse.ArgumentParser, required: bool) -> None:
@@ -194,10 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="normalise each hidden layer's output before its activation (PyG's BasicGNN): batch "
                         "(BatchNorm), layer (LayerNorm per vertex) or none (default none)")
     t.add_argument("--residual", action="store_true",
-                   help="each layer adds a bias-free linear map of its input to its output (PyG GATConv's residual)")
+                   help="each layer adds a bias-free linear map of its input to its output (PyG GATConv's residual); "
+                        f"refused by {_refusers(residual=True)}")
     t.add_argument("--jk", choices=list(JK_MODES), default="none",
                    help="jumping knowledge: combine every layer's output (last, cat, max), then a linear layer "
-                        "gives the classes; none: the last layer does (default none)")
+                        "gives the classes; none: the last layer does (default none); refused by "
+                        f"{_refusers(jk='cat')}")
     t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (default 0.01)")
     t.add_argument("--weight-decay", type=float, default=5e-4, help="Adam weight decay (default 5e-4)")
     t.add_argument("--epochs", type=_int, default=100, help="training epochs (default 100)")

@@ -71,7 +71,7 @@ from gnnscale.plan.memory import available_device_bytes
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.cache import DeviceCache
 from gnnscale.store.disk import DiskSource
-from gnnscale.store.global_store import GlobalMemoryStore, StoreReader
+from gnnscale.store.global_store import GlobalMemoryStore, StoreReader, directory_reason
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -135,6 +135,11 @@ class MiniBatchEngine(SampledEngine):
         if "cpu" in kinds and len(kinds) > 1:
             reasons.append(f"--devices {','.join(config.devices or ())} mixes the CPU and accelerators: the hybrid "
                            "engine trains them together")
+        devices = [torch.device(d) for d in config.devices] if config.devices else [device]
+        budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
+        store = directory_reason(graph.num_nodes, budget, STORE_SHARE)
+        if store:
+            reasons.append(store)
         return reasons
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):

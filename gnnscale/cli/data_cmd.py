@@ -40,8 +40,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     sym = f"; symmetrised on load from {sym:,} listed edges" if sym is not None else ""
     print(f"edges       {st['edges']:,} (directed, in-neighbour CSR; {st['self_loops']:,} self-loops, "
           f"{st['duplicate_edges']:,} duplicates kept as multi-edges{weighted}{sym})")
-    print(f"features    {st['features']}")
-    print(f"classes     {st['classes']}")
+    if st["spec"]:
+        print(f"spec        {st['spec']}" + "".join(f" <- {s}" for s in reversed(st["converted_from"])))
+    for line in _data_lines(st):
+        print(line)
     for d in ("in_degree", "out_degree"):
         s = st[d]
         print(f"{d.replace('_', '-'):<11} min {s['min']:.0f}  mean {s['mean']:.2f}  median {s['median']:.0f}  "
@@ -52,6 +54,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"memory      {format_bytes(b['total'])} total: topology {format_bytes(b['topology'])}, "
           f"features {format_bytes(b['features'])}, labels+masks {format_bytes(b['labels'] + b['masks'])}")
     return 0
+
+
+def _data_lines(st: dict[str, Any]) -> list[str]:
+    """``info``'s features and classes lines: the features' dtype, what a reader made up (drawn at random: the data
+    had none) and the vertices without a label."""
+    made_up = "; made up: drawn at random (the data has none)"
+    features = f"{st['features']}" + (f", stored as {st['feature_dtype']}" if st["feature_dtype"] else "")
+    classes = f"{st['classes']}"
+    if st["unlabelled_nodes"]:
+        classes += f"; {st['unlabelled_nodes']:,} of {st['nodes']:,} vertices unlabelled (label -1)"
+    return [f"features    {features}{made_up * ('features' in st['made_up'])}",
+            f"classes     {classes}{made_up * ('labels' in st['made_up'])}"]
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

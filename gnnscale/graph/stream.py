@@ -125,7 +125,8 @@ def convert(spec: str, out: Path | str, *, host_memory: int, seed: int = 0, feat
     blocks = plan_blocks(host_memory, n, m, features)
     steps = -(-m // blocks.edges) + 2 * blocks.buckets + 2 * -(-n // blocks.rows)
     meta = {"made_up": ["features", "labels"],
-            "spec": "kronecker:" + ",".join(f"{k}={v}" for k, v in sorted(opts.items())),
+            "spec": "kronecker:" + ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+            + ":feature_dtype=bf16" * bf16,  # as load_dataset records it
             "seed": int(opts["seed"]), "generated": ["graph", "features", "labels", "split"]}
     with io.partial_dir(out) as tmp, tqdm(total=steps, desc="convert", unit="block", file=sys.stderr,
                                           disable=not show, leave=False) as bar:

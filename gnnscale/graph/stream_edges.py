@@ -384,7 +384,7 @@ def _convert(spec: Spec, out: Path, tmp: Path, budget: int, bar: tqdm) -> stream
     if parts:
         meta["seed"] = int(opts["seed"])
         meta["generated"] = parts
-    meta["spec"] = spec.text
+    meta["spec"] = spec.text + ":feature_dtype=bf16" * (bf16 and features > 0)  # as load_dataset records it
     arrays: dict[str, Any] = {"indptr": {"dtype": "int64", "shape": [n + 1]},
                               "indices": {"dtype": "int64", "shape": [num_edges]}}
     if weight_column:

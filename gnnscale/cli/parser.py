@@ -375,6 +375,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the features in float32 or bfloat16 (half the bytes on disk, in host memory and on "
                         "the bus; engines upcast them to float32 on the device); default: as read, float32 for "
                         "every reader (the spec's feature_dtype option wins)")
+    c.add_argument("--features", metavar="FILE.npy",
+                   help="the vertices' features: one [N, F] numeric array (np.save), row i for vertex i in the "
+                        "graph's vertex order (an edge list's ids in increasing order); replaces made-up ones")
+    c.add_argument("--labels", metavar="FILE.csv",
+                   help="the vertices' labels: lines 'id,label' (id as in the edge list; label a class name or "
+                        "number; vertices not listed are unlabelled); names become classes 0..C-1 in sorted order, "
+                        "kept in DIR/classes.json; a new 25/50/25 split of the labelled vertices (--seed)")
     c.add_argument("--host-memory", metavar="SIZE",
                    help="kronecker specs are written block by block, without holding the graph in memory: the "
                         "host memory the blocks may use, GiB or a size (512MB; default: a quarter of the available "

@@ -390,6 +390,7 @@ class Graph:
             "feature_dtype": None if self.x is None else feature_dtype_name(self.x.dtype),
             "made_up": [p for p in ("features", "labels") if p in (self.meta.get("made_up") or [])],
             "unlabelled_nodes": None if self.y is None else int((self.y < 0).sum()),
+            "class_names": self.meta.get("classes"),
             "spec": self.meta.get("spec"),
             "converted_from": list(self.meta.get("converted_from") or []),
             "in_degree": desc(din),

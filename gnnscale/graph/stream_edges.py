@@ -137,16 +137,17 @@ class _Distinct:
 
 
 def _past_budget(budget: int, distinct: _Distinct) -> bool:
-    """Whether the distinct ids so far leave ``budget`` too little for the blocks (:func:`stream.plan_blocks`).
-    Past it, the first pass only counts the ids (beyond the budget, but 8 of the 40 bytes a vertex the writer
-    would need), so that the refusal names the graph's vertex count and a budget that is enough."""
-    for size in (distinct.size, distinct.ids().size):  # size counts the ids of unmerged blocks more than once
-        try:
-            stream.plan_blocks(budget, size, 1, 1)
-            return False
-        except DatasetError:
-            pass
-    return True
+    """Whether the distinct ids so far surely leave ``budget`` too little for the blocks (:func:`stream.plan_blocks`):
+    by a lower bound of their count (``size`` counts an id of several unmerged blocks more than once; merging
+    them here would cost a pass over all ids per block). Past it, the first pass only counts the ids (beyond the
+    budget, but 8 of the 40 bytes a vertex the writer would need), so that the refusal names the graph's vertex
+    count and a budget that is enough."""
+    least = max([distinct.merged.size, *(b.size for b in distinct.pending)])
+    try:
+        stream.plan_blocks(budget, least, 1, 1)
+    except DatasetError:
+        return True
+    return False
 
 
 class _Weights:

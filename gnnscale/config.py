@@ -30,6 +30,8 @@ MODES = ("auto", "full", "sampled", "distributed")
 """``--mode``: the training modes ``--engine auto`` chooses in."""
 STRATEGIES = ("micrograph", "model-centric")
 """``--strategy`` of the distributed engine."""
+MAX_LAYERS = 10_000
+"""The most ``--layers``: far beyond the deepest GNNs trained (RevGNN: 1,001), short of a model too big to build."""
 
 _CHECKS: list[Callable[[TrainConfig], None]] = []
 
@@ -286,7 +288,7 @@ class TrainConfig(
         _coerce_fields(self)
         checks = [
             (self.model in ALL_MODELS, f"unknown model {self.model!r}; choose one of {', '.join(ALL_MODELS)}"),
-            (self.layers >= 1, f"--layers must be >= 1, got {self.layers}"),
+            (1 <= self.layers <= MAX_LAYERS, f"--layers must be from 1 to {MAX_LAYERS}, got {self.layers}"),
             (self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}"),
             (self.heads >= 1, f"--heads must be >= 1, got {self.heads}"),
             (0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1), got {self.dropout}"),
@@ -301,7 +303,7 @@ class TrainConfig(
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
             (self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
-            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
+            (0 <= self.seed < 2**32, f"--seed must be from 0 to {2**32 - 1}, got {self.seed}"),
             (self.memory_budget is None or self.memory_budget > 0, "--gpu-memory must be positive"),
             (self.host_memory is None or self.host_memory > 0, "--host-memory must be positive"),
             (self.mode in MODES, f"unknown --mode {self.mode!r}; choose one of {', '.join(MODES)}"),

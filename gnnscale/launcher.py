@@ -131,7 +131,8 @@ def launch(
         else:
             graph = as_graph(dataset)
             check_trainable(graph)
-            spec = str(io.save(graph, Path(tmp) / "graph"))
+            record = {**graph.meta, "spec": graph.meta.get("spec", graph.name), "transient": True}  # not a convert
+            spec = str(io.save(replace(graph, meta=record), Path(tmp) / "graph"))
         job = RankJob(spec, None if root is None else os.fspath(root), config, str(device), tmp,
                       None if checkpoint is None else os.fspath(checkpoint), checkpoint_every, checkpoint_iterations,
                       resume)

@@ -9,11 +9,12 @@ shown in IEC units (:func:`format_bytes`).
 
 from __future__ import annotations
 
+import math
 import re
 
 from gnnscale.errors import ConfigError
 
-__all__ = ["format_bytes", "parse_budget", "parse_bytes", "UNITS_HELP"]
+__all__ = ["format_bytes", "format_bytes_up", "parse_budget", "parse_bytes", "UNITS_HELP"]
 
 _SI = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _IEC = {"K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30,
@@ -53,3 +54,18 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def format_bytes_up(n: int) -> str:
+    """``n`` bytes as :func:`format_bytes` shows them, rounded *up* to the shown digit: a least size to give (``give
+    at least ...``), so that giving the figure shown is enough (:func:`parse_budget` of it is ``>= n``)."""
+    for unit, size in (("B", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40)):
+        if n < 1024 * size or unit == "TiB":
+            if unit == "B":
+                return f"{n} B"
+            tenths = math.ceil(n * 10 / size)
+            while parse_bytes(f"{tenths / 10:.1f}{unit}") < n:  # float rounding: one more tenth
+                tenths += 1
+            if tenths < 10240 or unit == "TiB":  # else 1024.0 MiB: shown as 1.0 GiB
+                return f"{tenths / 10:.1f} {unit}"
+    raise AssertionError("unreachable")

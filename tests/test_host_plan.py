@@ -7,6 +7,7 @@ import pytest
 from gnnscale.errors import ConfigError
 from gnnscale.plan.host import VERTEX_ARRAY_BYTES, plan_host, read_buffer_bytes
 from gnnscale.store.disk import BUFFER_BYTES
+from gnnscale.units import parse_budget
 
 MB = 1 << 20
 
@@ -49,3 +50,16 @@ def test_describe_names_cache_and_spill() -> None:
     line = p.describe()
     assert "spilled" in line and "\n" not in line
     assert p.summary()["host_spill_plan_bytes"] == p.spill_bytes
+
+
+@pytest.mark.parametrize("readers", [1, 2, 7, 8, 16])
+@pytest.mark.parametrize(("nodes", "row_bytes"), [(81_306, 512), (1000, 800), (50_000, 3 * MB)])
+def test_the_least_budget_advised_is_enough(readers: int, nodes: int, row_bytes: int) -> None:
+    """Issue #44 item 19: the figure a refusal gives, as printed (rounded up), passes; the read buffer grows with
+    the budget, so the need at the refused budget is not it."""
+    kw = {"num_nodes": nodes, "parameters": 10_000, "row_bytes": row_bytes, "readers": readers}
+    with pytest.raises(ConfigError) as refused:
+        plan_host(nodes, **kw)  # a byte a vertex: surely too small
+    advice = str(refused.value).split("give at least ")[1]
+    p = plan_host(parse_budget(advice.replace(" ", "")), **kw)
+    assert p.fixed_bytes <= p.budget

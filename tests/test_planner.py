@@ -48,7 +48,7 @@ def test_plan_lists_every_candidate_with_its_estimate_or_reasons(capsys: pytest.
     assert inmem["reasons"] == [] and "device memory" in inmem["estimate"]
     tp = next(c for c in out["candidates"] if c["name"] == "taskparallel")
     assert tp["reasons"] and tp["estimate"] == ""  # gcn is not a decoupled model
-    assert main(["plan", "--dataset", GRAPH, "--json", "--gpu-memory", "1KB"]) == 0
+    assert main(["plan", "--dataset", GRAPH, "--json", "--gpu-memory", "1KB"]) == 2  # none fits: as train
     tight = json.loads(capsys.readouterr().out)
     assert next(c for c in tight["candidates"] if c["name"] == "inmemory")["reasons"]
     assert tight["chosen"] != "inmemory"
@@ -86,3 +86,67 @@ def test_flags_of_groups_an_engine_does_not_read_are_named() -> None:
     assert ignored_options(TrainConfig(model="gat", heads=8), "inmemory") == []
     with pytest.raises(ConfigError, match="unknown --mode"):
         TrainConfig(mode="fast")
+
+
+TINY = "csbm:nodes=500,avg_degree=4,features=8"
+
+
+def test_plan_and_train_ask_one_planner(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #44 item 21: ``plan`` and ``train`` both take their answer from ``engines.assess``; ``plan`` exits 2
+    where nothing fits, as ``train`` does."""
+    import gnnscale.engines as registry
+
+    asked: list[tuple[str, str]] = []
+    real = registry.assess
+
+    def spy(name: str, *a: object, **k: object) -> registry.Candidate:
+        asked.append((name, sys_command[0]))
+        return real(name, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry, "assess", spy)
+    sys_command = ["plan"]
+    assert main(["plan", "--dataset", TINY, "--mode", "sampled", "--device", "cpu"]) == 0
+    sys_command[0] = "train"
+    assert main(["train", "--dataset", TINY, "--mode", "sampled", "--device", "cpu", "--epochs", "1",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert ("minibatch", "plan") in asked and ("hybrid", "plan") in asked and ("minibatch", "train") in asked
+
+
+@pytest.mark.parametrize("argv", [
+    ["--mode", "sampled", "--gpu-memory", "1KB"],  # the memory store's directory alone overflows: both refuse
+    ["--mode", "sampled"],
+    ["--mode", "full", "--gpu-memory", "1KB"],  # nothing fits: both exit 2
+    ["--mode", "full"],
+])
+def test_plan_and_train_agree(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--dataset", TINY, "--device", "cpu", "--json", *argv])
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
+    trained = main(["train", "--dataset", TINY, "--device", "cpu", "--epochs", "1", "--quiet", *argv])
+    train_out, train_err = capsys.readouterr()
+    assert code == trained, (err, train_err)
+    if plan["chosen"] is None:
+        assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: no engine can train")
+        assert err == train_err  # the same line
+    else:
+        assert f"engine {plan['chosen']} on cpu" in train_out
+
+
+def test_the_store_budget_plan_advises_is_enough(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--dataset", TINY, "--device", "cpu", "--mode", "sampled", "--gpu-memory", "1KB"]) == 2
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.split()[:1] == ["minibatch"])
+    advice = line.split("give --gpu-memory at least ")[1].split()  # e.g. ['7.9', 'KiB']
+    assert main(["train", "--dataset", TINY, "--device", "cpu", "--engine", "minibatch", "--epochs", "1", "--quiet",
+                 "--gpu-memory", "".join(advice)]) == 0
+
+
+def test_plan_says_auto_skips_hybrid_that_train_runs_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --devices, ``--engine hybrid`` trains on the CPU alone; ``--engine auto`` leaves it to that."""
+    assert main(["plan", "--dataset", TINY, "--device", "cpu", "--mode", "sampled", "--json"]) == 0
+    hybrid = next(c for c in json.loads(capsys.readouterr().out)["candidates"] if c["name"] == "hybrid")
+    assert hybrid["reasons"] == [] and "--devices" in hybrid["skipped"]
+    assert main(["train", "--dataset", TINY, "--device", "cpu", "--engine", "hybrid", "--epochs", "1",
+                 "--quiet"]) == 0
+    assert "engine hybrid on cpu" in capsys.readouterr().out

@@ -266,3 +266,20 @@ def test_cli_line_without_features(tmp_path: Path, capsys: pytest.CaptureFixture
     line = capsys.readouterr().out.strip()
     assert line.startswith("wrote") and line.endswith("4 nodes, 6 edges, 132 B")
     assert not (tmp_path / "s" / "x.npy").exists()
+
+
+def test_the_budget_advice_names_the_graphs_vertices_and_is_enough(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #44 item 19: refused mid-way through the first pass, convert still names the graph's vertex count (not
+    the ids read so far, nor the unmerged blocks' overcount), and its least budget, rounded up, is enough."""
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(60_000).reshape(-1, 2)
+    path = _write(tmp_path, "r.txt", "".join(f"{a} {b}\n{b} {a}\n" for a, b in ids))  # every id twice
+    monkeypatch.setattr(stream_edges, "plan_text", lambda budget: 1 << 14)  # many blocks
+    argv = ["convert", "--dataset", f"edgelist:{path}", "--out", str(tmp_path / "g")]
+    assert main([*argv, "--host-memory", "2MB"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "60,000 vertices" in err, err
+    advice = err.split("give at least ")[1]
+    assert main([*argv, "--host-memory", advice.replace(" ", "")]) == 0, capsys.readouterr().err
+    assert io.open_dir(tmp_path / "g").num_nodes == 60_000

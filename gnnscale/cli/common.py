@@ -126,11 +126,14 @@ def _num_list(flag: str, text: str | None, kind: type[float] | type[int], exampl
     """``a,b,c`` as a tuple of ``kind``; ``None`` stays ``None``; anything else is one error naming the flag."""
     if text is None:
         return None
+    what = "integers" if kind is int else "numbers"
     try:
-        return tuple(kind(v) for v in text.split(","))
+        values = tuple(kind(v) for v in text.split(","))
     except ValueError:
-        what = "integers" if kind is int else "numbers"
         raise ConfigError(f"{flag} {text!r}: give comma-separated {what} such as {example}") from None
+    if kind is int and any(abs(v) >= 2**63 for v in values):
+        raise ConfigError(f"{flag} {text!r}: a number is out of range (int64); give {what} such as {example}")
+    return values
 
 
 def writes_folder(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -15,7 +15,7 @@ from gnnscale.cli.common import _device_list, writes_folder
 from gnnscale.engines import ENGINES
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import check_output, make_parents, write_output, write_text
-from gnnscale.graph import io, stream, stream_edges
+from gnnscale.graph import attach, io, stream, stream_edges
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.notes import note
 from gnnscale.predict import OUTPUT_SUFFIXES, load_model, predict, write_predictions
@@ -40,8 +40,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     sym = f"; symmetrised on load from {sym:,} listed edges" if sym is not None else ""
     print(f"edges       {st['edges']:,} (directed, in-neighbour CSR; {st['self_loops']:,} self-loops, "
           f"{st['duplicate_edges']:,} duplicates kept as multi-edges{weighted}{sym})")
-    print(f"features    {st['features']}")
-    print(f"classes     {st['classes']}")
+    if st["spec"]:
+        print(f"spec        {st['spec']}" + "".join(f" <- {s}" for s in reversed(st["converted_from"])))
+    for line in _data_lines(st):
+        print(line)
     for d in ("in_degree", "out_degree"):
         s = st[d]
         print(f"{d.replace('_', '-'):<11} min {s['min']:.0f}  mean {s['mean']:.2f}  median {s['median']:.0f}  "
@@ -52,6 +54,33 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"memory      {format_bytes(b['total'])} total: topology {format_bytes(b['topology'])}, "
           f"features {format_bytes(b['features'])}, labels+masks {format_bytes(b['labels'] + b['masks'])}")
     return 0
+
+
+def _data_lines(st: dict[str, Any]) -> list[str]:
+    """``info``'s features and classes lines: the features' dtype, what a reader made up (drawn at random: the data
+    had none) and the vertices without a label."""
+    made_up = "; made up: drawn at random (the data has none)"
+    features = f"{st['features']}" + (f", stored as {st['feature_dtype']}" if st["feature_dtype"] else "")
+    classes = f"{st['classes']}"
+    if st["class_names"]:
+        names = st["class_names"]
+        classes += f" ({', '.join(map(str, names[:10]))}{', ...' * (len(names) > 10)}: classes.json, 0 first)"
+    if st["unlabelled_nodes"]:
+        classes += f"; {st['unlabelled_nodes']:,} of {st['nodes']:,} vertices unlabelled (label -1)"
+    return [f"features    {features}{made_up * ('features' in st['made_up'])}",
+            f"classes     {classes}{made_up * ('labels' in st['made_up'])}"]
+
+
+def _own_data(g: Any, args: argparse.Namespace) -> Any:
+    """``g`` with the features of ``--features`` and the labels of ``--labels`` (:mod:`gnnscale.graph.attach`),
+    the features in ``g``'s dtype (``--feature-dtype``)."""
+    if args.features is not None:
+        dtype = None if g.x is None else g.x.dtype
+        g = attach.attach_features(g, args.features)
+        g = g if dtype is None else g.with_feature_dtype(dtype)
+    if args.labels is not None:
+        g = attach.attach_labels(g, args.labels, args.seed)
+    return g
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -107,7 +136,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ConfigError(f"output directory {out} already exists; choose a new path")
     for stale in io.remove_stale_partials(out):
         print(f"removed {stale}: partial output of an interrupted convert", file=sys.stderr)
-    if stream.is_streamable(args.dataset) or stream_edges.is_streamable(args.dataset):
+    own = args.features is not None or args.labels is not None  # the vertex data from the user's files
+    if not own and (stream.is_streamable(args.dataset) or stream_edges.is_streamable(args.dataset)):
         budget = (parse_budget(args.host_memory) if args.host_memory is not None
                   else mem_get_info(torch.device("cpu"))[0] // 4)
         if stream.is_streamable(args.dataset):
@@ -122,11 +152,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return 0
     if args.host_memory is not None:
         note("--host-memory only applies to kronecker and edgelist specs, which are written block by block; this "
-             "dataset is loaded whole")
+             "dataset is loaded whole" + (" (with --features or --labels)" if own else ""))
     progress.enable(sys.stderr.isatty())
     with progress.stage("load"):
         g = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids,
                          feature_dtype=args.feature_dtype)
+        g = _own_data(g, args)
     with progress.stage("write"):
         io.save(g, make_parents(out))
     dtype = "" if g.x is None else f", {str(g.x.dtype).removeprefix('torch.')} features"

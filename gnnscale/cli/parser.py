@@ -22,8 +22,9 @@ from gnnscale.config import (
     SamplingOptions,
     StoreOptions,
     TaskParallelOptions,
+    TrainConfig,
 )
-from gnnscale.engines import ENGINES, readers_of
+from gnnscale.engines import ENGINES, model_refusers, readers_of
 from gnnscale.errors import GnnscaleError
 from gnnscale.nn import ALL_MODELS, JK_MODES, NORMS
 from gnnscale.partition import CHUNKERS, PARTITION_METHODS
@@ -41,6 +42,33 @@ class _UsageError(GnnscaleError):
     pass
 
 
+INT64_MAX = 2**63 - 1
+"""The largest integer a flag takes: the int64 the tensors and numpy arrays hold it in."""
+MAX_SEED = 2**32 - 1
+"""The largest ``--seed``: numpy's ``np.random.seed`` and PyG's ``seed_everything`` take ``[0, 2**32)``."""
+
+
+def _int(text: str) -> int:
+    """An integer flag's value, refused at parse time beyond int64 (not an OverflowError deep inside torch)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: give at most {INT64_MAX} (int64)")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: give a seed from 0 to {MAX_SEED}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one ``error: ...`` line (raised, so main() reports it like any other)."""
 
@@ -48,12 +76,18 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog.split()[-1]}: {message}")
 
 
+def _refusers(**option: Any) -> str:
+    """The engines that refuse a gcn with ``option`` (their capabilities, as the registry reads them)."""
+    return ", ".join(model_refusers(TrainConfig(**option))) or "no engine"
+
+
 def _add_dataset_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--dataset", required=required, default=None if required else "csbm", metavar="SPEC",
                    help="csbm[:opts], kronecker[:opts], planetoid:<name>, npz:<file>, edgelist:<file>, "
                         "ogb:<name>, or a directory written by 'gnnscale convert' (default: csbm)")
     p.add_argument("--root", metavar="DIR", help="folder with Planetoid/OGB files; fallback folder for file paths")
-    p.add_argument("--seed", type=int, default=0, help="seed for weights, dropout and random splits (default 0)")
+    p.add_argument("--seed", type=_seed, default=0,
+                   help=f"seed for weights, dropout and random splits, 0 to {MAX_SEED} (default 0)")
 
 
 def _add_keep_ids(p: argparse.ArgumentParser) -> None:
@@ -106,8 +140,8 @@ def _option_groups(train: argparse.ArgumentParser) -> dict[type, Any]:
 
 def _add_partition_args(pa: argparse.ArgumentParser, engine_default: str | None) -> None:
     _add_dataset_args(pa, required=True)
-    pa.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
-    pa.add_argument("--chunks", type=int, help="destination chunks per partition n (partition: default 1; plan: "
+    pa.add_argument("--partitions", type=_int, default=1, help="level-1 partitions m (default 1)")
+    pa.add_argument("--chunks", type=_int, help="destination chunks per partition n (partition: default 1; plan: "
                                               "the fewest that fit the budget)")
     pa.add_argument("--method", choices=PARTITION_METHODS, default="metis", help="level-1 partitioner")
     pa.add_argument("--chunker", choices=CHUNKERS, default="range",
@@ -121,17 +155,17 @@ def _add_partition_args(pa: argparse.ArgumentParser, engine_default: str | None)
                          "--fanouts, --shares, --threads)")
     pa.add_argument("--model", choices=list(ALL_MODELS),
                     help="taskparallel: decoupled model (default dgcn); hybrid: layer type (default gcn)")
-    pa.add_argument("--layers", type=int, default=2, help="taskparallel, hybrid: layers (default 2)")
-    pa.add_argument("--hidden", type=int, default=64, help="taskparallel, hybrid: hidden width (default 64)")
+    pa.add_argument("--layers", type=_int, default=2, help="taskparallel, hybrid: layers (default 2)")
+    pa.add_argument("--hidden", type=_int, default=64, help="taskparallel, hybrid: hidden width (default 64)")
     pa.add_argument("--devices", metavar="LIST",
                     help="taskparallel: devices (default: cpu); hybrid: cpu and the accelerators (default: cpu and "
                          "every GPU)")
-    pa.add_argument("--batch-size", type=int, default=1024, help="hybrid: seeds per global batch (default 1024)")
+    pa.add_argument("--batch-size", type=_int, default=1024, help="hybrid: seeds per global batch (default 1024)")
     pa.add_argument("--fanouts", metavar="LIST", help="hybrid: neighbours per hop (default 15,10 for 2 layers)")
     pa.add_argument("--shares", metavar="LIST", help="hybrid: the split to predict (default: the model's)")
     pa.add_argument("--threads", metavar="S,L,T", help="hybrid: sampler, loader, CPU trainer threads")
-    pa.add_argument("--t-devices", type=int, metavar="N", help="taskparallel: devices for the T tasks")
-    pa.add_argument("--subgraphs", type=int, metavar="S", help="taskparallel: subgraphs per epoch")
+    pa.add_argument("--t-devices", type=_int, metavar="N", help="taskparallel: devices for the T tasks")
+    pa.add_argument("--subgraphs", type=_int, metavar="S", help="taskparallel: subgraphs per epoch")
     pa.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
                     help="taskparallel: device memory budget (default: what is free)")
     pa.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
@@ -164,9 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_keep_ids(t)
     t.add_argument("--model", choices=list(ALL_MODELS), default="gcn",
                    help="layer type, or a decoupled model (T tasks, then P tasks): dgcn, dgat (default gcn)")
-    t.add_argument("--layers", type=int, default=2, help="layers, the last one giving class scores (default 2)")
-    t.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: total over heads; default 64)")
-    t.add_argument("--heads", type=int, default=4, help="GAT attention heads (default 4)")
+    t.add_argument("--layers", type=_int, default=2, help="layers, the last one giving class scores (default 2)")
+    t.add_argument("--hidden", type=_int, default=64, help="hidden width (GAT: total over heads; default 64)")
+    t.add_argument("--heads", type=_int, default=4, help="GAT attention heads (default 4)")
     t.add_argument("--dropout", type=float, default=0.5, help="drop probability before every layer (default 0.5)")
     t.add_argument("--input-dropout", type=float, metavar="P",
                    help="drop probability of the input features (default: --dropout; 0 is PyG's BasicGNN, which "
@@ -175,13 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="normalise each hidden layer's output before its activation (PyG's BasicGNN): batch "
                         "(BatchNorm), layer (LayerNorm per vertex) or none (default none)")
     t.add_argument("--residual", action="store_true",
-                   help="each layer adds a bias-free linear map of its input to its output (PyG GATConv's residual)")
+                   help="each layer adds a bias-free linear map of its input to its output (PyG GATConv's residual); "
+                        f"refused by {_refusers(residual=True)}")
     t.add_argument("--jk", choices=list(JK_MODES), default="none",
                    help="jumping knowledge: combine every layer's output (last, cat, max), then a linear layer "
-                        "gives the classes; none: the last layer does (default none)")
+                        "gives the classes; none: the last layer does (default none); refused by "
+                        f"{_refusers(jk='cat')}")
     t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (default 0.01)")
     t.add_argument("--weight-decay", type=float, default=5e-4, help="Adam weight decay (default 5e-4)")
-    t.add_argument("--epochs", type=int, default=100, help="training epochs (default 100)")
+    t.add_argument("--epochs", type=_int, default=100, help="training epochs (default 100)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     t.add_argument("--engine", choices=["auto", *ENGINES], default="auto",
                    help="auto: the first engine that fits, in this order (never minibatch); default auto. "
@@ -200,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "glibc's default)")
     group = _option_groups(t)
     o = group[OffloadOptions]
-    o.add_argument("--partitions", type=int, default=1, help="level-1 partitions m (default 1)")
-    group[ChunkOptions].add_argument("--chunks", type=int,
+    o.add_argument("--partitions", type=_int, default=1, help="level-1 partitions m (default 1)")
+    group[ChunkOptions].add_argument("--chunks", type=_int,
                                      help="chunks per partition n (default: the fewest that fit --gpu-memory)")
     group[PartitionOptions].add_argument("--partition-method", choices=PARTITION_METHODS, default="metis",
                    help="level-1 partitioner (default metis)")
@@ -228,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_dir(group[PartitionOptions])
     mb = group[MiniBatchOptions]
     sampling = group[SamplingOptions]
-    sampling.add_argument("--batch-size", type=int, default=1024, help="seed vertices per mini-batch (default 1024)")
+    sampling.add_argument("--batch-size", type=_int, default=1024, help="seed vertices per mini-batch (default 1024)")
     sampling.add_argument("--fanouts", metavar="LIST",
                     help="neighbours sampled per hop, the seeds' hop first, -1 for all (default 15,10 for 2 layers)")
     mb.add_argument("--eval-fanouts", metavar="LIST",
@@ -258,13 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="exact: every T task before the first P task (the in-memory model exactly); skip: "
                          "Algorithm 1, edges from later subgraphs of the epoch skipped, T and P overlap (default "
                          "exact)")
-    tp.add_argument("--subgraphs", type=int, metavar="S",
+    tp.add_argument("--subgraphs", type=_int, metavar="S",
                     help="subgraphs per epoch (default: the fewest, at least 2, that fit --gpu-memory); --chunks "
                          "sets the chunks per subgraph (default: the P group size)")
-    tp.add_argument("--t-devices", type=int, metavar="N",
+    tp.add_argument("--t-devices", type=_int, metavar="N",
                     help="devices of --devices that run the T tasks (default: the scheduling model, Eqs. 7-8)")
     ds = group[DistributedOptions]
-    ds.add_argument("--ranks", type=int, metavar="R",
+    ds.add_argument("--ranks", type=_int, metavar="R",
                     help="start R ranks on this machine (without torchrun; under torchrun: the job's size)")
     ds.add_argument("--strategy", choices=list(STRATEGIES), default="micrograph",
                     help="micrograph: the model moves to the features (HopGNN, default); model-centric: the "
@@ -283,9 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--checkpoint", metavar="DIR",
                     help="keep DIR/checkpoint.pt (model, optimiser, epoch, best epoch, records, engine state), "
                          "written atomically every --checkpoint-every epochs and after the last")
-    ck.add_argument("--checkpoint-every", type=int, default=1, metavar="N", help="epochs between checkpoints "
+    ck.add_argument("--checkpoint-every", type=_int, default=1, metavar="N", help="epochs between checkpoints "
                     "(default 1)")
-    ck.add_argument("--checkpoint-iterations", type=int, default=None, metavar="N",
+    ck.add_argument("--checkpoint-iterations", type=_int, default=None, metavar="N",
                     help="distributed: also checkpoint every N iterations within an epoch (default 100; 0: at "
                          "epoch ends only)")
     ck.add_argument("--resume", action="store_true",
@@ -331,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
                     help="device memory the engine may use (default: what is free)")
     pr.add_argument("--devices", metavar="LIST", help="comma-separated devices for multi-device engines")
-    pr.add_argument("--partitions", type=int, default=1, help="offload: level-1 partitions (default 1)")
+    pr.add_argument("--partitions", type=_int, default=1, help="offload: level-1 partitions (default 1)")
     pr.set_defaults(command="predict")
     r = sub.add_parser("report", help="plot or tabulate one or more metrics files (loss, accuracy, time, memory, "
                                       "bytes moved per epoch)")
@@ -349,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the features in float32 or bfloat16 (half the bytes on disk, in host memory and on "
                         "the bus; engines upcast them to float32 on the device); default: as read, float32 for "
                         "every reader (the spec's feature_dtype option wins)")
+    c.add_argument("--features", metavar="FILE.npy",
+                   help="the vertices' features: one [N, F] numeric array (np.save), row i for vertex i in the "
+                        "graph's vertex order (an edge list's ids in increasing order); replaces made-up ones")
+    c.add_argument("--labels", metavar="FILE.csv",
+                   help="the vertices' labels: lines 'id,label' (id as in the edge list; label a class name or "
+                        "number; vertices not listed are unlabelled); names become classes 0..C-1 in sorted order, "
+                        "kept in DIR/classes.json; a new 25/50/25 split of the labelled vertices (--seed)")
     c.add_argument("--host-memory", metavar="SIZE",
                    help="kronecker and edgelist specs stream: they are written block by block, without holding "
                         "the graph in memory, and this is the host memory the blocks may use, GiB or a size (512MB; "

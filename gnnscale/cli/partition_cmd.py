@@ -12,7 +12,7 @@ import torch
 
 from gnnscale.cli.common import _device_list, _num_list
 from gnnscale.config import TrainConfig
-from gnnscale.engines import ENGINES, candidates, requested_mode
+from gnnscale.engines import ENGINES, candidates, chosen, no_engine_error, requested_mode
 from gnnscale.engines.devices import resolve_devices
 from gnnscale.errors import ConfigError
 from gnnscale.graph.datasets import load_dataset
@@ -45,26 +45,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
     g = load_dataset(args.dataset, args.root, seed=args.seed)
     check_trainable(g)
     loaded = host_peak_bytes()  # as train measures it: the graph loaded, no planner run yet
-    found = candidates(g, config, device)
-    chosen = next((c.name for c in found if not c.reasons), None)
+    found = candidates(g, config, device)  # what train's select_engine asks too (engines.assess)
+    pick = chosen(found)
     base = None
-    if config.host_memory is not None and chosen is not None and ENGINES[chosen].honours_host_memory():
-        base = host_base(g.num_nodes, g.num_edges, ENGINES[chosen].host_topology_copies, loaded)
+    if config.host_memory is not None and pick is not None and ENGINES[pick].honours_host_memory():
+        base = host_base(g.num_nodes, g.num_edges, ENGINES[pick].host_topology_copies, loaded)
     if args.json:
         print(json.dumps({"dataset": g.name, "mode": requested_mode(config), "device": str(device),
-                          "chosen": chosen, "candidates": [asdict(c) for c in found],
+                          "chosen": pick, "candidates": [asdict(c) for c in found],
                           "host_base_bytes": None if base is None else base.total}))
-        return 0
-    print(f"dataset  {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges; model {config.model}; "
-          f"{requested_mode(config)} mode on {device}")
-    for c in found:
-        mark = "->" if c.name == chosen else "  "
-        what = f"fits: {c.estimate}" if not c.reasons else f"rejected: {'; '.join(c.reasons)}"
-        print(f"{mark} {c.name:<13} {what.rstrip(': ')}")
-    print(f"--engine auto would choose {chosen}" if chosen else "no engine of this mode can train it")
-    if base is not None:
-        assert config.host_memory is not None
-        print(f"{chosen}: {base.describe(config.host_memory)}")
+    else:
+        print(f"dataset  {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges; model {config.model}; "
+              f"{requested_mode(config)} mode on {device}")
+        for c in found:
+            mark = "->" if c.name == pick else "  "
+            what = f"rejected: {'; '.join(c.reasons)}" if c.reasons else "fits" + f": {c.estimate}" * bool(c.estimate)
+            if c.skipped and not c.reasons:
+                what += f" (with --engine {c.name}; auto skips it: {c.skipped})"
+            print(f"{mark} {c.name:<13} {what}")
+        if pick:
+            print(f"--engine auto would choose {pick}")
+        if base is not None:
+            assert config.host_memory is not None
+            print(f"{pick}: {base.describe(config.host_memory)}")
+    if pick is None:  # what train says and does (exit 2) for the same flags
+        raise no_engine_error(g, config, device, found)
     return 0
 
 

@@ -93,23 +93,87 @@ def candidate_names(config: TrainConfig) -> list[str]:
 
 @dataclass
 class Candidate:
-    """One engine as the planner sees it (``gnnscale plan``)."""
+    """One engine as the planner sees it: what ``gnnscale plan`` prints and ``train`` chooses by."""
 
     name: str
     reasons: list[str]
     """Why it cannot run; empty when it can."""
     estimate: str
     """Its own estimate (peak memory, plan) when it can run."""
+    skipped: str | None = None
+    """Why ``--engine auto`` passes it over although it can run (``--engine NAME`` runs it)."""
+
+    @property
+    def eligible(self) -> bool:
+        """Whether ``--engine auto`` may choose it."""
+        return not self.reasons and self.skipped is None
+
+
+def assess(name: str, graph: Graph, config: TrainConfig, device: torch.device, *, purpose: str = "train",
+           estimate: bool = False) -> Candidate:
+    """The planner's one answer about engine ``name`` (``train`` and ``gnnscale plan`` both ask it): the reasons
+    it cannot ``purpose`` (:meth:`Engine.not_supported_reasons`), why ``--engine auto`` skips it, and with
+    ``estimate`` its estimate when it can run."""
+    cls = ENGINES[name]
+    if purpose != "train" and not cls.predicts:
+        reasons = [f"it only trains; a model it saved can {purpose} with any other engine"]
+    else:
+        reasons = cls.not_supported_reasons(graph, config, device)
+    skipped = cls.auto_skip_reason(config) if config.engine == "auto" else None
+    return Candidate(name, reasons, cls.estimate(graph, config, device) if estimate and not reasons else "", skipped)
 
 
 def candidates(graph: Graph, config: TrainConfig, device: torch.device) -> list[Candidate]:
     """Every engine of the requested mode with its reasons or its estimate (each engine's planner runs)."""
-    out = []
-    for name in candidate_names(config):
-        cls = ENGINES[name]
-        reasons = cls.not_supported_reasons(graph, config, device)
-        out.append(Candidate(name, reasons, "" if reasons else cls.estimate(graph, config, device)))
-    return out
+    return [assess(name, graph, config, device, estimate=True) for name in candidate_names(config)]
+
+
+def chosen(found: list[Candidate]) -> str | None:
+    """The engine :func:`select_engine` runs among ``found`` (in the registry's order): the first eligible one."""
+    return next((c.name for c in found if c.eligible), None)
+
+
+def model_trainers(config: TrainConfig) -> list[str]:
+    """The engines, of any mode, that train ``config``'s model with its options (``--jk``, ``--norm``): those whose
+    :meth:`Engine.model_option_reasons` are empty (their capabilities, not their names)."""
+    return [name for name, cls in ENGINES.items() if not cls.model_option_reasons(config)]
+
+
+def model_refusers(config: TrainConfig) -> list[str]:
+    """The engines that refuse ``config``'s model or its options (``--help`` lists them for ``--jk`` and
+    ``--residual``): the complement of :func:`model_trainers`."""
+    return [name for name in ENGINES if name not in model_trainers(config)]
+
+
+def disk_tier_engines() -> list[str]:
+    """The engines that read ``--host-memory`` (the disk tier of a converted directory's features)."""
+    return [name for name, cls in ENGINES.items() if "host_memory" in cls.also_reads
+            or any("host_memory" in {f.name for f in fields(g)} for g in cls.options)]
+
+
+def _model_words(config: TrainConfig) -> str:
+    """``config``'s model as its flags say it: ``gcn --jk cat --norm batch``."""
+    flags = [f"--jk {config.jk}"] * (config.jk != "none") + ["--norm batch"] * (config.norm == "batch")
+    return " ".join([config.model, *flags])
+
+
+def no_engine_error(graph: Graph, config: TrainConfig, device: torch.device, found: list[Candidate],
+                    purpose: str = "train") -> EngineError:
+    """What :func:`select_engine` raises (and ``gnnscale plan`` says) when no engine of ``found`` can run: the
+    named engine's reasons (``--engine NAME``), or every engine's of the mode; where the model is what an engine
+    refuses, the engines that train it."""
+    hint = ""
+    if all(ENGINES[c.name].model_option_reasons(config) for c in found):  # the model is what they refuse
+        able = model_trainers(config)
+        hint = (f"; the engines that train {_model_words(config)}: {', '.join(able)}" if able
+                else f"; no engine trains {_model_words(config)}")
+    if config.engine != "auto":
+        c = found[0]
+        return EngineError(f"the {c.name} engine cannot {purpose} {graph.name} on {device}: "
+                           f"{'; '.join(c.reasons)}{hint}")
+    detail = "; ".join(f"{c.name}: {', '.join(c.reasons or [c.skipped or ''])}" for c in found)
+    return EngineError(f"no engine can {purpose} {graph.name} on {device} in {requested_mode(config)} mode: "
+                       f"{detail}{hint}")
 
 
 def select_engine(
@@ -117,31 +181,26 @@ def select_engine(
 ) -> tuple[type[Engine], dict[str, list[str]]]:
     """The engine to run and, for ``auto``, the reasons each engine before it was rejected: the first engine of
     the requested mode (:func:`requested_mode`) with no reason against it, in the registry's order. ``purpose``
-    (``train``, ``predict for``) is what the error says no engine can do.
+    (``train``, ``predict for``) is what the error says no engine can do. It asks :func:`assess`, as ``gnnscale
+    plan`` does, and stops at the first engine that runs.
 
     Raises:
         EngineError: the named engine, or with ``auto`` every engine of the mode, cannot run; lists every reason.
     """
-    names = candidate_names(config)
-    rejected: dict[str, list[str]] = {}
-    for name in names:
-        cls = ENGINES[name]
-        if purpose != "train" and not cls.predicts:
-            reasons = [f"it only trains; a model it saved can {purpose} with any other engine"]
-        else:
-            reasons = cls.not_supported_reasons(graph, config, device)
-        if not reasons:
-            return ENGINES[name], rejected
-        rejected[name] = reasons
-    detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected.items())
-    mode = "" if config.engine != "auto" else f" in {requested_mode(config)} mode"
-    raise EngineError(f"no engine can {purpose} {graph.name} on {device}{mode}: {detail}")
+    found: list[Candidate] = []
+    for name in candidate_names(config):
+        c = assess(name, graph, config, device, purpose=purpose)
+        if c.eligible:
+            return ENGINES[name], {f.name: f.reasons or [f.skipped or ""] for f in found}
+        found.append(c)
+    raise no_engine_error(graph, config, device, found, purpose)
 
 
 __all__ = [
     "ENGINES", "DistributedEngine", "Engine", "HybridEngine",
     "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine",
-    "Candidate", "candidate_names", "candidates", "ignored_options", "ignored_settings", "ignored_warning",
+    "Candidate", "assess", "candidate_names", "candidates", "chosen", "ignored_options", "ignored_settings",
+    "disk_tier_engines", "ignored_warning", "model_refusers", "model_trainers", "no_engine_error",
     "readers_of", "requested_mode",
     "select_engine",
 ]

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.graph.graph import MASK_NAMES, Graph
+from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.plan.memory import estimate_host_bytes
 from gnnscale.units import format_bytes
@@ -68,6 +69,11 @@ class Engine(ABC):
     trains_jk: ClassVar[bool] = False
     """Whether the engine trains ``--jk`` (the class scores from every layer's output: :meth:`GNN.head
     <gnnscale.nn.model.GNN.head>`); the engines that compute the scores with the last layer refuse it."""
+    trains_layered: ClassVar[bool] = True
+    """Whether the engine trains the layer-stack models (gcn, sage, gat, gin: ``--residual`` and ``--jk`` are
+    theirs)."""
+    trains_decoupled: ClassVar[bool] = False
+    """Whether the engine trains the decoupled models (:data:`~gnnscale.nn.decoupled.DECOUPLED_MODELS`)."""
     options: ClassVar[tuple[type, ...]] = ()
     """The option groups of :class:`~gnnscale.config.TrainConfig` this engine reads besides the model's and the
     run's (``ModelOptions``, ``RunOptions``): ``--help`` groups the flags by them, and a flag of another group
@@ -114,19 +120,31 @@ class Engine(ABC):
         return cls._not_supported_reasons(graph, config, device)
 
     @classmethod
+    def auto_skip_reason(cls, config: TrainConfig) -> str | None:
+        """Why ``--engine auto`` passes this engine over although it could train (``--engine NAME`` runs it);
+        ``None`` by default."""
+        del config
+        return None
+
+    @classmethod
     def model_option_reasons(cls, config: TrainConfig) -> list[str]:
-        """One line per model option (:mod:`gnnscale.nn.norm`) of ``config`` this engine cannot train exactly
-        yet: ``--norm batch`` (:meth:`batch_norm_reason`) and ``--jk`` (:attr:`trains_jk`). LayerNorm and the
+        """Why this engine cannot train ``config``'s model: its kind (:attr:`trains_layered`,
+        :attr:`trains_decoupled`, alone), else one line per model option (:mod:`gnnscale.nn.norm`) it cannot train
+        exactly yet: ``--norm batch`` (:meth:`batch_norm_reason`) and ``--jk`` (:attr:`trains_jk`). LayerNorm and the
         residuals are per vertex: every engine drives the layers through :meth:`GNN.layer_input
         <gnnscale.nn.model.GNN.layer_input>` and the layers' halves, and trains them unchanged."""
+        decoupled = config.model in DECOUPLED_MODELS
+        if decoupled and not cls.trains_decoupled:
+            return [f"{config.model} is a decoupled model, which this engine does not train"]
+        if not decoupled and not cls.trains_layered:
+            return [f"it trains the decoupled models ({', '.join(DECOUPLED_MODELS)}), not {config.model}"]
         reasons = []
         why = cls.batch_norm_reason(config) if config.norm == "batch" else None
         if why:
             reasons.append(f"--norm batch: {why}")
         if config.jk != "none" and not cls.trains_jk:
             reasons.append(f"--jk {config.jk}: this engine computes the class scores with the last layer (and its "
-                           "evaluation layer by layer), not from every layer's output; train it with --engine "
-                           "inmemory")
+                           "evaluation layer by layer), not from every layer's output")
         return reasons
 
     @classmethod

@@ -80,7 +80,7 @@ from gnnscale.plan.hybrid import (
 )
 from gnnscale.sample import CSRTopology, sample_key
 from gnnscale.store.features import FeatureSource
-from gnnscale.store.global_store import GlobalMemoryStore
+from gnnscale.store.global_store import GlobalMemoryStore, directory_reason
 
 DRM_TOLERANCE = 0.1
 """DRM leaves the work split alone while the trainers' times are within this fraction of each other: measured
@@ -140,10 +140,21 @@ class HybridEngine(SampledEngine):
         return None
 
     @classmethod
+    def auto_skip_reason(cls, config: TrainConfig) -> str | None:
+        """Without ``--devices`` it would train the CPU alone, as the mini-batch engine does without the pipeline's
+        cost: ``--engine auto`` leaves it to ``--engine hybrid``."""
+        if config.devices and len(config.devices) > 1:
+            return None
+        return "trains the CPU beside accelerators: name them with --devices (e.g. cpu,cuda:0)"
+
+    @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
         reasons = cls.sampling_reasons(config)
-        if config.engine == "auto" and not (config.devices and len(config.devices) > 1):
-            reasons.append("trains the CPU beside accelerators: name them with --devices (e.g. cpu,cuda:0)")
+        if config.memory_budget is not None and any(not d.strip().lower().startswith("cpu")
+                                                    for d in config.devices or ()):
+            store = directory_reason(graph.num_nodes, config.memory_budget, 0.5)  # the GPUs' store: half
+            if store:
+                reasons.append(store)
         return reasons
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):

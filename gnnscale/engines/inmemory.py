@@ -24,6 +24,7 @@ class InMemoryEngine(Engine):
 
     name = "inmemory"
     trains_jk = True
+    trains_decoupled = True
 
     @classmethod
     def batch_norm_reason(cls, config: TrainConfig) -> str | None:

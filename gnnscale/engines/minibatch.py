@@ -73,7 +73,7 @@ from gnnscale.plan.memory import available_device_bytes, estimate_host_bytes
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.cache import DeviceCache
 from gnnscale.store.disk import DiskSource
-from gnnscale.store.global_store import GlobalMemoryStore, StoreReader
+from gnnscale.store.global_store import GlobalMemoryStore, StoreReader, directory_reason
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -138,6 +138,11 @@ class MiniBatchEngine(SampledEngine):
         if "cpu" in kinds and len(kinds) > 1:
             reasons.append(f"--devices {','.join(config.devices or ())} mixes the CPU and accelerators: the hybrid "
                            "engine trains them together")
+        devices = [torch.device(d) for d in config.devices] if config.devices else [device]
+        budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
+        store = directory_reason(graph.num_nodes, budget, STORE_SHARE)
+        if store:
+            reasons.append(store)
         if config.host_memory is not None:  # the set-up's host plan, priced before any work (plan, --engine auto)
             row = max(graph.num_features, 1) * (graph.x.element_size() if graph.x is not None else 4)
             try:

@@ -95,7 +95,6 @@ from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
-from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.notes import note
 from gnnscale.partition import permute_csr
@@ -137,8 +136,6 @@ class OffloadEngine(Engine):
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
-        if config.model in DECOUPLED_MODELS:
-            return [f"{config.model} is a decoupled model: train it with --engine inmemory or taskparallel"]
         reasons = []
         devices = worker_devices(config, device)
         # the UVA gather reads pinned host memory from a CUDA kernel: a device that pins its host memory

@@ -49,7 +49,6 @@ from torch import Tensor
 
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
-from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.model import GNN
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
 
@@ -91,8 +90,6 @@ def sampling_reasons(config: TrainConfig) -> list[str]:
     """Why sampled training (any sampled engine) cannot train ``config``'s model."""
     fanouts = config.fanouts or default_fanouts(config.layers)
     reasons = []
-    if config.model in DECOUPLED_MODELS:
-        reasons.append(f"{config.model} is a decoupled model: train it with --engine inmemory or taskparallel")
     if len(fanouts) != config.layers:
         reasons.append(f"--fanouts has {len(fanouts)} values for {config.layers} layers")
     if config.eval_fanouts is not None and len(config.eval_fanouts) != config.layers:

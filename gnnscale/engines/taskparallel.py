@@ -63,7 +63,7 @@ from gnnscale.engines.taskparallel_tasks import TaskOps
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
-from gnnscale.nn.decoupled import DECOUPLED_MODELS, DecoupledGNN
+from gnnscale.nn.decoupled import DecoupledGNN
 from gnnscale.nn.model import GNN
 from gnnscale.partition.dedup import chunk_rows
 from gnnscale.plan.taskparallel import TaskPlan, epoch_subgraphs, plan_taskparallel
@@ -100,13 +100,12 @@ class TaskParallelEngine(Engine):
     host_layer_copies = 2
     plan_kind = "tasks"
     mode = "full"
+    trains_layered, trains_decoupled = False, True
     options = (ChunkOptions, TaskParallelOptions)
     also_reads = ("host_memory",)  # a converted directory's features read from disk, subgraph by subgraph
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
-        if config.model not in DECOUPLED_MODELS:
-            return [f"runs decoupled models ({', '.join(DECOUPLED_MODELS)}), not {config.model}"]
         try:
             plan_taskparallel(graph, config, device)
         except ConfigError as exc:

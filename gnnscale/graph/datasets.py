@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gnnscale.errors import DatasetError, GraphError
 from gnnscale.graph import edgelist, generators, io
 from gnnscale.graph.graph import Graph
@@ -117,7 +119,29 @@ def load_dataset(spec: str, root: str | Path | None = None, seed: int = 0, keep_
     except GraphError as exc:
         raise DatasetError(str(exc)) from None
     g = _load(spec, root, seed, keep_ids)
-    return g if dtype is None else g.with_feature_dtype(dtype)
+    return _record(g if dtype is None else g.with_feature_dtype(dtype), spec)
+
+
+def _record(g: Graph, spec: str) -> Graph:
+    """``g`` with ``meta["spec"]`` saying what was loaded (a run's summary records it as ``dataset_spec``, convert
+    writes it to meta.json): a converted directory by its path, the spec it was converted from appended to
+    ``meta["converted_from"]`` (oldest first); ``feature_dtype=bf16`` added for bfloat16 features (for a directory
+    either dtype), so a bfloat16 run is told from a float32 one and the record loads the same data again. A
+    launcher's transient copy of a Graph keeps its own record."""
+    meta = dict(g.meta)  # not the loaded graph's dict: with_feature_dtype shares it
+    if meta.pop("transient", False):
+        g.meta = meta
+        return g
+    base = meta.get("spec", spec)
+    if Path(spec).is_dir():
+        meta["converted_from"] = [*(meta.get("converted_from") or []), *([meta["spec"]] if "spec" in meta else [])]
+        base = spec
+    bf16 = g.x is not None and g.x.dtype == torch.bfloat16
+    if g.x is not None and (bf16 or Path(spec).is_dir()):  # a directory's stored dtype is no default: say it
+        base = f"{base}:feature_dtype={'bf16' if bf16 else 'fp32'}"
+    meta["spec"] = base
+    g.meta = meta
+    return g
 
 
 def kronecker_spec(spec: str, seed: int = 0, feature_dtype: str | None = None) -> tuple[dict[str, Any], str] | None:

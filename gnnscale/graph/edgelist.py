@@ -176,12 +176,15 @@ def parse_block(path: Path, text: str, weight_column: int, first_line: int = 0, 
     def column(j: int, dtype: type, what: str) -> np.ndarray:
         try:
             return np.array(tokens[j::cols], dtype=dtype)
-        except ValueError:
+        except (ValueError, OverflowError):
             for i in data:  # error path only: find the first bad line
                 try:
                     np.array(text.split("\n")[i].split()[j], dtype=dtype)
                 except ValueError:
                     raise _bad_line(path, text, int(i), what, first_line) from None
+                except OverflowError:  # an id beyond int64
+                    raise _bad_line(path, text, int(i), f"vertex id beyond int64 (at most {2**63 - 1})",
+                                    first_line) from None
             raise
 
     ids = np.stack([column(0, np.int64, "non-integer vertex id"), column(1, np.int64, "non-integer vertex id")])

@@ -30,6 +30,10 @@ _CHECK_BYTES = 4 << 20
 _STAT_EDGES = 1 << 22
 
 
+PROVENANCE = ("spec", "converted_from")
+"""The keys of ``Graph.meta`` that say where the data was loaded from, not what it is."""
+
+
 @dataclass(eq=False)
 class Graph:
     """A graph in in-neighbour CSR with float32 features, integer labels and train/val/test masks.
@@ -402,6 +406,12 @@ class Graph:
             "weights_from": self.meta.get("edge_weight") if self.edge_weight is not None else None,
             "symmetrized_from_edges": self.meta.get("symmetrized_from_edges"),
             "isolated_nodes": int(((din == 0) & (dout == 0)).sum()),
+            "feature_dtype": None if self.x is None else feature_dtype_name(self.x.dtype),
+            "made_up": [p for p in ("features", "labels") if p in (self.meta.get("made_up") or [])],
+            "unlabelled_nodes": None if self.y is None else int((self.y < 0).sum()),
+            "class_names": self.meta.get("classes"),
+            "spec": self.meta.get("spec"),
+            "converted_from": list(self.meta.get("converted_from") or []),
             "in_degree": desc(din),
             "out_degree": desc(dout),
             **split,
@@ -409,9 +419,12 @@ class Graph:
         }
 
     def equals(self, other: Graph) -> bool:
-        """Exact equality of topology, data and metadata (used by convert round-trip tests)."""
+        """Exact equality of topology, data and metadata (used by convert round-trip tests), but for where the data
+        was loaded from (``meta["spec"]``, ``meta["converted_from"]``: a converted copy names its directory)."""
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "meta":
+                a, b = ({k: v for k, v in m.items() if k not in PROVENANCE} for m in (a, b))
             if isinstance(a, Tensor) or isinstance(b, Tensor):
                 if a is None or b is None or a.dtype != b.dtype or not torch.equal(a, b):
                     return False

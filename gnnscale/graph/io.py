@@ -81,6 +81,8 @@ def save(graph: Graph, out: Path | str) -> Path:
             arr = t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
             np.save(tmp / f"{name}.npy", arr)
             arrays[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
+        if graph.meta.get("classes"):  # the class names of string labels, class i at index i (convert --labels)
+            (tmp / CLASSES_FILE).write_text(json.dumps(graph.meta["classes"], indent=1) + "\n")
         write_meta(tmp, name=graph.name, num_nodes=graph.num_nodes, num_edges=graph.num_edges,
                    num_classes=graph.num_classes, arrays=arrays,
                    feature_dtype=None if graph.x is None else feature_dtype_name(graph.x.dtype), meta=graph.meta)
@@ -121,6 +123,8 @@ def write_meta(folder: Path, *, name: str, num_nodes: int, num_edges: int, num_c
     (folder / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
+CLASSES_FILE = "classes.json"
+"""A converted directory's class names (a JSON list, class ``i`` at index ``i``), when its labels were names."""
 PARTIAL_SUFFIX = ".partial"
 PARTIAL_PID = ".writer-pid"
 

@@ -36,7 +36,7 @@ from gnnscale.graph.datasets import kronecker_spec
 from gnnscale.graph.generators import check_kronecker, kronecker, kronecker_edge_block, random_split
 from gnnscale.graph.graph import MASK_NAMES, feature_dtype_name
 from gnnscale.graph.graph import feature_dtype as graph_feature_dtype
-from gnnscale.units import format_bytes
+from gnnscale.units import format_bytes, format_bytes_up
 
 _EDGE_BYTES = 96  # per generated edge of a block: uniforms, ids, permuted ids, keys, bucket order (with slack)
 _SORT_BYTES = 40  # per edge of a bucket being sorted: keys, the merge's mask and copy, rows, columns
@@ -67,7 +67,7 @@ def plan_blocks(budget: int, nodes: int, edges: int, features: int, *, direction
     if left < MIN_BLOCK_BYTES:
         need = _VERTEX_BYTES * nodes + MIN_BLOCK_BYTES
         raise DatasetError(f"--host-memory {format_bytes(budget)} is too small to convert {nodes:,} vertices "
-                           f"block by block: give at least {format_bytes(need)}")
+                           f"block by block: give at least {format_bytes_up(need)}")
     directed = directions * edges
     buckets = max(1, -(-directed * sort_bytes // left))
     return Blocks(edges=max(1, min(edges, left // edge_bytes)), buckets=max(1, min(buckets, nodes)),
@@ -125,7 +125,8 @@ def convert(spec: str, out: Path | str, *, host_memory: int, seed: int = 0, feat
     blocks = plan_blocks(host_memory, n, m, features)
     steps = -(-m // blocks.edges) + 2 * blocks.buckets + 2 * -(-n // blocks.rows)
     meta = {"made_up": ["features", "labels"],
-            "spec": "kronecker:" + ",".join(f"{k}={v}" for k, v in sorted(opts.items())),
+            "spec": "kronecker:" + ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+            + ":feature_dtype=bf16" * bf16,  # as load_dataset records it
             "seed": int(opts["seed"]), "generated": ["graph", "features", "labels", "split"]}
     with io.partial_dir(out) as tmp, tqdm(total=steps, desc="convert", unit="block", file=sys.stderr,
                                           disable=not show, leave=False) as bar:

@@ -136,6 +136,20 @@ class _Distinct:
         return self.merged
 
 
+def _past_budget(budget: int, distinct: _Distinct) -> bool:
+    """Whether the distinct ids so far surely leave ``budget`` too little for the blocks (:func:`stream.plan_blocks`):
+    by a lower bound of their count (``size`` counts an id of several unmerged blocks more than once; merging
+    them here would cost a pass over all ids per block). Past it, the first pass only counts the ids (beyond the
+    budget, but 8 of the 40 bytes a vertex the writer would need), so that the refusal names the graph's vertex
+    count and a budget that is enough."""
+    least = max([distinct.merged.size, *(b.size for b in distinct.pending)])
+    try:
+        stream.plan_blocks(budget, least, 1, 1)
+    except DatasetError:
+        return True
+    return False
+
+
 class _Weights:
     """Running summary of the weights, for :func:`edgelist.ids_like`."""
 
@@ -167,7 +181,7 @@ def _first_pass(spec: Spec, tmp: Path, budget: int, bar: tqdm) -> tuple[_Pass1, 
     headers = edgelist.Headers()
     layout: edgelist.Layout | None = None
     seen_fields = False
-    edges, top = 0, -1
+    edges, top, over = 0, -1, False
     distinct = None if keep_ids else _Distinct()
     weights = _Weights() if weight_column else None
     with open(tmp / "raw-src.bin", "wb") as fs, open(tmp / "raw-dst.bin", "wb") as fd, \
@@ -187,17 +201,20 @@ def _first_pass(spec: Spec, tmp: Path, budget: int, bar: tqdm) -> tuple[_Pass1, 
             if ids.shape[1]:
                 edges += ids.shape[1]
                 top = max(top, int(ids.max()))
-                fs.write(ids[0].tobytes())
-                fd.write(ids[1].tobytes())
+                if not over:
+                    fs.write(ids[0].tobytes())
+                    fd.write(ids[1].tobytes())
                 if distinct is not None:
                     distinct.add(ids)
-                    stream.plan_blocks(budget, distinct.size, 1, 1)  # the distinct ids past the budget: refuse
+                    over = over or _past_budget(budget, distinct)
                 if w is not None and weights is not None:
                     weights.add(w)
                     fw.write(w.astype(np.float32).tobytes())
             bar.update()
     if layout is None:
         raise DatasetError(f"{path}: no edges found")
+    if distinct is not None and over:  # refused with the graph's vertex count, not the count when the budget ran out
+        stream.plan_blocks(budget, distinct.ids().size, 1, 1)
     return _Pass1(edges, top, None if distinct is None else distinct.ids(), headers), weights
 
 
@@ -368,7 +385,7 @@ def _convert(spec: Spec, out: Path, tmp: Path, budget: int, bar: tqdm) -> stream
     if parts:
         meta["seed"] = int(opts["seed"])
         meta["generated"] = parts
-    meta["spec"] = spec.text
+    meta["spec"] = spec.text + ":feature_dtype=bf16" * (bf16 and features > 0)  # as load_dataset records it
     arrays: dict[str, Any] = {"indptr": {"dtype": "int64", "shape": [n + 1]},
                               "indices": {"dtype": "int64", "shape": [num_edges]}}
     if weight_column:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from gnnscale.errors import ConfigError
 from gnnscale.runtime.host import proc_kib
 from gnnscale.store.disk import BUFFER_BYTES
-from gnnscale.units import format_bytes
+from gnnscale.units import format_bytes, format_bytes_up
 
 __all__ = ["CPU_CHUNK_SHARE", "RUNTIME_ALLOWANCE", "VERTEX_ARRAY_BYTES", "HostBase", "HostPlan", "cpu_chunk_bytes",
            "host_base", "host_peak_bytes", "plan_host", "read_buffer_bytes", "sampled_batch_rows",
@@ -183,6 +183,19 @@ def read_buffer_bytes(budget: int, row_bytes: int) -> int:
     return max(row_bytes, min(BUFFER_BYTES, budget // 8))
 
 
+def least_budget(other: int, readers: int, row_bytes: int) -> int:
+    """The least budget that holds ``other`` fixed bytes and ``readers`` read buffers of the size *that* budget
+    gives (:func:`read_buffer_bytes` grows with the budget: the need at a refused budget is not enough)."""
+
+    def need(b: int) -> int:
+        return other + readers * read_buffer_bytes(b, row_bytes)
+
+    candidates = [other + readers * row_bytes, other + readers * max(row_bytes, BUFFER_BYTES)]
+    if readers < 8:  # where the buffer is an eighth of the budget: b >= other + readers * b / 8
+        candidates.append(-(-8 * other // (8 - readers)))
+    return min(b for b in candidates if need(b) <= b)
+
+
 def plan_host(budget: int, *, num_nodes: int, parameters: int, row_bytes: int, readers: int = 1,
               working_bytes: int = 0, activation_bytes: int = 0, cache: bool = False) -> HostPlan:
     """Split ``budget`` (``--host-memory``, bytes) for one run.
@@ -208,8 +221,9 @@ def plan_host(budget: int, *, num_nodes: int, parameters: int, row_bytes: int, r
     need = sum(fixed.values())
     if need > budget:
         parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in fixed.items())
+        least = least_budget(need - fixed["read buffer"], readers, row_bytes)
         raise ConfigError(f"--host-memory {format_bytes(budget)} cannot hold what the run keeps in host memory "
-                          f"({parts}): give at least {format_bytes(need)}")
+                          f"({parts}): give at least {format_bytes_up(least)}")
     left = budget - need
     ram = min(activation_bytes, left)
     cache_bytes = left - ram if cache else 0

@@ -40,6 +40,7 @@ reader's stream may read them. Reads: :mod:`gnnscale.store.reader`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -57,9 +58,9 @@ from gnnscale.store.gather import default_gather_method, gather_rows
 from gnnscale.store.placement import Placement, solve_placement
 from gnnscale.store.reader import StoreReader
 from gnnscale.store.stats import StoreStats
-from gnnscale.units import format_bytes
+from gnnscale.units import format_bytes, format_bytes_up
 
-__all__ = ["GlobalMemoryStore", "StoreReader", "StoreStats", "default_links", "fit_hot_counts"]
+__all__ = ["GlobalMemoryStore", "StoreReader", "StoreStats", "default_links", "directory_reason", "fit_hot_counts"]
 
 
 def default_links(devices: Sequence[rt.Device]) -> list[list[float]]:
@@ -71,6 +72,26 @@ def default_links(devices: Sequence[rt.Device]) -> list[list[float]]:
         return [[0.0 if i == j else 1.0 for j in range(G)] for i in range(G)]
     return [[0.0 if i == j or devices[i] == devices[j] or not rt.can_access_peer(devices[i], devices[j])
              else 1.0 for j in range(G)] for i in range(G)]
+
+
+DIRECTORY_BYTES = 8
+"""Device bytes a vertex costs in the store's directory (its rank), on every device."""
+
+
+def directory_reason(num_nodes: int, budget: int, share: float) -> str | None:
+    """Why a store given ``share`` of the device budget ``budget`` (``--gpu-memory``) cannot hold its vertex
+    directory, the one part it places on every device whatever the ratios (the store refuses it when built); ``None``
+    when it can. The engines' planners ask this, so ``gnnscale plan`` and ``train`` agree."""
+    need = DIRECTORY_BYTES * num_nodes
+    if need <= int(share * budget):
+        return None
+    least = math.ceil(need / share)
+    while int(share * least) < need:
+        least += 1
+    return (f"the memory store needs {format_bytes(need)} on each device for its vertex directory alone "
+            f"({DIRECTORY_BYTES} bytes per vertex), more than its share of the device budget "
+            f"({format_bytes(int(share * budget))} of {format_bytes(budget)}): give --gpu-memory at least "
+            f"{format_bytes_up(least)}")
 
 
 class GlobalMemoryStore:

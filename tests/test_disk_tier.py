@@ -224,7 +224,7 @@ def test_cli_host_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     capsys.readouterr()
     assert main([*args, "--host-memory", "20KB"]) == 2  # below the model, vertex arrays, read buffer, batches
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "minibatch: --host-memory" in err[0]
+    assert len(err) == 1 and err[0].startswith("error: the minibatch engine cannot train") and "--host-memory" in err[0]
     assert "give at least" in err[0]
     assert not metrics.exists()
     assert main([*args, "--host-memory", "310KB"]) == 0  # a cache of a few KB beside the batches

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,9 @@ def load_versioned(path: Path, fmt: str, version: int, kind: str, what: str, hin
     another kind of file, another version) is one :class:`ConfigError` starting with ``what`` (the flag and path).
     """
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a raw pickle makes torch warn before it fails: the error below says it
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = _REFUSED.search(str(exc))
         if found is None:  # not a pickle torch can read at all
@@ -126,7 +129,27 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = checkpoint_path(directory)
     if not path.exists():
         return None
-    return load_versioned(path, FORMAT, VERSION, "checkpoint", f"--resume: {path}")
+    state = load_versioned(path, FORMAT, VERSION, "checkpoint", f"--resume: {path}")
+    check_fields(state, _CHECKPOINT_FIELDS, f"--resume: {path}", "checkpoint")
+    return state
+
+
+_CHECKPOINT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "epoch": int, "config": dict, "dataset": str, "num_nodes": int, "model": dict, "optimizer": dict, "engine": dict,
+    "history": list, "best_state": dict}
+
+
+def check_fields(obj: dict[str, Any], fields: dict[str, type | tuple[type, ...]], what: str, kind: str) -> None:
+    """Each of ``fields`` is in ``obj`` with its type: a file that reads but lacks one (damaged, or edited) is one
+    :class:`ConfigError` naming the field, not a ``KeyError`` later."""
+    for key, typ in fields.items():
+        if not isinstance(obj.get(key), typ) or isinstance(obj.get(key), bool) and typ is int:
+            raise ConfigError(f"{what} is damaged: its {key!r} entry is missing or not a {_names(typ)}; it is not "
+                              f"a {kind} this gnnscale wrote")
+
+
+def _names(typ: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
 
 
 def check_resumable(state: dict[str, Any], config: TrainConfig, dataset: str, num_nodes: int) -> None:

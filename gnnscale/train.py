@@ -18,7 +18,7 @@ from gnnscale.config import TrainConfig
 from gnnscale.engines import ignored_warning, select_engine
 from gnnscale.engines.base import Engine
 from gnnscale.engines.devices import peak_device_bytes, reset_peak_device_bytes, resolve_devices
-from gnnscale.errors import ConfigError, GraphError, TrainingError
+from gnnscale.errors import ConfigError, GnnscaleError, GraphError, TrainingError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
 from gnnscale.notes import note, warn
@@ -173,10 +173,17 @@ def train(
     best_by = "val" if graph.val_mask is not None and bool(graph.val_mask.any()) else "train"
     first = 1
     if saved is not None:
-        model.load_state_dict(saved["model"])
-        engine.optimizer.load_state_dict(saved["optimizer"])
-        engine.load_state_dict(saved["engine"])
-        history, best, best_state = saved["history"], saved["best"], saved["best_state"]
+        try:
+            model.load_state_dict(saved["model"])
+            engine.optimizer.load_state_dict(saved["optimizer"])
+            engine.load_state_dict(saved["engine"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:  # read, but damaged or edited
+            if isinstance(exc, GnnscaleError):
+                raise
+            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"--resume: the checkpoint in {checkpoint} is damaged: its state does not fit the "
+                              f"model ({first_line})") from None
+        history, best, best_state = saved["history"], saved.get("best"), saved["best_state"]
         first = saved["epoch"] + 1
         if on_resume is not None:
             on_resume(history)

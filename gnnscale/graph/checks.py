@@ -55,11 +55,11 @@ def check_index(idx: Any, bound: int, where: str, what: str = "index") -> np.nda
     return idx
 
 
-def check_csr(indptr: Any, indices: Any, shape: Any, where: str, data: Any = None, part: str = ""
-              ) -> tuple[int, int]:
+def check_csr(indptr: Any, indices: Any, shape: Any, where: str, data: Any = None, part: str = "",
+              finite: bool = False) -> tuple[int, int]:
     """The parts of a CSR matrix as a file gives them: ``indptr`` of ``rows + 1`` integers from 0, non-decreasing,
-    ending at ``len(indices)``; ``indices`` integers in ``[0, cols)``; ``data`` (when given) one value per entry.
-    Returns ``(rows, cols)``; a DatasetError naming ``where`` (the file), ``part`` (which matrix of it, e.g.
+    ending at ``len(indices)``; ``indices`` integers in ``[0, cols)``; ``data`` (when given) one value per entry,
+    each finite with ``finite`` (features). Returns ``(rows, cols)``; a DatasetError naming ``where`` (the file), ``part`` (which matrix of it, e.g.
     ``attr``) and the first broken rule otherwise."""
     p = f"{part} " if part else ""
     rows, cols = check_shape(shape, where, f"{p}shape")
@@ -77,6 +77,9 @@ def check_csr(indptr: Any, indices: Any, shape: Any, where: str, data: Any = Non
                            f"{int(ip[row + 1]):,}); a row pointer must be non-decreasing")
     check_index(ind, cols, where, f"{p}column index")
     _check_data(data, ind.shape[0], where, p)
+    if finite and data is not None and data.dtype.kind == "f" and not bool(np.isfinite(data).all()):
+        raise DatasetError(f"{where}: {p}values contain NaN or inf, the first at entry "
+                           f"{int(np.flatnonzero(~np.isfinite(data))[0]):,}")
     return rows, cols
 
 

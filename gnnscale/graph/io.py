@@ -270,7 +270,7 @@ def read_npz(
     """
     path = Path(path)
     _check_npz(path)
-    with reading(path), np.load(path, allow_pickle=False) as d:
+    with reading(path), open(path, "rb") as fh, np.load(fh, allow_pickle=False) as d:
         adj = _npz_csr(d, "adj", path)
         n = adj.shape[0]
         if adj.shape[1] != n:
@@ -338,7 +338,7 @@ def _npz_csr(d: Any, prefix: str, path: Path) -> sp.csr_matrix:
         raise DatasetError(f"{path}: no {', '.join(missing)} array (a gnn-benchmark npz stores each sparse matrix "
                            "as _data, _indices, _indptr and _shape)")
     data, indices, indptr, shape = (d[p] for p in parts)
-    shape = check_csr(indptr, indices, shape, str(path), data=data, part=prefix)
+    shape = check_csr(indptr, indices, shape, str(path), data=data, part=prefix, finite=prefix == "attr")
     return sp.csr_matrix((data, indices, indptr), shape=shape)
 
 
@@ -383,6 +383,10 @@ def _read_csv(path: Path, dtype: type) -> np.ndarray:
         vals = np.array(",".join(lines).split(","), dtype=np.float64)
         if vals.size != cols * len(lines):
             raise DatasetError(f"{path}: rows have different numbers of columns")
+        if np.dtype(dtype).kind in "iu":  # ids and indices: integers, within int64 (no silent cast of NaN or 1e30)
+            bad = ~np.isfinite(vals) | (vals != np.round(vals)) | (np.abs(vals) >= 2.0**63)
+            if bad.any():
+                raise DatasetError(f"{path}: value {float(vals[np.flatnonzero(bad)[0]])!r} is not an integer id")
         return vals.reshape(len(lines), cols).astype(dtype)
 
 

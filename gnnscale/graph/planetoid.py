@@ -126,8 +126,8 @@ def _planetoid_matrix(m: Any, f: Path) -> sp.csr_matrix:
     """A Planetoid feature matrix (a pickled scipy CSR matrix, or a dense array) rebuilt from its checked parts:
     the unpickled object's own arrays are never handed to scipy's C routines unchecked."""
     if isinstance(m, np.ndarray):
-        if m.ndim != 2 or m.dtype.kind not in "biuf":
-            raise DatasetError(f"{f}: holds {m.dtype}{list(m.shape)}; expected a 2-D numeric feature matrix")
+        if m.ndim != 2 or m.dtype.kind not in "biuf" or not np.isfinite(m).all():
+            raise DatasetError(f"{f}: holds {m.dtype}{list(m.shape)}; expected a 2-D matrix of finite features")
         return sp.csr_matrix(m)
     if not isinstance(m, sp.csr_matrix):
         raise DatasetError(f"{f}: holds a {type(m).__name__}; expected a scipy CSR feature matrix")
@@ -136,7 +136,7 @@ def _planetoid_matrix(m: Any, f: Path) -> sp.csr_matrix:
     shape = state.get("_shape", state.get("shape"))
     if shape is None or any(v is None for v in parts.values()):
         raise DatasetError(f"{f}: the CSR matrix lacks its data, indices, indptr or shape")
-    shape = check_csr(parts["indptr"], parts["indices"], shape, str(f), data=parts["data"])
+    shape = check_csr(parts["indptr"], parts["indices"], shape, str(f), data=parts["data"], finite=True)
     return sp.csr_matrix((parts["data"], parts["indices"], parts["indptr"]), shape=shape)
 
 

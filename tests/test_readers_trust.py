@@ -1,0 +1,225 @@
+"""Issue #44, the readers' items: index arrays checked before numpy's and scipy's C routines see them (the shared
+checks of :mod:`gnnscale.graph.checks`, in every reader), converted directories whose files link elsewhere, a raw
+pickle given as a model, and the wording of a missing path, a partial convert, a file that is not an npz and an
+edited meta.json. Tiny literal files in ``tmp_path``; CLI runs through ``main``. The fuzz test over every reader is
+tests/test_reader_fuzz.py."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from gnnscale.cli import main
+from gnnscale.errors import DatasetError
+from gnnscale.graph import checks, io
+from gnnscale.graph.datasets import load_dataset
+from gnnscale.graph.generators import csbm
+
+
+def _one_error(capsys: pytest.CaptureFixture[str], code: int) -> str:
+    """The one line of a failed command: exit status 2, nothing else on stderr (no warning, no traceback)."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------ 1. the shared checks
+@pytest.mark.parametrize(("indptr", "indices", "shape", "says"), [
+    ([0, 2, 1, 3], [0, 1, 2], (3, 3), "decreases after row 1"),
+    ([0, 1, 2, 4], [0, 1, 2], (3, 3), "must run from 0 to the number of entries, 3"),
+    ([1, 1, 2, 3], [0, 1, 2], (3, 3), "runs 1..3"),
+    ([0, 1, 2], [0, 1], (3, 3), "indptr has 3 entries for 3 rows (expected 4)"),
+    ([0, 1, 2, 3], [0, 3, 2], (3, 3), "column index 3 is out of range (0..2)"),
+    ([0, 1, 2, 3], [0, -1, 2], (3, 3), "column index -1 is out of range"),
+    ([0, 1, 2, 3], [0, 10**9, 2], (3, 3), "column index 1,000,000,000"),
+    ([0, 1, 2, 3], [0.0, 1.0, 2.0], (3, 3), "indices: expected a 1-D integer array, found float64"),
+    ([0, 1, 2, 3], [0, 1, 2], (3, -3), "shape [3, -3] must hold non-negative integers"),
+    ([0, 1, 2, 3], [0, 1, 2], (3, 3, 1), "is not 2 sizes"),
+])
+def test_csr_parts_are_checked_rule_by_rule(indptr: list[int], indices: list[float], shape: tuple[int, ...],
+                                            says: str) -> None:
+    with pytest.raises(DatasetError, match="^f.npz: attr ") as exc:
+        checks.check_csr(np.array(indptr), np.array(indices), np.array(shape), "f.npz", part="attr")
+    assert says in str(exc.value), str(exc.value)
+
+
+def test_valid_csr_and_coo_parts_pass() -> None:
+    m = sp.random(5, 4, density=0.5, format="csr", random_state=0)
+    assert checks.check_csr(m.indptr, m.indices, np.array(m.shape), "f", data=m.data) == (5, 4)
+    c = m.tocoo()
+    assert checks.check_coo(c.row, c.col, m.shape, "f", data=c.data) == (5, 4)
+    with pytest.raises(DatasetError, match="row index 5 is out of range"):
+        checks.check_coo(np.array([0, 5]), np.array([0, 1]), (5, 4), "f")
+    with pytest.raises(DatasetError, match="data: expected 2 numeric values"):
+        checks.check_csr(np.array([0, 2]), np.array([0, 1]), (1, 4), "f", data=np.array([1.0]))
+
+
+def _npz(path: Path, **over: np.ndarray) -> Path:
+    """A 4-vertex gnn-benchmark npz (a path, sparse CSR features), with the arrays ``over`` replaced."""
+    adj = sp.csr_matrix(np.eye(4, k=1, dtype=np.float32) + np.eye(4, k=-1, dtype=np.float32))
+    attr = sp.csr_matrix(np.eye(4, dtype=np.float32))
+    parts = {"adj_data": adj.data, "adj_indices": adj.indices, "adj_indptr": adj.indptr, "adj_shape": np.array([4, 4]),
+             "attr_data": attr.data, "attr_indices": attr.indices, "attr_indptr": attr.indptr,
+             "attr_shape": np.array([4, 4]), "labels": np.array([0, 1, 0, 1])}
+    np.savez(path, **{**parts, **over})
+    return path
+
+
+@pytest.mark.parametrize(("over", "says", "built_before"), [
+    ({"attr_indices": np.array([0, 1, 2, 10**9])}, "attr column index 1,000,000,000 is out of range (0..3)", 1),
+    ({"adj_indptr": np.array([0, 1, 0, 5, 6])}, "adj indptr decreases after row 1 (1 -> 0)", 0),
+    ({"adj_indices": np.array([1, 0, 2, 1, 3, 99])}, "adj column index 99 is out of range (0..3)", 0),
+    ({"attr_shape": np.array([4, 10**12])}, "attr: a dense 4 x 1,000,000,000,000 matrix needs", 2),
+])
+def test_npz_index_arrays_are_checked_before_scipy(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch, over: dict[str, np.ndarray],
+                                                   says: str, built_before: int) -> None:
+    """The review's crashes (SIGSEGV in csr_todense, a heap abort in expandptr, a ValueError traceback): one line,
+    and scipy builds no matrix from the broken parts (only the parts checked before them: the adjacency, for a
+    broken attr; a dense size too large to allocate is refused before ``toarray``)."""
+    f = _npz(tmp_path / "g.npz", **over)
+    built = []
+    real = sp.csr_matrix
+
+    def spy(arg: object, *a: object, **k: object) -> sp.csr_matrix:
+        built.append(arg)
+        return real(arg, *a, **k)
+
+    monkeypatch.setattr(io.sp, "csr_matrix", spy)
+    line = _one_error(capsys, main(["info", "--dataset", f"npz:{f}"]))
+    assert line.startswith(f"error: {f}: {says}"), line
+    assert len(built) == built_before
+
+
+def _planetoid(folder: Path, tx_col: int) -> Path:
+    """A tiny Planetoid set named cora (6 + 2 vertices, 4 features) whose tx lists column ``tx_col`` in row 0."""
+    folder.mkdir()
+    allx = sp.csr_matrix(np.eye(6, 4, dtype=np.float32))
+    tx = sp.csr_matrix(np.eye(2, 4, dtype=np.float32))
+    tx.indices[0] = tx_col
+    parts = {"x": sp.csr_matrix(allx[:2].toarray()), "allx": allx, "tx": tx, "y": np.eye(3, dtype=np.int64)[[0, 1]],
+             "ally": np.eye(3, dtype=np.int64)[[0, 1, 2, 0, 1, 2]], "ty": np.eye(3, dtype=np.int64)[[2, 0]],
+             "graph": {i: [(i + 1) % 8] for i in range(8)}}
+    for ext, obj in parts.items():
+        with open(folder / f"ind.cora.{ext}", "wb") as fh:
+            pickle.dump(obj, fh)
+    (folder / "ind.cora.test.index").write_text("7\n6\n")
+    return folder
+
+
+def test_planetoid_columns_past_the_features_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Column 4 of 4 features was a silent heap write (wrong features, exit 0); 10**9 a segfault."""
+    assert load_dataset("planetoid:cora", root=_planetoid(tmp_path / "ok", 0)).x.shape == (8, 4)
+    for col in (4, 10**9):
+        root = _planetoid(tmp_path / f"c{col}", col)
+        line = _one_error(capsys, main(["info", "--dataset", "planetoid:cora", "--root", str(root)]))
+        assert line == f"error: {root}/ind.cora.tx: column index {col:,} is out of range (0..3)", line
+
+
+def test_planetoid_matrix_is_rebuilt_from_its_checked_parts(tmp_path: Path) -> None:
+    """A pickled CSR matrix is never used as unpickled: scipy gets a new one made of the checked arrays."""
+    root = _planetoid(tmp_path / "p", 0)
+    with open(root / "ind.cora.tx", "rb") as fh:
+        tx = pickle.load(fh)
+    tx.indptr = np.array([0, 2, 1])  # runs backwards: scipy's own checks do not look
+    with open(root / "ind.cora.tx", "wb") as fh:
+        pickle.dump(tx, fh)
+    with pytest.raises(DatasetError, match=r"ind\.cora\.tx: indptr (decreases|runs)"):
+        load_dataset("planetoid:cora", root=root)
+
+
+def test_ogb_ids_that_are_not_integers_are_one_error(tmp_path: Path) -> None:
+    """An id of ``nan`` or ``1e30`` was cast to int64 silently (a RuntimeWarning, then garbage ids)."""
+    raw = tmp_path / "tiny" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "edge.csv").write_text("0,1\n1,nan\n")
+    with pytest.raises(DatasetError, match=r"edge\.csv: value nan is not an integer id"):
+        io._read_csv(raw / "edge.csv", np.int64)
+
+
+# ------------------------------------------------------------------- 2. links out of a converted directory
+def test_a_converted_file_linked_from_outside_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    io.save(csbm(nodes=30, avg_degree=3, features=4, classes=2, seed=0), tmp_path / "a")
+    io.save(csbm(nodes=30, avg_degree=3, features=4, classes=2, seed=1), tmp_path / "b")
+    y = tmp_path / "a" / "y.npy"
+    y.unlink()
+    y.symlink_to(tmp_path / "b" / "y.npy")
+    line = _one_error(capsys, main(["info", "--dataset", str(tmp_path / "a")]))
+    assert line.startswith(f"error: {y} is a link to {(tmp_path / 'b' / 'y.npy').resolve()}, outside "), line
+    # a link within the directory, and the directory itself reached through a link, are its own files
+    x = tmp_path / "b" / "x.npy"
+    os.replace(x, tmp_path / "b" / "x.data")
+    x.symlink_to("x.data")
+    (tmp_path / "c").symlink_to(tmp_path / "b")
+    assert load_dataset(str(tmp_path / "c")).num_nodes == 30
+
+
+# ------------------------------------------------------------------------------ 16. a raw-pickle model
+def test_a_raw_pickle_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch warned (``UserWarning: Detected pickle protocol 4``) before the error line."""
+    f = tmp_path / "model.pt"
+    with open(f, "wb") as fh:
+        pickle.dump({"format": "gnnscale-model", "version": 1}, fh, protocol=4)
+    io.save(csbm(nodes=30, avg_degree=3, features=4, classes=2, seed=0), tmp_path / "g")
+    with warnings.catch_warnings(record=True) as caught:  # pytest records warnings instead of printing them
+        warnings.simplefilter("always")
+        code = main(["predict", "--model", str(f), "--dataset", str(tmp_path / "g"), "--out", str(tmp_path / "p.npy")])
+    assert not caught, [str(w.message) for w in caught]
+    line = _one_error(capsys, code)
+    assert f"--model {f} is not a readable model file" in line, line
+
+
+# --------------------------------------------------------------------------------------- 23. wording
+def test_a_missing_directory_is_said_to_be_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for spec in ("/no/such/dir", str(tmp_path / "gone"), "./relative/gone"):
+        line = _one_error(capsys, main(["info", "--dataset", spec]))
+        assert line == f"error: dataset path {spec} does not exist (no such file or directory)", line
+    assert "unknown dataset" in _one_error(capsys, main(["info", "--dataset", "nosuchkind"]))
+
+
+def test_a_partial_convert_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a killed convert leaves (``.out.*.partial`` with the writer's pid, no meta.json), given as the dataset,
+    or the ``--out`` it never reached."""
+    out = tmp_path / "out"
+    partial = tmp_path / f".out.x1y2{io.PARTIAL_SUFFIX}"
+    partial.mkdir()
+    (partial / io.PARTIAL_PID).write_text("999999999")
+    np.save(partial / "indptr.npy", np.zeros(3, np.int64))
+    line = _one_error(capsys, main(["info", "--dataset", str(partial)]))
+    assert "is the partial output of a 'gnnscale convert' that was interrupted" in line, line
+    assert "run the convert again" in line
+    line = _one_error(capsys, main(["info", "--dataset", str(out)]))
+    assert line == (f"error: {out} does not exist; {partial} is what an interrupted 'gnnscale convert' to it left: "
+                    "run the convert again (it removes that folder)"), line
+
+
+def test_npz_on_a_text_file_says_it_is_not_an_npz(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "edges.txt.gz"
+    with gzip.open(f, "wt") as fh:
+        fh.write("0 1\n1 2\n")
+    line = _one_error(capsys, main(["info", "--dataset", f"npz:{f}"]))
+    assert "allow_pickle" not in line
+    assert line == (f"error: {f} is not an npz file (a zip archive of .npy arrays, as np.savez writes): it is a gzip "
+                    "file; an edge list is read with edgelist:<file>"), line
+
+
+@pytest.mark.parametrize("key", ["num_nodes", "num_edges"])
+def test_edited_counts_in_meta_json_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str) -> None:
+    g = csbm(nodes=30, avg_degree=3, features=4, classes=2, seed=0)
+    io.save(g, tmp_path / "g")
+    meta = json.loads((tmp_path / "g" / "meta.json").read_text())
+    true = meta[key]
+    meta[key] = true + 5
+    (tmp_path / "g" / "meta.json").write_text(json.dumps(meta))
+    line = _one_error(capsys, main(["info", "--dataset", str(tmp_path / "g")]))
+    assert line == (f"error: {tmp_path / 'g'}/meta.json says {key} {true + 5} but the arrays hold {true:,}; the "
+                    "counts must match (convert the dataset again rather than editing meta.json)"), line

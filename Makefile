@@ -23,7 +23,7 @@ test: setup
 	$(VPY) -m pytest -q
 
 # Every reader (npz, Planetoid, edge lists, OGB, converted directories, models, checkpoints) against FUZZ_EXAMPLES
-# mutated files each, every case in a forked child so that a segfault fails the case; `make test` runs a few.
+# mutated files each, in a worker process so that a segfault fails its case; `make test` runs a few in-process.
 FUZZ_EXAMPLES ?= 300
 fuzz: setup
 	GNNSCALE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) GNNSCALE_FUZZ_ISOLATED=1 $(VPY) -m pytest -q -p no:cacheprovider \

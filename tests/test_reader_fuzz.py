@@ -5,20 +5,21 @@ hypothesis mutates their bytes, arrays, indices, shapes and metadata; each case 
 
 ``make test`` runs a bounded, derandomised number of cases in-process (``gnnscale.cli.main``), and one subprocess
 with the files that used to crash it. ``make fuzz`` sets ``GNNSCALE_FUZZ_EXAMPLES`` (cases per reader) and
-``GNNSCALE_FUZZ_ISOLATED=1``: each case then runs in a forked child, so a segfault is seen as a failure, not as the
-end of pytest.
+``GNNSCALE_FUZZ_ISOLATED=1``: the cases then run in a worker process (one for many cases, a new one after a crash), so
+a segfault fails its case instead of ending pytest.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gzip
 import io as pyio
 import json
 import os
 import pickle
+import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -158,38 +159,67 @@ def _in_process(argv: list[str]) -> tuple[int, str]:
     return rc, "".join(f"{w.category.__name__}: {w.message}\n" for w in shown) + err.getvalue()
 
 
-def _forked(argv: list[str], timeout: float = 120.0) -> tuple[int, str]:
-    """:func:`_in_process` in a forked child (a crash ends the child, not pytest): ``(exit status, or minus the
-    signal that ended the child, stderr)``."""
-    with tempfile.TemporaryFile() as errf:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: what _in_process saw to the file, exit with main's status
-            rc = 1
-            try:
-                rc, err = _in_process(argv)
-                os.write(errf.fileno(), err.encode())
-            finally:
-                os._exit(rc)
+_MARK = "@@fuzz-result "
+_WORKER = f"""
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("reader_fuzz", {str(Path(__file__))!r})
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+for line in sys.stdin:
+    rc, err = mod._in_process(json.loads(line))
+    os.write(1, ({_MARK!r} + json.dumps([rc, err]) + "\\n").encode())
+"""
+
+
+class _Isolated:
+    """A worker process that runs the cases one after another (it imports torch once, not per case); a case that
+    kills it (a signal) is reported with that signal, and the next case starts a new worker."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.buf = b""
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def run(self, argv: list[str], timeout: float = 120.0) -> tuple[int, str]:
+        if self.proc is None:
+            self.proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+            self.buf = b""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write((json.dumps(argv) + "\n").encode())
+        self.proc.stdin.flush()
         deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
         while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+            for line in self.buf.split(b"\n")[:-1]:
+                if line.startswith(_MARK.encode()):
+                    self.buf = self.buf[self.buf.index(line) + len(line) + 1 :]
+                    rc, err = json.loads(line[len(_MARK) :])
+                    return rc, err
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self.close()
                 raise AssertionError(f"{argv}: no answer in {timeout:.0f} s")
-            time.sleep(0.01)
-        errf.seek(0)
-        err = errf.read().decode(errors="replace")
-    rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    return rc, err
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:  # the worker died in this case
+                rc = self.proc.wait()
+                self.proc = None
+                return rc, f"the process ended with exit status {rc} (a negative status is a signal)"
+            self.buf += chunk
+
+
+_ISOLATED = _Isolated()
 
 
 def run_case(argv: list[str]) -> None:
-    rc, err = (_forked if ISOLATED else _in_process)(argv)
+    rc, err = (_ISOLATED.run if ISOLATED else _in_process)(argv)
     _check(rc, err, argv)
 
 

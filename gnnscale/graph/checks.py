@@ -59,8 +59,8 @@ def check_csr(indptr: Any, indices: Any, shape: Any, where: str, data: Any = Non
               finite: bool = False) -> tuple[int, int]:
     """The parts of a CSR matrix as a file gives them: ``indptr`` of ``rows + 1`` integers from 0, non-decreasing,
     ending at ``len(indices)``; ``indices`` integers in ``[0, cols)``; ``data`` (when given) one value per entry,
-    each finite with ``finite`` (features). Returns ``(rows, cols)``; a DatasetError naming ``where`` (the file), ``part`` (which matrix of it, e.g.
-    ``attr``) and the first broken rule otherwise."""
+    each finite with ``finite`` (features). Returns ``(rows, cols)``; a DatasetError naming ``where`` (the file),
+    ``part`` (which matrix of it, e.g. ``attr``) and the first broken rule otherwise."""
     p = f"{part} " if part else ""
     rows, cols = check_shape(shape, where, f"{p}shape")
     ip = index_array(indptr, where, f"{p}indptr")

@@ -44,7 +44,7 @@ FORMAT_VERSION = 1
 _ARRAYS = ("indptr", "indices", "edge_weight", "x", "y", *MASK_NAMES, "node_ids")
 # Errors a reader raises on a truncated or malformed file; they become one DatasetError naming the file.
 _READ_ERRORS = (OSError, ValueError, EOFError, KeyError, IndexError, pickle.UnpicklingError, zipfile.BadZipFile,
-                zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError)
+                zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, OverflowError)
 
 
 @contextmanager
@@ -59,6 +59,8 @@ def reading(path: Path | str) -> Iterator[None]:
     except _READ_ERRORS as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DatasetError(f"cannot read {path}: corrupt or not in the expected format ({msg})") from exc
+    except MemoryError as exc:  # a size in the file beyond this machine's memory (a damaged or crafted header)
+        raise DatasetError(f"cannot read {path}: what it says it holds does not fit in memory") from exc
 
 
 # ------------------------------------------------------------------------------------------ own format

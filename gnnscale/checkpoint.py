@@ -129,14 +129,13 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = checkpoint_path(directory)
     if not path.exists():
         return None
-    state = load_versioned(path, FORMAT, VERSION, "checkpoint", f"--resume: {path}")
-    check_fields(state, _CHECKPOINT_FIELDS, f"--resume: {path}", "checkpoint")
-    return state
+    return load_versioned(path, FORMAT, VERSION, "checkpoint", f"--resume: {path}")
 
 
-_CHECKPOINT_FIELDS: dict[str, type | tuple[type, ...]] = {
+RESUME_FIELDS: dict[str, type | tuple[type, ...]] = {
     "epoch": int, "config": dict, "dataset": str, "num_nodes": int, "model": dict, "optimizer": dict, "engine": dict,
     "history": list, "best_state": dict}
+"""What a resume reads from a checkpoint, with its type (:func:`check_fields`)."""
 
 
 def check_fields(obj: dict[str, Any], fields: dict[str, type | tuple[type, ...]], what: str, kind: str) -> None:

@@ -13,7 +13,15 @@ from typing import Any
 import torch
 
 from gnnscale import runtime as rt
-from gnnscale.checkpoint import check_checkpoint_args, check_resumable, load_checkpoint, save_checkpoint
+from gnnscale.checkpoint import (
+    RESUME_FIELDS,
+    check_checkpoint_args,
+    check_fields,
+    check_resumable,
+    checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+)
 from gnnscale.config import TrainConfig
 from gnnscale.engines import ignored_warning, select_engine
 from gnnscale.engines.base import Engine
@@ -142,6 +150,7 @@ def train(
         raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
     saved = load_checkpoint(checkpoint) if resume and checkpoint is not None else None
     if saved is not None:
+        check_fields(saved, RESUME_FIELDS, f"--resume: {checkpoint_path(checkpoint or '')}", "checkpoint")
         check_resumable(saved, config, graph.name, graph.num_nodes)
     engine_cls, rejected = select_engine(graph, config, dev)
     assert graph.num_classes is not None

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 
 from gnnscale.cli import main
 from gnnscale.errors import DatasetError
@@ -223,3 +224,74 @@ def test_edited_counts_in_meta_json_are_refused(tmp_path: Path, capsys: pytest.C
     line = _one_error(capsys, main(["info", "--dataset", str(tmp_path / "g")]))
     assert line == (f"error: {tmp_path / 'g'}/meta.json says {key} {true + 5} but the arrays hold {true:,}; the "
                     "counts must match (convert the dataset again rather than editing meta.json)"), line
+
+
+# ---------------------------------------------------- 1. model and checkpoint files that read but are damaged
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("trained")
+    io.save(csbm(nodes=30, avg_degree=3, features=4, classes=2, seed=0), d / "g")
+    assert main(["train", "--dataset", str(d / "g"), "--epochs", "2", "--hidden", "8", "--save-model",
+                 str(d / "model.pt"), "--checkpoint", str(d / "ckpt")]) == 0
+    return d
+
+
+def _edited(src: Path, dst: Path, **changes: object) -> Path:
+    state = torch.load(src, weights_only=True)
+    for k, v in changes.items():
+        if v is None:
+            del state[k]
+        else:
+            state[k] = v
+    dst.parent.mkdir(exist_ok=True)
+    torch.save(state, dst)
+    return dst
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"num_features": 10**7}, "it says num_features 10000000, which no weight matrix of it has"),
+    ({"state_dict": None}, "its 'state_dict' entry is missing or not a dict"),
+    ({"config": {"model": "gcn", "no_such_field": 1}}, "its config or weights do not make a model"),
+])
+def test_a_damaged_model_file_is_one_line(trained: Path, capsys: pytest.CaptureFixture[str],
+                                          changes: dict[str, object], says: str) -> None:
+    """A file that reads (weights_only) but whose entries were damaged: no KeyError or TypeError traceback, and no
+    model of the size a damaged count asks for is allocated."""
+    capsys.readouterr()
+    f = _edited(trained / "model.pt", trained / "edited" / "model.pt", **changes)
+    code = main(["predict", "--model", str(f), "--dataset", str(trained / "g"), "--out", str(trained / "p.npy")])
+    line = _one_error(capsys, code)
+    assert line.startswith(f"error: --model {f} is damaged: ") and says in line, line
+
+
+def test_a_damaged_checkpoint_is_one_line(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    ck = trained / "ck2"
+    _edited(trained / "ckpt" / "checkpoint.pt", ck / "checkpoint.pt", history=None)
+    code = main(["train", "--dataset", str(trained / "g"), "--epochs", "3", "--hidden", "8", "--checkpoint", str(ck),
+                 "--resume"])
+    line = _one_error(capsys, code)
+    assert "checkpoint.pt is damaged: its 'history' entry is missing or not a list" in line, line
+
+
+# ------------------------------------------------------------------------------- what the fuzz test found
+def test_an_edge_list_id_beyond_int64_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An OverflowError traceback in the streaming convert's parser."""
+    f = tmp_path / "e.txt"
+    f.write_text("0 1\n1 99999999999999999999\n")
+    for argv in (["info", "--dataset", f"edgelist:{f}"],
+                 ["convert", "--dataset", f"edgelist:{f}", "--out", str(tmp_path / "out"), "--host-memory", "64M"]):
+        line = _one_error(capsys, main(argv))
+        assert line == f"error: {f}: line 2: non-integer vertex id: '1 99999999999999999999'", line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_npy_header_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """numpy's header parser raised tokenize.TokenError, which no reader caught."""
+    io.save(csbm(nodes=30, avg_degree=3, features=4, classes=2, seed=0), tmp_path / "g")
+    f = tmp_path / "g" / "indices.npy"
+    raw = bytearray(f.read_bytes())
+    raw[9:11] = b"\0\0"  # the start of the header's dict: an unclosed bracket to the tokenizer
+    f.write_bytes(bytes(raw))
+    line = _one_error(capsys, main(["info", "--dataset", str(tmp_path / "g")]))
+    assert line.startswith(f"error: cannot read {f}: corrupt or not in the expected format"), line

@@ -176,11 +176,11 @@ def parse_block(path: Path, text: str, weight_column: int, first_line: int = 0, 
     def column(j: int, dtype: type, what: str) -> np.ndarray:
         try:
             return np.array(tokens[j::cols], dtype=dtype)
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: an id beyond int64
             for i in data:  # error path only: find the first bad line
                 try:
                     np.array(text.split("\n")[i].split()[j], dtype=dtype)
-                except ValueError:
+                except (ValueError, OverflowError):
                     raise _bad_line(path, text, int(i), what, first_line) from None
             raise
 

@@ -19,6 +19,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import tokenize
 import warnings
 import zipfile
 import zlib
@@ -44,7 +45,8 @@ FORMAT_VERSION = 1
 _ARRAYS = ("indptr", "indices", "edge_weight", "x", "y", *MASK_NAMES, "node_ids")
 # Errors a reader raises on a truncated or malformed file; they become one DatasetError naming the file.
 _READ_ERRORS = (OSError, ValueError, EOFError, KeyError, IndexError, pickle.UnpicklingError, zipfile.BadZipFile,
-                zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, OverflowError)
+                zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, OverflowError,
+                SyntaxError, tokenize.TokenError)  # the last two: numpy parsing a damaged .npy header
 
 
 @contextmanager

@@ -295,3 +295,36 @@ def test_a_damaged_npy_header_is_one_line(tmp_path: Path, capsys: pytest.Capture
     f.write_bytes(bytes(raw))
     line = _one_error(capsys, main(["info", "--dataset", str(tmp_path / "g")]))
     assert line.startswith(f"error: cannot read {f}: corrupt or not in the expected format"), line
+
+
+def test_a_dense_size_beyond_available_memory_is_refused_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 6 x 10**9 feature matrix (24 GB) fit in physical memory but not beside its copies: the process was killed.
+    The check counts the reader's copies against the memory available."""
+    monkeypatch.setattr(checks, "available_memory", lambda: 10 * 2**30)
+    checks.check_dense_size(6, 10**8, 4, "f.npz: attr")  # 2.4 GB, three copies: 7.2 GB of 10
+    with pytest.raises(DatasetError, match=r"f\.npz: attr: a dense 6 x 1,000,000,000 matrix needs 22\.4 GiB"):
+        checks.check_dense_size(6, 10**9, 4, "f.npz: attr")
+    with pytest.raises(DatasetError, match="3 copies while it is read"):
+        checks.check_dense_size(6, 2 * 10**8, 4, "f.npz: attr")  # 4.8 GB fits, its three copies do not
+
+
+def test_ogb_vertex_count_must_match_the_features(tmp_path: Path) -> None:
+    """An empty num-node-list was an IndexError traceback; a count unlike node-feat's rows sized the masks."""
+
+
+    base = tmp_path / "tiny" / "raw"
+    split = tmp_path / "tiny" / "split" / "random"
+    base.mkdir(parents=True)
+    split.mkdir(parents=True)
+    files = {base / "edge.csv.gz": "0,1\n1,2\n", base / "node-feat.csv.gz": "1,0\n0,1\n1,1\n",
+             base / "node-label.csv.gz": "0\n1\n0\n", split / "train.csv.gz": "0\n", split / "valid.csv.gz": "1\n",
+             split / "test.csv.gz": "2\n"}
+    for f, text in files.items():
+        with gzip.open(f, "wt") as fh:
+            fh.write(text)
+    assert load_dataset("ogb:tiny", root=tmp_path).num_nodes == 3
+    for count in ("", "10000000000\n"):
+        with gzip.open(base / "num-node-list.csv.gz", "wt") as fh:
+            fh.write(count)
+        with pytest.raises(DatasetError, match="num-node-list.csv.gz: says .* vertices but node-feat has 3 rows"):
+            load_dataset("ogb:tiny", root=tmp_path)

@@ -16,7 +16,8 @@ import numpy as np
 
 from gnnscale.errors import DatasetError
 
-__all__ = ["check_coo", "check_csr", "check_dense_size", "check_index", "check_shape", "index_array"]
+__all__ = ["available_memory", "check_coo", "check_csr", "check_dense_size", "check_index", "check_shape",
+           "index_array"]
 
 
 def check_shape(shape: Any, where: str, what: str = "shape", ndim: int = 2) -> tuple[int, ...]:
@@ -104,17 +105,32 @@ def _check_data(data: Any, nnz: int, where: str, p: str) -> None:
         raise DatasetError(f"{where}: {p}data: expected {nnz:,} numeric values (one per entry), found {found}")
 
 
-def check_dense_size(rows: int, cols: int, itemsize: int, where: str) -> None:
-    """A dense ``rows x cols`` matrix that cannot fit in this machine's memory is one DatasetError (not an
-    allocator traceback, nor a process killed when the pages are touched)."""
+def check_dense_size(rows: int, cols: int, itemsize: int, where: str, copies: int = 3) -> None:
+    """A dense ``rows x cols`` matrix whose ``copies`` (a reader densifies, converts and normalises) cannot fit in
+    the memory this machine has available is one DatasetError: not an allocator traceback, nor a process the
+    kernel kills when the pages are touched."""
     need = rows * cols * itemsize
+    have = available_memory()
+    if have is not None and need * copies > have:
+        raise DatasetError(f"{where}: a dense {rows:,} x {cols:,} matrix needs {need / 2**30:,.1f} GiB ({copies} "
+                           f"copies while it is read), more than this machine has available "
+                           f"({have / 2**30:,.1f} GiB)")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (Linux's ``MemAvailable``, else the physical memory);
+    ``None`` where neither is known."""
     try:
-        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        return
-    if need > have:
-        raise DatasetError(f"{where}: a dense {rows:,} x {cols:,} matrix needs {need / 2**30:,.1f} GiB, more than "
-                           f"this machine's memory ({have / 2**30:,.1f} GiB)")
+        return None
 
 
 def _show(v: Any) -> str:

@@ -423,7 +423,10 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True, coalesce: boo
     n = feats.shape[0]
     nn_file = raw / "num-node-list.csv.gz"
     if nn_file.exists():
-        n = int(_read_csv(nn_file, np.int64).reshape(-1)[0])
+        counts = _read_csv(nn_file, np.int64).reshape(-1)
+        if counts.size != 1 or int(counts[0]) != n:
+            raise DatasetError(f"{nn_file}: says {counts.tolist()} vertices but node-feat has {n:,} rows; they "
+                               "must agree")
     check_coo(ei[0], ei[1], (n, n), str(find(raw / "edge")), part="edge list's")
     split_dirs = sorted(p for p in (base / "split").glob("*") if p.is_dir()) if (base / "split").is_dir() else []
     if not split_dirs:

@@ -223,6 +223,9 @@ def _check_inside(f: Path, folder: Path) -> None:
 
 def _check_counts(path: Path, meta: dict[str, Any], data: dict[str, Any]) -> None:
     """``meta.json``'s ``num_nodes`` and ``num_edges`` are the arrays' (an edited count is refused, not ignored)."""
+    classes = meta.get("num_classes")
+    if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or not 1 <= classes < 2**31):
+        raise DatasetError(f"{path}/meta.json says num_classes {classes!r}; expected a count from 1 (or null)")
     have = {"num_nodes": int(data["indptr"].numel()) - 1, "num_edges": int(data["indices"].numel())}
     for key, n in have.items():
         said = meta.get(key)

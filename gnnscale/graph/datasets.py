@@ -192,14 +192,14 @@ def _load(spec: str, root: str | Path | None, seed: int, keep_ids: bool) -> Grap
             g = io.read_ogb(Path(root_s or "."), arg, **_options(io.read_ogb, opt_text, ("name",)))
         g.meta["spec"] = spec
         return g
-    _missing_path(spec, kind)
+    _missing_path(spec)
     raise DatasetError(
         f"unknown dataset {spec!r}; expected csbm[:opts], kronecker[:opts], planetoid:<name>, npz:<file>, "
         "edgelist:<file>, ogb:<name>, or a directory written by 'gnnscale convert'"
     )
 
 
-def _missing_path(spec: str, kind: str) -> None:
+def _missing_path(spec: str) -> None:
     """A spec of no known kind that names a path: say what is there (nothing, a file, what an interrupted convert
     left) rather than calling it an unknown dataset."""
     p = Path(spec).expanduser()

@@ -328,3 +328,11 @@ def test_ogb_vertex_count_must_match_the_features(tmp_path: Path) -> None:
             fh.write(count)
         with pytest.raises(DatasetError, match="num-node-list.csv.gz: says .* vertices but node-feat has 3 rows"):
             load_dataset("ogb:tiny", root=tmp_path)
+
+
+def test_a_float_label_beyond_int64_is_one_error() -> None:
+    """9223372036854775807 read as a float was cast to int64 with a RuntimeWarning (wrapping to -2**63)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DatasetError, match=r"node-label: label 9\.22337e\+18 at vertex 1 is not a class number"):
+            io.class_labels(np.array([0.0, 9223372036854775807.0, 1.0]), "node-label")

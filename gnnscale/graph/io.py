@@ -365,6 +365,10 @@ def class_labels(values: Any, where: str) -> np.ndarray:
         raise DatasetError(f"{where}: labels are not integral ({int(bad.sum()):,} of {v.size:,}, the first "
                            f"{v[i]:g} at vertex {i}): gnnscale trains classifiers, and regression targets are not "
                            "classes; give integer class labels (floats such as 1.0 are read as classes)")
+    huge = ~nan & (np.abs(v) >= 2.0**62)  # integral, but beyond any class count (and int64: a cast would wrap)
+    if huge.any():
+        i = int(np.flatnonzero(huge)[0])
+        raise DatasetError(f"{where}: label {v[i]:g} at vertex {i} is not a class number; give class labels 0..C-1")
     out = np.where(nan, -1, v).astype(np.int64)
     return out
 

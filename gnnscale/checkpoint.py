@@ -119,8 +119,9 @@ def load_versioned(path: Path, fmt: str, version: int, kind: str, what: str, hin
         raise ConfigError(f"{what} is not a readable {kind} file ({type(exc).__name__})") from None
     if not isinstance(obj, dict) or obj.get("format") != fmt:
         raise ConfigError(f"{what} is not a gnnscale {kind}{hint}")
-    if obj.get("version") != version:
-        raise ConfigError(f"{what} has {kind} format version {obj.get('version')}; this gnnscale reads {version}")
+    found = obj.get("version")
+    if type(found) is not int or found != version:  # (a damaged file may hold anything there: a tensor, a list)
+        raise ConfigError(f"{what} has {kind} format version {found!r:.40}; this gnnscale reads {version}")
     return obj
 
 
@@ -145,6 +146,48 @@ def check_fields(obj: dict[str, Any], fields: dict[str, type | tuple[type, ...]]
         if not isinstance(obj.get(key), typ) or isinstance(obj.get(key), bool) and typ is int:
             raise ConfigError(f"{what} is damaged: its {key!r} entry is missing or not a {_names(typ)}; it is not "
                               f"a {kind} this gnnscale wrote")
+
+
+def check_resume_records(state: dict[str, Any], what: str) -> None:
+    """The epoch records a resume goes on from: ``history`` a list of records with an integer ``epoch``, ``best``
+    ``None`` or a record of the best epoch (``_val``, ``epoch``, ``test_acc``); one ConfigError otherwise."""
+    ok = all(isinstance(r, dict) and type(r.get("epoch")) is int for r in state["history"])
+    best = state.get("best")
+    ok = ok and (best is None or (isinstance(best, dict) and type(best.get("epoch")) is int and all(
+        type(best.get(k)) in (float, int, type(None)) for k in ("_val", "test_acc")) and best.get("_val") is not None))
+    if not ok:
+        raise ConfigError(f"{what} is damaged: its epoch records (history, best) are not what gnnscale writes")
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, what: str) -> None:
+    """``state`` is what ``optimizer.state_dict()`` gives for these parameters: the same parameter groups with
+    settings of the same types (finite numbers), and per parameter floating-point tensors of its shape (``step``: one
+    value). torch's ``load_state_dict`` takes a damaged one and fails at the next step, mid-epoch; this is one
+    ConfigError before training resumes."""
+    fresh = optimizer.state_dict()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ok = (isinstance(state, dict) and set(state) == set(fresh) and isinstance(state.get("state"), dict)
+          and isinstance(state.get("param_groups"), list) and len(state["param_groups"]) == len(fresh["param_groups"]))
+    if ok:
+        ok = all(isinstance(g, dict) and set(g) == set(f) and g["params"] == f["params"]
+                 and all(_alike(g[k], f[k]) for k in f if k != "params")
+                 for g, f in zip(state["param_groups"], fresh["param_groups"], strict=True))
+    if ok:
+        ok = all(type(i) is int and 0 <= i < len(params) and isinstance(per, dict) and all(
+            isinstance(t, torch.Tensor) and t.dtype.is_floating_point and bool(torch.isfinite(t).all())
+            and (t.numel() == 1 if name == "step" else t.shape == params[i].shape) for name, t in per.items())
+            for i, per in state["state"].items())
+    if not ok:
+        raise ConfigError(f"{what} is damaged: its optimiser state is not that of this model's optimiser")
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """``a`` has ``b``'s type (and shape, for tuples); a number is finite."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_alike(x, y) for x, y in zip(a, b, strict=True))
+    return not isinstance(a, float) or a == a and abs(a) != float("inf")
 
 
 def _names(typ: type | tuple[type, ...]) -> str:

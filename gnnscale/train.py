@@ -17,7 +17,9 @@ from gnnscale.checkpoint import (
     RESUME_FIELDS,
     check_checkpoint_args,
     check_fields,
+    check_optimizer_state,
     check_resumable,
+    check_resume_records,
     checkpoint_path,
     load_checkpoint,
     save_checkpoint,
@@ -149,8 +151,10 @@ def train(
     if checkpoint_iterations and checkpoint is None:
         raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
     saved = load_checkpoint(checkpoint) if resume and checkpoint is not None else None
+    resumed = f"--resume: {checkpoint_path(checkpoint or '')}"
     if saved is not None:
-        check_fields(saved, RESUME_FIELDS, f"--resume: {checkpoint_path(checkpoint or '')}", "checkpoint")
+        check_fields(saved, RESUME_FIELDS, resumed, "checkpoint")
+        check_resume_records(saved, resumed)
         check_resumable(saved, config, graph.name, graph.num_nodes)
     engine_cls, rejected = select_engine(graph, config, dev)
     assert graph.num_classes is not None
@@ -184,8 +188,13 @@ def train(
     if saved is not None:
         try:
             model.load_state_dict(saved["model"])
+            check_optimizer_state(engine.optimizer, saved["optimizer"], resumed)
             engine.optimizer.load_state_dict(saved["optimizer"])
             engine.load_state_dict(saved["engine"])
+            ref, kept = model.state_dict(), saved["best_state"]
+            if kept and (set(kept) != set(ref) or any(not isinstance(kept[k], torch.Tensor) or kept[k].shape
+                                                      != ref[k].shape or kept[k].dtype != ref[k].dtype for k in ref)):
+                raise ValueError("the best epoch's weights are not the model's")
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:  # read, but damaged or edited
             if isinstance(exc, GnnscaleError):
                 raise

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -426,11 +427,35 @@ def test_mutated_converted_directory_loads_or_is_one_error(valid: dict[str, Path
             run_case(["info", "--dataset", str(d)])
 
 
+def _saved_mutated(draw: Callable[..., Any], f: Path) -> None:
+    """A model or checkpoint file (today's format) with its bytes mutated, or, read and written again, one entry
+    (nested ones too: a weight, the config's fields) replaced by another value or a tensor cut, retyped or
+    reshaped: a file that still reads, so the mutation reaches what is built from it."""
+    if draw(st.booleans()):
+        mutate_bytes(draw, f)
+        return
+    state = torch.load(f, weights_only=True)
+    node: Any = state
+    while True:  # walk down to a dict entry
+        key = draw(st.sampled_from(sorted(node, key=str)))
+        if isinstance(node[key], dict) and node[key] and draw(st.booleans()):
+            node = node[key]
+            continue
+        break
+    old = node[key]
+    if isinstance(old, torch.Tensor) and draw(st.booleans()):
+        node[key] = torch.from_numpy(np.ascontiguousarray(mutate_array(draw, old.numpy())))
+    else:
+        node[key] = draw(st.sampled_from([None, -1, 0, 10**12, 2.5, "x", "gat", [], {}, True, torch.zeros(3),
+                                          torch.zeros(0, 4), torch.full((2, 2), float("nan"))]))
+    torch.save(state, f)
+
+
 @FUZZ
 @given(data=st.data())
 def test_mutated_model_file_predicts_or_is_one_error(valid: dict[str, Path], data: st.DataObject) -> None:
     with scratch(valid["model"]) as f:
-        mutate_bytes(data.draw, f)
+        _saved_mutated(data.draw, f)
         run_case(["predict", "--model", str(f), "--dataset", str(valid["graph"]), "--out", str(f.parent / "p.npy")])
 
 
@@ -438,7 +463,7 @@ def test_mutated_model_file_predicts_or_is_one_error(valid: dict[str, Path], dat
 @given(data=st.data())
 def test_mutated_checkpoint_resumes_or_is_one_error(valid: dict[str, Path], data: st.DataObject) -> None:
     with scratch(valid["ckpt"]) as d:
-        mutate_bytes(data.draw, d / "checkpoint.pt")
+        _saved_mutated(data.draw, d / "checkpoint.pt")
         run_case(["train", "--dataset", str(valid["graph"]), "--epochs", "3", "--hidden", "8", "--checkpoint", str(d),
                   "--resume"])
 

@@ -199,8 +199,7 @@ def train(
             if isinstance(exc, GnnscaleError):
                 raise
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise ConfigError(f"--resume: the checkpoint in {checkpoint} is damaged: its state does not fit the "
-                              f"model ({first_line})") from None
+            raise ConfigError(f"{resumed} is damaged: its state does not fit the model ({first_line})") from None
         history, best, best_state = saved["history"], saved.get("best"), saved["best_state"]
         first = saved["epoch"] + 1
         if on_resume is not None:

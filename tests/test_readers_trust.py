@@ -264,14 +264,31 @@ def test_a_damaged_model_file_is_one_line(trained: Path, capsys: pytest.CaptureF
     assert line.startswith(f"error: --model {f} is damaged: ") and says in line, line
 
 
-def test_a_damaged_checkpoint_is_one_line(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _damaged_optimizer(state: dict) -> dict:
+    opt = state["optimizer"]
+    first = next(iter(opt["state"].values()))
+    first["exp_avg"] = first["exp_avg"][:1]  # one row: torch's load_state_dict takes it, the next step fails
+    return opt
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda s: {"history": None}, "its 'history' entry is missing or not a list"),
+    (lambda s: {"best": {**s["best"], "_val": None}}, "its epoch records (history, best) are not what gnnscale"),
+    (lambda s: {"optimizer": _damaged_optimizer(s)}, "its optimiser state is not that of this model's optimiser"),
+    (lambda s: {"best_state": {**s["best_state"], next(iter(s["best_state"])): torch.zeros(1)}},
+     "the best epoch's weights are not the model's"),
+])
+def test_a_damaged_checkpoint_is_one_line(trained: Path, capsys: pytest.CaptureFixture[str], edit: object,
+                                          says: str) -> None:
+    """A checkpoint that reads but whose entries were damaged: each was a traceback, some only at the next epoch."""
     capsys.readouterr()
     ck = trained / "ck2"
-    _edited(trained / "ckpt" / "checkpoint.pt", ck / "checkpoint.pt", history=None)
+    src = trained / "ckpt" / "checkpoint.pt"
+    _edited(src, ck / "checkpoint.pt", **edit(torch.load(src, weights_only=True)))  # type: ignore[operator]
     code = main(["train", "--dataset", str(trained / "g"), "--epochs", "3", "--hidden", "8", "--checkpoint", str(ck),
                  "--resume"])
     line = _one_error(capsys, code)
-    assert "checkpoint.pt is damaged: its 'history' entry is missing or not a list" in line, line
+    assert f"--resume: {ck / 'checkpoint.pt'}" in line and "is damaged: " in line and says in line, line
 
 
 # ------------------------------------------------------------------------------- what the fuzz test found

@@ -149,9 +149,16 @@ def check_fields(obj: dict[str, Any], fields: dict[str, type | tuple[type, ...]]
 
 
 def check_resume_records(state: dict[str, Any], what: str) -> None:
-    """The epoch records a resume goes on from: ``history`` a list of records with an integer ``epoch``, ``best``
-    ``None`` or a record of the best epoch (``_val``, ``epoch``, ``test_acc``); one ConfigError otherwise."""
-    ok = all(isinstance(r, dict) and type(r.get("epoch")) is int for r in state["history"])
+    """The epoch records a resume goes on from: ``history`` a list of records (an integer ``epoch``, numbers for
+    ``loss``, ``epoch_time_s`` and the accuracies), ``best`` ``None`` or a record of the best epoch (``_val``,
+    ``epoch``, ``test_acc``); one ConfigError otherwise."""
+    def number(v: Any, none: bool = True) -> bool:
+        return type(v) in (float, int) or (none and v is None)
+
+    ok = all(isinstance(r, dict) and type(r.get("epoch")) is int and number(r.get("loss"), none=False)
+             and number(r.get("epoch_time_s"), none=False) and all(number(r.get(f"{s}_acc")) and f"{s}_acc" in r
+                                                                  for s in ("train", "val", "test"))
+             for r in state["history"])
     best = state.get("best")
     ok = ok and (best is None or (isinstance(best, dict) and type(best.get("epoch")) is int and all(
         type(best.get(k)) in (float, int, type(None)) for k in ("_val", "test_acc")) and best.get("_val") is not None))

@@ -353,3 +353,15 @@ def test_a_float_label_beyond_int64_is_one_error() -> None:
         warnings.simplefilter("error")
         with pytest.raises(DatasetError, match=r"node-label: label 9\.22337e\+18 at vertex 1 is not a class number"):
             io.class_labels(np.array([0.0, 9223372036854775807.0, 1.0]), "node-label")
+
+
+def test_a_damaged_dtype_in_a_planetoid_pickle_is_refused(tmp_path: Path) -> None:
+    """One byte of a dtype's pickled state made numpy build a broken int32 (``get_clear_loop not set``: internal
+    errors and tracebacks wherever it was used); each dtype's state is now checked before numpy takes it."""
+    root = _planetoid(tmp_path / "p", 0)
+    f = root / "ind.cora.allx"
+    raw = f.read_bytes()
+    at = raw.index(b"<")  # the byte order of the first dtype's state
+    f.write_bytes(raw[:at] + b"|" + raw[at + 1 :])
+    with pytest.raises(DatasetError, match=r"ind\.cora\.allx: damaged: the pickle gives the \w+ dtype the state"):
+        load_dataset("planetoid:cora", root=root)

@@ -35,10 +35,16 @@ def find_planetoid(root: Path | str, name: str) -> Path:
     raise DatasetError(f"Planetoid files ind.{stem}.* not found (looked in {looked}); pass --root DIR")
 
 
-class _PlanetoidUnpickler(pickle.Unpickler):
+class _PlanetoidUnpickler(pickle._Unpickler):
     """The Planetoid pickles hold numpy arrays, a scipy CSR matrix and a ``defaultdict`` of lists: only those
     types are looked up. Anything else a file names (``os.system``, ``builtins.eval``: a crafted file) is refused
-    before it is called, with a :class:`DatasetError` naming the file and the global."""
+    before it is called, with a :class:`DatasetError` naming the file and the global.
+
+    A dtype's pickled state (byte order, item size, alignment, flags) is set by numpy's ``__setstate__`` without
+    a check: a damaged one makes a dtype whose every use is an internal error. The pure-Python unpickler lets each
+    ``BUILD`` of a dtype be checked first: its state must be the one numpy gives that dtype."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
 
     ALLOWED = frozenset({
         ("numpy", "ndarray"), ("numpy", "dtype"),
@@ -58,6 +64,15 @@ class _PlanetoidUnpickler(pickle.Unpickler):
             raise DatasetError(f"{self.path}: refused to load it: the pickle calls {module}.{name}, which a "
                                "Planetoid file never holds (loading it could run code)")
         return super().find_class(module, name)
+
+    def load_build(self) -> None:
+        inst, state = self.stack[-2], self.stack[-1]  # type: ignore[attr-defined]
+        if isinstance(inst, np.dtype) and state != inst.__reduce__()[2]:
+            raise DatasetError(f"{self.path}: damaged: the pickle gives the {inst} dtype the state {state!r:.60}, "
+                               "which numpy never writes")
+        super().load_build()  # type: ignore[misc]
+
+    dispatch[pickle.BUILD[0]] = load_build  # type: ignore[assignment]
 
 
 def read_planetoid(root: Path | str, name: str, normalize: bool = True, coalesce: bool = True) -> Graph:

@@ -164,6 +164,17 @@ def check_resume_records(state: dict[str, Any], what: str) -> None:
         type(best.get(k)) in (float, int, type(None)) for k in ("_val", "test_acc")) and best.get("_val") is not None))
     if not ok:
         raise ConfigError(f"{what} is damaged: its epoch records (history, best) are not what gnnscale writes")
+    if not _settings(state["config"]):
+        raise ConfigError(f"{what} is damaged: its config holds values no setting takes")
+
+
+def _settings(v: Any) -> bool:
+    """``v`` is made of what a config's fields hold: ``None``, numbers, strings, lists, tuples and dicts of them."""
+    if v is None or type(v) in (bool, int, float, str):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_settings(x) for x in v)
+    return isinstance(v, dict) and all(type(k) is str and _settings(x) for k, x in v.items())
 
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, what: str) -> None:

@@ -365,3 +365,26 @@ def test_a_damaged_dtype_in_a_planetoid_pickle_is_refused(tmp_path: Path) -> Non
     f.write_bytes(raw[:at] + b"|" + raw[at + 1 :])
     with pytest.raises(DatasetError, match=r"ind\.cora\.allx: damaged: the pickle gives the \w+ dtype the state"):
         load_dataset("planetoid:cora", root=root)
+
+
+def test_more_damage_the_fuzz_test_found_is_one_line(tmp_path: Path, trained: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A zip header asking for zip version 6.4 (NotImplementedError), a pickle cut inside its first frame header
+    (struct.error), a checkpoint config holding a tensor (RuntimeError comparing it): tracebacks, each."""
+    f = _npz(tmp_path / "g.npz")
+    raw = bytearray(f.read_bytes())
+    at = raw.index(b"PK\x01\x02") + 6  # the central directory's "version needed to extract"
+    raw[at] = 64
+    f.write_bytes(bytes(raw))
+    assert "corrupt or not in the expected format" in _one_error(capsys, main(["info", "--dataset", f"npz:{f}"]))
+    root = _planetoid(tmp_path / "p", 0)
+    (root / "ind.cora.allx").write_bytes((root / "ind.cora.allx").read_bytes()[:3])
+    line = _one_error(capsys, main(["info", "--dataset", "planetoid:cora", "--root", str(root)]))
+    assert "ind.cora.allx: corrupt or not in the expected format" in line, line
+    src = trained / "ckpt" / "checkpoint.pt"
+    state = torch.load(src, weights_only=True)
+    ck = tmp_path / "ck"
+    _edited(src, ck / "checkpoint.pt", config={**state["config"], "dropout": torch.zeros(3)})
+    line = _one_error(capsys, main(["train", "--dataset", str(trained / "g"), "--epochs", "3", "--hidden", "8",
+                                    "--checkpoint", str(ck), "--resume"]))
+    assert "is damaged: its config holds values no setting takes" in line, line

@@ -18,6 +18,7 @@ import json
 import os
 import pickle
 import shutil
+import struct
 import tempfile
 import tokenize
 import warnings
@@ -46,7 +47,8 @@ _ARRAYS = ("indptr", "indices", "edge_weight", "x", "y", *MASK_NAMES, "node_ids"
 # Errors a reader raises on a truncated or malformed file; they become one DatasetError naming the file.
 _READ_ERRORS = (OSError, ValueError, EOFError, KeyError, IndexError, pickle.UnpicklingError, zipfile.BadZipFile,
                 zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, OverflowError,
-                SyntaxError, tokenize.TokenError)  # the last two: numpy parsing a damaged .npy header
+                SyntaxError, tokenize.TokenError,  # these two: numpy parsing a damaged .npy header
+                NotImplementedError, struct.error)  # a zip header naming another version; a truncated pickle frame
 
 
 @contextmanager

@@ -190,13 +190,28 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, what: st
         ok = all(isinstance(g, dict) and set(g) == set(f) and g["params"] == f["params"]
                  and all(_alike(g[k], f[k]) for k in f if k != "params")
                  for g, f in zip(state["param_groups"], fresh["param_groups"], strict=True))
+    names = _state_names(optimizer)
     if ok:
-        ok = all(type(i) is int and 0 <= i < len(params) and isinstance(per, dict) and all(
+        ok = all(type(i) is int and 0 <= i < len(params) and isinstance(per, dict)
+                 and (names is None or set(per) == names) and all(
             isinstance(t, torch.Tensor) and t.dtype.is_floating_point and bool(torch.isfinite(t).all())
             and (t.numel() == 1 if name == "step" else t.shape == params[i].shape) for name, t in per.items())
             for i, per in state["state"].items())
     if not ok:
         raise ConfigError(f"{what} is damaged: its optimiser state is not that of this model's optimiser")
+
+
+def _state_names(optimizer: torch.optim.Optimizer) -> set[str] | None:
+    """The names of the per-parameter state ``optimizer``'s kind keeps (Adam: ``step``, ``exp_avg``,
+    ``exp_avg_sq``), from one step of a like optimizer over a probe parameter; ``None`` if that cannot be made."""
+    probe = torch.zeros(1, requires_grad=True)
+    probe.grad = torch.zeros(1)
+    try:
+        like = type(optimizer)([probe], **optimizer.defaults)
+        like.step()
+    except Exception:  # noqa: BLE001 -- an optimiser without that constructor: no names to check
+        return None
+    return set(like.state[probe])
 
 
 def _alike(a: Any, b: Any) -> bool:

@@ -168,13 +168,16 @@ def check_resume_records(state: dict[str, Any], what: str) -> None:
         raise ConfigError(f"{what} is damaged: its config holds values no setting takes")
 
 
-def _settings(v: Any) -> bool:
-    """``v`` is made of what a config's fields hold: ``None``, numbers, strings, lists, tuples and dicts of them."""
+def _settings(v: Any, depth: int = 0) -> bool:
+    """``v`` is made of what a config's fields hold: ``None``, numbers, strings, lists, tuples and dicts of them,
+    a few levels deep (a damaged pickle can make a list that holds itself)."""
     if v is None or type(v) in (bool, int, float, str):
         return True
+    if depth > 4:
+        return False
     if isinstance(v, (list, tuple)):
-        return all(_settings(x) for x in v)
-    return isinstance(v, dict) and all(type(k) is str and _settings(x) for k, x in v.items())
+        return all(_settings(x, depth + 1) for x in v)
+    return isinstance(v, dict) and all(type(k) is str and _settings(x, depth + 1) for k, x in v.items())
 
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, what: str) -> None:

@@ -257,6 +257,7 @@ def mutate_bytes(draw: Callable[..., Any], f: Path) -> None:
 def mutate_array(draw: Callable[..., Any], a: np.ndarray) -> np.ndarray:
     """An array like ``a`` with a value set to a boundary, reordered, resized, retyped or reshaped."""
     a = np.array(a)
+    a = a.reshape(-1) if a.ndim == 0 else a  # (a scalar tensor, an optimiser's step)
     how = draw(st.sampled_from(["value", "value", "value", "reverse", "shuffle", "drop", "extend", "dtype",
                                 "reshape", "empty"]))
     if how == "value" and a.size:

@@ -271,8 +271,23 @@ def _damaged_optimizer(state: dict) -> dict:
     return opt
 
 
+def _renamed_state(state: dict) -> dict:
+    opt = state["optimizer"]
+    first = next(iter(opt["state"].values()))
+    first["exp_avg_sX"] = first.pop("exp_avg_sq")  # a flipped byte in a key: a KeyError at the next step
+    return opt
+
+
+def _holds_itself() -> list:
+    loop: list = []
+    loop.append(loop)
+    return loop
+
+
 @pytest.mark.parametrize(("edit", "says"), [
     (lambda s: {"history": None}, "its 'history' entry is missing or not a list"),
+    (lambda s: {"optimizer": _renamed_state(s)}, "its optimiser state is not that of this model's optimiser"),
+    (lambda s: {"config": {**s["config"], "seed": _holds_itself()}}, "its config holds values no setting takes"),
     (lambda s: {"best": {**s["best"], "_val": None}}, "its epoch records (history, best) are not what gnnscale"),
     (lambda s: {"optimizer": _damaged_optimizer(s)}, "its optimiser state is not that of this model's optimiser"),
     (lambda s: {"best_state": {**s["best_state"], next(iter(s["best_state"])): torch.zeros(1)}},

@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.gnnscale-installed
 # CPU build of torch available on the project's machines; a bare `torch` requirement would pull a CUDA build.
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup demo test lint docs bench gpu-check clean
+.PHONY: setup demo test fuzz lint docs bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,13 @@ demo: setup
 
 test: setup
 	$(VPY) -m pytest -q
+
+# Every reader (npz, Planetoid, edge lists, OGB, converted directories, models, checkpoints) against FUZZ_EXAMPLES
+# mutated files each, in a worker process so that a segfault fails its case; `make test` runs a few in-process.
+FUZZ_EXAMPLES ?= 300
+fuzz: setup
+	GNNSCALE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) GNNSCALE_FUZZ_ISOLATED=1 $(VPY) -m pytest -q -p no:cacheprovider \
+		--timeout=0 tests/test_reader_fuzz.py
 
 lint: setup
 	$(VENV)/bin/ruff check gnnscale tests benchmarks

@@ -25,6 +25,7 @@ import os
 import pickle
 import re
 import struct
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -189,7 +190,9 @@ def load_versioned(path: Path, fmt: str, version: int, kind: str, what: str, hin
     another kind of file, another version) is one :class:`ConfigError` starting with ``what`` (the flag and path).
     """
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a raw pickle makes torch warn before it fails: the error below says it
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = _REFUSED.search(str(exc))
         if found is None:  # not a pickle torch can read at all
@@ -201,8 +204,9 @@ def load_versioned(path: Path, fmt: str, version: int, kind: str, what: str, hin
         raise ConfigError(f"{what} is not a readable {kind} file ({type(exc).__name__})") from None
     if not isinstance(obj, dict) or obj.get("format") != fmt:
         raise ConfigError(f"{what} is not a gnnscale {kind}{hint}")
-    if obj.get("version") != version:
-        raise ConfigError(f"{what} has {kind} format version {obj.get('version')}; this gnnscale reads {version}")
+    found = obj.get("version")
+    if type(found) is not int or found != version:  # (a damaged file may hold anything there: a tensor, a list)
+        raise ConfigError(f"{what} has {kind} format version {found!r:.40}; this gnnscale reads {version}")
     if "checksum" in obj:  # files written before checksums have none, and load as they did
         stored = obj.pop("checksum")
         try:
@@ -227,6 +231,103 @@ def lock_checkpoint(directory: str | os.PathLike[str]) -> OutputLock:
     """This run's lock on the ``--checkpoint`` folder (:func:`gnnscale.fsutil.lock_output`): a second run on the
     same folder is refused while this one lives."""
     return lock_output(checkpoint_path(directory), "--checkpoint", shown=directory)
+
+
+RESUME_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "epoch": int, "config": dict, "dataset": str, "num_nodes": int, "model": dict, "optimizer": dict, "engine": dict,
+    "history": list, "best_state": dict}
+"""What a resume reads from a checkpoint, with its type (:func:`check_fields`)."""
+
+
+def check_fields(obj: dict[str, Any], fields: dict[str, type | tuple[type, ...]], what: str, kind: str) -> None:
+    """Each of ``fields`` is in ``obj`` with its type: a file that reads but lacks one (damaged, or edited) is one
+    :class:`ConfigError` naming the field, not a ``KeyError`` later."""
+    for key, typ in fields.items():
+        if not isinstance(obj.get(key), typ) or isinstance(obj.get(key), bool) and typ is int:
+            raise ConfigError(f"{what} is damaged: its {key!r} entry is missing or not a {_names(typ)}; it is not "
+                              f"a {kind} this gnnscale wrote")
+
+
+def check_resume_records(state: dict[str, Any], what: str) -> None:
+    """The epoch records a resume goes on from: ``history`` a list of records (an integer ``epoch``, numbers for
+    ``loss``, ``epoch_time_s`` and the accuracies), ``best`` ``None`` or a record of the best epoch (``_val``,
+    ``epoch``, ``test_acc``); one ConfigError otherwise."""
+    def number(v: Any, none: bool = True) -> bool:
+        return type(v) in (float, int) or (none and v is None)
+
+    ok = all(isinstance(r, dict) and type(r.get("epoch")) is int and number(r.get("loss"), none=False)
+             and number(r.get("epoch_time_s"), none=False) and all(number(r.get(f"{s}_acc")) and f"{s}_acc" in r
+                                                                  for s in ("train", "val", "test"))
+             for r in state["history"])
+    best = state.get("best")
+    ok = ok and (best is None or (isinstance(best, dict) and type(best.get("epoch")) is int and all(
+        type(best.get(k)) in (float, int, type(None)) for k in ("_val", "test_acc")) and best.get("_val") is not None))
+    if not ok:
+        raise ConfigError(f"{what} is damaged: its epoch records (history, best) are not what gnnscale writes")
+    if not _settings(state["config"]):
+        raise ConfigError(f"{what} is damaged: its config holds values no setting takes")
+
+
+def _settings(v: Any, depth: int = 0) -> bool:
+    """``v`` is made of what a config's fields hold: ``None``, numbers, strings, lists, tuples and dicts of them,
+    a few levels deep (a damaged pickle can make a list that holds itself)."""
+    if v is None or type(v) in (bool, int, float, str):
+        return True
+    if depth > 4:
+        return False
+    if isinstance(v, (list, tuple)):
+        return all(_settings(x, depth + 1) for x in v)
+    return isinstance(v, dict) and all(type(k) is str and _settings(x, depth + 1) for k, x in v.items())
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, what: str) -> None:
+    """``state`` is what ``optimizer.state_dict()`` gives for these parameters: the same parameter groups with
+    settings of the same types (finite numbers), and per parameter floating-point tensors of its shape (``step``: one
+    value). torch's ``load_state_dict`` takes a damaged one and fails at the next step, mid-epoch; this is one
+    ConfigError before training resumes."""
+    fresh = optimizer.state_dict()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ok = (isinstance(state, dict) and set(state) == set(fresh) and isinstance(state.get("state"), dict)
+          and isinstance(state.get("param_groups"), list) and len(state["param_groups"]) == len(fresh["param_groups"]))
+    if ok:
+        ok = all(isinstance(g, dict) and set(g) == set(f) and g["params"] == f["params"]
+                 and all(_alike(g[k], f[k]) for k in f if k != "params")
+                 for g, f in zip(state["param_groups"], fresh["param_groups"], strict=True))
+    names = _state_names(optimizer)
+    if ok:
+        ok = all(type(i) is int and 0 <= i < len(params) and isinstance(per, dict)
+                 and (names is None or set(per) == names) and all(
+            isinstance(t, torch.Tensor) and t.dtype.is_floating_point and bool(torch.isfinite(t).all())
+            and (t.numel() == 1 if name == "step" else t.shape == params[i].shape) for name, t in per.items())
+            for i, per in state["state"].items())
+    if not ok:
+        raise ConfigError(f"{what} is damaged: its optimiser state is not that of this model's optimiser")
+
+
+def _state_names(optimizer: torch.optim.Optimizer) -> set[str] | None:
+    """The names of the per-parameter state ``optimizer``'s kind keeps (Adam: ``step``, ``exp_avg``,
+    ``exp_avg_sq``), from one step of a like optimizer over a probe parameter; ``None`` if that cannot be made."""
+    probe = torch.zeros(1, requires_grad=True)
+    probe.grad = torch.zeros(1)
+    try:
+        like = type(optimizer)([probe], **optimizer.defaults)
+        like.step()
+    except Exception:  # noqa: BLE001 -- an optimiser without that constructor: no names to check
+        return None
+    return set(like.state[probe])
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """``a`` has ``b``'s type (and shape, for tuples); a number is finite."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_alike(x, y) for x, y in zip(a, b, strict=True))
+    return not isinstance(a, float) or a == a and abs(a) != float("inf")
+
+
+def _names(typ: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
 
 
 def check_resumable(state: dict[str, Any], config: TrainConfig, dataset: str, num_nodes: int,

@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gnnscale.checkpoint import atomic_save, load_versioned
+from gnnscale.checkpoint import atomic_save, check_fields, load_versioned
 from gnnscale.config import TrainConfig
 from gnnscale.engines import select_engine
 from gnnscale.engines.devices import resolve_devices
-from gnnscale.errors import ConfigError, GraphError
+from gnnscale.errors import ConfigError, GnnscaleError, GraphError
 from gnnscale.fsutil import atomic_file, make_parents
 from gnnscale.graph.fingerprint import fingerprint as graph_fingerprint
 from gnnscale.graph.graph import Graph
@@ -51,11 +51,23 @@ def load_model(path: str | os.PathLike[str]) -> tuple[GNN, TrainConfig]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--model {path}: no such file")
-    saved = load_versioned(path, FORMAT, VERSION, "model", f"--model {path}", " (write one with train --save-model)")
-    config = TrainConfig(**saved["config"])
-    model = build_model(config.model, saved["num_features"], config.hidden, saved["num_classes"],
-                        **config.model_kwargs())
-    model.load_state_dict(saved["state_dict"])
+    what = f"--model {path}"
+    saved = load_versioned(path, FORMAT, VERSION, "model", what, " (write one with train --save-model)")
+    check_fields(saved, {"config": dict, "num_features": int, "num_classes": int, "state_dict": dict}, what, "model")
+    dims = {int(d) for t in saved["state_dict"].values() if isinstance(t, Tensor) for d in t.shape}
+    for key in ("num_features", "num_classes"):  # sizes the weights hold, checked before a model is allocated
+        if saved[key] not in dims:
+            raise ConfigError(f"{what} is damaged: it says {key} {saved[key]}, which no weight matrix of it has")
+    try:
+        config = TrainConfig(**saved["config"])
+        model = build_model(config.model, saved["num_features"], config.hidden, saved["num_classes"],
+                            **config.model_kwargs())
+        model.load_state_dict(saved["state_dict"])
+    except GnnscaleError:
+        raise
+    except (TypeError, ValueError, KeyError, RuntimeError) as exc:  # an edited or damaged file that still reads
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{what} is damaged: its config or weights do not make a model ({first})") from None
     model.num_features, model.num_classes = saved["num_features"], saved["num_classes"]  # type: ignore[assignment]
     return model.eval(), config
 

@@ -14,8 +14,13 @@ import torch
 
 from gnnscale import runtime as rt
 from gnnscale.checkpoint import (
+    RESUME_FIELDS,
     check_checkpoint_args,
+    check_fields,
+    check_optimizer_state,
     check_resumable,
+    check_resume_records,
+    checkpoint_path,
     load_checkpoint,
     lock_checkpoint,
     save_checkpoint,
@@ -24,7 +29,7 @@ from gnnscale.config import TrainConfig
 from gnnscale.engines import ignored_warning, select_engine
 from gnnscale.engines.base import Engine
 from gnnscale.engines.devices import peak_device_bytes, reset_peak_device_bytes, resolve_devices
-from gnnscale.errors import ConfigError, GraphError, TrainingError
+from gnnscale.errors import ConfigError, GnnscaleError, GraphError, TrainingError
 from gnnscale.graph.fingerprint import fingerprint
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
@@ -239,7 +244,10 @@ def _train(
     """:func:`train` after its checks, under the checkpoint folder's lock."""
     saved = load_checkpoint(checkpoint) if resume and checkpoint is not None else None
     prints = fingerprint(graph) if checkpoint is not None else None  # the graph's content, kept with each checkpoint
+    resumed = f"--resume: {checkpoint_path(checkpoint or '')}"
     if saved is not None:
+        check_fields(saved, RESUME_FIELDS, resumed, "checkpoint")
+        check_resume_records(saved, resumed)
         check_resumable(saved, config, graph.name, graph.num_nodes, prints)
     loaded = host_peak_bytes()  # the graph is loaded; the engines' planners have not run
     engine_cls, rejected = select_engine(graph, config, dev)
@@ -282,10 +290,21 @@ def _train(
     best_by = "val" if graph.val_mask is not None and bool(graph.val_mask.any()) else "train"
     first = 1
     if saved is not None:
-        model.load_state_dict(saved["model"])
-        engine.optimizer.load_state_dict(saved["optimizer"])
-        engine.load_state_dict(saved["engine"])
-        history, best, best_state = saved["history"], saved["best"], saved["best_state"]
+        try:
+            model.load_state_dict(saved["model"])
+            check_optimizer_state(engine.optimizer, saved["optimizer"], resumed)
+            engine.optimizer.load_state_dict(saved["optimizer"])
+            engine.load_state_dict(saved["engine"])
+            ref, kept = model.state_dict(), saved["best_state"]
+            if kept and (set(kept) != set(ref) or any(not isinstance(kept[k], torch.Tensor) or kept[k].shape
+                                                      != ref[k].shape or kept[k].dtype != ref[k].dtype for k in ref)):
+                raise ValueError("the best epoch's weights are not the model's")
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:  # read, but damaged or edited
+            if isinstance(exc, GnnscaleError):
+                raise
+            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"{resumed} is damaged: its state does not fit the model ({first_line})") from None
+        history, best, best_state = saved["history"], saved.get("best"), saved["best_state"]
         first = saved["epoch"] + 1
         if on_resume is not None:
             on_resume(history)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from gnnscale.errors import DatasetError, GraphError
-from gnnscale.graph import edgelist, generators, io
+from gnnscale.graph import edgelist, generators, io, planetoid
 from gnnscale.graph.graph import Graph
 from gnnscale.graph.graph import feature_dtype as graph_feature_dtype
 from gnnscale.notes import note
@@ -180,6 +180,10 @@ def _load(spec: str, root: str | Path | None, seed: int, keep_ids: bool) -> Grap
             opened = io.open_dir(spec)
             _note_fixed_draws(opened, spec, seed)
             return opened
+        if io.is_partial_dir(spec):
+            raise DatasetError(f"{spec} is the partial output of a 'gnnscale convert' that was interrupted (no "
+                               "meta.json: it never finished); run the convert again (it removes what is left) and "
+                               "pass its --out directory")
         raise DatasetError(f"{spec} is a directory but not one written by 'gnnscale convert' (no meta.json)")
     kind, _, rest = spec.partition(":")
     kind = kind.lower()
@@ -198,8 +202,8 @@ def _load(spec: str, root: str | Path | None, seed: int, keep_ids: bool) -> Grap
         if kind == "planetoid":
             if arg.lower() not in PLANETOID_NAMES:
                 raise DatasetError(f"unknown Planetoid dataset {arg!r}; choose one of {', '.join(PLANETOID_NAMES)}")
-            base = io.find_planetoid(Path(root_s or "."), arg)
-            g = io.read_planetoid(base, arg, **_options(io.read_planetoid, opt_text, ("name",)))
+            base = planetoid.find_planetoid(Path(root_s or "."), arg)
+            g = planetoid.read_planetoid(base, arg, **_options(planetoid.read_planetoid, opt_text, ("name",)))
         elif kind == "npz":
             opts = {"seed": seed, **_options(io.read_npz, opt_text)}
             g = _drawn(io.read_npz(_resolve(arg, root_s), **opts), opts["seed"], ("split",))
@@ -212,10 +216,25 @@ def _load(spec: str, root: str | Path | None, seed: int, keep_ids: bool) -> Grap
             g = io.read_ogb(Path(root_s or "."), arg, **_options(io.read_ogb, opt_text, ("name",)))
         g.meta["spec"] = spec
         return g
+    _missing_path(spec)
     raise DatasetError(
         f"unknown dataset {spec!r}; expected csbm[:opts], kronecker[:opts], planetoid:<name>, npz:<file>, "
         "edgelist:<file>, ogb:<name>, or a directory written by 'gnnscale convert'"
     )
+
+
+def _missing_path(spec: str) -> None:
+    """A spec of no known kind that names a path: say what is there (nothing, a file, what an interrupted convert
+    left) rather than calling it an unknown dataset."""
+    p = Path(spec).expanduser()
+    stale = sorted(p.parent.glob(f".{p.name}.*{io.PARTIAL_SUFFIX}")) if p.name and p.parent.is_dir() else []
+    if stale:
+        raise DatasetError(f"{spec} does not exist; {stale[0]} is what an interrupted 'gnnscale convert' to it left: "
+                           "run the convert again (it removes that folder)")
+    if p.is_file():
+        raise DatasetError(f"{spec} is a file; name its format: npz:{spec} or edgelist:{spec}")
+    if "/" in spec or spec.startswith((".", "~")) or (":" not in spec and "." in p.name):
+        raise DatasetError(f"dataset path {spec} does not exist (no such file or directory)")
 
 
 def _drawn(g: Graph, seed: int, parts: tuple[str, ...]) -> Graph:

@@ -176,7 +176,7 @@ def parse_block(path: Path, text: str, weight_column: int, first_line: int = 0, 
     def column(j: int, dtype: type, what: str) -> np.ndarray:
         try:
             return np.array(tokens[j::cols], dtype=dtype)
-        except (ValueError, OverflowError):
+        except (ValueError, OverflowError):  # OverflowError: an id beyond int64
             for i in data:  # error path only: find the first bad line
                 try:
                     np.array(text.split("\n")[i].split()[j], dtype=dtype)

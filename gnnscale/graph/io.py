@@ -18,7 +18,9 @@ import json
 import os
 import pickle
 import shutil
+import struct
 import tempfile
+import tokenize
 import warnings
 import zipfile
 import zlib
@@ -33,6 +35,7 @@ import torch
 
 from gnnscale.errors import DatasetError, GnnscaleError
 from gnnscale.fsutil import honour_umask
+from gnnscale.graph.checks import check_coo, check_csr, check_dense_size
 from gnnscale.graph.generators import per_class_split
 from gnnscale.graph.graph import FEATURE_DTYPES, MASK_NAMES, Graph, feature_dtype_name
 from gnnscale.graph.mapped import register_mapped
@@ -43,7 +46,9 @@ FORMAT_VERSION = 1
 _ARRAYS = ("indptr", "indices", "edge_weight", "x", "y", *MASK_NAMES, "node_ids")
 # Errors a reader raises on a truncated or malformed file; they become one DatasetError naming the file.
 _READ_ERRORS = (OSError, ValueError, EOFError, KeyError, IndexError, pickle.UnpicklingError, zipfile.BadZipFile,
-                zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError)
+                zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, OverflowError,
+                SyntaxError, tokenize.TokenError,  # these two: numpy parsing a damaged .npy header
+                NotImplementedError, struct.error)  # a zip header naming another version; a truncated pickle frame
 
 
 @contextmanager
@@ -58,6 +63,8 @@ def reading(path: Path | str) -> Iterator[None]:
     except _READ_ERRORS as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DatasetError(f"cannot read {path}: corrupt or not in the expected format ({msg})") from exc
+    except MemoryError as exc:  # a size in the file beyond this machine's memory (a damaged or crafted header)
+        raise DatasetError(f"cannot read {path}: what it says it holds does not fit in memory") from exc
 
 
 # ------------------------------------------------------------------------------------------ own format
@@ -160,6 +167,12 @@ def is_graph_dir(path: Path | str) -> bool:
     return (Path(path) / "meta.json").is_file()
 
 
+def is_partial_dir(path: Path | str) -> bool:
+    """Whether ``path`` is what an interrupted :func:`save` left (:func:`partial_dir`'s folder, or a copy of it)."""
+    path = Path(path)
+    return path.name.endswith(PARTIAL_SUFFIX) or (path / PARTIAL_PID).is_file()
+
+
 def open_dir(path: Path | str) -> Graph:
     """Open a directory written by :func:`save`, memory-mapping every array (copy-on-write)."""
     path = Path(path)
@@ -178,6 +191,10 @@ def open_dir(path: Path | str) -> Graph:
             if name not in _ARRAYS:
                 raise DatasetError(f"{path}/meta.json lists unknown array {name!r}")
             f = path / f"{name}.npy"
+            _check_inside(f, path)
+            if not f.exists():
+                raise DatasetError(f"{path} is incomplete: meta.json lists {name} but {f.name} is missing; convert "
+                                   "the dataset again (or copy the whole directory)")
             with reading(f):
                 arr = _map_npy(f)
             if list(arr.shape) != info["shape"] or str(arr.dtype) != info["dtype"]:
@@ -197,7 +214,30 @@ def open_dir(path: Path | str) -> Graph:
                 register_mapped(data[name], f, int(arr.offset))
         if "indptr" not in data or "indices" not in data:
             raise DatasetError(f"{path} lacks indptr.npy or indices.npy")
+        _check_counts(path, meta, data)
         return Graph(name=meta["name"], num_classes=meta["num_classes"], meta=meta.get("meta", {}), **data)
+
+
+def _check_inside(f: Path, folder: Path) -> None:
+    """A converted directory's file must be the directory's own: a symbolic link to a file elsewhere (a ``y.npy``
+    linked to another graph's labels) is refused, naming the file and where it leads."""
+    real = f.resolve()
+    if not real.is_relative_to(folder.resolve()):
+        raise DatasetError(f"{f} is a link to {real}, outside {folder}; a converted directory must hold its own "
+                           "files: copy the file in, or convert again")
+
+
+def _check_counts(path: Path, meta: dict[str, Any], data: dict[str, Any]) -> None:
+    """``meta.json``'s ``num_nodes`` and ``num_edges`` are the arrays' (an edited count is refused, not ignored)."""
+    classes = meta.get("num_classes")
+    if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or not 1 <= classes < 2**31):
+        raise DatasetError(f"{path}/meta.json says num_classes {classes!r}; expected a count from 1 (or null)")
+    have = {"num_nodes": int(data["indptr"].numel()) - 1, "num_edges": int(data["indices"].numel())}
+    for key, n in have.items():
+        said = meta.get(key)
+        if said is not None and (isinstance(said, bool) or not isinstance(said, int) or said != n):
+            raise DatasetError(f"{path}/meta.json says {key} {said!r} but the arrays hold {n:,}; the counts must "
+                               "match (convert the dataset again rather than editing meta.json)")
 
 
 def _map_npy(f: Path) -> np.ndarray:
@@ -225,107 +265,6 @@ def stored_feature_dtype(path: Path | str) -> torch.dtype | None:
 
 
 # --------------------------------------------------------------------------------------------- readers
-def find_planetoid(root: Path | str, name: str) -> Path:
-    """The folder holding ``ind.<name>.x``: ``root`` itself, or PyG's layouts ``root/raw`` and
-    ``root/<Name>/raw`` (and ``root/<Name>``), the dataset folder's name matched case-insensitively (PyG writes
-    ``Cora``, ``CiteSeer``, ``PubMed``). Raises DatasetError listing every folder looked in."""
-    root = Path(root)
-    stem = name.lower()
-    named = [root / name]
-    if root.is_dir():
-        named += sorted(p for p in root.iterdir() if p.is_dir() and p.name.lower() == stem and p.name != name)
-    candidates = [root, root / "raw", *(d / "raw" for d in named), *named]
-    for c in candidates:
-        if (c / f"ind.{stem}.x").is_file():
-            return c
-    looked = ", ".join(map(str, candidates))
-    raise DatasetError(f"Planetoid files ind.{stem}.* not found (looked in {looked}); pass --root DIR")
-
-
-class _PlanetoidUnpickler(pickle.Unpickler):
-    """The Planetoid pickles hold numpy arrays, a scipy CSR matrix and a ``defaultdict`` of lists: only those
-    types are looked up. Anything else a file names (``os.system``, ``builtins.eval``: a crafted file) is refused
-    before it is called, with a :class:`DatasetError` naming the file and the global."""
-
-    ALLOWED = frozenset({
-        ("numpy", "ndarray"), ("numpy", "dtype"),
-        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-        ("scipy.sparse.csr", "csr_matrix"), ("scipy.sparse._csr", "csr_matrix"),
-        ("collections", "defaultdict"),
-        ("__builtin__", "list"), ("builtins", "list"),
-    })
-
-    def __init__(self, fh: Any, path: Path):
-        super().__init__(fh, encoding="latin1")
-        self.path = path
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in self.ALLOWED:
-            raise DatasetError(f"{self.path}: refused to load it: the pickle calls {module}.{name}, which a "
-                               "Planetoid file never holds (loading it could run code)")
-        return super().find_class(module, name)
-
-
-def read_planetoid(root: Path | str, name: str, normalize: bool = True, coalesce: bool = True) -> Graph:
-    """Planetoid pickles ``ind.<name>.*`` (the GCN reference format), standard split.
-
-    Features are row-normalised as in the GCN reference code unless ``normalize`` is false. The pickled adjacency
-    lists some edges twice (Cora: 10,858 entries, 10,556 distinct); they are merged, as PyG's ``Planetoid`` does,
-    unless ``coalesce`` is false.
-    """
-    root = Path(root)
-    name = name.lower()
-
-    def load(ext: str) -> Any:
-        f = root / f"ind.{name}.{ext}"
-        with reading(f), open(f, "rb") as fh:
-            return _PlanetoidUnpickler(fh, f).load()  # numpy and scipy types only: a crafted file runs nothing
-
-    x, tx, allx, y, ty, ally, graph = (load(e) for e in ("x", "tx", "allx", "y", "ty", "ally", "graph"))
-    f = root / f"ind.{name}.test.index"
-    with reading(f):
-        test_index = np.array([int(line) for line in f.read_text().split()], dtype=np.int64)
-    with reading(root / f"ind.{name}.*"):
-        allx, tx = (np.asarray(sp.csr_matrix(m).todense(), dtype=np.float32) for m in (allx, tx))
-        ally, ty = np.asarray(ally), np.asarray(ty)
-        sorted_test = np.sort(test_index)
-        if name == "citeseer":  # isolated test vertices are missing from tx/ty: pad with zero rows
-            span = sorted_test.max() - sorted_test.min() + 1
-            tx_ext = np.zeros((span, tx.shape[1]), np.float32)
-            tx_ext[sorted_test - sorted_test.min()] = tx
-            ty_ext = np.zeros((span, ty.shape[1]), ty.dtype)
-            ty_ext[sorted_test - sorted_test.min()] = ty
-            tx, ty = tx_ext, ty_ext
-        feats = np.vstack([allx, tx])
-        labels = np.vstack([ally, ty]).argmax(1).astype(np.int64)
-        feats[test_index] = feats[sorted_test]
-        labels[test_index] = labels[sorted_test]
-        n = feats.shape[0]
-        src = [u for u, nbrs in graph.items() for _ in nbrs]
-        dst = [v for nbrs in graph.values() for v in nbrs]
-        ei = np.array([src, dst], dtype=np.int64)
-        ei = ei[:, (ei[0] < n) & (ei[1] < n)]
-    if normalize:
-        s = feats.sum(1, keepdims=True)
-        feats = feats / np.where(s == 0, 1, s)
-    masks = [np.zeros(n, bool) for _ in range(3)]
-    masks[0][: y.shape[0]] = True
-    masks[1][y.shape[0] : y.shape[0] + 500] = True
-    masks[2][test_index] = True
-    return Graph.from_edge_index(
-        ei,
-        n,
-        coalesce=coalesce,
-        x=torch.from_numpy(feats.astype(np.float32)),
-        y=torch.from_numpy(labels),
-        train_mask=torch.from_numpy(masks[0]),
-        val_mask=torch.from_numpy(masks[1]),
-        test_mask=torch.from_numpy(masks[2]),
-        name=name,
-    )
-
-
 def read_npz(
     path: Path | str,
     seed: int = 0,
@@ -343,15 +282,26 @@ def read_npz(
     positive value to 1; the Amazon files store only ones, so the matrices are equal).
     """
     path = Path(path)
-    with reading(path), np.load(path, allow_pickle=False) as d:
-        n = int(d["adj_shape"][0])
-        adj = sp.csr_matrix((d["adj_data"], d["adj_indices"], d["adj_indptr"]), shape=tuple(d["adj_shape"]))
+    _check_npz(path)
+    with reading(path), open(path, "rb") as fh, np.load(fh, allow_pickle=False) as d:
+        adj = _npz_csr(d, "adj", path)
+        n = adj.shape[0]
+        if adj.shape[1] != n:
+            raise DatasetError(f"{path}: the adjacency is {n:,} x {adj.shape[1]:,}; it must be square")
         if "attr_data" in d:
-            feats = sp.csr_matrix(
-                (d["attr_data"], d["attr_indices"], d["attr_indptr"]), shape=tuple(d["attr_shape"])
-            ).toarray()
-        else:
+            attr = _npz_csr(d, "attr", path)
+            check_dense_size(attr.shape[0], attr.shape[1], 4, f"{path}: attr")
+            feats = attr.toarray()
+        elif "attr_matrix" in d:
             feats = np.asarray(d["attr_matrix"])
+            if feats.ndim != 2 or feats.dtype.kind not in "biuf":
+                raise DatasetError(f"{path}: attr_matrix holds {feats.dtype}{list(feats.shape)}; expected a 2-D "
+                                   "numeric matrix")
+        else:
+            raise DatasetError(f"{path}: no features (neither attr_data/attr_indices/attr_indptr/attr_shape nor "
+                               "attr_matrix)")
+        if "labels" not in d:
+            raise DatasetError(f"{path}: no labels array")
         labels = class_labels(d["labels"], f"{path}")
     if labels.shape[0] != n or feats.shape[0] != n:
         raise DatasetError(
@@ -380,6 +330,31 @@ def read_npz(
     return symmetrized(g)
 
 
+def _check_npz(path: Path) -> None:
+    """An npz file is a zip archive of ``.npy`` arrays: anything else (an edge list, a gzip file) is one error
+    saying so, before numpy guesses at it (its own message talks about pickles)."""
+    with reading(path), open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic[:2] != b"PK":
+        kind = "a gzip file" if magic[:2] == b"\x1f\x8b" else ("an .npy array" if magic == b"\x93NUM" else "")
+        hint = "; an edge list is read with edgelist:<file>" if kind != "an .npy array" else ""
+        raise DatasetError(f"{path} is not an npz file (a zip archive of .npy arrays, as np.savez writes)"
+                           f"{f': it is {kind}' if kind else ''}{hint}")
+
+
+def _npz_csr(d: Any, prefix: str, path: Path) -> sp.csr_matrix:
+    """The CSR matrix stored as ``<prefix>_data``, ``_indices``, ``_indptr``, ``_shape`` in the npz ``d``, checked
+    (:func:`gnnscale.graph.checks.check_csr`) before scipy sees it."""
+    parts = [f"{prefix}_{k}" for k in ("data", "indices", "indptr", "shape")]
+    missing = [p for p in parts if p not in d]
+    if missing:
+        raise DatasetError(f"{path}: no {', '.join(missing)} array (a gnn-benchmark npz stores each sparse matrix "
+                           "as _data, _indices, _indptr and _shape)")
+    data, indices, indptr, shape = (d[p] for p in parts)
+    shape = check_csr(indptr, indices, shape, str(path), data=data, part=prefix, finite=prefix == "attr")
+    return sp.csr_matrix((data, indices, indptr), shape=shape)
+
+
 def class_labels(values: Any, where: str) -> np.ndarray:
     """``[N]`` int64 class labels from ``values``: integers as they are, floats only where integral (``2.0`` is
     class 2; NaN is ``-1``, unlabelled, as OGB writes it). Other floats (regression targets such as 0.0-4.0) are
@@ -396,6 +371,10 @@ def class_labels(values: Any, where: str) -> np.ndarray:
         raise DatasetError(f"{where}: labels are not integral ({int(bad.sum()):,} of {v.size:,}, the first "
                            f"{v[i]:g} at vertex {i}): gnnscale trains classifiers, and regression targets are not "
                            "classes; give integer class labels (floats such as 1.0 are read as classes)")
+    huge = ~nan & (np.abs(v) >= 2.0**62)  # integral, but beyond any class count (and int64: a cast would wrap)
+    if huge.any():
+        i = int(np.flatnonzero(huge)[0])
+        raise DatasetError(f"{where}: label {v[i]:g} at vertex {i} is not a class number; give class labels 0..C-1")
     out = np.where(nan, -1, v).astype(np.int64)
     return out
 
@@ -421,6 +400,10 @@ def _read_csv(path: Path, dtype: type) -> np.ndarray:
         vals = np.array(",".join(lines).split(","), dtype=np.float64)
         if vals.size != cols * len(lines):
             raise DatasetError(f"{path}: rows have different numbers of columns")
+        if np.dtype(dtype).kind in "iu":  # ids and indices: integers, within int64 (no silent cast of NaN or 1e30)
+            bad = ~np.isfinite(vals) | (vals != np.round(vals)) | (np.abs(vals) >= 2.0**63)
+            if bad.any():
+                raise DatasetError(f"{path}: value {float(vals[np.flatnonzero(bad)[0]])!r} is not an integer id")
         return vals.reshape(len(lines), cols).astype(dtype)
 
 
@@ -453,7 +436,11 @@ def read_ogb(root: Path | str, name: str, symmetrize: bool = True, coalesce: boo
     n = feats.shape[0]
     nn_file = raw / "num-node-list.csv.gz"
     if nn_file.exists():
-        n = int(_read_csv(nn_file, np.int64).reshape(-1)[0])
+        counts = _read_csv(nn_file, np.int64).reshape(-1)
+        if counts.size != 1 or int(counts[0]) != n:
+            raise DatasetError(f"{nn_file}: says {counts.tolist()} vertices but node-feat has {n:,} rows; they "
+                               "must agree")
+    check_coo(ei[0], ei[1], (n, n), str(find(raw / "edge")), part="edge list's")
     split_dirs = sorted(p for p in (base / "split").glob("*") if p.is_dir()) if (base / "split").is_dir() else []
     if not split_dirs:
         raise DatasetError(f"no split/<type>/ directory in {base}")

@@ -323,7 +323,8 @@ def test_an_edge_list_id_beyond_int64_is_one_line(tmp_path: Path, capsys: pytest
     for argv in (["info", "--dataset", f"edgelist:{f}"],
                  ["convert", "--dataset", f"edgelist:{f}", "--out", str(tmp_path / "out"), "--host-memory", "64M"]):
         line = _one_error(capsys, main(argv))
-        assert line == f"error: {f}: line 2: vertex id beyond int64 (at most 9223372036854775807): '1 99999999999999999999'", line
+        said = f"error: {f}: line 2: vertex id beyond int64 (at most 9223372036854775807): '1 99999999999999999999'"
+        assert line == said, line
     assert not (tmp_path / "out").exists()
 
 

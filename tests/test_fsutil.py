@@ -70,16 +70,28 @@ def _full_under(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ full disk
-def test_save_model_on_a_full_disk_keeps_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def _full_disk_and_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A folder whose saves hit a full disk, and the working folder (where the model's copy goes)."""
     full, here = tmp_path / "full", tmp_path / "cwd"
     full.mkdir()
     here.mkdir()
     monkeypatch.chdir(here)
     _full_under(full, monkeypatch)
-    assert main([*TRAIN, "--save-model", str(full / "m.pt")]) == 2
+    return full, here
+
+
+def _one_error_line(flags: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Training with ``flags`` ends in exit status 2 and one line on stderr (no traceback)."""
+    assert main([*TRAIN, *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_save_model_on_a_full_disk_keeps_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    full, here = _full_disk_and_cwd(tmp_path, monkeypatch)
+    err = _one_error_line(["--save-model", str(full / "m.pt")], capsys)
     assert err.startswith(f"error: could not write {full / 'm.pt'} (--save-model: No space left on device); the "
                           f"model is at {here / 'm.pt'}"), err
     model, _ = load_model(here / "m.pt")  # the copy is whole
@@ -89,14 +101,8 @@ def test_save_model_on_a_full_disk_keeps_a_copy(tmp_path: Path, monkeypatch: pyt
 
 def test_a_checkpoint_on_a_full_disk_keeps_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    full, here = tmp_path / "full", tmp_path / "cwd"
-    full.mkdir()
-    here.mkdir()
-    monkeypatch.chdir(here)
-    _full_under(full, monkeypatch)
-    assert main([*TRAIN, "--checkpoint", str(full / "ck")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
+    full, here = _full_disk_and_cwd(tmp_path, monkeypatch)
+    err = _one_error_line(["--checkpoint", str(full / "ck")], capsys)
     assert err.startswith(f"error: could not write the checkpoint in {full / 'ck'} (No space left on device)"), err
     assert f"the model is at {here / 'model.interrupted.pt'}" in err, err
     assert load_model(here / "model.interrupted.pt")[0] is not None

@@ -59,7 +59,7 @@ from gnnscale.plan.memory import available_device_bytes
 from gnnscale.plan.offload_memory import block_cache_bytes, epoch_peak, modelled
 from gnnscale.plan.throughput import throughput
 from gnnscale.progress import stage
-from gnnscale.units import format_bytes
+from gnnscale.units import format_bytes, format_bytes_up
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -323,7 +323,7 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
                     lo = mid
             if searched[n] > budget:
                 raise ConfigError(
-                    f"the offload engine needs at least {format_bytes(searched[n])} of device memory for "
+                    f"the offload engine needs at least {format_bytes_up(searched[n])} of device memory for "
                     f"{graph.name} ({config.model}, hidden {config.hidden}, {config.layers} layers, --dedup "
                     f"{dedup}; tried up to {limit} chunks per partition), more than the budget "
                     f"({format_bytes(budget)})")

@@ -32,7 +32,7 @@ from gnnscale.graph.graph import Graph
 from gnnscale.nn.ops import mix_key
 from gnnscale.plan import throughput
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.units import format_bytes
+from gnnscale.units import format_bytes, format_bytes_up
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -286,7 +286,7 @@ def plan_taskparallel(graph: Graph, config: TrainConfig, device: rt.Device,
             s = min(2 * s, limit)
             best, est, ptr = peak(s)
         if best > budget:
-            raise ConfigError(f"the taskparallel engine needs at least {format_bytes(best)} per device for "
+            raise ConfigError(f"the taskparallel engine needs at least {format_bytes_up(best)} per device for "
                               f"{graph.name} ({config.model}, {config.layers} layers, {n} device(s), tried up to "
                               f"{s} subgraphs), more than the budget ({format_bytes(budget)})")
     plan = TaskPlan(devices, regime, t_stages, p_stages, n_t, n_p, s, k, ptr, est, budget,

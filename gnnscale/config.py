@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import textwrap
 import typing
 from collections.abc import Callable
@@ -300,8 +301,9 @@ class TrainConfig(
             (self.jk in JK_MODES, f"unknown --jk {self.jk!r}; choose one of {', '.join(JK_MODES)}"),
             (self.model not in DECOUPLED_MODELS or (self.residual, self.jk) == (False, "none"),
              f"--residual and --jk apply to the layer-stack models, not the decoupled {self.model}"),
-            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
-            (self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
+            (0 < self.lr < math.inf, f"--lr must be a finite number > 0, got {self.lr}"),
+            (0 <= self.weight_decay < math.inf,
+             f"--weight-decay must be a finite number >= 0, got {self.weight_decay}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
             (0 <= self.seed < 2**32, f"--seed must be from 0 to {2**32 - 1}, got {self.seed}"),
             (self.memory_budget is None or self.memory_budget > 0, "--gpu-memory must be positive"),
@@ -350,7 +352,7 @@ class TrainConfig(
             (self.pregather in ("on", "off"), f"unknown --pregather {self.pregather!r}; choose on or off"),
             (self.merge in ("off", "auto") or (self.merge.isdigit() and int(self.merge) >= 0),
              f"unknown --merge {self.merge!r}; choose off, auto or a number of merges"),
-            (self.timeout > 0, f"--timeout must be > 0 seconds, got {self.timeout}"),
+            (0 < self.timeout < math.inf, f"--timeout must be a finite number > 0 of seconds, got {self.timeout}"),
             (self.gpu_feature_ratio is None or 0.0 <= self.gpu_feature_ratio <= 1.0,
              f"--gpu-feature-ratio must be in [0, 1], got {self.gpu_feature_ratio}"),
         ]

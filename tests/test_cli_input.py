@@ -145,3 +145,21 @@ def test_convert_refuses_files_that_do_not_fit_the_graph(tmp_path: Path, capsys:
     assert [ln.startswith("note: ") for ln in err[:-1]] == [True] * (len(err) - 1) and line.startswith("error: ")
     assert f"{flag} {f}" in line and words in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["e.txt", f.name])  # nothing half-written
+
+
+@pytest.mark.parametrize("flag", ["--lr", "--weight-decay", "--dropout", "--timeout"])
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400"])
+def test_number_flags_must_be_finite(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--lr inf` trained on (to NaN weights) and `--timeout 1e400` was taken as a timeout: a number flag is finite,
+    checked as it is parsed, in one line."""
+    code = main(["train", "--dataset", "csbm:nodes=200", "--epochs", "1", "--quiet", flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and flag in err[0], err
+
+
+def test_the_python_api_refuses_an_infinite_learning_rate() -> None:
+    from gnnscale.errors import ConfigError
+
+    for kw in ({"lr": float("inf")}, {"weight_decay": float("inf")}, {"timeout": float("inf")}):
+        with pytest.raises(ConfigError, match="finite"):
+            TrainConfig(**kw)  # type: ignore[arg-type]

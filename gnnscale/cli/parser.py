@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from typing import Any, NoReturn
 
@@ -56,6 +57,18 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
     if not -INT64_MAX - 1 <= value <= INT64_MAX:
         raise argparse.ArgumentTypeError(f"{text} is out of range: give at most {INT64_MAX} (int64)")
+    return value
+
+
+def _float(text: str) -> float:
+    """A number flag's value, refused at parse time unless finite (``inf``, ``nan`` and ``1e400`` are no learning
+    rate, ratio or timeout)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
     return value
 
 
@@ -201,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--layers", type=_int, default=2, help="layers, the last one giving class scores (default 2)")
     t.add_argument("--hidden", type=_int, default=64, help="hidden width (GAT: total over heads; default 64)")
     t.add_argument("--heads", type=_int, default=4, help="GAT attention heads (default 4)")
-    t.add_argument("--dropout", type=float, default=0.5, help="drop probability before every layer (default 0.5)")
-    t.add_argument("--input-dropout", type=float, metavar="P",
+    t.add_argument("--dropout", type=_float, default=0.5, help="drop probability before every layer (default 0.5)")
+    t.add_argument("--input-dropout", type=_float, metavar="P",
                    help="drop probability of the input features (default: --dropout; 0 is PyG's BasicGNN, which "
                         "drops only between layers)")
     t.add_argument("--norm", choices=list(NORMS), default="none",
@@ -215,8 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="jumping knowledge: combine every layer's output (last, cat, max), then a linear layer "
                         "gives the classes; none: the last layer does (default none); refused by "
                         f"{_refusers(jk='cat')}")
-    t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (default 0.01)")
-    t.add_argument("--weight-decay", type=float, default=5e-4, help="Adam weight decay (default 5e-4)")
+    t.add_argument("--lr", type=_float, default=0.01, help="Adam learning rate (default 0.01)")
+    t.add_argument("--weight-decay", type=_float, default=5e-4, help="Adam weight decay (default 5e-4)")
     t.add_argument("--epochs", type=_int, default=100, help="training epochs (default 100)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     t.add_argument("--engine", choices=["auto", *ENGINES], default="auto",
@@ -273,10 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GCN's degrees on a sampled block: sampled (each vertex's degree in the sample, as PyG's "
                          "GCNConv on a sampled subgraph) or graph (the whole graph's, as full-graph training); each "
                          "vertex keeps one self-loop outside the fanout. Default sampled")
-    mb.add_argument("--gpu-graph-ratio", type=float, metavar="R",
+    mb.add_argument("--gpu-graph-ratio", type=_float, metavar="R",
                     help="fraction of vertices, hottest first, whose neighbour lists live on the devices "
                          "(default: what half of --gpu-memory holds, topology before features)")
-    group[StoreOptions].add_argument("--gpu-feature-ratio", type=float, metavar="R",
+    group[StoreOptions].add_argument("--gpu-feature-ratio", type=_float, metavar="R",
                     help="fraction of vertices, hottest first, whose features live on the devices (default: what "
                          "the rest of half of --gpu-memory holds after the topology)")
     mb.add_argument("--shares", metavar="LIST",
@@ -310,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--merge", default="auto", metavar="off|auto|K",
                     help="micrograph: time-step merging: auto (from epoch 3, after a warm-up and a baseline "
                          "epoch, while epochs get 5%% faster; default), off, or K merges")
-    ds.add_argument("--timeout", type=float, default=180.0, metavar="S",
+    ds.add_argument("--timeout", type=_float, default=180.0, metavar="S",
                     help="seconds a collective may wait before the job stops (default 180)")
     ds.add_argument("--plan", metavar="FILE",
                     help="a partition plan (gnnscale partition --partitions R) with one part per rank; default: "

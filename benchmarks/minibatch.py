@@ -95,7 +95,8 @@ from gnnscale.engines import MiniBatchEngine, select_engine
 from gnnscale.engines.devices import resolve_device
 from gnnscale.errors import GnnscaleError
 from gnnscale.graph.block import Block, normalized_csr
-from gnnscale.graph.graph import Graph, csr_rows, csr_slices
+from gnnscale.graph.csr import csr_rows, csr_slices
+from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.sample.neighbor import _relabel

@@ -29,8 +29,9 @@ from gnnscale.engines.mover import RowMover
 from gnnscale.engines.taskparallel_runner import Runner
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, normalized_csr
+from gnnscale.graph.csr import csr_rows
 from gnnscale.graph.generators import csbm
-from gnnscale.graph.graph import Graph, csr_rows
+from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
 from gnnscale.plan.offload import plan_offload
 from gnnscale.store import FeatureSource

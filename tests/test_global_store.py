@@ -8,8 +8,8 @@ from test_minibatch_xgnn import weighted
 
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, sampling_csr
+from gnnscale.graph.csr import csr_slices
 from gnnscale.graph.generators import csbm
-from gnnscale.graph.graph import csr_slices
 from gnnscale.store.global_store import GlobalMemoryStore
 
 CPU = torch.device("cpu")

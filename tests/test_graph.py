@@ -155,8 +155,8 @@ def test_self_loops_inserted_in_linear_time_equal_the_sorted_insertion() -> None
     """normalized_csr adds missing self-loops in place (rows sorted by source) or by sorting (rows unsorted); both
     give what sorting every edge, loops included, by (destination, source) gives."""
     from gnnscale.graph.block import _add_self_loops
+    from gnnscale.graph.csr import coo_to_csr, csr_rows
     from gnnscale.graph.generators import csbm, kronecker
-    from gnnscale.graph.graph import _coo_to_csr, csr_rows
     from gnnscale.testing import tiny_graph
 
     def by_sorting(indptr: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor | None, n: int):  # noqa: ANN202
@@ -165,7 +165,7 @@ def test_self_loops_inserted_in_linear_time_equal_the_sorted_insertion() -> None
         has[dst[indices == dst]] = True
         missing = torch.nonzero(~has).view(-1)
         w = None if weight is None else torch.cat([weight, torch.ones(missing.numel())])
-        return _coo_to_csr(torch.cat([indices, missing]), torch.cat([dst, missing]), n, w, coalesce=False)
+        return coo_to_csr(torch.cat([indices, missing]), torch.cat([dst, missing]), n, w, coalesce=False)
 
     unsorted = csbm(nodes=300, seed=2)
     shuffled = unsorted.indices.long().clone()

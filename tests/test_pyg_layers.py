@@ -14,8 +14,9 @@ from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
 
 from gnnscale.graph.block import Block
+from gnnscale.graph.csr import csr_rows
 from gnnscale.graph.generators import csbm
-from gnnscale.graph.graph import Graph, csr_rows
+from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
 from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.gat import GATLayer

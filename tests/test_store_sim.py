@@ -20,8 +20,9 @@ from test_minibatch_xgnn import GCN, weighted
 import gnnscale.runtime as rt
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import sampling_csr
+from gnnscale.graph.csr import csr_slices
 from gnnscale.graph.generators import csbm
-from gnnscale.graph.graph import Graph, csr_slices
+from gnnscale.graph.graph import Graph
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store import (
     DeviceCache,

@@ -16,8 +16,8 @@ from gnnscale.config import ChunkOptions, TaskParallelOptions, TrainConfig
 from gnnscale.engines import InMemoryEngine, TaskParallelEngine, select_engine
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, normalized_csr
+from gnnscale.graph.csr import csr_rows
 from gnnscale.graph.generators import csbm
-from gnnscale.graph.graph import csr_rows
 from gnnscale.nn import build_model
 from gnnscale.nn.decoupled import DecoupledGNN
 from gnnscale.plan.taskparallel import model_times, plan_taskparallel, replication_factor

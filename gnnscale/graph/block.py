@@ -15,7 +15,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from gnnscale.graph.graph import Graph, _coo_to_csr, csr_rows
+from gnnscale.graph.csr import coo_to_csr, csr_rows
+from gnnscale.graph.graph import Graph
 
 Norm = Literal["none", "gcn"]
 
@@ -124,7 +125,7 @@ def _add_self_loops(indptr: Tensor, indices: Tensor, weight: Tensor | None, n: i
         both = torch.cat([dst, missing])
         if weight is not None:
             weight = torch.cat([weight, loops])
-        return _coo_to_csr(src, both, n, weight, coalesce=False)
+        return coo_to_csr(src, both, n, weight, coalesce=False)
     shift = torch.zeros(n + 1, dtype=torch.int64)
     torch.cumsum(add, 0, out=shift[1:])  # loops added in the rows before each row
     new_ptr = indptr + shift

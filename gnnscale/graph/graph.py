@@ -16,6 +16,7 @@ from torch import Tensor
 
 from gnnscale._compat import require
 from gnnscale.errors import GraphError
+from gnnscale.graph.csr import coo_to_csr, csr_rows, rank_in_run
 from gnnscale.graph.mapped import mapped_file, release_pages
 from gnnscale.graph.pyg_data import MASK_NAMES, pyg_arguments, vertex_data
 
@@ -255,7 +256,7 @@ class Graph:
         w = None if edge_weight is None else torch.as_tensor(edge_weight, dtype=torch.float32)
         if w is not None and w.shape != (ei.shape[1],):
             raise GraphError(f"edge_weight has shape {tuple(w.shape)}, expected ({ei.shape[1]},)")
-        indptr, indices, w = _coo_to_csr(ei[0], ei[1], num_nodes, w, coalesce)
+        indptr, indices, w = coo_to_csr(ei[0], ei[1], num_nodes, w, coalesce)
         return cls(indptr=indptr, indices=indices, edge_weight=w, **data)
 
     @classmethod
@@ -315,7 +316,7 @@ class Graph:
         keys = []
         for side in (ei, ei.flip(0)):
             key, perm = torch.sort(side[1] * n + side[0], stable=True)
-            keys.append((key, _rank_in_run(key), perm))
+            keys.append((key, rank_in_run(key), perm))
         key = torch.cat([keys[0][0], keys[1][0]])
         rank = torch.cat([keys[0][1], keys[1][1]])
         w = None
@@ -332,7 +333,7 @@ class Graph:
             w = torch.full((int(first.sum()),), -float("inf")).scatter_reduce(0, group, w, reduce="amax")
         key = key[first]
         dst = torch.div(key, n, rounding_mode="floor")
-        indptr, indices, w = _coo_to_csr(key - dst * n, dst, n, w, coalesce=False)
+        indptr, indices, w = coo_to_csr(key - dst * n, dst, n, w, coalesce=False)
         return replace(self, indptr=indptr, indices=indices, edge_weight=w)
 
     def duplicate_edges(self) -> int:
@@ -439,34 +440,6 @@ class Graph:
         )
 
 
-def csr_slices(indptr: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
-    """``(out_ptr, positions)``: the local row pointers of the concatenated CSR rows ``rows`` and the edge positions
-    (into ``indices``) that make them up, vectorised (no loop per row)."""
-    start, end = indptr[rows], indptr[rows + 1]
-    deg = end - start
-    out_ptr = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(deg, 0, out=out_ptr[1:])
-    total = int(out_ptr[-1])
-    offset = torch.arange(total, device=rows.device) - torch.repeat_interleave(out_ptr[:-1], deg, output_size=total)
-    return out_ptr, torch.repeat_interleave(start, deg, output_size=total) + offset
-
-
-def csr_rows(indptr: Tensor, nnz: int | None = None) -> Tensor:
-    """``[nnz]`` row of each CSR entry (int64). Pass ``nnz`` when known: reading it from ``indptr`` on a device
-    waits for the device."""
-    counts = indptr[1:] - indptr[:-1]
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=indptr.device), counts,
-                                   output_size=int(indptr[-1]) if nnz is None else nnz)
-
-
-def _rank_in_run(key: Tensor) -> Tensor:
-    """``[E]`` for sorted ``key``: how many equal keys precede each entry (0 for the first copy of an edge)."""
-    pos = torch.arange(key.numel())
-    start = torch.ones(key.numel(), dtype=torch.bool)
-    start[1:] = key[1:] != key[:-1]
-    return pos - torch.cummax(torch.where(start, pos, 0), 0).values
-
-
 def feature_dtype(name: str) -> torch.dtype:
     """The feature dtype named ``name`` (``fp32``/``float32`` or ``bf16``/``bfloat16``, any case); GraphError
     naming the choices otherwise."""
@@ -482,38 +455,3 @@ def feature_dtype_name(dtype: torch.dtype) -> str:
         if d == dtype:
             return name
     raise GraphError(f"features must be float32 or bfloat16, not {dtype}")
-
-
-def _coo_to_csr(
-    src: Tensor,
-    dst: Tensor,
-    num_nodes: int,
-    weight: Tensor | None,
-    coalesce: bool,
-    reduce: str = "sum",
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Sort COO edges by (destination, source) into in-neighbour CSR; optionally merge duplicates."""
-    key = dst * num_nodes + src
-    if weight is None:  # only the sorted keys are needed: NumPy's in-place sort is several times faster
-        key.numpy().sort()
-    else:
-        key, perm = torch.sort(key, stable=True)
-        weight = weight[perm]
-        del perm  # large graphs: free what is no longer needed before the next [E] temporaries
-    if coalesce and key.numel() and weight is None:
-        key = torch.unique_consecutive(key)
-    elif coalesce and key.numel():
-        assert weight is not None
-        key, inverse = torch.unique_consecutive(key, return_inverse=True)
-        merged = torch.zeros(key.numel(), dtype=weight.dtype)
-        if reduce == "sum":
-            merged.index_add_(0, inverse, weight)
-        else:
-            merged = merged.fill_(-float("inf")).scatter_reduce(0, inverse, weight, reduce="amax")
-        weight = merged
-    dst_sorted = torch.div(key, num_nodes, rounding_mode="floor")
-    indices = key - dst_sorted * num_nodes
-    counts = torch.bincount(dst_sorted, minlength=num_nodes)
-    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
-    torch.cumsum(counts, 0, out=indptr[1:])
-    return indptr, indices, weight

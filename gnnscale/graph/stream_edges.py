@@ -230,7 +230,7 @@ def _distinct_weights(tmp: Path, lo: float, size: int, block: int) -> int:
 
 
 def _csr_merge(keys: np.ndarray, w: np.ndarray | None, coalesce: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """One side of a bucket sorted (and merged with ``coalesce``) exactly as ``graph._coo_to_csr`` does: NumPy's
+    """One side of a bucket sorted (and merged with ``coalesce``) exactly as ``graph.csr.coo_to_csr`` does: NumPy's
     sort without weights, else torch's stable sort, duplicates' weights summed by ``index_add_``."""
     if w is None:
         keys.sort()
@@ -249,7 +249,7 @@ def _csr_merge(keys: np.ndarray, w: np.ndarray | None, coalesce: bool) -> tuple[
 
 
 def _rank(keys: np.ndarray) -> np.ndarray:
-    """For sorted ``keys``: how many equal keys precede each (``graph._rank_in_run``)."""
+    """For sorted ``keys``: how many equal keys precede each (``graph.csr.rank_in_run``)."""
     pos = np.arange(keys.size)
     start = np.ones(keys.size, dtype=bool)
     start[1:] = keys[1:] != keys[:-1]

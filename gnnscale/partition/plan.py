@@ -28,7 +28,8 @@ from torch import Tensor
 from gnnscale._compat import require
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import atomic_file
-from gnnscale.graph.graph import Graph, _coo_to_csr
+from gnnscale.graph.csr import coo_to_csr
+from gnnscale.graph.graph import Graph
 from gnnscale.partition.csr import ChunkCounter, chunk_halo, chunk_neighbour_counts, permute_csr
 
 __all__ = [
@@ -86,7 +87,7 @@ def _metis(ei: Tensor, n: int, m: int, seed: int, volume: bool = False) -> Tenso
     pymetis = require("pymetis")
     ei = ei[:, ei[0] != ei[1]]  # METIS rejects self-loops
     both = torch.cat([ei, ei.flip(0)], dim=1)
-    xadj, adjncy, _ = _coo_to_csr(both[0], both[1], n, None, coalesce=True)
+    xadj, adjncy, _ = coo_to_csr(both[0], both[1], n, None, coalesce=True)
     opts = pymetis.Options(seed=seed)
     kw: dict[str, Any] = {}
     if volume:

@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 
 from gnnscale.graph.block import AdjacencySpec, Block, gcn_weights, sampling_csr
-from gnnscale.graph.graph import Graph, csr_rows
+from gnnscale.graph.csr import csr_rows
+from gnnscale.graph.graph import Graph
 
 SampleNorm = Literal["sampled", "graph"]
 SAMPLE_NORMS: tuple[SampleNorm, ...] = ("sampled", "graph")

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from gnnscale.graph.block import AdjacencySpec, Block, sampling_csr
-from gnnscale.graph.graph import Graph, csr_rows
+from gnnscale.graph.csr import csr_rows
+from gnnscale.graph.graph import Graph
 from gnnscale.sample.adjacency import SampledAdjacency
 
 FLOYD_MAX_FANOUT = 32

@@ -50,7 +50,8 @@ from torch import Tensor
 from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import AdjacencySpec, sampling_csr
-from gnnscale.graph.graph import Graph, csr_slices
+from gnnscale.graph.csr import csr_slices
+from gnnscale.graph.graph import Graph
 from gnnscale.sample.neighbor import NeighborRequest, full_lists
 from gnnscale.store.disk import host_cached
 from gnnscale.store.features import FeatureSource

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.graph.graph import csr_rows
+from gnnscale.graph.csr import csr_rows
 from gnnscale.sample.neighbor import NeighborRequest, full_lists
 from gnnscale.store.cache import DeviceCache
 from gnnscale.store.features import FeatureSource

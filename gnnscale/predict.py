@@ -21,14 +21,15 @@ from gnnscale.errors import ConfigError, GnnscaleError, GraphError
 from gnnscale.fsutil import atomic_file, make_parents
 from gnnscale.graph.fingerprint import fingerprint as graph_fingerprint
 from gnnscale.graph.graph import Graph
-from gnnscale.nn import GNN, build_model
+from gnnscale.nn import build_model
+from gnnscale.nn.stack import Stack
 
 FORMAT = "gnnscale-model"
 VERSION = 1
 OUTPUT_SUFFIXES = (".npy", ".pt", ".csv")
 
 
-def save_model(path: str | os.PathLike[str], model: GNN, config: TrainConfig, graph: Graph,
+def save_model(path: str | os.PathLike[str], model: Stack, config: TrainConfig, graph: Graph,
                state: dict[str, Tensor] | None = None, *, fingerprint: dict[str, str] | None = None,
                **meta: Any) -> Path:
     """Write ``model`` (or the weights ``state``, e.g. ``TrainResult.best_state``) with what rebuilds it: the
@@ -46,7 +47,7 @@ def save_model(path: str | os.PathLike[str], model: GNN, config: TrainConfig, gr
                         else fingerprint, "state_dict": weights, **meta}, make_parents(path))
 
 
-def load_model(path: str | os.PathLike[str]) -> tuple[GNN, TrainConfig]:
+def load_model(path: str | os.PathLike[str]) -> tuple[Stack, TrainConfig]:
     """The model saved at ``path`` (on CPU, eval mode) and the config it was trained with."""
     path = Path(path)
     if not path.is_file():
@@ -72,8 +73,8 @@ def load_model(path: str | os.PathLike[str]) -> tuple[GNN, TrainConfig]:
     return model.eval(), config
 
 
-def predict(graph: Graph, model: str | os.PathLike[str] | tuple[GNN, TrainConfig], device: str | torch.device = "auto",
-            **engine_options: Any) -> Tensor:
+def predict(graph: Graph, model: str | os.PathLike[str] | tuple[Stack, TrainConfig],
+            device: str | torch.device = "auto", **engine_options: Any) -> Tensor:
     """``[N]`` int64 predicted class of every vertex of ``graph``.
 
     Args:

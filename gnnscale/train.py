@@ -32,7 +32,8 @@ from gnnscale.engines.devices import peak_device_bytes, reset_peak_device_bytes,
 from gnnscale.errors import ConfigError, GnnscaleError, GraphError, TrainingError
 from gnnscale.graph.fingerprint import fingerprint
 from gnnscale.graph.graph import Graph
-from gnnscale.nn import GNN, build_model
+from gnnscale.nn import Stack, as_stack, build_model
+from gnnscale.nn.stack import class_count
 from gnnscale.notes import note, warn
 from gnnscale.plan.host import HostBase, host_base, host_peak_bytes
 from gnnscale.predict import save_model
@@ -50,7 +51,7 @@ distributed engine: HopGNN §8's iteration-level checkpoints)."""
 class TrainResult:
     """What :func:`train` returns: the trained model, one record per epoch, and the summary record."""
 
-    model: GNN
+    model: Stack
     """The model as trained: its weights are the *last* epoch's."""
     history: list[EpochRecord]
     summary: EpochRecord
@@ -121,7 +122,7 @@ _UNWEIGHTED = {"sage": "as PyG's SAGEConv, which takes no edge_weight",
 """Why a model that does not read edge weights does not (the note's words)."""
 
 
-def data_caveats(graph: Graph, model: GNN) -> list[tuple[str, str]]:
+def data_caveats(graph: Graph, model: Stack) -> list[tuple[str, str]]:
     """What training ``model`` on ``graph`` quietly would not do as its user may think, as ``(kind, line)`` pairs
     (``note``/``warn``): edge weights the model does not read (only GCN's normalised adjacency is weighted, as in
     PyG, where ``GCNConv`` takes ``edge_weight`` and ``SAGEConv``, ``GATConv`` and ``GINConv`` do not), and a train
@@ -155,6 +156,29 @@ def _host_bound(record: EpochRecord, base: HostBase, budget: int | None, warned:
     return warned
 
 
+MODEL_FIELDS = ("model", "hidden", "layers", "dropout", "heads", "norm", "residual", "jk", "input_dropout")
+"""The config's fields that describe the model: ignored when :func:`train` is given a model of the user's."""
+
+
+def user_model(model: torch.nn.Module, config: TrainConfig) -> Stack:
+    """``model`` as the Stack an engine trains (:func:`~gnnscale.nn.as_stack`), with one warning naming the
+    config's model fields that were set (they do not apply to a model given whole)."""
+    stack = as_stack(model)
+    default = TrainConfig()
+    changed = [f"{f}={getattr(config, f)!r}" for f in MODEL_FIELDS if getattr(config, f) != getattr(default, f)]
+    if changed:
+        warn(f"model=: the config's model fields are ignored ({', '.join(changed)}): the model given is trained")
+    return stack
+
+
+def check_model_fits(model: Stack, graph: Graph) -> None:
+    """A user's model must take the graph's features and give its classes."""
+    width, classes = model.block_layers[0].in_features, class_count(model)
+    if width != graph.num_features or classes != graph.num_classes:
+        raise ConfigError(f"the model takes {width} features and gives {classes} class scores; {graph.name} has "
+                          f"{graph.num_features} features and {graph.num_classes} classes")
+
+
 def train(
     graph: Graph,
     config: TrainConfig,
@@ -169,6 +193,7 @@ def train(
     resume: bool = False,
     on_resume: Callable[[list[EpochRecord]], None] | None = None,
     on_stop: Callable[[TrainResult, BaseException], None] | None = None,
+    model: torch.nn.Module | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on ``graph`` with the selected engine; same seed and device -> same metrics.
 
@@ -195,6 +220,11 @@ def train(
         on_stop: called when training stops before its last epoch (Ctrl-C, SIGTERM, an error) with what it has
             (the model as it stands, the finished epochs' records, the best weights so far; ``summary`` holds
             ``interrupted``, ``epochs_done`` and ``best_epoch``) and the exception, which is raised again after.
+        model: a model of your own to train instead of ``config.model``: a :class:`~gnnscale.nn.Stack` (of PyG
+            convs or gnnscale layers) or a PyG ``BasicGNN`` (converted over its parameters,
+            :func:`~gnnscale.nn.as_stack`). It is trained in place (``result.model`` is the Stack that holds its
+            parameters); the config's model fields (``model``, ``hidden``, ``layers``, ...) are then ignored,
+            with a warning naming those set. docs/own-model.md says what a layer must satisfy.
 
     Raises:
         GnnscaleError: bad config, unusable graph, or no engine fits; the message says which.
@@ -218,7 +248,7 @@ def train(
         return _train(graph, config, dev, start, made_up, on_epoch=on_epoch, on_start=on_start, timings=timings,
                       checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                       checkpoint_iterations=checkpoint_iterations, resume=resume, on_resume=on_resume,
-                      on_stop=on_stop)
+                      on_stop=on_stop, model=None if model is None else user_model(model, config))
     finally:
         if lock is not None:
             lock.release()
@@ -240,6 +270,7 @@ def _train(
     resume: bool,
     on_resume: Callable[[list[EpochRecord]], None] | None,
     on_stop: Callable[[TrainResult, BaseException], None] | None,
+    model: Stack | None = None,
 ) -> TrainResult:
     """:func:`train` after its checks, under the checkpoint folder's lock."""
     saved = load_checkpoint(checkpoint) if resume and checkpoint is not None else None
@@ -250,20 +281,18 @@ def _train(
         check_resume_records(saved, resumed)
         check_resumable(saved, config, graph.name, graph.num_nodes, prints)
     loaded = host_peak_bytes()  # the graph is loaded; the engines' planners have not run
-    engine_cls, rejected = select_engine(graph, config, dev)
+    engine_cls, rejected = select_engine(graph, config, dev, model=model)
     warned = False
     # what --host-memory does not bound (the peak is at most base + budget): the loaded process, the engine's
     # topology index (its planner's and its own copies of the CSR), kernels
     base = (None if config.host_memory is None or not engine_cls.honours_host_memory()
             else host_base(graph.num_nodes, graph.num_edges, engine_cls.host_topology_copies, loaded))
     assert graph.num_classes is not None
-    model = build_model(
-        config.model,
-        graph.num_features,
-        config.hidden,
-        graph.num_classes,
-        **config.model_kwargs(),
-    )
+    if model is None:
+        model = build_model(config.model, graph.num_features, config.hidden, graph.num_classes,
+                            **config.model_kwargs())
+    else:
+        check_model_fits(model, graph)
     setup: dict[str, float] = {}
     with stage("setup", setup):
         engine = engine_cls(graph, model, config, dev)

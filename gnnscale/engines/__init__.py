@@ -17,6 +17,7 @@ from gnnscale.engines.offload import OffloadEngine
 from gnnscale.engines.taskparallel import TaskParallelEngine
 from gnnscale.errors import ConfigError, EngineError
 from gnnscale.graph.graph import Graph
+from gnnscale.nn.stack import Stack
 
 ENGINES: dict[str, type[Engine]] = {"inmemory": InMemoryEngine, "taskparallel": TaskParallelEngine,
                                     "offload": OffloadEngine, "minibatch": MiniBatchEngine,
@@ -110,22 +111,24 @@ class Candidate:
 
 
 def assess(name: str, graph: Graph, config: TrainConfig, device: torch.device, *, purpose: str = "train",
-           estimate: bool = False) -> Candidate:
+           estimate: bool = False, model: Stack | None = None) -> Candidate:
     """The planner's one answer about engine ``name`` (``train`` and ``gnnscale plan`` both ask it): the reasons
     it cannot ``purpose`` (:meth:`Engine.not_supported_reasons`), why ``--engine auto`` skips it, and with
-    ``estimate`` its estimate when it can run."""
+    ``estimate`` its estimate when it can run. ``model``: a user's model (``None``: ``config``'s built-in one)."""
     cls = ENGINES[name]
     if purpose != "train" and not cls.predicts:
         reasons = [f"it only trains; a model it saved can {purpose} with any other engine"]
     else:
-        reasons = cls.not_supported_reasons(graph, config, device)
+        reasons = cls.not_supported_reasons(graph, config, device, model=model)
     skipped = cls.auto_skip_reason(config) if config.engine == "auto" else None
-    return Candidate(name, reasons, cls.estimate(graph, config, device) if estimate and not reasons else "", skipped)
+    line = cls.estimate(graph, config, device, model=model) if estimate and not reasons else ""
+    return Candidate(name, reasons, line, skipped)
 
 
-def candidates(graph: Graph, config: TrainConfig, device: torch.device) -> list[Candidate]:
+def candidates(graph: Graph, config: TrainConfig, device: torch.device, *,
+               model: Stack | None = None) -> list[Candidate]:
     """Every engine of the requested mode with its reasons or its estimate (each engine's planner runs)."""
-    return [assess(name, graph, config, device, estimate=True) for name in candidate_names(config)]
+    return [assess(name, graph, config, device, estimate=True, model=model) for name in candidate_names(config)]
 
 
 def chosen(found: list[Candidate]) -> str | None:
@@ -158,12 +161,12 @@ def _model_words(config: TrainConfig) -> str:
 
 
 def no_engine_error(graph: Graph, config: TrainConfig, device: torch.device, found: list[Candidate],
-                    purpose: str = "train") -> EngineError:
+                    purpose: str = "train", model: Stack | None = None) -> EngineError:
     """What :func:`select_engine` raises (and ``gnnscale plan`` says) when no engine of ``found`` can run: the
     named engine's reasons (``--engine NAME``), or every engine's of the mode; where the model is what an engine
     refuses, the engines that train it."""
     hint = ""
-    if all(ENGINES[c.name].model_option_reasons(config) for c in found):  # the model is what they refuse
+    if model is None and all(ENGINES[c.name].model_option_reasons(config) for c in found):  # the model's options
         able = model_trainers(config)
         hint = (f"; the engines that train {_model_words(config)}: {', '.join(able)}" if able
                 else f"; no engine trains {_model_words(config)}")
@@ -177,23 +180,23 @@ def no_engine_error(graph: Graph, config: TrainConfig, device: torch.device, fou
 
 
 def select_engine(
-    graph: Graph, config: TrainConfig, device: torch.device, *, purpose: str = "train"
+    graph: Graph, config: TrainConfig, device: torch.device, *, purpose: str = "train", model: Stack | None = None
 ) -> tuple[type[Engine], dict[str, list[str]]]:
     """The engine to run and, for ``auto``, the reasons each engine before it was rejected: the first engine of
     the requested mode (:func:`requested_mode`) with no reason against it, in the registry's order. ``purpose``
     (``train``, ``predict for``) is what the error says no engine can do. It asks :func:`assess`, as ``gnnscale
-    plan`` does, and stops at the first engine that runs.
+    plan`` does, and stops at the first engine that runs. ``model``: a user's model (``train(model=...)``).
 
     Raises:
         EngineError: the named engine, or with ``auto`` every engine of the mode, cannot run; lists every reason.
     """
     found: list[Candidate] = []
     for name in candidate_names(config):
-        c = assess(name, graph, config, device, purpose=purpose)
+        c = assess(name, graph, config, device, purpose=purpose, model=model)
         if c.eligible:
             return ENGINES[name], {f.name: f.reasons or [f.skipped or ""] for f in found}
         found.append(c)
-    raise no_engine_error(graph, config, device, found, purpose)
+    raise no_engine_error(graph, config, device, found, purpose, model)
 
 
 __all__ = [

@@ -13,7 +13,8 @@ from torch import Tensor
 from gnnscale import runtime as rt
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
-from gnnscale.nn.model import GNN
+from gnnscale.nn.probe import model_chunk_reasons
+from gnnscale.nn.stack import Stack
 from gnnscale.plan.memory import estimate_host_bytes
 from gnnscale.units import format_bytes
 
@@ -28,7 +29,8 @@ def graph_bytes(graph: Graph) -> int:
 
 
 class Engine(ABC):
-    """Trains a :class:`~gnnscale.nn.model.GNN` on a :class:`~gnnscale.graph.Graph`, one epoch per call.
+    """Trains a :class:`~gnnscale.nn.stack.Stack` (a built-in model or a user's) on a
+    :class:`~gnnscale.graph.Graph`, one epoch per call.
 
     Engines own where data lives and in which order work happens, never what is computed: for the same model,
     seed and graph, every full-graph engine must produce the in-memory engine's losses and gradients.
@@ -68,10 +70,13 @@ class Engine(ABC):
     1.5, offload's normalised, permuted and cut blocks with their transposes 7 (Kronecker scale 18)."""
     trains_jk: ClassVar[bool] = False
     """Whether the engine trains ``--jk`` (the class scores from every layer's output: :meth:`GNN.head
-    <gnnscale.nn.model.GNN.head>`); the engines that compute the scores with the last layer refuse it."""
+    <gnnscale.nn.stack.Stack.head>`); the engines that compute the scores with the last layer refuse it."""
     trains_layered: ClassVar[bool] = True
     """Whether the engine trains the layer-stack models (gcn, sage, gat, gin: ``--residual`` and ``--jk`` are
     theirs)."""
+    splits_layers: ClassVar[bool] = True
+    """Whether the engine runs a layer on parts of the graph (chunks, sampled blocks, ranks' shares): every engine
+    but the in-memory one. A user's layer must then be local (:meth:`layer_reasons`)."""
     trains_decoupled: ClassVar[bool] = False
     """Whether the engine trains the decoupled models (:data:`~gnnscale.nn.decoupled.DECOUPLED_MODELS`)."""
     options: ClassVar[tuple[type, ...]] = ()
@@ -79,7 +84,7 @@ class Engine(ABC):
     run's (``ModelOptions``, ``RunOptions``): ``--help`` groups the flags by them, and a flag of another group
     has no effect on this engine (the CLI says so once)."""
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: torch.device):
         self.graph, self.model, self.config, self.device = graph, model, config, device
         allocator = config.host_allocator
         if allocator == "auto":
@@ -108,16 +113,32 @@ class Engine(ABC):
         del config
 
     @classmethod
-    def not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+    def not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
+                              model: Stack | None = None) -> list[str]:
         """Why this engine cannot run this graph/model/budget on ``device``; empty when it can: the host memory it
-        needs (:meth:`host_reason`, checked first, alone when short), then the engine's own reasons."""
+        needs (:meth:`host_reason`, checked first, alone when short), the model's options, then a user's layers
+        (:meth:`layer_reasons`), then the engine's own reasons. ``model``: the model to train when it is a
+        user's (``train(model=...)``); ``None``: ``config``'s built-in one."""
         host = cls.host_reason(graph, config)
         if host:  # priced first and alone: the engine's own checks may plan (partition, chunk) the whole graph
             return [host]
-        options = cls.model_option_reasons(config)
+        options = cls.model_option_reasons(config, model)
         if options:  # alone too, for the same reason
             return options
-        return cls._not_supported_reasons(graph, config, device)
+        layers = cls.layer_reasons(model)
+        if layers:
+            return layers
+        return cls._not_supported_reasons(graph, config, device, model=model)
+
+    @classmethod
+    def layer_reasons(cls, model: Stack | None) -> list[str]:
+        """Why this engine cannot train the layers of a user's ``model`` exactly: an engine that runs a layer on
+        parts of the graph (every one but the in-memory engine: :attr:`splits_layers`) probes each user's layer
+        once, whole against in chunks (:func:`~gnnscale.nn.probe.model_chunk_reasons`); a full-graph engine
+        refuses a layer that draws its own random numbers too."""
+        if model is None or not cls.splits_layers:
+            return []
+        return model_chunk_reasons(model, randomness=cls.mode == "full")
 
     @classmethod
     def auto_skip_reason(cls, config: TrainConfig) -> str | None:
@@ -127,23 +148,26 @@ class Engine(ABC):
         return None
 
     @classmethod
-    def model_option_reasons(cls, config: TrainConfig) -> list[str]:
+    def model_option_reasons(cls, config: TrainConfig, model: Stack | None = None) -> list[str]:
         """Why this engine cannot train ``config``'s model: its kind (:attr:`trains_layered`,
         :attr:`trains_decoupled`, alone), else one line per model option (:mod:`gnnscale.nn.norm`) it cannot train
         exactly yet: ``--norm batch`` (:meth:`batch_norm_reason`) and ``--jk`` (:attr:`trains_jk`). LayerNorm and the
         residuals are per vertex: every engine drives the layers through :meth:`GNN.layer_input
-        <gnnscale.nn.model.GNN.layer_input>` and the layers' halves, and trains them unchanged."""
-        decoupled = config.model in DECOUPLED_MODELS
+        <gnnscale.nn.stack.Stack.layer_input>` and the layers' halves, and trains them unchanged."""
+        name = config.model if model is None else model.kind
+        decoupled = config.model in DECOUPLED_MODELS if model is None else model.decoupled
         if decoupled and not cls.trains_decoupled:
-            return [f"{config.model} is a decoupled model, which this engine does not train"]
+            return [f"{name} is a decoupled model, which this engine does not train"]
         if not decoupled and not cls.trains_layered:
-            return [f"it trains the decoupled models ({', '.join(DECOUPLED_MODELS)}), not {config.model}"]
+            what = config.model if model is None else "a Stack of layers"
+            return [f"it trains the decoupled models ({', '.join(DECOUPLED_MODELS)}) only, not {what}"]
+        norm, jk = (config.norm, config.jk) if model is None else (model.norm, model.jk)
         reasons = []
-        why = cls.batch_norm_reason(config) if config.norm == "batch" else None
+        why = cls.batch_norm_reason(config) if norm == "batch" else None
         if why:
             reasons.append(f"--norm batch: {why}")
-        if config.jk != "none" and not cls.trains_jk:
-            reasons.append(f"--jk {config.jk}: this engine computes the class scores with the last layer (and its "
+        if jk != "none" and not cls.trains_jk:
+            reasons.append(f"--jk {jk}: this engine computes the class scores with the last layer (and its "
                            "evaluation layer by layer), not from every layer's output")
         return reasons
 
@@ -161,7 +185,7 @@ class Engine(ABC):
                 "use --norm layer")
 
     @classmethod
-    def auto_retains(cls, graph: Graph, model: GNN, config: TrainConfig, device: torch.device) -> bool:
+    def auto_retains(cls, graph: Graph, model: Stack, config: TrainConfig, device: torch.device) -> bool:
         """Whether ``--host-allocator auto`` retains freed blocks: where host memory is the training device, no
         layer computes per edge and the host has room (:meth:`host_room`). A layer with per-edge work (GAT) frees
         ``[heads, E]``, ``[E]`` and ``[V, F]`` blocks of many sizes each epoch; kept in glibc's heap, they
@@ -212,16 +236,17 @@ class Engine(ABC):
                 f"({format_bytes(have)}): lower --hidden or --layers, or use a machine with more memory")
 
     @classmethod
-    def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device) -> str:
+    def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device, *, model: Stack | None = None) -> str:
         """One line for ``gnnscale plan``: what this engine would take for this graph and config (its memory
         model's peak, its plan); empty when it has no model. Called only when :meth:`not_supported_reasons` is
-        empty."""
-        del graph, config, device
+        empty. ``model``: a user's model to train (``None``: ``config``'s)."""
+        del graph, config, device, model
         return ""
 
     @classmethod
     @abstractmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]: ...
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
+                               model: Stack | None = None) -> list[str]: ...
 
     @abstractmethod
     def train_epoch(self, epoch: int) -> dict[str, float]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gnnscale.graph.graph import Graph
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.notes import note
 from gnnscale.plan.host import HostPlan, plan_host
 from gnnscale.runtime.host import proc_kib
@@ -56,7 +56,7 @@ class DiskTier:
             s.close()
 
 
-def host_plan(graph: Graph, config: TrainConfig, model: GNN, *, readers: int = 1, activation_bytes: int = 0,
+def host_plan(graph: Graph, config: TrainConfig, model: Stack, *, readers: int = 1, activation_bytes: int = 0,
               cache: bool = True, working_bytes: int = 0) -> HostPlan | None:
     """The planner's split of ``--host-memory`` for ``model`` on ``graph`` (:func:`~gnnscale.plan.host.plan_host`:
     ``readers`` disk readers, ``activation_bytes`` of host activation buffers, what is left to a host row cache when

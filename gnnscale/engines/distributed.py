@@ -70,7 +70,7 @@ from gnnscale.engines.sampled_exchange import RankReducer, layerwise_across_rank
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.partition.plan import PartitionPlan, graph_fingerprint, load_or_partition
 from gnnscale.runtime.host import proc_kib
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
@@ -126,7 +126,8 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         self.comm.barrier("iteration checkpoint")  # rank 0 has renamed the checkpoint into place
 
     @classmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
+                               model: Stack | None = None) -> list[str]:
         return cls.sampling_reasons(config)
 
     @classmethod
@@ -135,7 +136,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         del config
         return None
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         self.comm = Comm.setup(device, config.timeout)
         self.rank, self.world = self.comm.rank, self.comm.world

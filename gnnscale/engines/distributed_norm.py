@@ -50,7 +50,7 @@ from gnnscale.distributed.comm import Comm
 from gnnscale.engines.sampled import forward
 from gnnscale.graph.block import Block
 from gnnscale.nn.batchnorm import SplitBatchNorm, split_norms
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 
 WHAT = "batch-norm statistics"
 """What the statistics' collectives are called (in a failure's message)."""
@@ -60,7 +60,7 @@ class _Stop(Exception):
     """A statistics pass's norm has summed its rows: the rest of the forward is not needed."""
 
 
-def norm_levels(model: GNN) -> list[tuple[SplitBatchNorm, int]]:
+def norm_levels(model: Stack) -> list[tuple[SplitBatchNorm, int]]:
     """The model's BatchNorms in forward order, each with the *level* of the rows it normalises: level ``s`` is the
     output rows of layer ``s - 1`` (``blocks[s - 1]``'s destinations, the input rows of layer ``s``).
     ``norms[l - 1]`` normalises level ``l``; a norm inside layer ``l`` (GIN's MLP) its destination rows, level
@@ -85,7 +85,7 @@ class RankBatchNorm:
     """This rank's side of BatchNorm over the ranks (the module docstring says how): the row weights, the
     all-reduces, and the micrograph passes. Inactive (every method a no-op) for a model without BatchNorm."""
 
-    def __init__(self, model: GNN, comm: Comm, owner: Tensor, device: torch.device):
+    def __init__(self, model: Stack, comm: Comm, owner: Tensor, device: torch.device):
         self.model, self.comm, self.owner, self.device = model, comm, owner, device
         self.norms = norm_levels(model)
         self.levels = sorted({s for _, s in self.norms if s < len(model.layers)})

@@ -60,7 +60,7 @@ from gnnscale.engines.sampled_norm import BatchNormSync, kept_buffers, run_train
 from gnnscale.engines.sampled_stages import Iteration, Propagated, SampledStages, StageSums
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.plan.hybrid import (
     Assignment,
     Decision,
@@ -148,7 +148,8 @@ class HybridEngine(SampledEngine):
         return "trains the CPU beside accelerators: name them with --devices (e.g. cpu,cuda:0)"
 
     @classmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
+                               model: Stack | None = None) -> list[str]:
         reasons = cls.sampling_reasons(config)
         if config.memory_budget is not None and any(not d.strip().lower().startswith("cpu")
                                                     for d in config.devices or ()):
@@ -157,7 +158,7 @@ class HybridEngine(SampledEngine):
                 reasons.append(store)
         return reasons
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         self.devices = hybrid_devices(config)
         self.cpu_index = next(i for i, d in enumerate(self.devices) if d.type == "cpu")

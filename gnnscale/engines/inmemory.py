@@ -11,7 +11,7 @@ from torch import Tensor
 from gnnscale.engines.base import Engine, graph_bytes
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.plan.memory import available_device_bytes, estimate_inmemory_bytes
 from gnnscale.units import format_bytes
 
@@ -23,6 +23,7 @@ class InMemoryEngine(Engine):
     """Whole-graph training on one device. Every other engine is tested against this one."""
 
     name = "inmemory"
+    splits_layers = False  # every layer runs on the whole graph: a user's layer need not be local
     trains_jk = True
     trains_decoupled = True
 
@@ -33,12 +34,13 @@ class InMemoryEngine(Engine):
         return None
 
     @classmethod
-    def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device) -> str:
+    def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device, *, model: Stack | None = None) -> str:
         need = estimate_inmemory_bytes(graph, config)["total"]
         return f"about {format_bytes(need)} of device memory for the whole graph and its activations"
 
     @classmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
+                               model: Stack | None = None) -> list[str]:
         if config.devices and len(config.devices) > 1:
             return [f"runs on one device, not {len(config.devices)} (--devices)"]
         need = estimate_inmemory_bytes(graph, config)["total"]
@@ -57,7 +59,7 @@ class InMemoryEngine(Engine):
                     f"the {format_bytes(config.host_memory)} budget"]
         return []
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         self.block = Block.from_graph(graph, model.adjacency).to(device)
         self.block.adj(), self.block.adj_t(), self.block.dst_index()  # build caches now, not inside epoch 1

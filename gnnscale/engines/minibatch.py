@@ -67,7 +67,7 @@ from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.engines.sampled_norm import BatchNormSync, traffic, wait_all
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.plan.host import plan_host, sampled_batch_rows, sampled_working_bytes
 from gnnscale.plan.memory import available_device_bytes, estimate_host_bytes
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
@@ -93,7 +93,7 @@ class _Trainer:
 
     index: int
     device: torch.device
-    model: GNN
+    model: Stack
     reader: StoreReader
     stream: rt.Stream | None
     y: Tensor
@@ -132,7 +132,8 @@ class MiniBatchEngine(SampledEngine):
         return None
 
     @classmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
+                               model: Stack | None = None) -> list[str]:
         reasons = cls.sampling_reasons(config)
         kinds = {d.split(":")[0].strip().lower() for d in config.devices or ()}
         if "cpu" in kinds and len(kinds) > 1:
@@ -153,7 +154,7 @@ class MiniBatchEngine(SampledEngine):
                 reasons.append(str(exc))
         return reasons
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         devices = [torch.device(d) for d in config.devices] if config.devices else [device]
         budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
@@ -287,7 +288,7 @@ class MiniBatchEngine(SampledEngine):
                 except queue.Empty:
                     thread.join(timeout=0.05)
 
-    def _forward(self, batch: SampledBatch, se: tuple[int, int] | None, model: GNN | None = None) -> Tensor:
+    def _forward(self, batch: SampledBatch, se: tuple[int, int] | None, model: Stack | None = None) -> Tensor:
         return forward(self.model if model is None else model, batch.blocks, batch.x, se)
 
     def _run(self, fn: Callable[[_Trainer], T]) -> list[T]:

@@ -95,7 +95,7 @@ from gnnscale.engines.replicas import Replicas
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.notes import note
 from gnnscale.partition import permute_csr
 from gnnscale.plan.host import HostPlan
@@ -135,26 +135,27 @@ class OffloadEngine(Engine):
         return None
 
     @classmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device, *,
+                               model: Stack | None = None) -> list[str]:
         reasons = []
         devices = worker_devices(config, device)
         # the UVA gather reads pinned host memory from a CUDA kernel: a device that pins its host memory
         if config.gather == "uva" and not (rt.needs_pinning(devices[0]) and triton_available()):
             reasons.append("--gather uva needs a CUDA device and Triton")
         try:
-            plan_offload(graph, config, device)
+            plan_offload(graph, config, device, model)
         except ConfigError as exc:
             reasons.append(str(exc))
         return reasons
 
     @classmethod
-    def estimate(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> str:
-        plan = plan_offload(graph, config, device)
+    def estimate(cls, graph: Graph, config: TrainConfig, device: rt.Device, *, model: Stack | None = None) -> str:
+        plan = plan_offload(graph, config, device, model)
         p = plan.partition
         return (f"{p.chunks} chunk(s) per partition x {p.partitions} partition(s) on {plan.devices} device(s), "
                 f"about {format_bytes(plan.estimate)} per device")
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: rt.Device):
+    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: rt.Device):
         super().__init__(graph, model, config, rt.torch_device(device))
         self.device = device  # type: ignore[assignment]  # a runtime device: the model is where its tensors are
         self.plan: OffloadPlan = plan_offload(graph, config, device, model)
@@ -379,7 +380,7 @@ class OffloadEngine(Engine):
         return text if self.host_plan is None else f"{text}; {self.host_plan.describe()}"
 
 
-def chunk_file_bytes(model: GNN, plan: OffloadPlan, num_nodes: int, num_edges: int) -> int:
+def chunk_file_bytes(model: Stack, plan: OffloadPlan, num_nodes: int, num_edges: int) -> int:
     """Bytes of every chunk's block, source-row ids, training positions and labels (with a self-loop per vertex,
     an upper bound): what the chunks keep in files under ``--host-memory`` on a CPU when the budget cannot hold
     them."""
@@ -388,7 +389,7 @@ def chunk_file_bytes(model: GNN, plan: OffloadPlan, num_nodes: int, num_edges: i
     return int(topology_bytes(model, sizes, num_nodes)[0]) + 8 * rows + 16 * num_nodes  # + training ids, labels
 
 
-def spill_window(model: GNN, plan: OffloadPlan, num_nodes: int) -> int:
+def spill_window(model: Stack, plan: OffloadPlan, num_nodes: int) -> int:
     """Bytes of the spill files' pages one chunk may touch before they are released (:meth:`Spill.release`): a
     page (4 KiB) for each of the largest chunk's source rows in the buffer it gathers from or adds gradients into,
     at most that buffer, and its destination rows of three row-sliced buffers (output, aggregation, gradient)."""

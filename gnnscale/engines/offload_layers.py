@@ -26,7 +26,7 @@ from gnnscale.nn.batchnorm import (
     kept_grads,
     split_norms,
 )
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 
 Key = tuple[int, int]
 """``(seed, epoch)``: what dropout masks are keyed by (``None`` in inference: no dropout)."""
@@ -70,7 +70,7 @@ class HostRows:
     """Layers whose UPDATE reads the destinations' own rows besides the aggregation."""
 
     @classmethod
-    def allocate(cls, model: GNN, x: Features, host: Callable[[Tensor], Tensor],
+    def allocate(cls, model: Stack, x: Features, host: Callable[[Tensor], Tensor],
                  spill: Spill | None = None) -> HostRows:
         """The buffers ``model`` needs for ``x``'s vertices (``host``: pins a buffer for a GPU); with ``spill``,
         those past its RAM allowance are file-backed (:class:`Spill`)."""
@@ -94,7 +94,7 @@ class HostRows:
                    reading_dst={l for l in range(L) if layers[l].update_uses_dst})
 
     @staticmethod
-    def buffer_bytes(model: GNN, num_rows: int) -> int:
+    def buffer_bytes(model: Stack, num_rows: int) -> int:
         """Bytes of the buffers :meth:`allocate` makes for ``num_rows`` vertices (float32)."""
         layers, L = model.block_layers, len(model.layers)
         widths = [layer.in_features for layer in layers]
@@ -139,7 +139,7 @@ class LayerPasses:
     the backward); its ``_*_chunks`` method is what one worker computes over its chunks.
     """
 
-    def __init__(self, model: GNN, host: HostRows, sweep: Sweep, num_train: int):
+    def __init__(self, model: Stack, host: HostRows, sweep: Sweep, num_train: int):
         self.model, self.host, self.sweep, self.num_train = model, host, sweep, num_train
         self.num_layers = len(model.layers)
         self.norm_passes = 0
@@ -322,7 +322,7 @@ class LayerPasses:
     def _jk_slices(self) -> tuple[Tensor, ...]:
         """With ``--jk``: every earlier layer's output as the next layer takes it (``h[1..L-1]``, which the
         forward passes stored), read per chunk beside the last layer for :meth:`GNN.head
-        <gnnscale.nn.model.GNN.head>`; nothing without."""
+        <gnnscale.nn.stack.Stack.head>`; nothing without."""
         if self.model.lin is None:
             return ()
         return tuple(self.host.inputs[l] for l in range(1, self.num_layers))

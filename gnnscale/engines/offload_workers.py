@@ -21,7 +21,7 @@ from gnnscale import runtime as rt
 from gnnscale.engines.mover import RowMover
 from gnnscale.errors import ConfigError
 from gnnscale.graph.mapped import release_pages
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.plan.memory import LiveBytesCounter
 from gnnscale.store import FeatureSource, ReadStats
 from gnnscale.units import format_bytes
@@ -225,7 +225,7 @@ class Worker:
 
     index: int
     device: rt.Device
-    model: GNN
+    model: Stack
     io: RowMover
     partitions: list[int]
     rows: dict[str, int] = field(default_factory=dict)

@@ -15,20 +15,20 @@ from collections.abc import Sequence
 import torch
 
 from gnnscale import runtime as rt
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 
 
 class Replicas:
     """``models[master]`` is the master (the model passed in, on ``devices[master]``), ``models[i]`` its replica
     on ``devices[i]`` (a sim device's replica is in host memory, where its tensors are)."""
 
-    def __init__(self, model: GNN, devices: Sequence[rt.Device], master: int = 0):
+    def __init__(self, model: Stack, devices: Sequence[rt.Device], master: int = 0):
         self.devices: list[rt.Device] = list(devices)
         self.master = master
         self.models = [model if i == master else copy.deepcopy(model).to(rt.torch_device(d))
                        for i, d in enumerate(self.devices)]
 
-    def _replicas(self) -> list[GNN]:
+    def _replicas(self) -> list[Stack]:
         return [m for i, m in enumerate(self.models) if i != self.master]
 
     def __len__(self) -> int:

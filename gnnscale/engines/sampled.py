@@ -49,7 +49,7 @@ from torch import Tensor
 
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def inline_feed(topology: Topology, features: Callable[[Tensor], Tensor], fanout
     return feed
 
 
-def forward(model: GNN, blocks: Sequence[Block], x: Tensor, se: tuple[int, int] | None) -> Tensor:
+def forward(model: Stack, blocks: Sequence[Block], x: Tensor, se: tuple[int, int] | None) -> Tensor:
     """``[num_dst of the last block, C]`` logits of ``model`` over sampled ``blocks`` from input rows ``x``;
     dropout keyed by ``se = (seed, epoch)`` (``None``: none, as in evaluation). With ``--jk`` the head combines
     every layer's output at the seeds (the leading rows of every block)."""

@@ -30,7 +30,7 @@ from gnnscale.engines.sampled import (
 from gnnscale.engines.sampled_eval import EVAL_READ_RATIO, SampledInference, eval_ids
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import MASK_NAMES, Graph
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.notes import note
 from gnnscale.sample import SampledAdjacency, sample_key
 
@@ -55,7 +55,7 @@ class SampledEngine(Engine):
     """The disk tier the features are read through (``--host-memory`` on a converted directory), if any."""
     _eval_fanouts: tuple[tuple[int, ...] | None] | None = None  # the choice of :meth:`eval_fanouts`, once made
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
+    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
         self.fanouts = tuple(config.fanouts or default_fanouts(config.layers))
         self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}

@@ -16,11 +16,11 @@ import torch
 from torch import Tensor
 
 from gnnscale.engines.sampled import EVAL_BATCH, SampledBatch, forward, inline_feed
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
 
 
-def layerwise(model: GNN, topology: Topology, features: Callable[[Tensor], Tensor], num_nodes: int,
+def layerwise(model: Stack, topology: Topology, features: Callable[[Tensor], Tensor], num_nodes: int,
               adjacency: SampledAdjacency, *, batch_size: int, device: torch.device,
               targets: Tensor | None = None, degree: Tensor | None = None, max_rows: int | None = None) -> Tensor:
     """Exact outputs, layer by layer over full neighbourhoods from ``topology``, in steps of at least
@@ -96,11 +96,11 @@ def _steps(count: int, size: int, ids: Tensor | None, degree: Tensor | None,
 
 class _Head:
     """With ``--jk``, what layer-wise inference keeps of each layer for :meth:`GNN.head
-    <gnnscale.nn.model.GNN.head>` at the last layer's rows: ``last`` nothing, ``max`` the running maximum, ``cat``
+    <gnnscale.nn.stack.Stack.head>` at the last layer's rows: ``last`` nothing, ``max`` the running maximum, ``cat``
     the running sum of each output's share of ``lin`` (``lin(cat(h_1..h_L)) = Σ_l h_l W_l^T + b``): one
     ``[rows, hidden]`` or ``[rows, C]`` table, not one per layer."""
 
-    def __init__(self, model: GNN, final: Tensor | None):
+    def __init__(self, model: Stack, final: Tensor | None):
         self.model, self.final = model, final
         self.acc: Tensor | None = None
 
@@ -214,7 +214,7 @@ class SampledInference:
     """Where a sampled engine's evaluation reads, and how: ``model`` over ``topology``'s full neighbourhoods and
     ``features``' rows (layer-wise), or over keyed samples of them (sampled)."""
 
-    model: GNN
+    model: Stack
     topology: Topology
     features: Callable[[Tensor], Tensor]
     """Input rows of the given vertices, on ``device``."""

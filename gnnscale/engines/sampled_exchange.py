@@ -20,7 +20,7 @@ from torch import Tensor
 
 from gnnscale.distributed.comm import Comm
 from gnnscale.engines.sampled import EVAL_BATCH
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
 from gnnscale.store.features import FeatureSource
 from gnnscale.store.partitioned import FetchedRows, PartitionedFeatures
@@ -59,7 +59,7 @@ class RankReducer:
         return [dict(zip(keys, r, strict=True)) for r in rows.tolist()]
 
 
-def layerwise_across_ranks(model: GNN, comm: Comm, topology: Topology, features: PartitionedFeatures,
+def layerwise_across_ranks(model: Stack, comm: Comm, topology: Topology, features: PartitionedFeatures,
                            owner: Tensor, adjacency: SampledAdjacency, device: torch.device) -> Tensor:
     """``[n_own, C]``: this rank's vertices' exact outputs, layer by layer over full neighbourhoods; each layer's
     remote input rows come in one exchange with their owners (every rank calls it together)."""

@@ -38,7 +38,7 @@ from torch import Tensor
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.nn.batchnorm import SplitBatchNorm, split_norms
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 
 T = TypeVar("T")
 
@@ -130,7 +130,7 @@ class TrainerGroup:
             self._aborted, self._slots, self._rounds = False, {}, {}
 
 
-def norm_sites(model: GNN, blocks: Sequence[Block]) -> list[tuple[SplitBatchNorm, Tensor]]:
+def norm_sites(model: Stack, blocks: Sequence[Block]) -> list[tuple[SplitBatchNorm, Tensor]]:
     """Every :class:`SplitBatchNorm` of ``model`` with the global ids of the rows it normalises in a sampled forward
     over ``blocks`` (:func:`gnnscale.engines.sampled.forward`), in the order they run: ``norms[l - 1]`` on layer
     ``l``'s input rows (block ``l``'s sources), then those inside layer ``l`` (GIN's MLP) on its destinations; with
@@ -191,7 +191,7 @@ class BatchNormSync:
     """SyncBatchNorm for the trainers ``models`` (``models[master]`` the model the optimiser steps) of one process:
     each trainer runs its step inside :meth:`step`; the module docstring says what happens there."""
 
-    def __init__(self, models: Sequence[GNN], master: int = 0):
+    def __init__(self, models: Sequence[Stack], master: int = 0):
         self.models, self.master = list(models), master
         self.group = TrainerGroup(len(self.models))
         self.trained: list[int] = []
@@ -202,7 +202,7 @@ class BatchNormSync:
         """Bytes those vectors held (each trainer's), the statistics traffic."""
 
     @classmethod
-    def build(cls, models: Sequence[GNN], master: int = 0) -> BatchNormSync | None:
+    def build(cls, models: Sequence[Stack], master: int = 0) -> BatchNormSync | None:
         """The sync for several trainers of a model with BatchNorm; ``None`` (nothing to reduce) otherwise."""
         if len(models) < 2 or not split_norms(models[master]):
             return None

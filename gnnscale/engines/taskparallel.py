@@ -64,7 +64,7 @@ from gnnscale.errors import ConfigError
 from gnnscale.graph.block import normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DecoupledGNN
-from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.partition.dedup import chunk_rows
 from gnnscale.plan.taskparallel import TaskPlan, epoch_subgraphs, plan_taskparallel
 from gnnscale.store.disk import host_cached
@@ -105,7 +105,8 @@ class TaskParallelEngine(Engine):
     also_reads = ("host_memory",)  # a converted directory's features read from disk, subgraph by subgraph
 
     @classmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> list[str]:
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: rt.Device, *,
+                               model: Stack | None = None) -> list[str]:
         try:
             plan_taskparallel(graph, config, device)
         except ConfigError as exc:
@@ -119,13 +120,13 @@ class TaskParallelEngine(Engine):
         return None
 
     @classmethod
-    def estimate(cls, graph: Graph, config: TrainConfig, device: rt.Device) -> str:
+    def estimate(cls, graph: Graph, config: TrainConfig, device: rt.Device, *, model: Stack | None = None) -> str:
         plan = plan_taskparallel(graph, config, device)
         return (f"{plan.n_t} T / {plan.n_p} P device(s) ({plan.regime}), {plan.subgraphs} subgraph(s) x "
                 f"{plan.chunks_per_subgraph} chunk(s), about {format_bytes(max(plan.estimate))} on the busiest "
                 "device")
 
-    def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: rt.Device):
+    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: rt.Device):
         super().__init__(graph, model, config, rt.torch_device(device))
         self.device = device  # type: ignore[assignment]  # a runtime device: the model is where its tensors are
         assert isinstance(model, DecoupledGNN)

@@ -209,6 +209,13 @@ class Block:
             self._cache["dst"] = csr_rows(self.indptr, self.num_edges)
         return self._cache["dst"]
 
+    def edge_index(self) -> Tensor:
+        """``[2, num_edges]`` int64 PyG edges ``(local source row, destination row)`` of the block, in its CSR order
+        (cached): what a PyG conv takes with ``(x_src, x_dst)``."""
+        if "edge_index" not in self._cache:
+            self._cache["edge_index"] = torch.stack([self.indices.long(), self.dst_index().long()])
+        return self._cache["edge_index"]
+
     def _values(self) -> Tensor:
         if self.edge_weight is not None:
             return self.edge_weight

@@ -44,7 +44,7 @@ class BlockLayer(nn.Module):
         """The layer's biases whose every output row is shifted by them just before a training-mode BatchNorm: its
         :attr:`output_bias` when ``followed_by_batch_norm``, and any the layer normalises inside itself (GIN's
         MLP). A BatchNorm subtracts its rows' mean, so their true gradient is zero (:meth:`GNN.biases_before_norm
-        <gnnscale.nn.model.GNN.biases_before_norm>`)."""
+        <gnnscale.nn.stack.Stack.biases_before_norm>`)."""
         if not followed_by_batch_norm or self.output_bias is None:
             return []
         bias = dict(self.named_parameters()).get(self.output_bias)  # None: a layer built with bias=False

@@ -34,6 +34,7 @@ from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import GNN, build_model
+from gnnscale.nn.stack import Stack
 from gnnscale.partition.dedup import (
     CommVolume,
     ExchangePlan,
@@ -114,12 +115,12 @@ def chunk_sizes(indptr: Tensor, indices: Tensor, chunk_ptr: Tensor) -> Tensor:
     return torch.stack([V, V + counts[:, 1], counts[:, 2] + V], dim=1)
 
 
-def model_resident_bytes(model: GNN) -> int:
+def model_resident_bytes(model: Stack) -> int:
     """Parameters, their gradients and Adam's two moments, plus as much again for the optimiser step."""
     return 8 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def chunk_peak_bytes(model: GNN, num_dst: int, num_src: int, num_edges: int) -> int:
+def chunk_peak_bytes(model: Stack, num_dst: int, num_src: int, num_edges: int) -> int:
     """Modelled peak device bytes while training one chunk, over all layers (see module docstring)."""
     V, R, E = num_dst, num_src, num_edges
     peak = 0
@@ -135,7 +136,7 @@ def chunk_peak_bytes(model: GNN, num_dst: int, num_src: int, num_edges: int) -> 
     return int(SAFETY * peak) + model_resident_bytes(model)
 
 
-def norm_bytes(model: GNN, layer: int, num_dst: int) -> int:
+def norm_bytes(model: Stack, layer: int, num_dst: int) -> int:
     """Device bytes the model options of layer ``layer`` add per chunk of ``num_dst`` destinations: for each norm
     (inside the layer, as GIN's MLP has one, and on its output) the normalised rows, what backward saves of them
     (BatchNorm: ``x̂``; LayerNorm: the rows and their statistics) and their gradient. BatchNorm's statistics
@@ -160,19 +161,19 @@ def sizes_from_rows(rows: list[Tensor], indptr: Tensor, chunk_ptr: Tensor) -> Te
     return torch.stack([V, R, E + V], dim=1)
 
 
-def transition_bytes(model: GNN, capacity: list[int] | None) -> int:
+def transition_bytes(model: Stack, capacity: list[int] | None) -> int:
     """Device bytes of the transition buffers of ``capacity`` rows per device (an exchange plan's, or a bound):
     rows and their gradients at the widest row a layer moves, on the fullest device."""
     return 0 if not capacity else 2 * 4 * transition_width(model) * max(capacity)
 
 
-def _estimate(model: GNN, sizes: Tensor) -> int:
+def _estimate(model: Stack, sizes: Tensor) -> int:
     V, R, E = sizes[:, 0], sizes[:, 1], sizes[:, 2]
     # the footprint grows with each of V, R and E: bound it with their maxima over chunks
     return chunk_peak_bytes(model, int(V.max()), int(R.max()), int(E.max()))
 
 
-def transition_width(model: GNN) -> int:
+def transition_width(model: Stack) -> int:
     """The widest row a layer pass moves through the transition buffers."""
     return max(max(layer.in_features, layer.out_features) for layer in model.block_layers)
 
@@ -206,7 +207,7 @@ def capacity_bound(sizes: Tensor, owners: Tensor | None, part_sizes: list[int], 
     return out
 
 
-def topology_bytes(model: GNN, sizes: Tensor, num_nodes: int) -> Tensor:
+def topology_bytes(model: Stack, sizes: Tensor, num_nodes: int) -> Tensor:
     """``[K]`` bytes of each chunk's block on the device as the engine builds it: CSR (int32 while it fits),
     weights when the adjacency is normalised, source ids, and the transpose when a layer's backward uses it."""
     V, R, E = sizes[:, 0], sizes[:, 1], sizes[:, 2]
@@ -221,7 +222,7 @@ def topology_bytes(model: GNN, sizes: Tensor, num_nodes: int) -> Tensor:
 _MEMO: dict[int, tuple[Any, tuple[Any, ...], OffloadPlan]] = {}
 
 
-def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GNN | None = None) -> OffloadPlan:
+def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: Stack | None = None) -> OffloadPlan:
     """Partition ``graph``, choose the chunk count, the chunker and the schedule for ``config``.
 
     Preprocessing runs each expensive step once: METIS once per (graph, method, partitions, seed), saved (see
@@ -247,7 +248,8 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: GN
     key = (graph.num_nodes, graph.num_edges, config.model, config.layers, config.hidden, config.heads,
            config.partitions, config.chunks, config.partition_method, config.seed, config.memory_budget,
            config.host_memory,
-           str(config.plan_dir), dedup, config.chunker, config.reorganize, tuple(devices), str(device), size)
+           str(config.plan_dir), dedup, config.chunker, config.reorganize, tuple(devices), str(device), size,
+           None if model is None or isinstance(model, GNN) else id(model))  # a user's model: its own plan
     memo = _MEMO.get(id(graph))
     if memo is not None and memo[0]() is graph and memo[1] == key:
         return memo[2]

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gnnscale.nn import GNN
 from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.gat import GATLayer
 from gnnscale.nn.gcn import GCNLayer
 from gnnscale.nn.gin import GINLayer
 from gnnscale.nn.sage import SAGELayer
+from gnnscale.nn.stack import Stack
 
 F32 = 4
 I64 = 8
@@ -41,7 +41,7 @@ SMALL = 4096
 dropout's column hashes, index vectors of a few elements."""
 
 
-def modelled(model: GNN) -> bool:
+def modelled(model: Stack) -> bool:
     """True when :func:`pass_peaks` lists every tensor of ``model``'s passes (else the coarse bound applies)."""
     if getattr(model, "norm", "none") != "none" or getattr(model, "residual", False):
         return False
@@ -98,7 +98,7 @@ class _Pass:
     """Assembled source rows (an exchange's assembly; without one the gathered rows are a load)."""
 
 
-def pass_peaks(model: GNN, c: Chunks, *, exchange: bool, capacity: int, multi_part: bool, resident: bool,
+def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_part: bool, resident: bool,
                idx: int = 4) -> dict[str, int]:
     """Modelled peak device bytes of each pass of a training epoch (beyond the parameters), the largest chunk of
     each pass priced with its neighbours in the schedule order of ``c``.
@@ -216,7 +216,7 @@ def pass_peaks(model: GNN, c: Chunks, *, exchange: bool, capacity: int, multi_pa
     return out
 
 
-def block_cache_bytes(model: GNN, E: Tensor, transpose: bool = True) -> Tensor:
+def block_cache_bytes(model: Stack, E: Tensor, transpose: bool = True) -> Tensor:
     """What a chunk's block caches beside its tensors once a layer used it (kept as long as the block: for a
     pass, or the run when blocks are resident): GAT's int64 destination of every edge, the unit edge values of
     the sparse adjacency (and its transpose) of a model whose adjacency has no weights."""
@@ -408,7 +408,7 @@ def worker_chunks(sizes: Tensor, schedule: Tensor, device_of: list[int], capacit
     return out
 
 
-def epoch_peak(model: GNN, sizes: Tensor, schedule: Tensor, device_of: list[int], capacity: list[int], *,
+def epoch_peak(model: Stack, sizes: Tensor, schedule: Tensor, device_of: list[int], capacity: list[int], *,
                exchange: bool, resident: bool, num_nodes: int, moves: list[list[Tensor]] | None = None
                ) -> tuple[int, dict[str, int]]:
     """The modelled peak device bytes of a training epoch on the fullest device (without resident blocks), and

@@ -17,6 +17,7 @@ from typing import Any
 
 from gnnscale.errors import ConfigError
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
+from gnnscale.nn.factory import SPEC as FACTORY_SPEC
 from gnnscale.nn.norm import JK_MODES, NORMS
 from gnnscale.nn.zoo import ALL_MODELS
 from gnnscale.partition import PARTITION_METHODS
@@ -74,6 +75,10 @@ class ModelOptions:
     jk: str = "none"
     """Jumping knowledge: ``none`` (the last layer outputs the classes), or ``last``, ``cat``, ``max``: every layer
     outputs the hidden width, the outputs are combined so and a final linear layer gives the classes."""
+    model_factory: str | None = None
+    """A model of your own instead of :attr:`model`: ``module:function``, called as ``function(in_features,
+    num_classes)`` under :attr:`seed`, returning a :class:`~gnnscale.nn.Stack` or a PyG ``BasicGNN``. The module
+    is imported: code you chose to run (:mod:`gnnscale.nn.factory`). The other model fields are then ignored."""
     lr: float = 0.01
     """Adam learning rate."""
     weight_decay: float = 5e-4
@@ -289,6 +294,9 @@ class TrainConfig(
         _coerce_fields(self)
         checks = [
             (self.model in ALL_MODELS, f"unknown model {self.model!r}; choose one of {', '.join(ALL_MODELS)}"),
+            (self.model_factory is None or bool(FACTORY_SPEC.match(self.model_factory)),
+             f"--model-factory must be module:function (a module you can import and a function in it), got "
+             f"{self.model_factory!r}"),
             (1 <= self.layers <= MAX_LAYERS, f"--layers must be from 1 to {MAX_LAYERS}, got {self.layers}"),
             (self.hidden >= 1, f"--hidden must be >= 1, got {self.hidden}"),
             (self.heads >= 1, f"--heads must be >= 1, got {self.heads}"),

@@ -33,6 +33,7 @@ from gnnscale.errors import ConfigError, GnnscaleError, GraphError, TrainingErro
 from gnnscale.graph.fingerprint import fingerprint
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import Stack, as_stack, build_model
+from gnnscale.nn.factory import build_from_factory
 from gnnscale.nn.stack import class_count
 from gnnscale.notes import note, warn
 from gnnscale.plan.host import HostBase, host_base, host_peak_bytes
@@ -160,14 +161,28 @@ MODEL_FIELDS = ("model", "hidden", "layers", "dropout", "heads", "norm", "residu
 """The config's fields that describe the model: ignored when :func:`train` is given a model of the user's."""
 
 
-def user_model(model: torch.nn.Module, config: TrainConfig) -> Stack:
-    """``model`` as the Stack an engine trains (:func:`~gnnscale.nn.as_stack`), with one warning naming the
-    config's model fields that were set (they do not apply to a model given whole)."""
-    stack = as_stack(model)
+def user_model(model: torch.nn.Module | None, config: TrainConfig, graph: Graph, primary: bool) -> Stack | None:
+    """The user's model an engine trains: ``model`` as a Stack (:func:`~gnnscale.nn.as_stack`), else the one
+    ``config.model_factory`` makes (:func:`~gnnscale.nn.factory.build_from_factory`), else ``None`` (the config's
+    built-in model); with one warning (``primary``: the process that reports) naming the config's model fields
+    that were set, which do not apply to a model of the user's."""
+    if model is None and config.model_factory is None:
+        return None
+    assert graph.num_classes is not None
+    if model is not None:
+        stack = as_stack(model)
+    else:
+        assert config.model_factory is not None
+        stack = build_from_factory(config.model_factory, graph.num_features, graph.num_classes, config.seed)
     default = TrainConfig()
-    changed = [f"{f}={getattr(config, f)!r}" for f in MODEL_FIELDS if getattr(config, f) != getattr(default, f)]
-    if changed:
-        warn(f"model=: the config's model fields are ignored ({', '.join(changed)}): the model given is trained")
+    fields = MODEL_FIELDS if model is not None else MODEL_FIELDS[1:]  # --model-factory replaces --model
+    changed = [f"{f}={getattr(config, f)!r}" for f in fields if getattr(config, f) != getattr(default, f)]
+    if model is not None and config.model_factory is not None:
+        changed.append(f"model_factory={config.model_factory!r}")
+    if changed and primary:
+        who = "model=" if model is not None else f"--model-factory {config.model_factory}"
+        warn(f"{who}: the config's model fields are ignored ({', '.join(changed)}): the model given is trained")
+    check_model_fits(stack, graph)
     return stack
 
 
@@ -248,7 +263,7 @@ def train(
         return _train(graph, config, dev, start, made_up, on_epoch=on_epoch, on_start=on_start, timings=timings,
                       checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                       checkpoint_iterations=checkpoint_iterations, resume=resume, on_resume=on_resume,
-                      on_stop=on_stop, model=None if model is None else user_model(model, config))
+                      on_stop=on_stop, given=model)
     finally:
         if lock is not None:
             lock.release()
@@ -270,7 +285,7 @@ def _train(
     resume: bool,
     on_resume: Callable[[list[EpochRecord]], None] | None,
     on_stop: Callable[[TrainResult, BaseException], None] | None,
-    model: Stack | None = None,
+    given: torch.nn.Module | None = None,
 ) -> TrainResult:
     """:func:`train` after its checks, under the checkpoint folder's lock."""
     saved = load_checkpoint(checkpoint) if resume and checkpoint is not None else None
@@ -281,18 +296,16 @@ def _train(
         check_resume_records(saved, resumed)
         check_resumable(saved, config, graph.name, graph.num_nodes, prints)
     loaded = host_peak_bytes()  # the graph is loaded; the engines' planners have not run
-    engine_cls, rejected = select_engine(graph, config, dev, model=model)
+    own = user_model(given, config, graph, os.environ.get("RANK", "0") == "0")
+    engine_cls, rejected = select_engine(graph, config, dev, model=own)
     warned = False
     # what --host-memory does not bound (the peak is at most base + budget): the loaded process, the engine's
     # topology index (its planner's and its own copies of the CSR), kernels
     base = (None if config.host_memory is None or not engine_cls.honours_host_memory()
             else host_base(graph.num_nodes, graph.num_edges, engine_cls.host_topology_copies, loaded))
     assert graph.num_classes is not None
-    if model is None:
-        model = build_model(config.model, graph.num_features, config.hidden, graph.num_classes,
-                            **config.model_kwargs())
-    else:
-        check_model_fits(model, graph)
+    model = own if own is not None else build_model(config.model, graph.num_features, config.hidden,
+                                                    graph.num_classes, **config.model_kwargs())
     setup: dict[str, float] = {}
     with stage("setup", setup):
         engine = engine_cls(graph, model, config, dev)

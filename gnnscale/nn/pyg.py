@@ -69,13 +69,14 @@ def _native(conv: nn.Module) -> BlockLayer | None:
     c = cast(Any, conv)
     name = pyg_name(conv)
     aggr = getattr(c, "aggr", None)
-    if name == "GCNConv" and c.normalize and c.add_self_loops and not c.improved and aggr == "add" \
-            and c.flow == "source_to_target":
+    if name == "GCNConv" and c.in_channels > 0 and c.normalize and c.add_self_loops and not c.improved \
+            and aggr == "add" and c.flow == "source_to_target":
         layer: BlockLayer = GCNLayer(c.in_channels, c.out_channels, bias=c.bias is not None)
         layer.lin.weight = c.lin.weight  # type: ignore[union-attr]
         layer.bias = c.bias  # type: ignore[assignment]
         return layer
-    width = c.in_channels if isinstance(getattr(c, "in_channels", None), int) else None
+    width = getattr(c, "in_channels", None)
+    width = width if isinstance(width, int) and width > 0 else None  # lazy (-1) or a pair: the wrapper says
     if name == "SAGEConv" and width and aggr == "mean" and c.root_weight and not c.project and not c.normalize \
             and c.lin_l.bias is not None and c.flow == "source_to_target":
         layer = SAGELayer(width, c.out_channels)

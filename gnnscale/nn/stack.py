@@ -272,9 +272,6 @@ def as_stack(model: nn.Module) -> Stack:
             raise ConfigError(f"{name}(jk={jk!r}): jumping knowledge by {jk} is not supported; use last, cat or max")
         if m.act_first and any(not isinstance(n, nn.Identity) for n in m.norms):
             raise ConfigError(f"{name}(act_first=True) with a norm: a Stack normalises before the activation")
-        if getattr(m, "supports_norm_batch", False):
-            raise ConfigError(f"{name}: its norm takes the batch vector (a graph-level norm); use batch_norm or "
-                              "layer_norm in node mode")
         return Stack(list(m.convs), act=m.act, dropout=float(m.dropout.p), norms=list(m.norms), jk=jk,
                      lin=getattr(m, "lin", None))
     raise ConfigError(f"model must be a gnnscale.nn.Stack or a PyG BasicGNN (GCN, GraphSAGE, GAT, ...), not "

@@ -39,6 +39,7 @@ from gnnscale.config import TrainConfig
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import LOCK_OWNER, OutputLock, atomic_file, check_output, lock_output
 from gnnscale.graph.fingerprint import PARTS, differing_parts
+from gnnscale.nn.factory import SPEC as FACTORY_SPEC
 
 FORMAT = "gnnscale-checkpoint"
 VERSION = 1
@@ -50,6 +51,9 @@ _REFUSED = re.compile(r"GLOBAL ([\w.]+)")
 MODEL_FIELDS = ("model", "layers", "hidden", "heads", "dropout", "lr", "weight_decay", "seed")
 """Config fields that define what is learned: a resume that changes one of them is refused. The engine and its
 settings may change (every engine trains the same model)."""
+FACTORY_FIELDS = ("model_factory", "lr", "weight_decay", "seed")
+"""What defines what is learned when the model comes from ``--model-factory`` (the config's model fields are then
+ignored): the factory's name, compared, never imported, and the optimiser's settings and the seed."""
 
 
 def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
@@ -338,7 +342,15 @@ def check_resumable(state: dict[str, Any], config: TrainConfig, dataset: str, nu
     split). A checkpoint written before fingerprints is compared by name and vertex count only."""
     old = state["config"]
     new = asdict(config)
-    diff = [f"--{k.replace('_', '-')} {old.get(k)} -> {new[k]}" for k in MODEL_FIELDS if old.get(k) != new[k]]
+    named = old.get("model_factory")
+    if named is not None and not (isinstance(named, str) and FACTORY_SPEC.match(named)):
+        raise ConfigError(f"--resume: the checkpoint is damaged: its config's model_factory {named!r:.40} is not a "
+                          "module:function name")
+    if named is not None and config.model_factory is None:
+        raise ConfigError(f"--resume: the checkpoint trained the model of --model-factory {named}: name it again with "
+                          f"--model-factory {named} (a checkpoint never imports the module it names)")
+    fields = MODEL_FIELDS if named is None and config.model_factory is None else FACTORY_FIELDS
+    diff = [f"--{k.replace('_', '-')} {old.get(k)} -> {new[k]}" for k in fields if old.get(k) != new[k]]
     if diff:
         raise ConfigError(f"--resume: the checkpoint trained a different model ({'; '.join(diff)}); use the "
                           "checkpoint's settings or a new --checkpoint folder")

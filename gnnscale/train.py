@@ -175,8 +175,7 @@ def user_model(model: torch.nn.Module | None, config: TrainConfig, graph: Graph,
         assert config.model_factory is not None
         stack = build_from_factory(config.model_factory, graph.num_features, graph.num_classes, config.seed)
     default = TrainConfig()
-    fields = MODEL_FIELDS if model is not None else MODEL_FIELDS[1:]  # --model-factory replaces --model
-    changed = [f"{f}={getattr(config, f)!r}" for f in fields if getattr(config, f) != getattr(default, f)]
+    changed = [f"{f}={getattr(config, f)!r}" for f in MODEL_FIELDS if getattr(config, f) != getattr(default, f)]
     if model is not None and config.model_factory is not None:
         changed.append(f"model_factory={config.model_factory!r}")
     if changed and primary:
@@ -437,7 +436,8 @@ def _train(
         "summary": True,
         "engine": engine_cls.name,
         "device": str(dev),
-        "model": config.model,
+        "model": config.model if own is None else model.kind,  # a user's: its kind (``stack``: its own layers)
+        "model_factory": config.model_factory if own is not None and given is None else None,
         "dataset": graph.name,
         "dataset_spec": graph.meta.get("spec", graph.name),
         "epochs": config.epochs,

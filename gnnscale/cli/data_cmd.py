@@ -90,7 +90,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     out = check_output(args.out, "--out")
     if out.suffix not in OUTPUT_SUFFIXES:
         raise ConfigError(f"--out {out}: give a .npy, .pt or .csv file")
-    model, config = load_model(args.model)
+    model, config = load_model(args.model, args.model_factory)
     options: dict[str, Any] = {"engine": args.engine, "partitions": args.partitions,
                                "devices": _device_list(args.devices),
                                "memory_budget": None if args.gpu_memory is None else parse_budget(args.gpu_memory)}

@@ -110,6 +110,13 @@ def _add_keep_ids(p: argparse.ArgumentParser) -> None:
                         "note; the original ids are kept and written by predict)")
 
 
+def _add_model_factory(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--model-factory", metavar="MODULE:FUNCTION",
+                   help=f"{what}. FUNCTION(in_features, num_classes) of MODULE returns a gnnscale.nn.Stack or a PyG "
+                        "BasicGNN. MODULE is imported (from the working folder or PYTHONPATH): it is code you chose to "
+                        "run. A saved model keeps this name only, and never imports it (docs/own-model.md)")
+
+
 def _add_plan_dir(p: Any) -> None:
     p.add_argument("--plan-dir", metavar="DIR",
                    help="where partition plans are saved and reused (default: $GNNSCALE_CACHE_DIR/plans or "
@@ -168,6 +175,8 @@ def _add_partition_args(pa: argparse.ArgumentParser, engine_default: str | None)
                          "--fanouts, --shares, --threads)")
     pa.add_argument("--model", choices=list(ALL_MODELS),
                     help="taskparallel: decoupled model (default dgcn); hybrid: layer type (default gcn)")
+    _add_model_factory(pa, "plan, taskparallel, hybrid: price a model of your own instead of --model (the offload "
+                           "partition plan does not depend on the model)")
     pa.add_argument("--layers", type=_int, default=2, help="taskparallel, hybrid: layers (default 2)")
     pa.add_argument("--hidden", type=_int, default=64, help="taskparallel, hybrid: hidden width (default 64)")
     pa.add_argument("--devices", metavar="LIST",
@@ -211,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_keep_ids(t)
     t.add_argument("--model", choices=list(ALL_MODELS), default="gcn",
                    help="layer type, or a decoupled model (T tasks, then P tasks): dgcn, dgat (default gcn)")
+    _add_model_factory(t, "a model of your own instead of --model (the model flags are then ignored, said in a "
+                          "warning)")
     t.add_argument("--layers", type=_int, default=2, help="layers, the last one giving class scores (default 2)")
     t.add_argument("--hidden", type=_int, default=64, help="hidden width (GAT: total over heads; default 64)")
     t.add_argument("--heads", type=_int, default=4, help="GAT attention heads (default 4)")
@@ -372,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataset_args(pr, required=True)
     _add_keep_ids(pr)
     pr.add_argument("--model", required=True, metavar="PATH", help="a model written by 'train --save-model'")
+    _add_model_factory(pr, "a model of your own (train --model-factory, or train(model=...)): the factory that "
+                           "builds it again for its saved weights, needed for such a model; a warning says when the "
+                           "file names another")
     pr.add_argument("--out", required=True, metavar="FILE", help="predicted labels: .npy, .pt or .csv")
     pr.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     pr.add_argument("--engine", choices=["auto", *ENGINES], default="auto",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -16,14 +16,36 @@ from gnnscale.engines import ENGINES, candidates, chosen, no_engine_error, reque
 from gnnscale.engines.devices import resolve_devices
 from gnnscale.errors import ConfigError
 from gnnscale.graph.datasets import load_dataset
-from gnnscale.nn import build_model
+from gnnscale.graph.graph import Graph
+from gnnscale.nn import Stack, build_model
+from gnnscale.nn.factory import build_from_factory
+from gnnscale.notes import note, warn
 from gnnscale.partition import load_or_chunk, load_or_partition, partition_graph, permute_csr
 from gnnscale.partition.dedup import chunk_rows, comm_volume, default_schedule, reorganize
 from gnnscale.plan.host import host_base, host_peak_bytes
 from gnnscale.plan.hybrid import mteps
 from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
-from gnnscale.train import check_trainable
+from gnnscale.train import check_model_fits, check_trainable
 from gnnscale.units import format_bytes, parse_budget
+
+
+def _own_model(args: argparse.Namespace, g: Graph) -> Stack | None:
+    """The model ``--model-factory`` builds for ``g`` (its module imported), or ``None`` without the flag; a
+    ``--model`` given beside it is ignored, said in a warning."""
+    spec = args.model_factory
+    if spec is None:
+        return None
+    if args.model is not None:
+        warn(f"--model-factory {spec}: --model {args.model} is ignored; the factory's model is planned")
+    check_trainable(g)
+    assert g.num_classes is not None
+    model = build_from_factory(spec, g.num_features, g.num_classes, args.seed)
+    check_model_fits(model, g)
+    return model
+
+
+def _model_name(config: TrainConfig, own: Stack | None) -> str:
+    return config.model if own is None else f"{own.kind} (--model-factory {config.model_factory})"
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -40,12 +62,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
                          partitions=args.partitions, chunks=args.chunks, partition_method=args.method,
                          chunker=args.chunker, plan_dir=args.plan_dir, t_devices=args.t_devices,
                          subgraphs=args.subgraphs,
-                         host_memory=None if args.host_memory is None else parse_budget(args.host_memory))
+                         host_memory=None if args.host_memory is None else parse_budget(args.host_memory),
+                         model_factory=args.model_factory)
     device = resolve_devices(config, args.device)
     g = load_dataset(args.dataset, args.root, seed=args.seed)
     check_trainable(g)
     loaded = host_peak_bytes()  # as train measures it: the graph loaded, no planner run yet
-    found = candidates(g, config, device)  # what train's select_engine asks too (engines.assess)
+    own = _own_model(args, g)
+    found = candidates(g, config, device, model=own)  # what train's select_engine asks too (engines.assess)
     pick = chosen(found)
     base = None
     if config.host_memory is not None and pick is not None and ENGINES[pick].honours_host_memory():
@@ -55,7 +79,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "chosen": pick, "candidates": [asdict(c) for c in found],
                           "host_base_bytes": None if base is None else base.total}))
     else:
-        print(f"dataset  {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges; model {config.model}; "
+        print(f"dataset  {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges; model {_model_name(config, own)}; "
               f"{requested_mode(config)} mode on {device}")
         for c in found:
             mark = "->" if c.name == pick else "  "
@@ -83,6 +107,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     for flag, value in (("--partitions", args.partitions), ("--chunks", args.chunks)):
         if value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.model_factory is not None:  # (not imported: nothing here would use it)
+        note(f"--model-factory {args.model_factory} has no effect on the offload partition plan, which does not "
+             "depend on the model")
     g = load_dataset(args.dataset, args.root, seed=args.seed)
     t0 = time.perf_counter()
     plan, path, reused = load_or_partition(g, args.partitions, args.chunks, args.method, args.seed, args.plan_dir)
@@ -125,21 +152,24 @@ def _plan_hybrid(args: argparse.Namespace) -> int:
                          devices=_device_list(args.devices), batch_size=args.batch_size, seed=args.seed,
                          fanouts=_num_list("--fanouts", args.fanouts, int, "15,10"),
                          shares=_num_list("--shares", args.shares, float, "0.25,0.75"),
-                         threads=_num_list("--threads", args.threads, int, "1,1,2"))
+                         threads=_num_list("--threads", args.threads, int, "1,1,2"),
+                         model_factory=args.model_factory)
     device = resolve_devices(config, "auto")
     g = load_dataset(args.dataset, args.root, seed=args.seed)
     check_trainable(g)
-    reasons = ENGINES[args.engine].not_supported_reasons(g, config, device)
+    own = _own_model(args, g)
+    reasons = ENGINES[args.engine].not_supported_reasons(g, config, device, model=own)
     if reasons:
         raise ConfigError(f"the hybrid engine cannot train {g.name}: {'; '.join(reasons)}")
     assert g.num_classes is not None
-    model = build_model(config.model, g.num_features, config.hidden, g.num_classes, **config.model_kwargs())
+    model = own if own is not None else build_model(config.model, g.num_features, config.hidden, g.num_classes,
+                                                    **config.model_kwargs())
     engine: Any = ENGINES[args.engine](g, model, config, device)
     n = int(engine.train_ids.numel())
     t = engine.perf.stage_times(config.batch_size, engine.split, engine.threads)
     epoch = engine.perf.epoch_time(n, config.batch_size, engine.split, engine.threads)
     shapes = [engine.perf.cpu_sampling.shape(s * config.batch_size, engine.perf.dims) for s in engine.split]
-    st = {"dataset": g.name, "engine": args.engine, "model": config.model,
+    st = {"dataset": g.name, "engine": args.engine, "model": model.kind, "model_factory": config.model_factory,
           "devices": [str(d) for d in engine.devices], "split": engine.split,
           "threads": list(engine.threads.as_tuple()), "batch_size": config.batch_size,
           "fanouts": list(engine.fanouts), "stages_s": t, "iterations": -(-n // config.batch_size),
@@ -170,6 +200,16 @@ def _partition_taskparallel(args: argparse.Namespace) -> int:
                          memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory))
     device = resolve_devices(config, "auto")
     g = load_dataset(args.dataset, args.root, seed=args.seed)
+    own = _own_model(args, g)
+    if own is not None:  # priced as the decoupled model it is; any other is refused as training would refuse it
+        reasons = ENGINES[args.engine].model_option_reasons(config, own)
+        if reasons:
+            raise ConfigError(f"the {args.engine} engine cannot train the --model-factory {args.model_factory} "
+                              f"model: {'; '.join(reasons)}")
+        t_tasks = list(own.block_layers)
+        config = replace(config, model=own.kind, layers=len(t_tasks), hidden=t_tasks[0].out_features,
+                         norm=getattr(own, "norm", "none"))
+        args.model = own.kind
     plan = plan_taskparallel(g, config, device)
 
     def factor(parts: int) -> float:

@@ -41,7 +41,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = TrainConfig(
         model=args.model, layers=args.layers, hidden=args.hidden, heads=args.heads, dropout=args.dropout,
         input_dropout=args.input_dropout,
-        norm=args.norm, residual=args.residual, jk=args.jk,
+        norm=args.norm, residual=args.residual, jk=args.jk, model_factory=args.model_factory,
         lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs, seed=args.seed, engine=args.engine,
         mode=args.mode, host_allocator=args.host_allocator,
         memory_budget=None if args.gpu_memory is None else parse_budget(args.gpu_memory),
@@ -131,7 +131,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                        on_stop=on_stop)
         bar.close()
         s = result.summary
-        print(f"engine {result.engine} on {s['device']}, model {config.model}, {config.epochs} "
+        factory = f" (--model-factory {s['model_factory']})" if s["model_factory"] else ""
+        print(f"engine {result.engine} on {s['device']}, model {s['model']}{factory}, {config.epochs} "
               f"epoch{'s' * (config.epochs != 1)} in {_wall_line(s, args.checkpoint is not None)}")
         caveat = "; made-up labels (random): this accuracy is not a result" if "labels" in s["made_up"] else ""
         if s["best_by"] == "val":
@@ -154,7 +155,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             saved = write_output(args.save_model, lambda p: save_model(p, result.model, config, graph,
                                                                        result.best_state),
                                  flag="--save-model", what="model")
-            print(f"saved the epoch-{s['best_epoch']} model to {saved}")
+            again = f" (predict builds it again with --model-factory {config.model_factory})" if factory else ""
+            print(f"saved the epoch-{s['best_epoch']} model to {saved}{again}")
     finally:
         if writer:
             writer.close()

@@ -35,6 +35,7 @@ from gnnscale.graph import io
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
+from gnnscale.nn.factory import build_from_factory
 from gnnscale.train import TrainResult, as_graph, check_trainable, train
 
 _RESULT = "result.pt"
@@ -197,8 +198,12 @@ def run_rank(job: RankJob) -> int:
 def _read_result(path: Path, config: TrainConfig) -> TrainResult:
     saved = torch.load(path, weights_only=True)
     records = json.loads(saved["records"])
-    model = build_model(config.model, records["num_features"], config.hidden, records["num_classes"],
-                        **config.model_kwargs())
+    if config.model_factory is not None:  # the ranks trained the factory's model: rebuilt here, then its weights
+        model = build_from_factory(config.model_factory, records["num_features"], records["num_classes"],
+                                   config.seed)
+    else:
+        model = build_model(config.model, records["num_features"], config.hidden, records["num_classes"],
+                            **config.model_kwargs())
     model.load_state_dict(saved["model"])
     return TrainResult(model=model, history=records["history"], summary=records["summary"],
                        engine=records["engine"], best_state=saved["best_state"])

@@ -176,7 +176,8 @@ def user_model(model: torch.nn.Module | None, config: TrainConfig, graph: Graph,
         stack = build_from_factory(config.model_factory, graph.num_features, graph.num_classes, config.seed)
     default = TrainConfig()
     fields = MODEL_FIELDS if model is not None else MODEL_FIELDS[1:]  # --model-factory replaces --model
-    changed = [f"{f}={getattr(config, f)!r}" for f in fields if getattr(config, f) != getattr(default, f)]
+    changed = [f"{f}={getattr(config, f)!r}" for f in fields if getattr(config, f) != getattr(default, f)
+               and not (f == "layers" and config.layers == len(stack.layers))]  # (the sampled engines' fanouts)
     if model is not None and config.model_factory is not None:
         changed.append(f"model_factory={config.model_factory!r}")
     if changed and primary:
@@ -437,7 +438,7 @@ def _train(
         "summary": True,
         "engine": engine_cls.name,
         "device": str(dev),
-        "model": config.model,
+        "model": config.model if own is None else model.kind if given is not None else config.model_factory,
         "dataset": graph.name,
         "dataset_spec": graph.meta.get("spec", graph.name),
         "epochs": config.epochs,

@@ -99,9 +99,17 @@ def gatv2(in_features: int, num_classes: int) -> Stack:
     return stack("GATv2Conv", in_features, num_classes)
 
 
+def normed(in_features: int, num_classes: int) -> Stack:
+    """SAGEConv then GATConv with a BatchNorm between them and (keyed) dropout 0.5."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        layers = [SAGEConv(in_features, HIDDEN), GATConv(HIDDEN, num_classes)]
+    return Stack(layers, act="relu", dropout=0.5, norms="batch")
+
+
 FACTORIES = {"GCNConv": "gcn", "SAGEConv": "sage", "GATConv": "gat", "GINConv": "gin", "GraphConv": "graphconv",
-             "TransformerConv": "transformer", "GATv2Conv": "gatv2"}
-"""Each conv's factory, as ``--model-factory own_model_convs:NAME`` names it."""
+             "TransformerConv": "transformer", "GATv2Conv": "gatv2", "normed": "normed"}
+"""Each conv's factory, as ``--model-factory own_model_convs:NAME`` names it (``normed``: :func:`normed`)."""
 
 
 def factory(name: str) -> str:

@@ -246,6 +246,8 @@ def test_a_conv_drawing_its_own_randomness_is_refused_by_the_chunked_engines() -
 
 
 def test_taskparallel_refuses_a_stack_saying_it_trains_the_decoupled_models_only() -> None:
+    """NeutronTask's engine trains the decoupled models (T and P tasks) only: a Stack is refused in one line that
+    says so and names the engines that train it."""
     g = graph()
     assert g.num_classes is not None
     with pytest.raises(EngineError) as caught:

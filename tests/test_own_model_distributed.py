@@ -16,12 +16,16 @@ from typing import Any
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from own_model_convs import BATCHES, CONVS, EPOCHS, SEED, factory, graph
 
 import gnnscale as gs
 from gnnscale.nn import Stack
 
 RANKS = 2
+MODELS = (*CONVS, "normed")
+"""The seven convs, and a Stack with a BatchNorm (its statistics over the global batch, reduced between ranks)
+and dropout."""
 LOSS_ATOL = 1e-5
 PARAM_TOL = 1e-4
 
@@ -41,13 +45,13 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, port: int, out: str) -> None:
-    """One rank of the job: train every conv's factory model with the distributed engine, one after another in
-    the same process group; rank 0 keeps the losses and trained weights."""
+    """One rank of the job: train every factory's model with the distributed engine, one after another in the same
+    process group; rank 0 keeps the losses and trained weights."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(RANKS),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     trained = {}
-    for name in CONVS:
+    for name in MODELS:
         result = gs.train(graph(), _config("distributed", name, merge="off"), "cpu")
         trained[name] = {"losses": [r["loss"] for r in result.history], "state": result.model.state_dict(),
                          "kind": type(result.model).__name__}
@@ -56,15 +60,13 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 
 def test_every_conv_trains_on_two_ranks_as_on_the_minibatch_engine(tmp_path: Path) -> None:
-    """One job of two gloo ranks trains the seven convs' Stacks (each built in the ranks by its factory): the
-    per-epoch losses equal the mini-batch engine's on the global batch (within 1e-5), and so do the trained
-    weights (allclose 1e-4)."""
-    import torch.multiprocessing as mp
-
+    """One job of two gloo ranks trains the seven convs' Stacks and one with a BatchNorm and dropout (each built in
+    the ranks by its factory): the per-epoch losses equal the mini-batch engine's on the global batch (within
+    1e-5), and so do the trained weights and BatchNorm's running statistics (allclose 1e-4)."""
     mp.start_processes(_rank, args=(_free_port(), str(tmp_path)), nprocs=RANKS, start_method="spawn")
     trained = torch.load(tmp_path / "trained.pt", weights_only=True)
-    assert list(trained) == list(CONVS)
-    for name in CONVS:
+    assert list(trained) == list(MODELS)
+    for name in MODELS:
         ref = gs.train(graph(), _config("minibatch", name), "cpu")
         got = trained[name]
         assert got["kind"] == "Stack", name

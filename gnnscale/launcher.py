@@ -198,8 +198,9 @@ def run_rank(job: RankJob) -> int:
 def _read_result(path: Path, config: TrainConfig) -> TrainResult:
     saved = torch.load(path, weights_only=True)
     records = json.loads(saved["records"])
-    if config.model_factory is not None:  # the ranks built it so too (rank 0's weights are loaded below)
-        model = build_from_factory(config.model_factory, records["num_features"], records["num_classes"], config.seed)
+    if config.model_factory is not None:  # the ranks trained the factory's model: rebuilt here, then its weights
+        model = build_from_factory(config.model_factory, records["num_features"], records["num_classes"],
+                                   config.seed)
     else:
         model = build_model(config.model, records["num_features"], config.hidden, records["num_classes"],
                             **config.model_kwargs())

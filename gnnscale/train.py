@@ -175,7 +175,8 @@ def user_model(model: torch.nn.Module | None, config: TrainConfig, graph: Graph,
         assert config.model_factory is not None
         stack = build_from_factory(config.model_factory, graph.num_features, graph.num_classes, config.seed)
     default = TrainConfig()
-    changed = [f"{f}={getattr(config, f)!r}" for f in MODEL_FIELDS if getattr(config, f) != getattr(default, f)]
+    changed = [f"{f}={getattr(config, f)!r}" for f in MODEL_FIELDS if getattr(config, f) != getattr(default, f)
+               and not (f == "layers" and config.layers == len(stack.layers))]  # (the sampled engines' fanouts)
     if model is not None and config.model_factory is not None:
         changed.append(f"model_factory={config.model_factory!r}")
     if changed and primary:

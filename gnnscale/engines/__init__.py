@@ -136,10 +136,12 @@ def chosen(found: list[Candidate]) -> str | None:
     return next((c.name for c in found if c.eligible), None)
 
 
-def model_trainers(config: TrainConfig) -> list[str]:
+def model_trainers(config: TrainConfig, model: Stack | None = None) -> list[str]:
     """The engines, of any mode, that train ``config``'s model with its options (``--jk``, ``--norm``): those whose
-    :meth:`Engine.model_option_reasons` are empty (their capabilities, not their names)."""
-    return [name for name, cls in ENGINES.items() if not cls.model_option_reasons(config)]
+    :meth:`Engine.model_option_reasons` are empty (their capabilities, not their names). ``model``: a user's
+    model instead, whose layers must pass the engine's probe too (:meth:`Engine.layer_reasons`)."""
+    return [name for name, cls in ENGINES.items()
+            if not cls.model_option_reasons(config, model) and not cls.layer_reasons(model)]
 
 
 def model_refusers(config: TrainConfig) -> list[str]:
@@ -166,10 +168,10 @@ def no_engine_error(graph: Graph, config: TrainConfig, device: torch.device, fou
     named engine's reasons (``--engine NAME``), or every engine's of the mode; where the model is what an engine
     refuses, the engines that train it."""
     hint = ""
-    if model is None and all(ENGINES[c.name].model_option_reasons(config) for c in found):  # the model's options
-        able = model_trainers(config)
-        hint = (f"; the engines that train {_model_words(config)}: {', '.join(able)}" if able
-                else f"; no engine trains {_model_words(config)}")
+    if all(ENGINES[c.name].model_option_reasons(config, model) for c in found):  # the model's kind or options
+        able = model_trainers(config, model)
+        words = _model_words(config) if model is None else "this model"
+        hint = (f"; the engines that train {words}: {', '.join(able)}" if able else f"; no engine trains {words}")
     if config.engine != "auto":
         c = found[0]
         return EngineError(f"the {c.name} engine cannot {purpose} {graph.name} on {device}: "

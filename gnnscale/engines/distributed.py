@@ -128,7 +128,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
                                model: Stack | None = None) -> list[str]:
-        return cls.sampling_reasons(config)
+        return cls.sampling_reasons(config, model)
 
     @classmethod
     def batch_norm_reason(cls, config: TrainConfig) -> str | None:

@@ -60,7 +60,7 @@ from gnnscale.engines.sampled_norm import BatchNormSync, kept_buffers, run_train
 from gnnscale.engines.sampled_stages import Iteration, Propagated, SampledStages, StageSums
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
-from gnnscale.nn.stack import Stack
+from gnnscale.nn.stack import Stack, class_count
 from gnnscale.plan.hybrid import (
     Assignment,
     Decision,
@@ -150,7 +150,7 @@ class HybridEngine(SampledEngine):
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
                                model: Stack | None = None) -> list[str]:
-        reasons = cls.sampling_reasons(config)
+        reasons = cls.sampling_reasons(config, model)
         if config.memory_budget is not None and any(not d.strip().lower().startswith("cpu")
                                                     for d in config.devices or ()):
             store = directory_reason(graph.num_nodes, config.memory_budget, 0.5)  # the GPUs' store: half
@@ -227,9 +227,8 @@ class HybridEngine(SampledEngine):
     def _performance_model(self, cores: int) -> HybridModel:
         """§V's model for this machine, model and graph: the sampling-time tables of the CPU sampler (and of the
         first GPU's), measured now on this graph; the devices' rates, measured once per machine."""
-        g = self.graph
-        assert g.num_classes is not None
-        dims = (g.num_features, *([self.config.hidden] * (self.config.layers - 1)), g.num_classes)
+        layers = self.model.block_layers  # the model's widths (a user's model's too): features, hidden, classes
+        dims = (layers[0].in_features, *(layer.out_features for layer in layers[:-1]), class_count(self.model))
         key = sample_key(self.config.seed, 0)
         size = min(self.config.batch_size, self.train_ids.numel())
         cpu_table = measure_sampling(self.host_topo, self.train_ids, self.fanouts, dims, size, cores, key,

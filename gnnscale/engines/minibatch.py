@@ -61,6 +61,7 @@ from gnnscale.engines.sampled import (
     epoch_order,
     fetch_batch,
     forward,
+    model_depth,
 )
 from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
@@ -134,7 +135,7 @@ class MiniBatchEngine(SampledEngine):
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
                                model: Stack | None = None) -> list[str]:
-        reasons = cls.sampling_reasons(config)
+        reasons = cls.sampling_reasons(config, model)
         kinds = {d.split(":")[0].strip().lower() for d in config.devices or ()}
         if "cpu" in kinds and len(kinds) > 1:
             reasons.append(f"--devices {','.join(config.devices or ())} mixes the CPU and accelerators: the hybrid "
@@ -149,7 +150,7 @@ class MiniBatchEngine(SampledEngine):
             try:
                 plan_host(config.host_memory, num_nodes=graph.num_nodes, row_bytes=row,
                           parameters=estimate_host_bytes(graph, config, layer_copies=0)["model"] // 16,
-                          working_bytes=cls.working_bytes(graph, config, len(config.devices or (1,))))
+                          working_bytes=cls.working_bytes(graph, config, len(config.devices or (1,)), model))
             except ConfigError as exc:
                 reasons.append(str(exc))
         return reasons
@@ -161,7 +162,7 @@ class MiniBatchEngine(SampledEngine):
         hotness = self.presampled_hotness() if config.hotness == "presample" else None
         graph_ratio, feature_ratio = config.gpu_graph_ratio, config.gpu_feature_ratio
         self.tier = open_disk_tier(graph, host_plan(graph, config, model, working_bytes=self.working_bytes(
-            graph, config, len(devices))), self.name)
+            graph, config, len(devices), model)), self.name)
         """The disk tier (``--host-memory`` on a converted directory): the store's host tier reads from it."""
         self.disk: DiskSource | None = None if self.tier is None else self.tier.source
         if self.tier is not None and not any(rt.is_accelerator(d) for d in devices):
@@ -192,24 +193,28 @@ class MiniBatchEngine(SampledEngine):
             batches=lambda parts, fanouts, key: self._batches(self.trainers[0], parts, fanouts, key),
             done=self.store.reset_stats)
         if self.tier is not None:  # layer-wise steps within the budget's working set: the batches' rows
-            share, flight, fanouts = self.in_flight(graph, config, len(devices))
+            share, flight, fanouts = self.in_flight(graph, config, len(devices), model)
             self.inference.degree = graph.in_degree()
             self.inference.max_rows = flight * sampled_batch_rows(graph.num_nodes, share, fanouts)[0]
 
     @staticmethod
-    def in_flight(graph: Graph, config: TrainConfig, trainers: int) -> tuple[int, int, tuple[int, ...]]:
+    def in_flight(graph: Graph, config: TrainConfig, trainers: int, model: Stack | None = None
+                  ) -> tuple[int, int, tuple[int, ...]]:
         """``(seeds per trainer, batches in flight, fanouts)``: each trainer's queue, the batch it trains and the
-        one its producer makes."""
+        one its producer makes (``model``: a user's, whose depth sets the default fanouts)."""
         share = -(-config.batch_size // max(trainers, 1))
-        return share, trainers * (QUEUE_DEPTH + 2), tuple(config.fanouts or default_fanouts(config.layers))
+        fanouts = config.fanouts or default_fanouts(model_depth(config, model))
+        return share, trainers * (QUEUE_DEPTH + 2), tuple(fanouts)
 
     @classmethod
-    def working_bytes(cls, graph: Graph, config: TrainConfig, trainers: int) -> int:
+    def working_bytes(cls, graph: Graph, config: TrainConfig, trainers: int, model: Stack | None = None) -> int:
         """Host bytes of the batches in flight and of layer-wise evaluation under ``--host-memory``
-        (:func:`~gnnscale.plan.host.sampled_working_bytes`)."""
-        share, flight, fanouts = cls.in_flight(graph, config, trainers)
+        (:func:`~gnnscale.plan.host.sampled_working_bytes`; ``model``: a user's, its widest layer as the hidden
+        width)."""
+        share, flight, fanouts = cls.in_flight(graph, config, trainers, model)
         row = 4 * max(graph.num_features, 1)  # gathered rows are float32 (bf16 rows are upcast)
-        return sampled_working_bytes(graph.num_nodes, row, share, fanouts, config.hidden, flight,
+        hidden = config.hidden if model is None else max(layer.out_features for layer in model.block_layers)
+        return sampled_working_bytes(graph.num_nodes, row, share, fanouts, hidden, flight,
                                      graph.num_classes or 1)
 
     def presampled_hotness(self) -> Tensor:

@@ -309,7 +309,7 @@ class OffloadEngine(Engine):
                                    "d2h_bytes": sum(w.io.moved.get("d2h", 0) for w in self.workers),
                                    "chunks": self.num_chunks, "partitions": self.partitions,
                                    "devices": len(self.workers), **self._row_counters()}
-        if self.config.norm == "batch":  # BatchNorm's statistics and gradient-sums passes over the chunks
+        if self.model.norm == "batch":  # BatchNorm's statistics and gradient-sums passes over the chunks
             stats["norm_passes"] = self.passes.norm_passes
             stats["norm_reduced_bytes"] = self.passes.norm_reduced_bytes
         stats.update(self._tier_counters())

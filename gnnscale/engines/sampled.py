@@ -77,23 +77,38 @@ def default_fanouts(layers: int) -> tuple[int, ...]:
     return (15, 10) if layers == 2 else (10,) * layers
 
 
+def model_depth(config: TrainConfig, model: Stack | None = None) -> int:
+    """How many layers the sampled blocks feed (one fanout per layer): ``model``'s, a user's model
+    (``train(model=...)``, ``--model-factory``); else ``config.layers`` (the built-in model's)."""
+    return config.layers if model is None else len(model.layers)
+
+
 def check_fanouts(config: TrainConfig, *, evaluation: bool = False) -> None:
-    """``--fanouts`` (and with ``evaluation``, ``--eval-fanouts``) give one value per layer, or none."""
+    """``--fanouts`` (and with ``evaluation``, ``--eval-fanouts``) give one value per layer, or none. Not with
+    ``--model-factory``: the factory's model says how many layers there are (:func:`sampling_reasons` checks
+    them when it is built)."""
+    if config.model_factory is not None:
+        return
+    hint = " (with a model of your own, also set layers to its number of convs)"
     if config.fanouts is not None and len(config.fanouts) != config.layers:
         raise ConfigError(f"--fanouts has {len(config.fanouts)} value(s) for {config.layers} layers; give one per "
-                          "layer")
+                          f"layer{hint}")
     if evaluation and config.eval_fanouts is not None and len(config.eval_fanouts) != config.layers:
-        raise ConfigError(f"--eval-fanouts has {len(config.eval_fanouts)} value(s) for {config.layers} layers")
+        raise ConfigError(f"--eval-fanouts has {len(config.eval_fanouts)} value(s) for {config.layers} layers"
+                          f"{hint}")
 
 
-def sampling_reasons(config: TrainConfig) -> list[str]:
-    """Why sampled training (any sampled engine) cannot train ``config``'s model."""
-    fanouts = config.fanouts or default_fanouts(config.layers)
+def sampling_reasons(config: TrainConfig, model: Stack | None = None) -> list[str]:
+    """Why sampled training (any sampled engine) cannot train ``config``'s model, or ``model`` (a user's): a
+    fanout per layer of it."""
+    layers = model_depth(config, model)
+    whose = "layers" if model is None else "layers of the model"
+    fanouts = config.fanouts or default_fanouts(layers)
     reasons = []
-    if len(fanouts) != config.layers:
-        reasons.append(f"--fanouts has {len(fanouts)} values for {config.layers} layers")
-    if config.eval_fanouts is not None and len(config.eval_fanouts) != config.layers:
-        reasons.append(f"--eval-fanouts has {len(config.eval_fanouts)} values for {config.layers} layers")
+    if len(fanouts) != layers:
+        reasons.append(f"--fanouts has {len(fanouts)} values for {layers} {whose}")
+    if config.eval_fanouts is not None and len(config.eval_fanouts) != layers:
+        reasons.append(f"--eval-fanouts has {len(config.eval_fanouts)} values for {layers} {whose}")
     return reasons
 
 

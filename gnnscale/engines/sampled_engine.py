@@ -25,6 +25,7 @@ from gnnscale.engines.sampled import (
     check_fanouts,
     default_fanouts,
     epoch_order,
+    model_depth,
     sampling_reasons,
 )
 from gnnscale.engines.sampled_eval import EVAL_READ_RATIO, SampledInference, eval_ids
@@ -57,7 +58,7 @@ class SampledEngine(Engine):
 
     def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)
-        self.fanouts = tuple(config.fanouts or default_fanouts(config.layers))
+        self.fanouts = tuple(config.fanouts or default_fanouts(model_depth(config, model)))
         self.masks = {m: getattr(graph, m) for m in MASK_NAMES if getattr(graph, m) is not None}
         self.train_ids = torch.nonzero(self.masks["train_mask"]).view(-1)
         if self.train_ids.numel() == 0:

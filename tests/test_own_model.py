@@ -225,6 +225,9 @@ def test_a_conv_with_a_global_mean_trains_on_the_in_memory_engine() -> None:
     result = gs.train(g, _config(engine="inmemory"), "cpu", model=_global_mean_stack(g))
     assert result.engine == "inmemory" and _losses(result)[-1] < _losses(result)[0]
     assert gs.train(g, _config(), "cpu", model=_global_mean_stack(g)).engine == "inmemory"
+    # predicting with a chunked engine is refused by the same probe (its chunks would give other classes)
+    with pytest.raises(EngineError, match="cannot predict for .*GlobalMeanConv is not local"):
+        gs.predict(g, (result.model, _config(engine="inmemory")), "cpu", engine="offload")
 
 
 def _dropout_gat(g: Graph) -> Stack:

@@ -183,3 +183,16 @@ def test_randomness_alone_is_refused_only_where_asked() -> None:
     stack = Stack([pyg.GATConv(F_IN, HID, dropout=0.5)])
     assert model_chunk_reasons(stack, randomness=False) == []
     assert model_chunk_reasons(stack, randomness=True)
+
+
+def test_the_biases_a_batch_norm_cancels_are_named_for_pyg_convs() -> None:
+    """Before a BatchNorm, a conv's output bias has a true gradient of zero (the engines zero its rounding
+    noise): PyG convs name theirs -- GINConv's last linear map's, TransformerConv's skip bias -- and only with
+    a BatchNorm after them."""
+    convs = [pyg.GINConv(nn.Sequential(nn.Linear(F_IN, HID), nn.ReLU(), nn.Linear(HID, HID))),
+             pyg.TransformerConv(HID, HID), pyg.GATConv(HID, C)]
+    stack = Stack(convs, norms="batch")
+    named = {id(p): n for n, p in stack.named_parameters()}
+    assert sorted(named[id(p)] for p in stack.biases_before_norm()) == [
+        "layers.0.conv.nn.2.bias", "layers.1.conv.lin_skip.bias"]
+    assert Stack(convs, norms="layer").biases_before_norm() == []

@@ -35,7 +35,7 @@ from gnnscale.nn.graphconv import GraphConvLayer
 from gnnscale.nn.sage import SAGELayer
 
 OUTPUT_BIASES = {"SAGEConv": "conv.lin_l.bias", "GraphConv": "conv.lin_rel.bias", "GATConv": "conv.bias",
-                 "GATv2Conv": "conv.bias", "GCNConv": "conv.bias"}
+                 "GATv2Conv": "conv.bias", "GCNConv": "conv.bias", "TransformerConv": "conv.lin_skip.bias"}
 """The bias a PyG conv adds last to every output row, by class name (zeroed before a BatchNorm that follows it:
 :meth:`~gnnscale.nn.base.BlockLayer.biases_before_norm`)."""
 
@@ -150,8 +150,15 @@ class PyGConv(BlockLayer):
         return agg
 
     def biases_before_norm(self, followed_by_batch_norm: bool) -> list[nn.Parameter]:
+        """The conv's output bias (:data:`OUTPUT_BIASES`; a GIN-like conv's: the bias of its ``nn``'s last
+        linear map, when that map is the ``nn``'s last module) when a BatchNorm follows."""
+        if not followed_by_batch_norm:
+            return []
         name = OUTPUT_BIASES.get(self.name)
-        bias = dict(self.named_parameters()).get(name) if followed_by_batch_norm and name else None
+        inner = getattr(self.conv, "nn", None)
+        if name is None and isinstance(inner, nn.Sequential) and len(inner) and isinstance(inner[-1], nn.Linear):
+            name = f"conv.nn.{len(inner) - 1}.bias"
+        bias = dict(self.named_parameters()).get(name) if name else None
         return [] if bias is None else [bias]
 
     def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:

@@ -40,23 +40,14 @@ def test_the_guide_has_examples_to_check() -> None:
     assert len(found) >= 3 and any("predict" in c for c in found)
 
 
-def _skip_without_the_factory_flag(args: list[str], command: str) -> None:
-    # TODO(#45): `--model-factory` is being added to the CLI in parallel (gnnscale/cli); once the parser has it, this
-    # skips nothing and the command is checked in full.
-    if "--model-factory" in args and "--model-factory" not in flags_of(args[0]):
-        pytest.skip(f"TODO(#45): gnnscale {args[0]} has no --model-factory yet; {command!r} is checked once it has")
-
-
 @pytest.mark.parametrize("command", commands(TEXT))
 def test_every_guide_command_parses(command: str) -> None:
-    _skip_without_the_factory_flag(argv(command), command)
     parse(command, "docs/own-model.md")
 
 
 @pytest.mark.parametrize("mention", mentions(TEXT))
 def test_every_flag_named_inline_exists(mention: str) -> None:
     args = argv(mention)
-    _skip_without_the_factory_flag(args, mention)
     unknown = [w.split("=")[0] for w in args[1:] if w.startswith("--") and w.split("=")[0] not in flags_of(args[0])]
     assert not unknown, f"docs/own-model.md mentions `{mention}`: {args[0]} has no {unknown}"
 

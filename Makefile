@@ -42,7 +42,8 @@ docs: setup
 bench: setup
 	$(VPY) benchmarks/inmemory_vs_pyg.py
 
-# On a lent GPU machine (no .venv there: system python3), about 9 minutes: make gpu-check OUT=/path [DRY=1]
+# On a lent GPU machine (no .venv there: system python3), 8 minutes at most: make gpu-check OUT=/path [DRY=1]
+# (DRY=1: the same steps on the CPU, tiny sizes, as tests/test_gpu_check.py runs them)
 OUT ?= /tmp/gnnscale-gpu-check
 gpu-check:
 	bash benchmarks/gpu_check.sh $(OUT) $(if $(DRY),--dry-run)

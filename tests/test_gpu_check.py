@@ -1,8 +1,10 @@
 """`make gpu-check`'s driver (benchmarks/gpu_check.py): its dry run goes through every step on CPU, so the GPU run
-that a lent machine gets once cannot have rotted."""
+that a lent machine gets once cannot have rotted; a step forced to fail leaves its traceback and the other steps'
+results in summary.md; steps past the deadline are recorded as not run."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -17,15 +19,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
-STEPS = ["env", "tests", "gather", "offload", "minibatch", "taskparallel", "hybrid", "distributed"]
+STEPS = ["env", "engines", "offload", "mover", "gather", "taskparallel", "hybrid", "tests", "distributed", "minibatch"]
+ENGINES = ["inmemory", "offload", "taskparallel", "minibatch", "hybrid", "distributed"]
+
+
+def _run(out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop(gpu_check.FAIL_ENV, None)
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), str(out), "--dry-run", *flags],
+                          env=env, capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("gpu-check")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), str(out), "--dry-run"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = _run(out)
     assert proc.returncode == 0, f"dry run failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     return out, proc.stdout
 
@@ -41,10 +49,10 @@ def test_dry_run_reports_every_step_ok(dry_run: tuple[Path, str]) -> None:
     assert by["env"]["env"]["torch"] and "csbm_options" in by["env"]["env"]
     assert by["tests"]["counts"]["collected"] >= 1  # the CUDA tests, collected (run on a GPU)
     assert "--cuda-only" in by["tests"]["command"]
-    for name in ("offload", "minibatch", "taskparallel", "hybrid"):
+    for name in ("offload", "minibatch", "taskparallel", "hybrid", "engines", "mover"):
         assert by[name]["records"] >= 2 and by[name]["records_not_ok"] == 0, by[name]
     assert "packages (needed by):" in stdout and "pymetis" in stdout
-    assert any(line.startswith("distributed: 2 ranks (cpu, gloo)") for line in by["distributed"]["lines"])
+    assert any(line.startswith("distributed: 1 ranks (cpu, gloo)") for line in by["distributed"]["lines"])
     assert any(line.startswith("test accuracy") for line in by["distributed"]["lines"])
     assert "torch.distributed.run --standalone" in by["distributed"]["command"]
 
@@ -52,12 +60,12 @@ def test_dry_run_reports_every_step_ok(dry_run: tuple[Path, str]) -> None:
 def test_dry_run_records_and_summary(dry_run: tuple[Path, str]) -> None:
     out, _ = dry_run
     offload = [json.loads(line) for line in (out / "offload.jsonl").read_text().splitlines()]
-    assert {r["impl"] for r in offload} == {"offload", "inmemory", "pyg-sparse"}
-    assert sorted(r["budget_spec"] for r in offload if r["impl"] == "offload") == ["1MB", "24"]
+    assert {r["impl"] for r in offload} == {"offload", "inmemory"}
+    assert [r["budget_spec"] for r in offload if r["impl"] == "offload"] == ["1MB"]
     for r in offload:
         assert r["status"] == "ok" and r["median_epoch_s"] > 0 and r["model"] == "gcn" and r["nodes"] == 2000
         if r["impl"] == "offload":
-            assert r["h2d_bytes"] > 0 and r["ratio_vs_inmemory"] > 0 and r["ratio_vs_pyg"] > 0
+            assert r["h2d_bytes"] > 0 and r["ratio_vs_inmemory"] > 0
     records = [json.loads(line) for line in (out / "minibatch.jsonl").read_text().splitlines()]
     samplers = [r for r in records if r["kind"] == "sampler"]
     assert len(samplers) == 3 and all(r["mteps"] > 0 for r in samplers)  # ours and the two baselines, same run
@@ -68,7 +76,7 @@ def test_dry_run_records_and_summary(dry_run: tuple[Path, str]) -> None:
     assert engines["taskparallel"]["final_loss"] == pytest.approx(engines["inmemory"]["final_loss"], rel=1e-5)
     assert [r["parts"] for r in tp if r["kind"] == "replication"] == [2]
     minibatch = [r for r in records if r["kind"] == "engine"]
-    assert [r["gpu_feature_ratio"] for r in minibatch] == [0.25, 1.0]
+    assert [r["gpu_feature_ratio"] for r in minibatch] == [0.25]
     assert all(r["status"] == "ok" and r["median_epoch_s"] > 0 and r["model"] == "sage" for r in minibatch)
 
     hy = [json.loads(line) for line in (out / "hybrid.jsonl").read_text().splitlines()]
@@ -82,7 +90,73 @@ def test_dry_run_records_and_summary(dry_run: tuple[Path, str]) -> None:
         assert f"## {name}: ok" in summary
     assert "median epoch (s)" in summary and "/ inmemory" in summary and "(XGNN)" in summary
     assert "benchmarks/offload.py --device cuda" in summary  # what the GPU run would measure
-    assert gpu_check.DATASET in summary and "--gpu-memory 6,24" in summary and "--pyg sparse" in summary
+    assert gpu_check.DATASET in summary and "--gpu-memory 6 " in summary and "--skip-pyg" in summary
+    assert "gpu_check_engines.py --device cuda" in summary and "gpu_check_mover.py --device cuda" in summary
+
+
+def test_dry_run_engines_equal_and_mover_rates(dry_run: tuple[Path, str]) -> None:
+    """The engines step ran every engine on both sides and compared them; the mover step timed the plain pinned
+    copy and the mover (on the sim device: deferred copies) and found the rows exact."""
+    out, _ = dry_run
+    by = {s["step"]: s for s in map(json.loads, (out / "steps.jsonl").read_text().splitlines())}
+    engines = by["engines"]["data"]
+    assert [r["engine"] for r in engines] == ENGINES
+    for r in engines:
+        assert r["status"] == "ok" and len(r["device_losses"]) == len(r["cpu_losses"]) == 2, r
+        assert r["max_diff"] <= 1e-4 and "traceback" not in r
+    mover = by["mover"]["data"]
+    assert [r["method"] for r in mover] == ["pinned copy", "mover slice", "mover rows (index_select)"]
+    assert all(r["device"] == "sim:0" and r["exact"] and r["counted_ok"] and r["gbps"] > 0 for r in mover)
+    summary = (out / "summary.md").read_text()
+    assert "| engine | model | devices | device losses | CPU losses | max diff |" in summary
+    assert "| pinned copy |" in summary and "/ pinned copy" in summary
+
+
+def test_a_forced_failure_leaves_its_traceback_and_the_other_steps(tmp_path: Path) -> None:
+    """--fail-step mover: its traceback is in summary.md and steps.jsonl, and the steps after it still ran."""
+    only = "env,mover,gather,distributed"
+    proc = _run(tmp_path, "--only", only, "--fail-step", "mover")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    steps = {s["step"]: s for s in map(json.loads, (tmp_path / "steps.jsonl").read_text().splitlines())}
+    assert list(steps) == only.split(",")
+    assert steps["mover"]["status"] == "failed" and steps["mover"]["rc"] == 1
+    assert steps["mover"]["traceback"].startswith("Traceback (most recent call last):")
+    assert "RuntimeError: step mover forced to fail" in steps["mover"]["traceback"]
+    for name in ("env", "gather", "distributed"):
+        assert steps[name]["status"] == "ok", steps[name]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## mover: failed" in summary and "RuntimeError: step mover forced to fail" in summary
+    assert "## env: ok" in summary and "## gather: ok" in summary and "## distributed: ok" in summary
+    assert "- test accuracy" in summary  # the distributed step's own result, after the failed one
+    assert "steps ok; failed: mover" in proc.stdout
+
+
+def test_steps_past_the_deadline_are_recorded_not_run(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "--only", "engines,mover", "--deadline", "0")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["status"]) for s in steps] == [(n, gpu_check.DEADLINE) for n in ("env", "engines", "mover")]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## engines: not run (deadline)" in summary and "| mover | not run (deadline) |" in summary
+
+
+def test_step_limits_favour_the_earlier_steps() -> None:
+    """A step gets what the later steps do not need, at least its budget, never more than is left."""
+    assert gpu_check.step_timeout(60, later=300, left=450, dry=False) == 150
+    assert gpu_check.step_timeout(60, later=300, left=100, dry=False) == 60  # earlier steps come first
+    assert gpu_check.step_timeout(60, later=300, left=30, dry=False) == 30
+    assert gpu_check.step_timeout(60, later=0, left=gpu_check.MIN_STEP_S - 1, dry=False) is None
+    steps = gpu_check.build_steps(argparse.Namespace(dry_run=False), Path("OUT"), "python3", gpu_check.DATASET,
+                                  Path("S"))
+    assert [s.name for s in steps] == STEPS
+    assert sum(s.budget_s for s in steps) <= gpu_check.DEADLINE_S <= 8 * 60
+
+
+def test_traceback_of_a_step_output() -> None:
+    text = "noise\nTraceback (most recent call last):\n  File \"x\", line 1\n    boom()\nValueError: bad\nafter\n"
+    want = "Traceback (most recent call last):\n  File \"x\", line 1\n    boom()\nValueError: bad"
+    assert gpu_check.traceback_of(text) == want
+    assert gpu_check.traceback_of("no error here") is None
 
 
 def test_output_fits_the_device_tool(dry_run: tuple[Path, str]) -> None:
@@ -119,3 +193,26 @@ def test_summaries_of_gpu_records() -> None:
         "passed": 5, "skipped": 2, "deselected": 270}
     assert gpu_check.pytest_counts("1 failed, 4 passed in 9.0s")["failed"] == 1
     assert gpu_check.pytest_counts("6/282 tests collected (276 deselected) in 4.09s")["collected"] == 6
+
+
+def test_engines_check_records_a_mismatch_and_a_traceback() -> None:
+    """The engines step's verdict per engine: equal within the tolerance, a mismatch, or a failure with its
+    traceback (and the next engine still runs: check returns instead of raising)."""
+    import gpu_check_engines as ge
+
+    pair = ge.configs("cuda", 1)["offload"]
+    runs = {"cuda": [1.5, 1.4], "cpu": [1.5, 1.4 + 2e-4]}
+    rec = ge.check("offload", pair, None, "cuda", 1, 1e-4, run=lambda g, c, d, r: runs[d])
+    assert rec["status"] == "mismatch" and rec["max_diff"] == pytest.approx(2e-4)
+    runs["cpu"] = [1.5, 1.4 + 5e-5]
+    assert ge.check("offload", pair, None, "cuda", 1, 1e-4, run=lambda g, c, d, r: runs[d])["status"] == "ok"
+    assert not ge.close([float("nan")], [float("nan")], 1e-4) and not ge.close([], [], 1e-4)
+
+    def broken(g: object, c: object, d: str, r: int) -> list[float]:
+        raise RuntimeError(f"no kernel image for {d}")
+
+    rec = ge.check("hybrid", ge.configs("cuda", 1)["hybrid"], None, "cuda", 1, 1e-4, run=broken)
+    assert rec["status"] == "failed" and "RuntimeError: no kernel image for cuda" in rec["traceback"]
+    assert rec["devices"] == ["cpu", "cuda:0"] and rec["cpu_devices"] == ["cpu", "cpu:1"]
+    text = "\n".join(gpu_check.summarize_engines([{**rec, "graph": ge.GRAPH}]))
+    assert "| hybrid | sage | cpu,cuda:0 | - | - | - |" in text and "no kernel image" in text

@@ -208,3 +208,27 @@ def test_reorganize_on_schedules_by_algorithm_4() -> None:
     assert plan.reorganized
     assert torch.equal(plan.schedule, reorganize(plan.rows, m, n, g.num_nodes))
     assert not torch.equal(plan.schedule, default_schedule(m, n))
+
+
+def test_the_cpu_counter_runs_in_the_first_epoch_or_every_epoch_under_a_budget(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    """Counting every op's bytes costs Python time per op: on one CPU without ``--gpu-memory`` the engine counts
+    its first epoch only (later records carry no counted peak), under a budget (a device's rehearsal) every
+    epoch."""
+    entered: list[int] = []
+    enter = LiveBytesCounter.__enter__
+
+    def counted(self: LiveBytesCounter) -> LiveBytesCounter:
+        entered.append(1)
+        return enter(self)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(LiveBytesCounter, "__enter__", counted)
+    g = csbm(nodes=600, seed=0)
+    free = _offload(g, partitions=2, chunks=2)
+    records = [free.train_epoch(e) for e in (1, 2, 3)]
+    assert len(entered) == 1 and "peak_device_bytes" in records[0]
+    assert all("peak_device_bytes" not in r for r in records[1:])
+    entered.clear()
+    budget = _offload(g, memory_budget=2_000_000)
+    budgeted = [budget.train_epoch(e) for e in (1, 2, 3)]
+    assert len(entered) == 3 and all(r["peak_device_bytes"] > 0 for r in budgeted)

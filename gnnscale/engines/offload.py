@@ -63,7 +63,8 @@ On an accelerator (a GPU, or the runtime's sim device) the host buffers are pinn
 next chunk's rows and topology are loaded on a copy stream while the current chunk computes, and gradient
 accumulation into host memory runs on a worker thread (all in the row mover, :mod:`~gnnscale.engines.mover`, through
 :mod:`gnnscale.runtime`), and ``peak_device_bytes`` is the device's allocation peak; on the CPU the same code runs
-synchronously and ``peak_device_bytes`` is measured by :class:`~gnnscale.plan.memory.LiveBytesCounter`. Every epoch
+synchronously and ``peak_device_bytes`` is measured by :class:`~gnnscale.plan.memory.LiveBytesCounter` (every epoch
+under ``--gpu-memory``; else the first, later epochs reporting the process's peak as the other engines do). Every epoch
 record carries the planner's ``estimated_peak_device_bytes`` (per device) beside that count. Per pass a
 device waits twice per chunk (its copy stream for its compute stream, its compute stream for the chunk's loads)
 and the host once (:meth:`~gnnscale.engines.mover.RowMover.barrier`), plus once per accumulation into host memory
@@ -232,6 +233,10 @@ class OffloadEngine(Engine):
         self.passes = LayerPasses(model, self.host, self.sweep, self.num_train)
         cpu = not rt.is_accelerator(devices[0])
         self.counter = LiveBytesCounter() if cpu and len(devices) == 1 else None
+        self._counting_now, self._epochs_counted = False, 0
+        """Whether this epoch runs under :attr:`counter` (on one CPU: every epoch under ``--gpu-memory``, which
+        rehearses a device's budget; else the first epoch only: counting every op costs Python time per op, 1.2x
+        the epoch of a PyG GraphConv stack at 8 chunks, benchmarks/RESULTS.md)."""
         if cpu and len(devices) > 1:
             for w in self.workers:
                 w.counter = LiveBytesCounter()
@@ -288,8 +293,11 @@ class OffloadEngine(Engine):
             if w.counter is not None:
                 w.counter.baseline = replica_baseline(w.model, w.index)
                 w.counter.reset_peak()
-        if self.counter is None:
+        self._counting_now = self.counter is not None and (self.config.memory_budget is not None
+                                                           or self._epochs_counted == 0)
+        if self.counter is None or not self._counting_now:
             return contextlib.nullcontext()
+        self._epochs_counted += 1
         self.counter.baseline = self._resident
         self.counter.reset_peak()
         return self.counter
@@ -314,7 +322,7 @@ class OffloadEngine(Engine):
             stats["norm_reduced_bytes"] = self.passes.norm_reduced_bytes
         stats.update(self._tier_counters())
         stats["estimated_peak_device_bytes"] = self.plan.estimate  # the planner's, per device: beside the count
-        if self.counter is not None:
+        if self.counter is not None and self._counting_now:  # else the record keeps the process's peak
             stats["peak_device_bytes"] = self.counter.peak
         peaks = [w.counter.peak for w in self.workers if w.counter is not None]
         peaks += [p for p in (w.io.device_peak() for w in self.workers) if p is not None]

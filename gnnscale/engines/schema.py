@@ -70,7 +70,9 @@ EPOCH_KEYS: dict[str, Key] = {
     "epoch_time_s": Key("s", "Training time of the epoch, without the evaluation.", _LOOP),
     "peak_device_bytes": Key("bytes", "Peak memory of the training device(s) in the epoch: the accelerator "
                              "allocator's peak, or on CPU the measured live bytes of the engine's device-side "
-                             "work (multi-device engines: the largest device's).", _LOOP, kind="held"),
+                             "work (multi-device engines: the largest device's); offload on one CPU counts them in "
+                             "its first epoch (every epoch under --gpu-memory), later epochs report the process's "
+                             "peak resident bytes, as the in-memory engine on CPU does.", _LOOP, kind="held"),
     "estimated_peak_device_bytes": Key("bytes", "The planner's estimate of peak_device_bytes for the epoch's chunks "
                                        "(its memory model, issue #30: within 1.00-1.15x of the counted peak).",
                                        "offload", kind="held"),

@@ -32,6 +32,7 @@ from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.model import GNN
+from gnnscale.nn.stack import Stack
 from gnnscale.sample import CSRTopology, sample_key
 from gnnscale.train import train
 
@@ -46,8 +47,9 @@ class ToyEngine(IterationCheckpoints, SampledEngine):
     options = (SamplingOptions,)
 
     @classmethod
-    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device) -> list[str]:
-        return cls.sampling_reasons(config) if config.engine == "toy" else ["a test engine: --engine toy"]
+    def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
+                               model: Stack | None = None) -> list[str]:
+        return cls.sampling_reasons(config, model) if config.engine == "toy" else ["a test engine: --engine toy"]
 
     def __init__(self, graph: Graph, model: GNN, config: TrainConfig, device: torch.device):
         super().__init__(graph, model, config, device)

@@ -117,6 +117,7 @@ class _SimMode(TorchDispatchMode):
             return func(*args, **kwargs)
         touched = _accesses(func, args, kwargs)
         on_sim = False
+        target = _counting()
         with LOCK:
             for t, write in touched:
                 dev = owner(t)
@@ -127,9 +128,8 @@ class _SimMode(TorchDispatchMode):
                 clocks.catch_up(x)
                 complete_for(x, t)
                 clocks.check(x, t, write, f"op {func}")
-                clocks.mark(x, t, write)
+                clocks.mark(x, t, write, local=target is None or target is dev)
         out = func(*args, **kwargs)
-        target = _counting()
         if target is not None and (on_sim or not touched):  # an op on sim tensors, or a factory
             inputs = {storage_key(t) for t, _ in touched}
             for t in pytree.tree_leaves(out):

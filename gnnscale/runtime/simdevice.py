@@ -92,14 +92,20 @@ class SimDevice:
             stack.pop()
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> Tensor:
-        """An uninitialised tensor on this device, counted against the pool.
+        """An uninitialised tensor on this device, counted against the pool, allocated on the calling thread's
+        current stream (:func:`gnnscale.runtime.clocks.allocated`).
 
         Raises:
             DeviceOutOfMemory: it does not fit.
+            StreamOrderError: that stream could get bytes freed while another stream may still use them.
         """
         with LOCK:
+            x = self.current_stream()
+            clocks.catch_up(x)
+            clocks.check_reuse(x, "an allocation")
             t = self.pool.allocate(shape, dtype)
             _OWNERS[int(t.untyped_storage()._cdata)] = self
+            clocks.allocated(x, t)
         return t
 
     def adopt(self, t: Tensor) -> Tensor:
@@ -108,6 +114,7 @@ class SimDevice:
         Raises:
             ValueError: ``t`` is not a strided CPU tensor, or is on another sim device.
             DeviceOutOfMemory: it does not fit.
+            StreamOrderError: see :meth:`empty`.
         """
         key = storage_key(t)
         if key is None or t.device.type != "cpu":
@@ -117,8 +124,12 @@ class SimDevice:
             if held is not None and held is not self:
                 raise ValueError(f"the tensor is on {held}, not {self}; copy it (to_device)")
             if held is None:
+                x = self.current_stream()
+                clocks.catch_up(x)
+                clocks.check_reuse(x, "an allocation")
                 self.pool.add(t)
                 _OWNERS[key] = self
+                clocks.allocated(x, t)
         return t
 
     def owns(self, t: Tensor) -> bool:

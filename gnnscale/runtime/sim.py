@@ -8,7 +8,8 @@ by ``use_stream`` of a sim stream and by ``on_device`` of a sim device): there, 
 an op on a sim tensor first gets the current stream's pending copies into the bytes it touches (the stream runs
 them before the op), is checked against other streams' work on those bytes (a
 :class:`~gnnscale.runtime.errors.StreamOrderError` when it was never waited for), and marks them used by the
-current stream; under ``on_device`` the tensors it creates count against the pool. Outside a scope an op reads
+current stream; under ``on_device`` the tensors it creates count against the pool and are marked as written by
+the current stream (a consumer on another stream must wait for it). Outside a scope an op reads
 whatever the bytes hold: the poison, for a copy nobody waited on.
 """
 
@@ -137,6 +138,8 @@ class _SimMode(TorchDispatchMode):
                     for part in _parts(t):
                         if storage_key(part) not in inputs and owner(part) is None:
                             target.adopt(part)
+                            with LOCK:  # the op wrote its result on the current stream
+                                clocks.mark(target.current_stream(), part, True)
         return out
 
 

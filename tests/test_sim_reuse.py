@@ -128,7 +128,7 @@ def test_two_task_runners_on_one_sim_device_equal_the_reference(monkeypatch: pyt
     """The task-parallel engine with both runners on ``sim:0``: every hand-off between them is the same tensor,
     declared used on the receiver's stream (``RowMover.receive``'s record_stream branch), and the epochs equal the
     in-memory engine's. (Here each handed-over tensor outlives the receiving operation, which ends with a host sync,
-    so the test above is the one that fails without the declaration.)"""
+    so without the declaration this test fails by its spy only; the test above fails by the hazard itself.)"""
     graph = csbm(nodes=200, features=8, avg_degree=5, classes=3, seed=4)
     cfg = TrainConfig(model="dgcn", layers=2, hidden=8, engine="taskparallel", devices=("sim:0", "sim:0"),
                       subgraphs=2)

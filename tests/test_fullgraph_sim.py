@@ -331,3 +331,21 @@ def test_a_copy_into_a_buffer_the_compute_stream_still_reads_fails(graph: Graph,
     eng = OffloadEngine(graph, _model(graph, cfg), cfg, rt.SimDevice(0, 1 << 26))
     with pytest.raises(rt.StreamOrderError, match="may still read"):
         eng.train_epoch(1)
+
+
+def test_a_missing_host_sync_of_a_task_runner_fails(graph: Graph, sims: list[rt.SimDevice],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the host's wait for a runner's work stream after each operation (``RowMover.run``), another device's
+    runner reads a result that stream is still writing: StreamOrderError (the sim device marks an op's result as
+    written by its stream), not only a wrong sync count."""
+    cfg = TrainConfig(model="dgcn", layers=2, hidden=16, engine="taskparallel", devices=("sim:0", "sim:1"),
+                      subgraphs=3)
+    eng = TaskParallelEngine(graph, _model(graph, cfg), cfg, sims[0])
+    work = {id(r.io.work_stream) for r in eng.runners}
+    synchronize = rt.synchronize
+    monkeypatch.setattr(rt, "synchronize", lambda t: None if id(t) in work else synchronize(t))
+    try:
+        with pytest.raises(rt.StreamOrderError, match="has not waited"):
+            eng.train_epoch(1)
+    finally:
+        eng.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -161,6 +162,58 @@ def test_bandwidth_rule_prefers_the_faster_link():
     assert plan.source[0] == (0, 2, 2)
     assert plan.access_counts()[0] == (1, 0, 2)
     assert plan.source[1] == (0, 1, 2) and plan.source[2] == (0, 2, 2)  # forced: each held by one neighbour only
+
+
+# Mixed link bandwidths where balancing reads by count alone is wrong (found by a seeded search, issue #46). GPU 3
+# reads partition 0 from GPU 0 (a 1-unit link) or GPU 2 (2 units), partitions 1 and 2 from GPU 1 (3 units) or GPU 2.
+# One read per link (caps by count) reads partition 0 over the slow link: MinBandwidth 1.0. The optimum reads it
+# from GPU 2 and both others from GPU 1: min(2 / 1, 3 / 2) = 1.5. The bisection's caps scale by bandwidth.
+MIXED = [
+    [0.0, 2.0, 3.0, 1.0],
+    [2.0, 0.0, 2.0, 3.0],
+    [3.0, 2.0, 0.0, 2.0],
+    [1.0, 3.0, 2.0, 0.0],
+]
+MIXED_STORED = [[0], [1, 2], [0, 2, 3], [3]]
+
+
+def _best_min_bandwidth(stored: list[list[int]], links: list[list[float]]) -> float:
+    """Brute force, independent of the module: the largest ``MinBandwidth`` over every choice of one linked holder
+    per remote read (each GPU's choice is independent, so the optimum is the smallest per-GPU optimum)."""
+    g_n = len(links)
+    best = float("inf")
+    for i in range(g_n):
+        options = [[j for j in range(g_n) if j != i and links[i][j] > 0 and p in stored[j]]
+                   for p in range(g_n) if p not in stored[i]]
+        options = [o for o in options if o]
+        if not options:
+            continue
+        per_gpu = 0.0
+        for choice in itertools.product(*options):
+            ratio = min(links[i][j] / choice.count(j) for j in set(choice))
+            per_gpu = max(per_gpu, ratio)
+        best = min(best, per_gpu)
+    return best
+
+
+def test_read_sources_reach_the_optimum_on_mixed_bandwidths():
+    """The bisection over load per bandwidth finds the brute-force optimum where links have different bandwidths
+    (caps ignoring bandwidth give 1.0 here, not 1.5)."""
+    plan = assign_sources(MIXED_STORED, MIXED)
+    _check_valid(plan, MIXED, allow_host=True)
+    assert _best_min_bandwidth(MIXED_STORED, MIXED) == 1.5
+    assert plan.min_bandwidth(MIXED) == 1.5
+    rng = random.Random(46)  # and on small random instances with mixed bandwidths
+    for _ in range(200):
+        links = [[0.0] * 4 for _ in range(4)]
+        for i, j in itertools.combinations(range(4), 2):
+            links[i][j] = links[j][i] = float(rng.choice([0, 1, 2, 3]))
+        stored = [sorted({i} | {p for p in range(4) if rng.random() < 0.4}) for i in range(4)]
+        try:
+            plan = assign_sources(stored, links)
+        except ConfigError:  # a GPU with a link cannot reach a partition: not a plan
+            continue
+        assert plan.min_bandwidth(links) == pytest.approx(_best_min_bandwidth(stored, links)), (stored, links)
 
 
 def test_tensor_input_and_determinism():

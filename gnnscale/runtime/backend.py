@@ -24,6 +24,9 @@ __all__ = [
 ]
 
 _ACC: Any = getattr(torch, "accelerator", None)
+_STREAM: Any = getattr(torch, "Stream", None)
+_EVENT: Any = getattr(torch, "Event", None)
+"""The device-generic API (``gnnscale.testing.FakeAccelerator`` replaces these three for a test)."""
 
 
 def _has(*names: str) -> bool:
@@ -31,7 +34,7 @@ def _has(*names: str) -> bool:
 
 
 _GENERIC_STREAMS = (_has("current_stream", "set_stream", "current_device_index", "set_device_index")
-                    and hasattr(torch, "Stream") and hasattr(torch, "Event"))
+                    and _STREAM is not None and _EVENT is not None)
 """torch.accelerator can create, select and restore streams and events of any accelerator type."""
 
 OOM_ERRORS: tuple[type[BaseException], ...] = (
@@ -40,8 +43,8 @@ OOM_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def _module(device: torch.device) -> Any:
-    """The device type's own torch module (``torch.cuda``, ``torch.xpu``, ...)."""
-    return getattr(torch, device.type)
+    """The device type's own torch module (``torch.cuda``, ``torch.xpu``, ...; None where torch has none)."""
+    return getattr(torch, device.type, None)
 
 
 def accelerator_type() -> str | None:
@@ -53,32 +56,41 @@ def accelerator_type() -> str | None:
     return "cuda" if torch.backends.cuda.is_built() else None
 
 
+def _own_module() -> Any:
+    """The accelerator type's own module (without the generic API), or None for a CPU-only build."""
+    acc = accelerator_type()
+    return None if acc is None else _module(torch.device(acc))
+
+
 def is_available() -> bool:
     """Whether at least one accelerator device can be used now."""
     if _has("is_available"):
         return bool(_ACC.is_available())
-    return bool(torch.cuda.is_available())
+    mod = _own_module()
+    return mod is not None and bool(mod.is_available())
 
 
 def device_count() -> int:
     """Number of accelerator devices visible to this process."""
     if _has("device_count"):
         return int(_ACC.device_count())
-    return int(torch.cuda.device_count())
+    mod = _own_module()
+    return 0 if mod is None else int(mod.device_count())
 
 
 def current_index() -> int:
     """The current accelerator device's index (what an index-less ``cuda`` device means)."""
     if _has("current_device_index"):
         return int(_ACC.current_device_index())
-    return int(torch.cuda.current_device())
+    mod = _own_module()
+    return 0 if mod is None else int(mod.current_device())
 
 
 # ------------------------------------------------------------------------------------------------ streams, events
 def new_stream(device: torch.device) -> Any:
     """A new stream on ``device`` (``torch.Stream``, or the device module's stream class on older torch)."""
     if _GENERIC_STREAMS:
-        return torch.Stream(device)
+        return _STREAM(device)
     return _module(device).Stream(device)
 
 
@@ -110,7 +122,7 @@ def stream_context(stream: Any) -> Iterator[None]:
 def new_event(device: torch.device) -> Any:
     """A new (unrecorded, timing-free) event for ``device``."""
     if _GENERIC_STREAMS:
-        return torch.Event(device=device)
+        return _EVENT(device=device)
     return _module(device).Event()
 
 
@@ -168,7 +180,7 @@ def peak_bytes(device: torch.device) -> int:
 def device_name(device: torch.device) -> str:
     """The product name of ``device`` (``"NVIDIA H100 80GB HBM3"``), or its type where torch cannot say."""
     mod = _module(device)
-    if hasattr(mod, "get_device_name"):
+    if mod is not None and hasattr(mod, "get_device_name"):
         return str(mod.get_device_name(device))
     return device.type
 
@@ -178,7 +190,7 @@ def can_access_peer(a: torch.device, b: torch.device) -> bool:
     if a.type != b.type:
         return False
     mod = _module(a)
-    if not hasattr(mod, "can_device_access_peer"):
+    if mod is None or not hasattr(mod, "can_device_access_peer"):
         return False
     return bool(mod.can_device_access_peer(a, b))
 

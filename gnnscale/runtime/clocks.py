@@ -8,6 +8,14 @@ work first takes it over (:func:`catch_up`: the host issued that work after it w
 A mark says "stream ``t`` read (or wrote) bytes ``lo..hi`` of a storage as its op ``seq``". Work on stream ``x``
 that touches bytes another stream wrote, or writes bytes another stream read, while ``x`` is not ordered after
 that mark, is a race: :func:`check` raises :class:`~gnnscale.runtime.errors.StreamOrderError`.
+
+Freed memory, as CUDA's caching allocator reuses it. A storage belongs to the stream it was allocated on
+(:func:`allocated`); when it is freed its bytes go back to that stream at once, unless another stream's use was
+declared with ``record_stream`` (:func:`recorded`: the allocator then keeps them until that stream's work is done).
+A storage freed while another stream of its device may still use it undeclared (a mark the owner is not ordered
+after and the host has not waited for) leaves a debt on its owner; the owner's next allocation (:func:`check_reuse`)
+raises StreamOrderError unless it waited for that use since (or the host did): the allocator could hand it those
+bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from torch import Tensor
 from gnnscale.runtime.errors import StreamOrderError
 from gnnscale.runtime.pool import LOCK, span
 
-__all__ = ["Clock", "catch_up", "check", "host_saw", "mark", "merge"]
+__all__ = ["Clock", "allocated", "catch_up", "check", "check_reuse", "host_saw", "mark", "merge", "recorded"]
 
 
 class Clock:
@@ -51,14 +59,28 @@ class _Mark:
     clock: Clock
     seq: int
     write: bool
+    local: bool = True  # False: an op of another device's scope, on its own stream there (not this pool's user)
 
 
 @dataclass(eq=False)
 class _Buf:
     marks: list[_Mark] = field(default_factory=list)
+    owner: Clock | None = None  # the stream the storage was allocated on (None: not a pool allocation)
+    recorded: weakref.WeakSet[Clock] = field(default_factory=weakref.WeakSet)  # streams named by record_stream
+    nbytes: int = 0
+
+
+@dataclass(eq=False)
+class _Debt:
+    """Bytes freed back to ``owner`` while ``user`` may still use them (its op ``seq``), undeclared."""
+
+    user: weakref.ref[Clock]
+    seq: int
+    nbytes: int
 
 
 _BUFS: dict[int, _Buf] = {}  # storage key -> its marks; dropped with the storage
+_DEBTS: weakref.WeakKeyDictionary[Clock, list[_Debt]] = weakref.WeakKeyDictionary()  # owner -> freed too early
 _HOST: weakref.WeakKeyDictionary[Clock, int] = weakref.WeakKeyDictionary()  # what the host has waited for
 
 
@@ -71,7 +93,64 @@ def merge(clock: Clock, vec: Mapping[Clock, int]) -> None:
 
 def _drop(key: int) -> None:
     with LOCK:
-        _BUFS.pop(key, None)
+        buf = _BUFS.pop(key, None)
+        owner = buf.owner if buf is not None else None
+        if buf is None or owner is None:
+            return
+        for m in buf.marks:
+            if m.local and m.clock is not owner and _same_pool(m.clock, owner) and m.clock not in buf.recorded \
+                    and not _ordered(owner, m) and _HOST.get(m.clock, 0) < m.seq:
+                _DEBTS.setdefault(owner, []).append(_Debt(weakref.ref(m.clock), m.seq, buf.nbytes))
+
+
+def _same_pool(a: Clock, b: Clock) -> bool:
+    """Whether two streams allocate from one pool (one device). A copy between devices is ordered with both
+    devices' streams (CUDA issues it on the source device's stream), so another device's use leaves no debt."""
+    return getattr(a, "device", None) is getattr(b, "device", None)
+
+
+def _buf(t: Tensor, key: int) -> _Buf:
+    buf = _BUFS.get(key)
+    if buf is None:
+        buf = _BUFS[key] = _Buf()
+        fin = weakref.finalize(t.untyped_storage(), _drop, key)
+        fin.atexit = False
+    return buf
+
+
+def allocated(x: Clock, t: Tensor) -> None:
+    """``t``'s storage was just allocated on stream ``x`` (call with the sim lock held)."""
+    sp = span(t)
+    if sp is not None:
+        buf = _buf(t, sp[0])
+        buf.owner, buf.nbytes = x, t.untyped_storage().nbytes()
+
+
+def recorded(x: Clock, t: Tensor) -> None:
+    """``record_stream(t, x)``: freeing ``t``'s storage waits for ``x``'s work on it (call with the lock held)."""
+    sp = span(t)
+    if sp is not None:
+        _buf(t, sp[0]).recorded.add(x)
+
+
+def check_reuse(x: Clock, what: str) -> None:
+    """Raise StreamOrderError if an allocation on ``x`` could get bytes freed while another stream may still use
+    them (see the module docstring); debts ``x`` or the host has waited past are settled."""
+    debts = _DEBTS.get(x)
+    if not debts:
+        return
+    live = []
+    for d in debts:
+        user = d.user()
+        if user is not None and x.seen.get(user, 0) < d.seq and _HOST.get(user, 0) < d.seq:
+            live.append((d, user))
+    _DEBTS[x] = [d for d, _ in live[1:]]
+    if live:
+        d, user = live[0]
+        raise StreamOrderError(
+            f"{what} on {x} may reuse {d.nbytes} bytes freed while {user} may still use them (its op {d.seq}): they "
+            f"were allocated on {x} and used on {user} without record_stream(tensor, {user}), and {x} has not "
+            f"waited for {user} since: call record_stream, or keep the tensor until {x} waits for {user}")
 
 
 def _ordered(x: Clock, m: _Mark) -> bool:
@@ -109,19 +188,17 @@ def check(x: Clock, t: Tensor, write: bool, what: str) -> None:
                 f"wait_stream({x}, {m.clock}) or wait on an event recorded on {m.clock} after that use")
 
 
-def mark(x: Clock, t: Tensor, write: bool) -> None:
-    """Record that ``x`` reads (or writes) ``t``'s bytes as its next op. Marks that ``x`` is ordered after and
-    whose bytes this one covers are dropped: whoever is ordered after this mark is ordered after them."""
+def mark(x: Clock, t: Tensor, write: bool, local: bool = True) -> None:
+    """Record that ``x`` reads (or writes) ``t``'s bytes as its next op (``local=False``: an op issued in another
+    device's scope, which a GPU runs on that device's stream: it leaves no debt when ``t`` is freed). Marks that
+    ``x`` is ordered after and whose bytes this one covers are dropped: whoever is ordered after this mark is
+    ordered after them."""
     sp = span(t)
     if sp is None:
         return
     key, lo, hi = sp
-    buf = _BUFS.get(key)
-    if buf is None:
-        buf = _BUFS[key] = _Buf()
-        fin = weakref.finalize(t.untyped_storage(), _drop, key)
-        fin.atexit = False
+    buf = _buf(t, key)
     x.seq += 1
     buf.marks = [m for m in buf.marks if not (
         lo <= m.lo and m.hi <= hi and _ordered(x, m) and (write or (not m.write and m.clock is x)))]
-    buf.marks.append(_Mark(lo, hi, x, x.seq, write))
+    buf.marks.append(_Mark(lo, hi, x, x.seq, write, local))

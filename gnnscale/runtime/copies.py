@@ -129,8 +129,10 @@ def to_host(src: Tensor, *, stream: Stream | None = None, out: Tensor | None = N
 def record_stream(t: Tensor, stream: Stream | None) -> None:
     """Tell the runtime ``t`` is used on ``stream`` (made on another stream and read here). Real accelerator: the
     caching allocator keeps its memory until that use is done. Sim: marks the read, so a later copy into ``t``
-    on a stream that did not wait for ``stream`` since raises; and raises now if ``stream`` never waited for the
-    copy that wrote ``t``. A no-op for None (and for host tensors on a real accelerator)."""
+    on a stream that did not wait for ``stream`` since raises; raises now if ``stream`` never waited for the
+    copy that wrote ``t``; and freeing ``t`` leaves its stream no debt for ``stream``'s use (without it, the
+    stream ``t`` was allocated on raises at its next allocation unless it waited for ``stream``). A no-op for
+    None (and for host tensors on a real accelerator)."""
     if stream is None:
         return
     if isinstance(stream, SimStream):
@@ -138,6 +140,7 @@ def record_stream(t: Tensor, stream: Stream | None) -> None:
             clocks.catch_up(stream)
             clocks.check(stream, t, False, "a use (record_stream)")
             clocks.mark(stream, t, False)
+            clocks.recorded(stream, t)
         return
     if t.device.type != "cpu":
         t.record_stream(stream)

@@ -8,7 +8,8 @@ by ``use_stream`` of a sim stream and by ``on_device`` of a sim device): there, 
 an op on a sim tensor first gets the current stream's pending copies into the bytes it touches (the stream runs
 them before the op), is checked against other streams' work on those bytes (a
 :class:`~gnnscale.runtime.errors.StreamOrderError` when it was never waited for), and marks them used by the
-current stream; under ``on_device`` the tensors it creates count against the pool. Outside a scope an op reads
+current stream; under ``on_device`` the tensors it creates count against the pool and are marked as written by
+the current stream (a consumer on another stream must wait for it). Outside a scope an op reads
 whatever the bytes hold: the poison, for a copy nobody waited on.
 """
 
@@ -117,6 +118,7 @@ class _SimMode(TorchDispatchMode):
             return func(*args, **kwargs)
         touched = _accesses(func, args, kwargs)
         on_sim = False
+        target = _counting()
         with LOCK:
             for t, write in touched:
                 dev = owner(t)
@@ -127,9 +129,8 @@ class _SimMode(TorchDispatchMode):
                 clocks.catch_up(x)
                 complete_for(x, t)
                 clocks.check(x, t, write, f"op {func}")
-                clocks.mark(x, t, write)
+                clocks.mark(x, t, write, local=target is None or target is dev)
         out = func(*args, **kwargs)
-        target = _counting()
         if target is not None and (on_sim or not touched):  # an op on sim tensors, or a factory
             inputs = {storage_key(t) for t, _ in touched}
             for t in pytree.tree_leaves(out):
@@ -137,6 +138,8 @@ class _SimMode(TorchDispatchMode):
                     for part in _parts(t):
                         if storage_key(part) not in inputs and owner(part) is None:
                             target.adopt(part)
+                            with LOCK:  # the op wrote its result on the current stream
+                                clocks.mark(target.current_stream(), part, True)
         return out
 
 

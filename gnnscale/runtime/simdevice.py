@@ -10,7 +10,9 @@ completes the copies into *device* memory; only a host synchronisation completes
 host reads that memory, and a stream-side wait does not block the host). Completing a copy first completes the
 earlier pending copies that write the bytes it reads or writes. Each copy is performed exactly once, reading its
 source as it is then (the latest a GPU could). A copy on the default stream into device memory is performed at
-once: the host's later work on that stream is ordered after it. Nothing runs on a thread; nothing depends on time.
+once: the host's later work on that stream is ordered after it. A copy between two sim devices is first ordered
+after the other device's current stream (:func:`_peer_barrier`), as CUDA does. Nothing runs on a thread; nothing
+depends on time.
 """
 
 from __future__ import annotations
@@ -92,14 +94,20 @@ class SimDevice:
             stack.pop()
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> Tensor:
-        """An uninitialised tensor on this device, counted against the pool.
+        """An uninitialised tensor on this device, counted against the pool, allocated on the calling thread's
+        current stream (:func:`gnnscale.runtime.clocks.allocated`).
 
         Raises:
             DeviceOutOfMemory: it does not fit.
+            StreamOrderError: that stream could get bytes freed while another stream may still use them.
         """
         with LOCK:
+            x = self.current_stream()
+            clocks.catch_up(x)
+            clocks.check_reuse(x, "an allocation")
             t = self.pool.allocate(shape, dtype)
             _OWNERS[int(t.untyped_storage()._cdata)] = self
+            clocks.allocated(x, t)
         return t
 
     def adopt(self, t: Tensor) -> Tensor:
@@ -108,6 +116,7 @@ class SimDevice:
         Raises:
             ValueError: ``t`` is not a strided CPU tensor, or is on another sim device.
             DeviceOutOfMemory: it does not fit.
+            StreamOrderError: see :meth:`empty`.
         """
         key = storage_key(t)
         if key is None or t.device.type != "cpu":
@@ -117,8 +126,12 @@ class SimDevice:
             if held is not None and held is not self:
                 raise ValueError(f"the tensor is on {held}, not {self}; copy it (to_device)")
             if held is None:
+                x = self.current_stream()
+                clocks.catch_up(x)
+                clocks.check_reuse(x, "an allocation")
                 self.pool.add(t)
                 _OWNERS[key] = self
+                clocks.allocated(x, t)
         return t
 
     def owns(self, t: Tensor) -> bool:
@@ -263,6 +276,7 @@ def issue_copy(stream: SimStream, dst: Tensor, src: Tensor, *, to_host: bool) ->
         raise ValueError(f"cannot copy a {tuple(src.shape)} tensor into a {tuple(dst.shape)} one")
     with LOCK:
         clocks.catch_up(stream)
+        _peer_barrier(stream, dst, src)
         clocks.check(stream, src, False, "a copy")
         clocks.check(stream, dst, True, "a copy")
         clocks.mark(stream, src, False)
@@ -276,6 +290,17 @@ def issue_copy(stream: SimStream, dst: Tensor, src: Tensor, *, to_host: bool) ->
             dst.fill_(poison(dst.dtype))
         stream.pending.append(copy)
         _BUSY.add(stream)
+
+
+def _peer_barrier(stream: SimStream, dst: Tensor, src: Tensor) -> None:
+    """A copy between two sim devices comes after the other device's current stream, as CUDA orders a copy between
+    devices after both devices' current streams (a barrier it inserts, not counted as a wait)."""
+    for t in (src, dst):
+        other = owner(t)
+        if other is not None and other is not stream.device:
+            vec = other.current_stream().vector()
+            clocks.merge(stream, vec)
+            _complete(vec, to_host=False)
 
 
 def _perform(c: _Copy) -> None:

@@ -12,6 +12,10 @@ import torch
 from gnnscale import runtime as rt
 from gnnscale.graph.graph import Graph
 from gnnscale.runtime import backend as rt_backend
+from gnnscale.testing.accelerator import FakeAccelerator, FakeEvent, FakeStream
+
+__all__ = ["DEVICES", "FakeAccelerator", "FakeCudart", "FakeEvent", "FakeStream", "SyncCounter", "fake_accelerator",
+           "need_file", "only_cuda", "shared_datasets", "tiny_graph", "with_device"]
 
 DEVICES = ["cpu"] + ([rt.accelerator_type() or "cuda"] if rt.is_available() else [])
 

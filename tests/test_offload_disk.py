@@ -17,7 +17,8 @@ from gnnscale.cli import main
 from gnnscale.engines import OffloadEngine, offload_workers
 from gnnscale.engines import offload as offload_module
 from gnnscale.engines.offload import chunk_file_bytes
-from gnnscale.engines.offload_layers import HostRows, LayerPasses
+from gnnscale.engines.offload_layers import LayerPasses
+from gnnscale.engines.offload_rows import HostRows
 from gnnscale.errors import ConfigError
 from gnnscale.graph import io
 from gnnscale.graph.generators import csbm

@@ -135,3 +135,35 @@ def test_a_chunk_s_block_over_the_host_rows_multiplies_as_its_local_block_over_t
         assert torch.equal(block.indices.long(), chunk.rows[chunk.block.indices.long()])
         local = sparse_mm(chunk.block.adj(), table.index_select(0, chunk.rows))
         assert torch.equal(sparse_mm(block.adj(), table).view(torch.int32), local.view(torch.int32))
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_a_cpu_reading_in_place_backpropagates_update_without_recomputing_it(graph: Graph, model: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a caching layer's backward, a CPU that reads in place takes UPDATE's gradient from the next layer's
+    stored input (``update_vjp``: no forward product); with a budget (an accelerator's rehearsal) it recomputes
+    UPDATE under autograd. Both give the same bits (the test above); here the mechanism is counted: UPDATE runs
+    once per chunk per forward pass in place, and once more per chunk in backward under the budget."""
+    calls: Counter[str] = Counter()
+    layer_cls = type(build_model(model, 4, 4, 2, layers=2, dropout=0.0, heads=2, seed=0).block_layers[0])
+    update, update_vjp = layer_cls.update, layer_cls.update_vjp
+
+    def counted_update(self, agg, x_dst):  # type: ignore[no-untyped-def]
+        calls["update"] += 1
+        return update(self, agg, x_dst)
+
+    def counted_vjp(self, *args):  # type: ignore[no-untyped-def]
+        calls["update_vjp"] += 1
+        return update_vjp(self, *args)
+
+    monkeypatch.setattr(layer_cls, "update", counted_update)
+    monkeypatch.setattr(layer_cls, "update_vjp", counted_vjp)
+    in_place = _engine(graph, model, 3)
+    chunks = in_place.num_chunks
+    in_place.train_epoch(1)
+    # 3 layers: layers 0 and 1 cache (their backward is where UPDATE would be recomputed); the last is fused
+    assert calls["update_vjp"] == 2 * chunks and calls["update"] == 3 * chunks
+    calls.clear()
+    rehearsal = _engine(graph, model, 3, memory_budget=10**9)
+    rehearsal.train_epoch(1)
+    assert calls["update_vjp"] == 0 and calls["update"] == 3 * rehearsal.num_chunks + 2 * rehearsal.num_chunks

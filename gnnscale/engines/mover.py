@@ -168,6 +168,13 @@ class RowMover:
         self.count(kind, rows.numel() * host.shape[1] * host.element_size())
         return host
 
+    def view_in_place(self, host: Tensor, lo: int, hi: int) -> Tensor:
+        """``host[lo:hi]`` as it is, for a reader on a CPU that reads in place (:attr:`in_place`) something a device
+        would not read (it recomputes it instead: the offload backward's next-layer input); not counted, since the
+        counters say what a device moves."""
+        assert self.in_place
+        return host[lo:hi]
+
     def host_rows(self, host: Tensor, rows: Tensor) -> Tensor:
         """``host[rows]`` read onto this device (``rows`` on the device for the UVA gather, else on the CPU); not
         counted (:meth:`rows` counts). This mover is the reader of its :meth:`source` s

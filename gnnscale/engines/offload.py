@@ -89,7 +89,8 @@ from gnnscale.engines.base import Engine
 from gnnscale.engines.chunks import Chunk, cut_chunks
 from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
 from gnnscale.engines.mover import RowMover
-from gnnscale.engines.offload_layers import HostRows, LayerPasses
+from gnnscale.engines.offload_layers import LayerPasses
+from gnnscale.engines.offload_rows import HostRows
 from gnnscale.engines.offload_sweep import Sweep
 from gnnscale.engines.offload_workers import Features, Spill, Worker, WorkerGroup
 from gnnscale.engines.replicas import Replicas

@@ -9,16 +9,18 @@ Every vertex's rows live in host memory (:class:`HostRows`); a pass walks the ch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from gnnscale import runtime as rt
+from gnnscale.engines.offload_rows import HostRows
 from gnnscale.engines.offload_sweep import ChunkStep, LayerPass, Sweep
-from gnnscale.engines.offload_workers import Features, HostTable, Spill, Worker
+from gnnscale.engines.offload_workers import Worker
+from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.batchnorm import (
     SplitBatchNorm,
     end_grad_sums_together,
@@ -30,106 +32,6 @@ from gnnscale.nn.stack import Stack
 
 Key = tuple[int, int]
 """``(seed, epoch)``: what dropout masks are keyed by (``None`` in inference: no dropout)."""
-
-
-def projected_width(layer: torch.nn.Module, width: int) -> int:
-    """Columns of ``layer.project`` on ``width`` input columns: one zero row through it, on the layer's own device
-    and dtype (a model on a GPU projects a GPU row)."""
-    p = next(layer.parameters(), None)
-    row = torch.zeros(1, width) if p is None else torch.zeros(1, width, device=p.device, dtype=p.dtype)
-    with torch.no_grad():
-        return int(layer.project(row).shape[1])  # type: ignore[operator]
-
-
-@dataclass(eq=False)
-class HostRows:
-    """Every vertex's rows in host memory (pinned for a GPU), in the engine's vertex order: features, each layer's
-    input and its gradient, the projected rows of projecting layers and the cached aggregations. The features are
-    read through feature sources (:class:`~gnnscale.engines.offload_workers.Features`); the rest are the engine's
-    own scratch, plain host tensors it writes and reads during the epoch."""
-
-    x: Features
-    """``[N, F0]`` the features (layer 0's input before its dropout)."""
-    inputs: dict[int, Tensor]
-    """``h[l]``, ``l >= 1``: layer ``l``'s input (layer ``l - 1``'s output, activation and dropout applied once per
-    vertex when it was written)."""
-    input_grads: dict[int, Tensor]
-    """``dL/dh[l]``, accumulated over the chunks of a backward pass (zero between epochs)."""
-    projecting: set[int]
-    """Layers that project before a parameter-free propagation (GCN/SAGE wider in than out): every vertex is
-    projected once into :attr:`projected`, and the chunks move those narrower rows."""
-    caching: set[int]
-    """Layers (all but the last) whose aggregation (or propagation) is kept in :attr:`aggregates` for backward."""
-    projected: dict[int, Tensor]
-    """``p[l]`` of a projecting layer."""
-    projected_grads: dict[int, Tensor]
-    """``dL/dp[l]``."""
-    aggregates: dict[int, Tensor]
-    """``a[l]`` of a caching layer (its recomputation then runs only UPDATE)."""
-    reading_dst: set[int]
-    """Layers whose UPDATE reads the destinations' own rows besides the aggregation."""
-
-    @classmethod
-    def allocate(cls, model: Stack, x: Features, host: Callable[[Tensor], Tensor],
-                 spill: Spill | None = None) -> HostRows:
-        """The buffers ``model`` needs for ``x``'s vertices (``host``: pins a buffer for a GPU); with ``spill``,
-        those past its RAM allowance are file-backed (:class:`Spill`)."""
-        N, L = x.num_rows, len(model.layers)
-        layers = model.block_layers
-        widths = [layer.in_features for layer in layers]
-        projecting = {l for l in range(L) if layers[l].projects_first}
-        caching = {l for l in range(L - 1) if layers[l].cacheable or l in projecting}
-        agg_width = {l: projected_width(layers[l], widths[l]) if l in projecting else widths[l] for l in range(L)}
-
-        def buf(w: int, zero: bool) -> Tensor:
-            if spill is not None and not spill.fits_ram(N * w * 4):
-                return spill.tensor(N, w)  # a new file reads as zeros
-            return host(torch.zeros(N, w) if zero else torch.empty(N, w))
-
-        return cls(x, {l: buf(widths[l], False) for l in range(1, L)},
-                   {l: buf(widths[l], True) for l in range(1, L)}, projecting, caching,
-                   projected={l: buf(agg_width[l], False) for l in projecting},
-                   projected_grads={l: buf(agg_width[l], True) for l in projecting},
-                   aggregates={l: buf(agg_width[l], False) for l in caching},
-                   reading_dst={l for l in range(L) if layers[l].update_uses_dst})
-
-    @staticmethod
-    def buffer_bytes(model: Stack, num_rows: int) -> int:
-        """Bytes of the buffers :meth:`allocate` makes for ``num_rows`` vertices (float32)."""
-        layers, L = model.block_layers, len(model.layers)
-        widths = [layer.in_features for layer in layers]
-        total = sum(2 * widths[l] for l in range(1, L))
-        for l in range(L):
-            proj = layers[l].projects_first
-            agg = projected_width(layers[l], widths[l]) if proj else widths[l]
-            total += 2 * agg if proj else 0
-            total += agg if l < L - 1 and (layers[l].cacheable or proj) else 0
-        return 4 * num_rows * total
-
-    def buffers(self) -> list[Tensor]:
-        """Every host buffer (not the features)."""
-        return [*self.inputs.values(), *self.input_grads.values(), *self.projected.values(),
-                *self.projected_grads.values(), *self.aggregates.values()]
-
-    def input(self, layer: int) -> HostTable:
-        return self.x if layer == 0 else self.inputs[layer]
-
-    def source(self, layer: int) -> tuple[HostTable, HostTable | None]:
-        """What a layer gathers per chunk (its input, or its projected rows) and the destination rows its UPDATE
-        reads besides (projecting layers that read them only)."""
-        if layer not in self.projecting:
-            return self.input(layer), None
-        return self.projected[layer], (self.input(layer) if layer in self.reading_dst else None)
-
-    def source_grad(self, layer: int) -> Tensor | None:
-        """Where a layer's backward adds its source rows' gradients (layer 0's features get none)."""
-        if layer in self.projecting:
-            return self.projected_grads[layer]
-        return self.input_grads[layer] if layer > 0 else None
-
-    def zero_grads(self) -> None:
-        for t in (*self.input_grads.values(), *self.projected_grads.values()):
-            t.zero_()
 
 
 class LayerPasses:
@@ -456,6 +358,10 @@ class LayerPasses:
             agg = agg.detach().requires_grad_(through_propagation)
             if x_dst is not None:
                 xd = self._layer_input(worker, layer, x_dst, dst_ids, key).detach().requires_grad_(layer > 0)
+            if self._update_by_vjp(layer):  # not even UPDATE recomputed: see there
+                h_next = worker.io.view_in_place(self.host.inputs[layer + 1], step.chunk.lo, step.chunk.hi)
+                self._update_vjp(worker, layer, key, dst_ids, agg, xd, grad_next, h_next)
+                return agg, x, xd
             y = block_layer.update(agg, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
         else:  # recompute the whole layer (GAT)
             block = step.block
@@ -469,6 +375,37 @@ class LayerPasses:
         elif y.requires_grad:
             y.backward(grad_y)
         return agg, x, xd
+
+    def _update_by_vjp(self, layer: int) -> bool:
+        """Whether layer ``layer``'s backward skips recomputing UPDATE: a caching layer whose UPDATE has a
+        backward of its own (:meth:`~gnnscale.nn.base.BlockLayer.update_vjp`), followed by ReLU and dropout only
+        (:meth:`~gnnscale.nn.stack.Stack.layer_input_vjp`), on a CPU that reads its host rows in place (the next
+        layer's stored input ``h[layer + 1]`` is then read where it is: ``h > 0`` exactly where ``y > 0`` and the
+        dropout kept the element, and elsewhere the gradient is zero either way). On a device, reading
+        ``h[layer + 1]`` would move rows: UPDATE is recomputed there (and the counters, which count what a device
+        moves, are the same on both paths)."""
+        model, layer_obj = self.model, self.model.block_layers[layer]
+        return (layer in self.host.caching and model.activation is F.relu
+                and isinstance(model.norms[layer], nn.Identity)
+                and type(layer_obj).update_vjp is not BlockLayer.update_vjp
+                and all(w.io.in_place for w in self.sweep.group.workers))
+
+    @staticmethod
+    def _update_vjp(worker: Worker, layer: int, key: Key, dst_ids: Tensor, agg: Tensor, xd: Tensor | None,
+                    grad_next: Tensor, h_next: Tensor) -> None:
+        """``dL/dh[layer + 1]`` through the next layer's input (ReLU, dropout) and UPDATE without their forward
+        products; the aggregation's and destination rows' gradients land in ``agg.grad`` and ``xd.grad`` (leaves
+        that require them), as autograd would put them."""
+        grad_y = worker.model.layer_input_vjp(layer + 1, h_next, dst_ids, key, grad_next)
+        assert grad_y is not None
+        block_layer = worker.model.block_layers[layer]
+        grads = block_layer.update_vjp(agg, xd, grad_y, agg.requires_grad, xd is not None and xd.requires_grad)
+        assert grads is not None
+        if grads[0] is not None:
+            agg.grad = grads[0]
+        if grads[1] is not None:
+            assert xd is not None
+            xd.grad = grads[1]
 
     # ------------------------------------------------------------------------------------------------ inference
     def predict_last(self, pred: Tensor) -> None:

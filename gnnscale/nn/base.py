@@ -108,6 +108,16 @@ class BlockLayer(nn.Module):
         :func:`~gnnscale.nn.ops.spmm_t_add`, which adds each source row's sum as it is made."""
         out.index_add_(0, rows, self.aggregate_vjp(block, grad_agg))
 
+    def update_vjp(self, agg: Tensor, x_dst: Tensor | None, grad: Tensor, agg_grad: bool,
+                   dst_grad: bool) -> tuple[Tensor | None, Tensor | None] | None:
+        """Backpropagate ``grad`` (``dL/d update(agg, x_dst)``) through UPDATE without its forward products: the
+        parameters' gradients are accumulated into their ``.grad``; returns ``(dL/dagg if agg_grad, dL/dx_dst if
+        dst_grad)``. ``None`` (the default): not written for this layer, and a caching engine recomputes UPDATE under
+        autograd instead. A linear UPDATE writes it with :func:`~gnnscale.nn.ops.linear_vjp` (the products autograd
+        computes, so the gradients are autograd's)."""
+        del agg, x_dst, grad, agg_grad, dst_grad
+        return None
+
     def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:
         """Upper bound of the bytes one forward + backward of this layer on a block holds at its peak, beyond its
         input rows: outputs, tensors saved for backward and their gradients (the planner sums these per chunk)."""

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import AdjacencySpec, Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import linear_vjp, spmm, spmm_t, spmm_t_add
+from gnnscale.nn.ops import bias_vjp, linear_vjp, spmm, spmm_t, spmm_t_add
 
 
 class GCNLayer(BlockLayer):
@@ -67,3 +67,11 @@ class GCNLayer(BlockLayer):
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         out = agg if self.project_first else self.lin(agg)
         return out if self.bias is None else out + self.bias
+
+    def update_vjp(self, agg: Tensor, x_dst: Tensor | None, grad: Tensor, agg_grad: bool,
+                   dst_grad: bool) -> tuple[Tensor | None, Tensor | None]:
+        del x_dst, dst_grad  # UPDATE does not read the destinations' rows
+        bias_vjp(self.bias, grad)
+        if self.project_first:
+            return (grad if agg_grad else None), None
+        return linear_vjp(self.lin.weight, agg, grad, agg_grad), None

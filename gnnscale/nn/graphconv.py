@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import linear_vjp, spmm, spmm_mean, spmm_t, spmm_t_add
+from gnnscale.nn.ops import bias_vjp, linear_vjp, spmm, spmm_mean, spmm_t, spmm_t_add
 
 
 class GraphConvLayer(BlockLayer):
@@ -77,3 +77,12 @@ class GraphConvLayer(BlockLayer):
         else:
             left = self.lin_rel(agg)
         return left + self.lin_root(x_dst)  # type: ignore[no-any-return]
+
+    def update_vjp(self, agg: Tensor, x_dst: Tensor | None, grad: Tensor, agg_grad: bool,
+                   dst_grad: bool) -> tuple[Tensor | None, Tensor | None]:
+        assert x_dst is not None
+        dst = linear_vjp(self.lin_root.weight, x_dst, grad, dst_grad)
+        bias_vjp(self.lin_rel.bias, grad)
+        if self.project_first:
+            return (grad if agg_grad else None), dst
+        return linear_vjp(self.lin_rel.weight, agg, grad, agg_grad), dst

@@ -52,6 +52,12 @@ class _Residual(BlockLayer):
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         return super().update(agg, x_dst) + self.res(x_dst)  # type: ignore[no-any-return]
 
+    def update_vjp(self, agg: Tensor, x_dst: Tensor | None, grad: Tensor, agg_grad: bool,
+                   dst_grad: bool) -> tuple[Tensor | None, Tensor | None] | None:
+        """``None``: the layer's own UPDATE backward does not know the residual term (recomputed instead)."""
+        del agg, x_dst, grad, agg_grad, dst_grad
+        return None
+
 
 _RESIDUAL_CLASSES: dict[type[BlockLayer], type[BlockLayer]] = {}
 

@@ -61,6 +61,18 @@ def linear_vjp(weight: Tensor, x: Tensor, grad: Tensor, input_grad: bool) -> Ten
     return grad.mm(weight.detach()) if input_grad else None
 
 
+def bias_vjp(bias: Tensor | None, grad: Tensor) -> None:
+    """Backward of adding ``bias`` to every row: ``grad``'s column sums accumulated into ``bias.grad`` (autograd's
+    ``sum(0)``); nothing for no bias."""
+    if bias is None:
+        return
+    grad_b = grad.sum(0)
+    if bias.grad is None:
+        bias.grad = grad_b
+    else:
+        bias.grad += grad_b
+
+
 def with_values(adj: Tensor, values: Tensor) -> Tensor:
     """The sparse CSR matrix with ``adj``'s structure (its index tensors shared, not copied) and ``values``."""
     return torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(), values, adj.shape)

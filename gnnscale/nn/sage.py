@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from gnnscale.graph.block import Block
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.ops import linear_vjp, spmm_mean, spmm_t, spmm_t_add
+from gnnscale.nn.ops import bias_vjp, linear_vjp, spmm_mean, spmm_t, spmm_t_add
 
 
 class SAGELayer(BlockLayer):
@@ -66,3 +66,12 @@ class SAGELayer(BlockLayer):
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:
         left = agg + self.lin_l.bias if self.project_first else self.lin_l(agg)
         return left + self.lin_r(x_dst)
+
+    def update_vjp(self, agg: Tensor, x_dst: Tensor | None, grad: Tensor, agg_grad: bool,
+                   dst_grad: bool) -> tuple[Tensor | None, Tensor | None]:
+        assert x_dst is not None
+        dst = linear_vjp(self.lin_r.weight, x_dst, grad, dst_grad)
+        bias_vjp(self.lin_l.bias, grad)
+        if self.project_first:
+            return (grad if agg_grad else None), dst
+        return linear_vjp(self.lin_l.weight, agg, grad, agg_grad), dst

@@ -119,7 +119,7 @@ class Engine(ABC):
         needs (:meth:`host_reason`, checked first, alone when short), the model's options, then a user's layers
         (:meth:`layer_reasons`), then the engine's own reasons. ``model``: the model to train when it is a
         user's (``train(model=...)``); ``None``: ``config``'s built-in one."""
-        host = cls.host_reason(graph, config)
+        host = cls.host_reason(graph, config, model)
         if host:  # priced first and alone: the engine's own checks may plan (partition, chunk) the whole graph
             return [host]
         options = cls.model_option_reasons(config, model)
@@ -194,7 +194,7 @@ class Engine(ABC):
         There, ``auto`` leaves glibc's default and ``--host-allocator retain`` buys the speed with the memory."""
         return (device.type == "cpu" and not any(layer.edge_compute for layer in model.block_layers)
                 and config.host_memory is None  # retained blocks are resident: past a budget's bound
-                and cls.host_room(graph, config))
+                and cls.host_room(graph, config, model))
 
     @classmethod
     def honours_host_memory(cls) -> bool:
@@ -203,18 +203,18 @@ class Engine(ABC):
             "host_memory" in getattr(o, "__dataclass_fields__", {}) for o in cls.options)
 
     @classmethod
-    def host_room(cls, graph: Graph, config: TrainConfig) -> bool:
+    def host_room(cls, graph: Graph, config: TrainConfig, model: Stack | None = None) -> bool:
         """Whether this engine's host estimate is at most half the available memory: then ``--host-allocator
         auto`` retains freed blocks (a larger resident peak), else it leaves glibc's default (a graph near the
-        host's size needs every freed page back)."""
-        need = sum(estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies).values())
+        host's size needs every freed page back). ``model``: the model trained (``None``: ``config``'s)."""
+        need = sum(estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies, model=model).values())
         return 2 * need <= rt.mem_get_info(torch.device("cpu"))[0]
 
     @classmethod
-    def host_reason(cls, graph: Graph, config: TrainConfig) -> str | None:
+    def host_reason(cls, graph: Graph, config: TrainConfig, model: Stack | None = None) -> str | None:
         """Why the host cannot hold what this engine keeps there (its estimate against the available memory);
-        ``None`` when it can."""
-        parts = estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies)
+        ``None`` when it can. ``model``: a user's model (its widths and parameters; ``None``: ``config``'s)."""
+        parts = estimate_host_bytes(graph, config, layer_copies=cls.host_layer_copies, model=model)
         if cls.spills_to_scratch and config.host_memory is not None \
                 and "activations" in parts:  # what --host-memory cannot hold spills to files: not RAM
             spill = parts["activations"] - config.host_memory

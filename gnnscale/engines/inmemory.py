@@ -35,7 +35,7 @@ class InMemoryEngine(Engine):
 
     @classmethod
     def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device, *, model: Stack | None = None) -> str:
-        need = estimate_inmemory_bytes(graph, config)["total"]
+        need = estimate_inmemory_bytes(graph, config, model)["total"]
         return f"about {format_bytes(need)} of device memory for the whole graph and its activations"
 
     @classmethod
@@ -43,7 +43,7 @@ class InMemoryEngine(Engine):
                                model: Stack | None = None) -> list[str]:
         if config.devices and len(config.devices) > 1:
             return [f"runs on one device, not {len(config.devices)} (--devices)"]
-        need = estimate_inmemory_bytes(graph, config)["total"]
+        need = estimate_inmemory_bytes(graph, config, model)["total"]
         if config.memory_budget is not None:
             have, what = config.memory_budget, "the memory budget"
         else:

@@ -149,7 +149,7 @@ class MiniBatchEngine(SampledEngine):
             row = max(graph.num_features, 1) * (graph.x.element_size() if graph.x is not None else 4)
             try:
                 plan_host(config.host_memory, num_nodes=graph.num_nodes, row_bytes=row,
-                          parameters=estimate_host_bytes(graph, config, layer_copies=0)["model"] // 16,
+                          parameters=estimate_host_bytes(graph, config, layer_copies=0, model=model)["model"] // 16,
                           working_bytes=cls.working_bytes(graph, config, len(config.devices or (1,)), model))
             except ConfigError as exc:
                 reasons.append(str(exc))

@@ -161,15 +161,6 @@ class PyGConv(BlockLayer):
         bias = dict(self.named_parameters()).get(name) if name else None
         return [] if bias is None else [bias]
 
-    def workspace_bytes(self, num_src: int, num_dst: int, num_edges: int) -> int:
-        """The bytes :func:`~gnnscale.nn.probe.measure` counted per destination row, source row and edge on
-        probe blocks, scaled (the default bound until then)."""
-        rates = getattr(self, "measured", None)
-        if rates is None:
-            return super().workspace_bytes(num_src, num_dst, num_edges)
-        per_dst, per_src, per_edge, fixed = rates
-        return int(per_dst * num_dst + per_src * num_src + per_edge * num_edges + fixed)
-
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, bipartite={self.bipartite}"
 

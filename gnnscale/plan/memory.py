@@ -11,37 +11,69 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gnnscale import runtime as rt
 from gnnscale.graph.graph import Graph
+from gnnscale.nn.base import BlockLayer
+from gnnscale.nn.stack import Stack
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
 
 
-def estimate_inmemory_bytes(graph: Graph, config: TrainConfig) -> dict[str, int]:
+def _widths(graph: Graph, config: TrainConfig, model: Stack | None) -> list[int]:
+    """Each layer's input width, then the last layer's output width: ``model``'s own layers' when given, else
+    ``config``'s (``hidden`` and ``layers``, the features and the classes)."""
+    if model is not None:
+        layers = model.block_layers
+        return [layers[0].in_features] + [layer.out_features for layer in layers]
+    return [max(graph.num_features, 1)] + [config.hidden] * (config.layers - 1) + [graph.num_classes or 1]
+
+
+def _parameters(config: TrainConfig, model: Stack | None, dims: list[int]) -> int:
+    """Parameter count: ``model``'s own when given, else ``config``'s model's weight matrices at ``dims``."""
+    if model is not None:
+        return sum(p.numel() for p in model.parameters())
+    return sum(dims[i] * dims[i + 1] * (2 if config.model in ("sage", "gin") else 1) for i in range(len(dims) - 1))
+
+
+def _attention_heads(config: TrainConfig, model: Stack | None, layer: int) -> int:
+    """Attention heads of layer ``layer`` (0: it computes nothing per edge): ``config``'s GAT's, or a layer of
+    ``model`` that computes per edge (:attr:`~gnnscale.nn.base.BlockLayer.edge_compute`), by its ``heads`` (or
+    its wrapped conv's: PyG's attention convs), else one."""
+    if model is None:
+        return 0 if config.model != "gat" else 1 if layer == config.layers - 1 else config.heads
+    block: BlockLayer = model.block_layers[layer]
+    if not block.edge_compute:
+        return 0
+    heads = getattr(block, "heads", None) or getattr(getattr(block, "conv", None), "heads", None)
+    return heads if isinstance(heads, int) and heads > 0 else 1
+
+
+def estimate_inmemory_bytes(graph: Graph, config: TrainConfig, model: Stack | None = None) -> dict[str, int]:
     """Peak bytes of whole-graph training on one device, by part (an estimate, within tens of percent).
 
     Counts the graph (features, normalised adjacency and its transpose), every layer's saved activations and
-    gradients (with dropout masks), per-edge attention tensors for GAT, and parameters with Adam state.
+    gradients (with dropout masks), per-edge attention tensors for GAT (or a user's layer that computes per edge),
+    and parameters with Adam state. ``model``: a user's model (its layers' widths and its parameters), else
+    ``config``'s built-in one.
     """
     n, e, f = graph.num_nodes, graph.num_edges + graph.num_nodes, max(graph.num_features, 1)
-    c = graph.num_classes or 1
-    dims = [f] + [config.hidden] * (config.layers - 1) + [c]
+    dims = _widths(graph, config, model)
     adjacency = 2 * (8 * (n + 1) + 12 * e)  # CSR + transpose: int64 indices, float32 values
     data = 4 * n * f + 9 * n  # features, labels, masks
     acts = 0
-    for i in range(config.layers):
+    for i in range(len(dims) - 1):
         width_in, width_out = dims[i], dims[i + 1]
         # input after dropout, aggregate, output, their gradients; the int64 dropout hash temporaries
         acts += 4 * n * (2 * width_in + 2 * width_out) * 2 + 8 * n * width_in
-        if config.model == "gat":
-            heads = 1 if i == config.layers - 1 else config.heads
+        heads = _attention_heads(config, model, i)
+        if heads:
             acts += 4 * e * heads * 6 + 4 * e * width_out * 2  # scores, softmax, messages and their grads
-    params = sum(4 * 4 * dims[i] * dims[i + 1] * (2 if config.model in ("sage", "gin") else 1)
-                 for i in range(config.layers))
+    params = 4 * 4 * _parameters(config, model, dims)
     total = adjacency + data + acts + params
     return {"graph": adjacency + data, "activations": acts, "parameters": params, "total": total}
 
 
-def estimate_host_bytes(graph: Graph, config: TrainConfig, *, layer_copies: int) -> dict[str, int]:
+def estimate_host_bytes(graph: Graph, config: TrainConfig, *, layer_copies: int,
+                        model: Stack | None = None) -> dict[str, int]:
     """Host bytes a run needs beyond the graph already loaded, by part (a lower bound, to refuse a run that cannot
     fit before it starts rather than die in the allocator):
 
@@ -49,11 +81,12 @@ def estimate_host_bytes(graph: Graph, config: TrainConfig, *, layer_copies: int)
     - ``activations``: ``layer_copies`` rows per vertex and hidden layer (layer-wise inference keeps each layer's
       output for every vertex: 1; engines that keep every vertex's activations in host memory keep a layer's
       input and its gradient: 2, and copy the features once into their vertex order).
+
+    ``model``: a user's model (its layers' widths and its parameters), else ``config``'s built-in one.
     """
     n, f = graph.num_nodes, max(graph.num_features, 1)
-    dims = [f] + [config.hidden] * (config.layers - 1) + [graph.num_classes or 1]
-    params = sum(dims[i] * dims[i + 1] * (2 if config.model in ("sage", "gin") else 1) for i in range(config.layers))
-    out = {"model": 4 * 4 * params}
+    dims = _widths(graph, config, model)
+    out = {"model": 4 * 4 * _parameters(config, model, dims)}
     if layer_copies:
         out["activations"] = layer_copies * 4 * n * sum(dims[1:-1]) + (4 * n * f if layer_copies > 1 else 0)
     return out

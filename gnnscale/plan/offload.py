@@ -9,15 +9,16 @@ destinations, ``R`` source rows (destinations and in-neighbours) and ``E`` in-ed
 * the input's gradient and, for layer 0, the dropout of the gathered features (``[R, F_in]`` each; later
   layers gather rows already activated and dropped out);
 * the layer's own workspace (:meth:`~gnnscale.nn.base.BlockLayer.workspace_bytes`: per-edge attention tensors
-  for GAT, per-destination activations otherwise);
+  for GAT, per-destination activations otherwise; a user's layer measured, :mod:`~gnnscale.plan.layer_memory`);
 * the destination side: the loaded ``[V, F_out]`` gradient, the next layer's input and its gradient, the cached
   aggregation and its gradient;
 
 plus the parameters with their gradients and Adam moments. The largest chunk over all layers sets the peak, and
 :data:`SAFETY` covers allocator rounding and short-lived temporaries the model does not list. That coarse bound
 (:func:`chunk_peak_bytes`) prices only models the per-pass model (:mod:`~gnnscale.plan.offload_memory`) does not
-list; GCN, SAGE, GAT and GIN stacks are priced pass by pass, each chunk with its own sizes and its neighbours in
-the schedule, within a few percent above the counted peak.
+list; GCN, SAGE, GraphConv, GAT and GIN stacks, and stacks of a user's layers run whole in every pass (PyG convs
+other than those, measured by :mod:`~gnnscale.plan.layer_memory`), are priced pass by pass, each chunk with its own
+sizes and its neighbours in the schedule, within a few percent above the counted peak.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from gnnscale.partition.plan import (
     permute_csr,
 )
 from gnnscale.plan.host import cpu_chunk_bytes
+from gnnscale.plan.layer_memory import workspace_bytes
 from gnnscale.plan.memory import available_device_bytes
 from gnnscale.plan.offload_memory import block_cache_bytes, epoch_peak, modelled
 from gnnscale.plan.throughput import throughput
@@ -132,7 +134,7 @@ def chunk_peak_bytes(model: Stack, num_dst: int, num_src: int, num_edges: int) -
         # gather rows already activated and dropped out
         inputs = 4 * R * f_in * (6 if l == 0 else 2)
         dst_side = 4 * V * f_out * 6 + 4 * V * f_in * 3  # gradient rows, next input + grad; cached aggregation
-        peak = max(peak, staged + inputs + layer.workspace_bytes(R, V, E) + dst_side + norm_bytes(model, l, V))
+        peak = max(peak, staged + inputs + workspace_bytes(layer, R, V, E) + dst_side + norm_bytes(model, l, V))
     return int(SAFETY * peak) + model_resident_bytes(model)
 
 
@@ -443,7 +445,8 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: St
         plan_sizes = sizes_from_rows(plan.rows, ip, plan.partition.chunk_ptr)
         topo = topology_bytes(model, plan_sizes, graph.num_nodes)
         if per_pass:  # resident blocks keep what their layers cache on them too
-            topo = topo + block_cache_bytes(model, plan_sizes[:, 2].double()).long()
+            V, R, E = plan_sizes.double().unbind(1)
+            topo = topo + block_cache_bytes(model, V, R, E).long()
         per_device = [0] * len(devices)
         for i in range(m):
             k0 = i * plan.partition.chunks

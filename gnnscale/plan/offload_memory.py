@@ -9,14 +9,16 @@ holds, besides the model:
   moves its projected rows, not its input) and only where it moves them (rows, gradients or both);
 * the loads of two chunks (the one computing and the next, prefetched): block topology, the batch's newcomer
   rows or the gathered source rows, destination slices; at the moment a load is issued, three;
-* what the computing chunk allocates: its assembled source rows, keyed-dropout temporaries, the layer's outputs
-  and, with autograd, saved tensors and gradients -- listed per layer kind (GCN, SAGE, GAT, GIN) at each moment
-  where the live set can peak;
+* what the computing chunk allocates: its assembled source rows, keyed-dropout temporaries (none where the
+  probability is 0), the layer's outputs and, with autograd, saved tensors and gradients -- listed per layer kind
+  (GCN, SAGE and GraphConv, GAT, GIN) at each moment where the live set can peak, or, for a user's layer run whole
+  in every pass (a PyG conv other than those), as measured on probe blocks (:mod:`~gnnscale.plan.layer_memory`);
 * the previous chunk's results still bound to the loop's variables until the next chunk rebinds them.
 
 Each chunk is priced with its own ``V, R, E`` and its neighbours in the schedule, so maxima of different chunks
-are not combined. A model with a normalisation or residual connections, or a layer kind the model does not list,
-is priced by the coarse :func:`~gnnscale.plan.offload.chunk_peak_bytes` bound instead.
+are not combined. A model with a normalisation, residual connections or jumping knowledge, or a layer the model
+neither lists nor measures (a user's layer whose aggregation is cached), is priced by the coarse
+:func:`~gnnscale.plan.offload.chunk_peak_bytes` bound instead (a user's layer's workspace measured there too).
 """
 
 from __future__ import annotations
@@ -31,11 +33,15 @@ from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.gat import GATLayer
 from gnnscale.nn.gcn import GCNLayer
 from gnnscale.nn.gin import GINLayer
+from gnnscale.nn.graphconv import GraphConvLayer
 from gnnscale.nn.sage import SAGELayer
 from gnnscale.nn.stack import Stack
+from gnnscale.plan.layer_memory import layer_memory, measured, whole
 
 F32 = 4
 I64 = 8
+SAGE_LIKE = (SAGELayer, GraphConvLayer)
+"""Layers priced as SAGE: a sparse sum or mean, then two linear maps (GraphConv's sum allocates no more)."""
 SMALL = 4096
 """Bytes of a pass's temporaries that grow with no row, edge or feature count: the loss and other scalars, the
 dropout's column hashes, index vectors of a few elements."""
@@ -47,8 +53,8 @@ def modelled(model: Stack) -> bool:
         return False
     if getattr(model, "jk", "none") != "none":
         return False
-    kinds = (GCNLayer, SAGELayer, GATLayer, GINLayer)
-    return all(type(layer) in kinds for layer in model.block_layers)
+    kinds = (GCNLayer, SAGELayer, GATLayer, GINLayer, GraphConvLayer)
+    return all(type(layer) in kinds or (measured(layer) and whole(layer)) for layer in model.block_layers)
 
 
 @dataclass
@@ -79,11 +85,11 @@ def _shift(t: Tensor, step: int) -> Tensor:
     return out
 
 
-def _dropout(rows: Tensor, width: int) -> Tensor:
+def _dropout(rows: Tensor, width: int, on: bool = True) -> Tensor:
     """Keyed dropout's peak on ``[rows, width]``: the int32 hash products and the bool mask, then the mask and the
     output (``where`` and an in-place division), with two bytes per element of slack for the allocator, besides int64
     row hashes and the column hashes' few int64 vectors of ``width``."""
-    return rows * (7 * width + 3 * I64) + 4 * I64 * width
+    return (rows * (7 * width + 3 * I64) + 4 * I64 * width) * on
 
 
 Moments = Callable[["_Pass"], Tensor]
@@ -114,6 +120,11 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
     V, R, E = c.V, c.R, c.E
     out: dict[str, int] = {}
     weights = model.adjacency.norm == "gcn"
+    p_in, p = getattr(model, "input_dropout", model.dropout), model.dropout
+
+    def drops(l: int) -> tuple[bool, bool]:
+        """Whether layer ``l``'s pass drops out its input rows (layer 0's features) and its output rows."""
+        return l == 0 and p_in > 0, p > 0
 
     def topology(transpose: bool, blocks: bool) -> Tensor:
         if not blocks or resident:
@@ -121,7 +132,7 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
         t = idx * (V + 1) + idx * E + idx * R + (F32 * E if weights else 0)
         if transpose:
             t = t + idx * (R + 1) + idx * E + (F32 * E if weights else 0)
-        return t + block_cache_bytes(model, E, transpose)
+        return t + block_cache_bytes(model, V, R, E, transpose)
 
     def run(name: str, *, src: int, grad: int, slices: Sequence[int], blocks: bool, transpose: bool,
             compute: Callable[[Tensor, Tensor], Tensor], stale: Callable[[Tensor], Tensor],
@@ -161,12 +172,12 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
     def project(l: int, layer: BlockLayer) -> None:
         fi, fa = layer.in_features, layer.out_features
         run(f"project{l}", src=0, grad=0, slices=[fi], blocks=False, transpose=False,
-            compute=lambda A, P: _project(V, fi, fa, l), stale=lambda A: F32 * V * fi * (l == 0))
+            compute=lambda A, P: _project(V, fi, fa, drops(l)), stale=lambda A: F32 * V * fi * drops(l)[0])
 
     def project_backward(l: int, layer: BlockLayer) -> None:
         fi, fa = layer.in_features, layer.out_features
         run(f"project_backward{l}", src=0, grad=0, slices=[fi, fa], blocks=False, transpose=False,
-            compute=lambda A, P: _project_backward(V, fi, fa, l), slack=2 * _params(layer),
+            compute=lambda A, P: _project_backward(V, fi, fa, l, drops(l)), slack=2 * _params(layer),
             stale=lambda A: _project_backward_stale(V, fi, fa, l))
 
     def forward(l: int, layer: BlockLayer) -> None:
@@ -174,7 +185,7 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
         if proj:
             project(l, layer)
         run(f"forward{l}", src=fo if proj else fi, grad=0, slices=[fi] if proj and layer.update_uses_dst else [],
-            blocks=True, transpose=False, compute=lambda A, P: _forward(layer, l, proj, V, R, E, A) + P,
+            blocks=True, transpose=False, compute=lambda A, P: _forward(layer, l, proj, V, R, E, A, drops(l)) + P,
             stale=lambda A: F32 * V * fo)
 
     def loss(l: int, layer: BlockLayer) -> None:
@@ -184,7 +195,7 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
             project(l, layer)
         run("loss", src=fa, grad=fa if proj or l > 0 else 0, slices=[fi] if proj and layer.update_uses_dst else [],
             blocks=True, transpose=layer.sparse_backward and (proj or l > 0),
-            compute=lambda A, P: _loss(layer, l, proj, V, R, E, A, P), slack=2 * _params(layer),
+            compute=lambda A, P: _loss(layer, l, proj, V, R, E, A, P, drops(l)), slack=2 * _params(layer),
             stale=lambda A: _loss_stale(layer, l, proj, V, R, A), rebind=lambda A: A)
         if proj:
             project_backward(l, layer)
@@ -198,13 +209,14 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
             slices = [fa, fo] + ([fi] if layer.update_uses_dst else [])
             run(f"backward{l}", src=0, grad=grad if through else 0, slices=slices, blocks=through,
                 transpose=layer.sparse_backward and through, slack=2 * _params(layer),
-                compute=lambda A, P: _backward_cached(layer, l, proj, through, V, R) + P,
+                compute=lambda A, P: _backward_cached(layer, l, proj, through, V, R, drops(l)) + P,
                 stale=lambda A: _backward_cached_stale(layer, l, proj, V))
         else:
             run(f"backward{l}", src=fi, grad=grad, slices=[fo], blocks=True, transpose=layer.sparse_backward and l > 0,
-                compute=lambda A, P: _backward_whole(layer, l, V, R, E, A, P), slack=2 * _params(layer),
-                stale=lambda A: _backward_whole_stale(layer, l, V, R, A),
-                rebind=lambda A: A + (_dropout(R, fi) if l == 0 else 0))
+                compute=lambda A, P: _backward_whole(layer, l, V, R, E, A, P, drops(l)), slack=2 * _params(layer),
+                stale=lambda A: _backward_whole_stale(layer, l, V, R, A) if not measured(layer) else
+                F32 * R * fi * (2 if l > 0 else 1),  # a measured layer's input (and its gradient)
+                rebind=lambda A: A + _dropout(R, fi, drops(l)[0]))
         if proj:
             project_backward(l, layer)
 
@@ -216,16 +228,26 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
     return out
 
 
-def block_cache_bytes(model: Stack, E: Tensor, transpose: bool = True) -> Tensor:
+def block_cache_bytes(model: Stack, V: Tensor, R: Tensor, E: Tensor, transpose: bool = True) -> Tensor:
     """What a chunk's block caches beside its tensors once a layer used it (kept as long as the block: for a
     pass, or the run when blocks are resident): GAT's int64 destination of every edge, the unit edge values of
-    the sparse adjacency (and its transpose) of a model whose adjacency has no weights."""
+    the sparse adjacency (and its transpose) of a model whose adjacency has no weights, and what a user's layer
+    was measured to leave (:attr:`~gnnscale.plan.layer_memory.LayerMemory.cache`: PyG's ``edge_index``; the
+    layers share it, so the largest)."""
     out = torch.zeros_like(E)
-    if any(isinstance(layer, GATLayer) for layer in model.block_layers):
+    layers = model.block_layers
+    if any(isinstance(layer, GATLayer) for layer in layers):
         out = out + I64 * E
-    if model.adjacency.norm != "gcn" and any(not isinstance(layer, GATLayer) for layer in model.block_layers):
+    if model.adjacency.norm != "gcn" and any(isinstance(layer, (GCNLayer, GINLayer, *SAGE_LIKE)) for layer in layers):
         out = out + F32 * E * (2 if transpose else 1)
-    return out
+    caches = [layer_memory(layer).cache(V, R, _edges(layer, V, E)) for layer in layers if measured(layer)]
+    return out + (torch.stack(caches).amax(dim=0) if caches else 0)
+
+
+def _edges(layer: BlockLayer, V: Tensor, E: Tensor) -> Tensor:
+    """A block's edges from the planner's count, which adds a self-loop per destination (an upper bound for an
+    adjacency without them)."""
+    return E if layer.adjacency.self_loops else E - V
 
 
 # ------------------------------------------------------------------------------------------------ the moments
@@ -234,17 +256,17 @@ def _params(layer: object) -> int:
     return sum(p.numel() * p.element_size() for p in layer.parameters())  # type: ignore[attr-defined]
 
 
-def _project(V: Tensor, fi: int, fa: int, l: int) -> Tensor:
-    """Layer ``l``'s input (dropout of the features for layer 0), its projection."""
-    x = F32 * V * fi if l == 0 else 0 * V
-    return torch.maximum(_dropout(V, fi) if l == 0 else 0 * V, x + F32 * V * fa)
+def _project(V: Tensor, fi: int, fa: int, d: tuple[bool, bool]) -> Tensor:
+    """The layer's input (the features dropped out: ``d[0]``), its projection."""
+    x = F32 * V * fi * d[0]
+    return torch.maximum(_dropout(V, fi, d[0]), x + F32 * V * fa)
 
 
-def _project_backward(V: Tensor, fi: int, fa: int, l: int) -> Tensor:
+def _project_backward(V: Tensor, fi: int, fa: int, l: int, d: tuple[bool, bool]) -> Tensor:
     """The input again, the projection with autograd and the input's gradient."""
-    x = F32 * V * fi if l == 0 else 0 * V
+    x = F32 * V * fi * d[0]
     grads = F32 * V * fi * (l > 0) + F32 * V * fa
-    return torch.maximum(_dropout(V, fi) if l == 0 else 0 * V, x + F32 * V * fa + grads)
+    return torch.maximum(_dropout(V, fi, d[0]), x + F32 * V * fa + grads)
 
 
 def _project_backward_stale(V: Tensor, fi: int, fa: int, l: int) -> Tensor:
@@ -256,7 +278,7 @@ def _update(layer: object, V: Tensor, fi: int, fa: int, fo: int) -> Tensor:
     """UPDATE's peak (no autograd) beyond its input aggregation."""
     if isinstance(layer, GINLayer):
         return torch.maximum(8 * V * fi, F32 * V * fi + 8 * V * fo) * 1.0
-    if isinstance(layer, SAGELayer):
+    if isinstance(layer, SAGE_LIKE):
         return 12 * V * fo * 1.0
     return 8 * V * fo * 1.0
 
@@ -270,40 +292,49 @@ def _gat_edges(layer: GATLayer, V: Tensor, R: Tensor, E: Tensor) -> Tensor:
     return F32 * R * (HC + 2 * H) + F32 * V * H + I64 * V + F32 * E * 2 * H + E * H + F32 * V * HC * 2
 
 
-def _forward(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor) -> Tensor:
-    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
-    after = F32 * V * fo * 2 + _dropout(V, fo)  # the output, its activation and dropout
+def _forward(layer: BlockLayer, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor,
+             d: tuple[bool, bool]) -> Tensor:
+    """Layer ``l`` without autograd (``d``: its input's and its output's dropout), the next layer's input."""
+    fi, fo = layer.in_features, layer.out_features
+    after = F32 * V * fo * 2 + _dropout(V, fo, d[1])  # the output, its activation and dropout
     if proj:
-        spmm = 8 * V * fo if isinstance(layer, SAGELayer) else F32 * V * fo
+        spmm = 8 * V * fo if isinstance(layer, SAGE_LIKE) else F32 * V * fo
         agg = F32 * V * fo
         xd = 0 * V
         dst = 0 * V
-        if layer.update_uses_dst:  # type: ignore[attr-defined]
-            dst = agg + (_dropout(V, fi) if l == 0 else 0)
-            xd = F32 * V * fi if l == 0 else 0 * V
+        if layer.update_uses_dst:
+            dst = agg + _dropout(V, fi, d[0])
+            xd = F32 * V * fi * d[0]
         return torch.maximum(torch.maximum(A + spmm, A + dst), torch.maximum(
             A + agg + xd + _update(layer, V, fi, fo, fo), after))
-    X = F32 * R * fi if l == 0 else 0 * R
-    drop = A + _dropout(R, fi) if l == 0 else 0 * R
-    if isinstance(layer, GATLayer):
-        return torch.maximum(drop, torch.maximum(A + X + _gat_edges(layer, V, R, E), after))
-    spmm = 8 * V * fi if isinstance(layer, SAGELayer) else F32 * V * fi
+    X = F32 * R * fi * d[0]
+    drop = A + _dropout(R, fi) if d[0] else 0 * R
+    if isinstance(layer, GATLayer) or measured(layer):
+        work = _gat_edges(layer, V, R, E) if isinstance(layer, GATLayer) else \
+            layer_memory(layer).forward(V, R, _edges(layer, V, E))
+        return torch.maximum(drop, torch.maximum(A + X + work, after))
+    spmm = 8 * V * fi if isinstance(layer, SAGE_LIKE) else F32 * V * fi
     agg = F32 * V * fi
     return torch.maximum(torch.maximum(drop, A + X + spmm), torch.maximum(
         A + X + agg + _update(layer, V, fi, fi, fo), after))
 
 
-def _loss(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor) -> Tensor:
+def _loss(layer: BlockLayer, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor,
+          d: tuple[bool, bool]) -> Tensor:
     """The last layer with autograd, the loss and the backward into the source rows; the previous chunk's rows
     and gradient ``P`` stay bound (through its output's graph) until this chunk's output replaces it."""
-    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
+    fi, fo = layer.in_features, layer.out_features
     if proj:
-        fwd = F32 * V * fo * (6 if isinstance(layer, SAGELayer) else 3)
-        xd = F32 * V * fi * (2 if layer.update_uses_dst else 0)  # type: ignore[attr-defined]
-        drop = _dropout(V, fi) if l == 0 and layer.update_uses_dst else 0 * V  # type: ignore[attr-defined]
+        fwd = F32 * V * fo * (6 if isinstance(layer, SAGE_LIKE) else 3)
+        xd = F32 * V * fi * (2 if layer.update_uses_dst else 0)
+        drop = _dropout(V, fi, d[0] and layer.update_uses_dst)
         return A + torch.maximum(drop, xd + fwd + torch.maximum(P, F32 * R * fo))
-    X = F32 * R * fi if l == 0 else 0 * R
-    drop = A + _dropout(R, fi) if l == 0 else 0 * R
+    X = F32 * R * fi * d[0]
+    drop = A + _dropout(R, fi) if d[0] else 0 * R
+    if measured(layer):  # measured: through its forward (``P`` still bound), then its backward and the loss's
+        m, Em = layer_memory(layer), _edges(layer, V, E)
+        return torch.maximum(drop, A + X + torch.maximum(m.saved[l > 0](V, R, Em) + P,
+                                                         m.train[l > 0](V, R, Em) + F32 * V * fo * 3))
     if isinstance(layer, GATLayer):
         H, HC = layer.heads, layer.heads * layer.out_per_head
         saved = _gat_edges(layer, V, R, E)
@@ -312,7 +343,7 @@ def _loss(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A:
         grads = F32 * R * (2 * HC + fi) + E * H * (I64 + F32) + F32 * E * H * 6
         return torch.maximum(drop, A + X + saved + torch.maximum(P, grads))
     # GIN/GCN/SAGE aggregating first: the aggregation's and the slice's gradients, then their sum
-    grads = F32 * R * fi * (3 if isinstance(layer, (GINLayer, SAGELayer)) else 1)
+    grads = F32 * R * fi * (3 if isinstance(layer, (GINLayer, *SAGE_LIKE)) else 1)
     fwd = F32 * V * fi * 4 + F32 * V * fo * 6
     return torch.maximum(drop, A + X + fwd + torch.maximum(P, grads))
 
@@ -324,24 +355,20 @@ def _loss_stale(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, A: Tens
     return A + F32 * R * width * (l > 0 or proj)
 
 
-def _backward_cached(layer: object, l: int, proj: bool, through: bool, V: Tensor, R: Tensor) -> Tensor:
+def _backward_cached(layer: BlockLayer, l: int, proj: bool, through: bool, V: Tensor, R: Tensor,
+                     d: tuple[bool, bool]) -> Tensor:
     """UPDATE recomputed from the cached aggregation with autograd, the next layer's input (activation, dropout),
     their backward, then the propagation's transpose into the source rows."""
-    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
+    fi, fo = layer.in_features, layer.out_features
     fa = fo if proj else fi
-    xd = 0 * V
-    if layer.update_uses_dst:  # type: ignore[attr-defined]
-        xd = F32 * V * fi if l == 0 else 0 * V
-        if l == 0:
-            xd_moment = _dropout(V, fi)
+    dst = layer.update_uses_dst
+    xd = F32 * V * fi * (dst and d[0])
     update = _update(layer, V, fi, fa, fo) + (F32 * V * fi * 2 if isinstance(layer, GINLayer) else 0)
-    after = F32 * V * fo * 2 + _dropout(V, fo) + F32 * V * fo * 2  # y, activation, dropout; their gradients
-    peak = xd + torch.maximum(update, after) + F32 * V * fa * (2 if isinstance(layer, SAGELayer) else 1)
+    after = F32 * V * fo * 2 + _dropout(V, fo, d[1]) + F32 * V * fo * 2  # y, activation, dropout; their gradients
+    peak = xd + torch.maximum(update, after) + F32 * V * fa * (2 if isinstance(layer, SAGE_LIKE) else 1)
     if through:  # y, the aggregation's gradient, the sources' gradient
         peak = torch.maximum(peak, xd + F32 * V * (fo + 2 * fa) + F32 * R * fa)
-    if layer.update_uses_dst and l == 0:  # type: ignore[attr-defined]
-        peak = torch.maximum(peak, xd_moment)
-    return peak
+    return torch.maximum(peak, _dropout(V, fi, dst and d[0]))
 
 
 def _backward_cached_stale(layer: object, l: int, proj: bool, V: Tensor) -> Tensor:
@@ -352,11 +379,17 @@ def _backward_cached_stale(layer: object, l: int, proj: bool, V: Tensor) -> Tens
     return F32 * V * (fo + fa) + xd
 
 
-def _backward_whole(layer: object, l: int, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor) -> Tensor:
-    """A layer recomputed whole with autograd (GAT) and backpropagated into its source rows."""
-    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
-    X = F32 * R * fi if l == 0 else 0 * R
-    drop = A + _dropout(R, fi) if l == 0 else 0 * R
+def _backward_whole(layer: BlockLayer, l: int, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor,
+                    d: tuple[bool, bool]) -> Tensor:
+    """A layer recomputed whole with autograd (GAT, a user's) and backpropagated into its source rows."""
+    fi, fo = layer.in_features, layer.out_features
+    X = F32 * R * fi * d[0]
+    drop = A + _dropout(R, fi) if d[0] else 0 * R
+    if measured(layer):  # measured, then the next layer's input's gradient (its dropout's and ReLU's); the
+        # previous chunk's input ``P`` stays bound until this chunk's recomputation returns
+        m, Em = layer_memory(layer), _edges(layer, V, E)
+        grad_y = F32 * V * fo * 2 + _dropout(V, fo, d[1])
+        return P + torch.maximum(drop, torch.maximum(A, X) + m.train[l > 0](V, R, Em) + grad_y)
     assert isinstance(layer, GATLayer)
     H, HC = layer.heads, layer.heads * layer.out_per_head
     saved = _gat_edges(layer, V, R, E) + F32 * E * H * 2

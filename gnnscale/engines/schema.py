@@ -74,8 +74,8 @@ EPOCH_KEYS: dict[str, Key] = {
                              "its first epoch (every epoch under --gpu-memory), later epochs report the process's "
                              "peak resident bytes, as the in-memory engine on CPU does.", _LOOP, kind="held"),
     "estimated_peak_device_bytes": Key("bytes", "The planner's estimate of peak_device_bytes for the epoch's chunks "
-                                       "(its memory model, issue #30: within 1.00-1.15x of the counted peak; a user's PyG "
-                                       "convs measured on probe blocks, issue #45: within 1.00-1.25x).",
+                                       "(its memory model, issue #30: within 1.00-1.15x of the counted peak; a user's "
+                                       "PyG convs measured on probe blocks, issue #45: within 1.00-1.25x).",
                                        "offload", kind="held"),
     "norm_passes": Key("count", "With --norm batch: BatchNorm's extra passes over the chunks (task-parallel: "
                        "subgraphs) in the epoch, a statistics pass (forward) and a gradient-sums pass (backward) per "

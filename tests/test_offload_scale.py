@@ -141,7 +141,7 @@ def test_a_failed_epoch_leaves_no_stale_gradients(graph: Graph, dedup: str, monk
     ref = InMemoryEngine(graph, _model(graph, eng.config), eng.config, CPU)
     layer = eng.model.block_layers[0]
     calls = []
-    update = layer.update
+    update, update_vjp = layer.update, layer.update_vjp
 
     def flaky(*args: Tensor) -> Tensor:
         if torch.is_grad_enabled():  # layer 0's backward, chunk by chunk: fail on the second chunk
@@ -150,7 +150,14 @@ def test_a_failed_epoch_leaves_no_stale_gradients(graph: Graph, dedup: str, monk
                 raise RuntimeError("device lost")
         return update(*args)
 
+    def flaky_vjp(*args: object) -> object:  # the CPU's backward of UPDATE without its forward (update_vjp)
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device lost")
+        return update_vjp(*args)  # type: ignore[arg-type]
+
     monkeypatch.setattr(layer, "update", flaky)
+    monkeypatch.setattr(layer, "update_vjp", flaky_vjp)
     with pytest.raises(RuntimeError, match="device lost"):
         eng.train_epoch(1)
     grads = eng.host.input_grads.values()

@@ -196,3 +196,27 @@ def test_the_biases_a_batch_norm_cancels_are_named_for_pyg_convs() -> None:
     assert sorted(named[id(p)] for p in stack.biases_before_norm()) == [
         "layers.0.conv.nn.2.bias", "layers.1.conv.lin_skip.bias"]
     assert Stack(convs, norms="layer").biases_before_norm() == []
+
+
+@pytest.mark.parametrize("cls", [GCNLayer, SAGELayer, GraphConvLayer])
+@pytest.mark.parametrize("project_first", [True, False])
+def test_update_vjp_gives_autograd_s_bits(cls: type, project_first: bool) -> None:
+    """A linear UPDATE's backward without its forward (what the offload engine runs on a CPU instead of
+    recomputing UPDATE) gives the gradients autograd gives, bit for bit: parameters, aggregation, destinations."""
+    torch.manual_seed(0)
+    layer = cls(12, 7, project_first=project_first)
+    assert layer.has_update_vjp
+    width = 7 if project_first else 12
+    agg, xd, grad = torch.randn(30, width), torch.randn(30, 12), torch.randn(30, 7)
+    a, d = agg.clone().requires_grad_(), xd.clone().requires_grad_()
+    layer.update(a, d).backward(grad)
+    want = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+    layer.zero_grad(set_to_none=True)
+    got_agg, got_dst = layer.update_vjp(agg, xd, grad, True, True)
+    assert torch.equal(got_agg, a.grad)
+    if cls is GCNLayer:  # UPDATE does not read the destinations
+        assert got_dst is None
+    else:
+        assert torch.equal(got_dst, d.grad)
+    got = {n: p.grad for n, p in layer.named_parameters() if p.grad is not None}
+    assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)

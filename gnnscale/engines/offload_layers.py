@@ -20,7 +20,6 @@ from gnnscale import runtime as rt
 from gnnscale.engines.offload_rows import HostRows
 from gnnscale.engines.offload_sweep import ChunkStep, LayerPass, Sweep
 from gnnscale.engines.offload_workers import Worker
-from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.batchnorm import (
     SplitBatchNorm,
     end_grad_sums_together,
@@ -358,10 +357,10 @@ class LayerPasses:
             agg = agg.detach().requires_grad_(through_propagation)
             if x_dst is not None:
                 xd = self._layer_input(worker, layer, x_dst, dst_ids, key).detach().requires_grad_(layer > 0)
-            if self._update_by_vjp(layer):  # not even UPDATE recomputed: see there
+            if self._update_by_vjp(layer):  # not even UPDATE recomputed, where the layer has its backward
                 h_next = worker.io.view_in_place(self.host.inputs[layer + 1], step.chunk.lo, step.chunk.hi)
-                self._update_vjp(worker, layer, key, dst_ids, agg, xd, grad_next, h_next)
-                return agg, x, xd
+                if self._update_vjp(worker, layer, key, dst_ids, agg, xd, grad_next, h_next):
+                    return agg, x, xd
             y = block_layer.update(agg, xd)  # type: ignore[arg-type]  # None when UPDATE ignores x_dst
         else:  # recompute the whole layer (GAT)
             block = step.block
@@ -387,25 +386,28 @@ class LayerPasses:
         model, layer_obj = self.model, self.model.block_layers[layer]
         return (layer in self.host.caching and model.activation is F.relu
                 and isinstance(model.norms[layer], nn.Identity)
-                and type(layer_obj).update_vjp is not BlockLayer.update_vjp
+                and layer_obj.has_update_vjp
                 and all(w.io.in_place for w in self.sweep.group.workers))
 
     @staticmethod
     def _update_vjp(worker: Worker, layer: int, key: Key, dst_ids: Tensor, agg: Tensor, xd: Tensor | None,
-                    grad_next: Tensor, h_next: Tensor) -> None:
+                    grad_next: Tensor, h_next: Tensor) -> bool:
         """``dL/dh[layer + 1]`` through the next layer's input (ReLU, dropout) and UPDATE without their forward
         products; the aggregation's and destination rows' gradients land in ``agg.grad`` and ``xd.grad`` (leaves
-        that require them), as autograd would put them."""
+        that require them), as autograd would put them. False (nothing done) where the layer's ``update_vjp``
+        declines (a residual layer's: its UPDATE has a term the base layer's backward does not know)."""
         grad_y = worker.model.layer_input_vjp(layer + 1, h_next, dst_ids, key, grad_next)
         assert grad_y is not None
         block_layer = worker.model.block_layers[layer]
         grads = block_layer.update_vjp(agg, xd, grad_y, agg.requires_grad, xd is not None and xd.requires_grad)
-        assert grads is not None
+        if grads is None:
+            return False
         if grads[0] is not None:
             agg.grad = grads[0]
         if grads[1] is not None:
             assert xd is not None
             xd.grad = grads[1]
+        return True
 
     # ------------------------------------------------------------------------------------------------ inference
     def predict_last(self, pred: Tensor) -> None:

@@ -33,6 +33,9 @@ class BlockLayer(nn.Module):
     block's adjacency, never by row position: a block whose sources are rows of a larger table (its ``indices``
     the table's row ids) then serves with the table itself as ``x_src``, and a CPU engine reads rows in place."""
 
+    has_update_vjp: ClassVar[bool] = False
+    """True when :meth:`update_vjp` backpropagates UPDATE without its forward (a caching engine then need not
+    recompute UPDATE in backward)."""
     output_bias: ClassVar[str | None] = None
     """The name of the bias added last to every output row (``"bias"``, ``"lin_l.bias"``, ...), ``None`` for none:
     under a BatchNorm that follows the layer its gradient is exactly zero (:meth:`biases_before_norm`)."""

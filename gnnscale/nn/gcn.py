@@ -22,6 +22,7 @@ class GCNLayer(BlockLayer):
     """
 
     sparse_backward: ClassVar[bool] = True
+    has_update_vjp: ClassVar[bool] = True
     reads_by_product: ClassVar[bool] = True
 
     adjacency: ClassVar[AdjacencySpec] = AdjacencySpec(self_loops=True, norm="gcn")

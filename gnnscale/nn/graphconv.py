@@ -24,6 +24,7 @@ class GraphConvLayer(BlockLayer):
     """
 
     sparse_backward: ClassVar[bool] = True
+    has_update_vjp: ClassVar[bool] = True
     reads_by_product: ClassVar[bool] = True
     output_bias: ClassVar[str | None] = "lin_rel.bias"
 

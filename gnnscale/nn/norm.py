@@ -47,6 +47,7 @@ class _Residual(BlockLayer):
     ``residual=True``); UPDATE then reads ``x_dst`` whatever the layer type."""
 
     update_uses_dst: ClassVar[bool] = True
+    has_update_vjp: ClassVar[bool] = False  # the residual term is not in the base layer's UPDATE backward
     res: nn.Linear
 
     def update(self, agg: Tensor, x_dst: Tensor) -> Tensor:

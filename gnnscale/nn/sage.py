@@ -20,6 +20,7 @@ class SAGELayer(BlockLayer):
     """
 
     sparse_backward: ClassVar[bool] = True
+    has_update_vjp: ClassVar[bool] = True
     reads_by_product: ClassVar[bool] = True
     output_bias: ClassVar[str | None] = "lin_l.bias"
 

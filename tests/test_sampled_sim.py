@@ -15,19 +15,26 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from test_distributed import FANOUTS, _free_port
+from test_distributed import _graph as _rank_graph
 from test_hybrid import _config
 from torch import Tensor
 
 import gnnscale.runtime as rt
+from gnnscale.config import TrainConfig
+from gnnscale.engines.distributed import DistributedEngine
 from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
+from gnnscale.store import GlobalMemoryStore
 
 CPU = torch.device("cpu")
 BATCH = 16  # four iterations per epoch (64 training vertices of 600)
@@ -40,7 +47,7 @@ def graph() -> Graph:
 
 def _minibatch(g: Graph, device: rt.Device, devices: tuple[str, ...] | None = None, model: str = "sage",
                **kw: Any) -> MiniBatchEngine:
-    cfg = _config(engine="minibatch", model=model, batch_size=BATCH, devices=devices, **kw)
+    cfg = _config(**{"engine": "minibatch", "model": model, "batch_size": BATCH, "devices": devices, **kw})
     assert g.num_classes is not None
     stack = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers,
                         dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
@@ -138,3 +145,82 @@ def _settle(sims: list[rt.SimDevice]) -> None:
     its memory, freed later, leaves no debt for the next test's allocations."""
     for d in sims:
         rt.synchronize(d)
+
+
+# ------------------------------------------------------------------------------------------------ CUDA twins
+def test_sim_sampling_equals_cpu_sampling_with_real_fanouts(sims: list[rt.SimDevice]) -> None:
+    """Twin of test_minibatch_xgnn's CUDA-only ``test_cuda_sampling_equals_cpu_sampling_with_real_fanouts``: with
+    30% of the topology and features on the device (the rest read from host memory), the device sampler draws the
+    CPU's keyed sample, reads the same entries and rows, and the epoch's loss is the CPU's."""
+    g = csbm(nodes=2000, features=16, avg_degree=8, seed=2)
+
+    def run(device: rt.Device) -> dict[str, Any]:
+        eng = _minibatch(g, device, model="sage", dropout=0.0, fanouts=(5, 3), gpu_graph_ratio=0.3,
+                         gpu_feature_ratio=0.3, batch_size=128, hidden=16, seed=1)
+        return eng.train_epoch(1)
+
+    cpu, sim = run(CPU), run(sims[0])
+    assert sim["sampled_edges"] == cpu["sampled_edges"]
+    assert sim["fetched_neighbor_entries"] == cpu["fetched_neighbor_entries"]
+    assert sim["h2d_row_bytes"] == cpu["h2d_row_bytes"] > 0
+    assert sim["loss"] == pytest.approx(cpu["loss"], rel=1e-5)
+
+
+def test_sim_staging_buffer_is_allocated_once_and_reused() -> None:
+    """Twin of test_minibatch_xgnn's CUDA-only ``test_cuda_staging_buffer_is_pinned_once_and_reused``: ten reads
+    of growing size through one staging buffer (the store's host rows to the device), each x[ids] once its stream
+    is waited for; the buffer is made once. (On a sim device nothing is page-locked: docs/runtime.md.)"""
+    g = csbm(nodes=3000, features=16, avg_degree=8, seed=3)
+    assert g.x is not None
+    dev = rt.SimDevice(0, 1 << 22)
+    store = GlobalMemoryStore(g, [dev], gpu_feature_ratio=0.1, gather="index_select")
+    gen = torch.Generator().manual_seed(0)
+    for i in range(10):
+        ids = torch.randperm(g.num_nodes, generator=gen)[: 200 + 10 * i]
+        got = store.features(rt.to_device(ids, dev))
+        rt.synchronize(dev)
+        assert torch.equal(got, g.x[ids]), i
+    assert store.stats.staging_allocs == 1
+
+
+# ------------------------------------------------------------------------------------------------ distributed
+def _rank_task(rank: int, plan_dir: str) -> dict[str, Any]:
+    """This rank's two epochs (and its evaluation) on the CPU, then on ``sim:LOCAL_RANK``, from the same
+    weights."""
+    out: dict[str, Any] = {}
+    for name, device in (("cpu", CPU), ("sim", rt.sim_device(int(os.environ["LOCAL_RANK"])))):
+        g = _rank_graph()
+        cfg = TrainConfig(engine="distributed", model="sage", batch_size=25, fanouts=FANOUTS, seed=0,
+                          plan_dir=plan_dir, hidden=8, strategy="micrograph")
+        model = build_model("sage", g.num_features, 8, g.num_classes, layers=2, dropout=0.5, heads=1, seed=0)
+        eng = DistributedEngine(g, model, cfg, device)
+        issued = device.copies_issued if isinstance(device, rt.SimDevice) else 0
+        out[name] = {"losses": [eng.train_epoch(epoch)["loss"] for epoch in (1, 2)], "eval": eng.evaluate(),
+                     "weights": [p.detach().clone() for p in eng.model.parameters()],
+                     "copies": device.copies_issued - issued if isinstance(device, rt.SimDevice) else 0}
+        eng.comm.close()
+    return out
+
+
+def _rank_entry(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    torch.save(_rank_task(rank, str(Path(out) / "plans")), Path(out) / f"rank{rank}.pt")
+
+
+def test_distributed_ranks_on_sim_devices_equal_cpu_ranks(tmp_path: Path) -> None:
+    """Two gloo ranks, each on ``sim:LOCAL_RANK`` (its features, labels and blocks in the sim device's memory,
+    copied through the runtime), train the CPU ranks' epochs: the same losses, weights and accuracies."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_rank_entry, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for got in ranks:
+        assert got["sim"]["copies"] > 0  # the blocks and rows really went through the sim device
+        assert got["sim"]["losses"] == pytest.approx(got["cpu"]["losses"], rel=1e-5)
+        assert all(math.isfinite(v) for v in got["sim"]["losses"])
+        assert got["sim"]["eval"] == got["cpu"]["eval"]
+        for a, b in zip(got["cpu"]["weights"], got["sim"]["weights"], strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    assert ranks[0]["sim"]["losses"] == ranks[1]["sim"]["losses"]  # the job's loss, the same on every rank

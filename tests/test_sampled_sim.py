@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest

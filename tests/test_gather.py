@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gnnscale import runtime as rt
 from gnnscale.errors import ConfigError
 from gnnscale.store import GATHER_METHODS, default_gather_method, gather_rows, scatter_add_rows, triton_available
 from gnnscale.testing import only_cuda
@@ -163,4 +164,28 @@ def test_gather_on_cuda_is_exact(method: str) -> None:
                               staging=staging)
             torch.cuda.synchronize()
             assert got.shape == (n, f) and torch.equal(got.cpu(), host[rows]), (f, n)
+            assert out[n:].isnan().all(), (f, n)
+
+
+def test_gather_into_a_sim_device_is_exact() -> None:
+    """Sim twin of ``test_gather_on_cuda_is_exact`` (the index_select path; the UVA kernel reads pinned memory from
+    a real GPU only): host rows -> staging -> a copy on a side stream into a sim device, sorted and unsorted ids,
+    wide and narrow rows, empty; the rows are the poison until the stream is waited for, then ``host[rows]``, and
+    the tail of ``out`` is untouched."""
+    dev = rt.SimDevice(0, 1 << 24)
+    side = rt.new_stream(dev)
+    g = torch.Generator().manual_seed(7)
+    for f in (1, 37, 256):
+        host = torch.randn(5000, f, generator=g)  # [N, F]
+        unsorted = torch.randperm(5000, generator=g)[:999]
+        for rows in (_sorted_rows(5000, 1200, seed=f), unsorted, _sorted_rows(5000, 0, seed=1)):
+            n = rows.numel()
+            out = rt.to_device(torch.full((n + 3, f), float("nan")), dev)  # the tail must stay untouched
+            staging = rt.pinned_empty((n, f), device=dev)
+            rt.wait_stream(side, rt.current_stream(dev))  # out was filled on the default stream
+            with rt.use_stream(side):
+                got = gather_rows(host, rows, out, method="index_select", staging=staging)
+            assert got.isnan().all(), (f, n)  # not waited for yet
+            rt.wait_stream(rt.current_stream(dev), side)
+            assert got.shape == (n, f) and torch.equal(got, host[rows]), (f, n)
             assert out[n:].isnan().all(), (f, n)

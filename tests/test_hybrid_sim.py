@@ -7,14 +7,15 @@ the tolerances of tests/test_hybrid.py), with no NaN anywhere, on ``cpu,sim:0`` 
 the CPU sampler or on the device itself) and on ``cpu,sim:0,sim:1``. The syncs and waits per iteration are what
 the stages promise (gnnscale/engines/sampled_stages.py): per accelerator, one wait (its stream on the copy's event)
 and two host syncs (the transfer stage's on its copies, the trainer's on its work and loss), and where the device
-samples its share one more (the sampling stream) plus the store reader's two per hop; none on the CPU.
+samples its share two more (the sampling stream, the loader's read of the input ids) plus the store reader's two
+per hop; none on the CPU.
 
 Removing any wait of the hybrid path makes one of these tests fail (the mechanism tests below remove each, one at
 a time, by making the runtime call at that site a no-op), and so does a copy into a buffer the trainer still reads.
 Two waits order the copies before training, each enough alone: removing one shows in the counts, removing both
-reads unordered bytes (StreamOrderError). The sampling stream's host sync orders blocks *computed* on that stream
-outside a device scope (``use_stream`` alone), which the sim device does not see (docs/runtime.md, "Not caught"):
-its removal shows in the counts only. Removing the trainer's host sync lets the copy stream reuse memory the
+reads unordered bytes (StreamOrderError). The sampling stream's host sync orders the blocks computed on that
+stream (in the device's scope, so marked as written there) before the loader copies their input ids to the host:
+without it that copy raises StreamOrderError. Removing the trainer's host sync lets the copy stream reuse memory the
 trainer's stream may still read: the freed-memory check (or NaN) fails it.
 """
 
@@ -64,12 +65,13 @@ def _engine(g: Graph, devices: tuple[str, ...], shares: tuple[float, ...], on_de
 def _assert_counts(eng: HybridEngine, iterations: int) -> None:
     """Per iteration and sim device: one wait (the trainer's stream on the copy's event), two host syncs (the
     transfer stage on its copies, the trainer on its work), and for a share sampled on the device the sampling
-    stream's sync and the store reader's two per hop (a route and a take). Nothing on the CPU."""
+    stream's sync, the store reader's two per hop (a route and a take) and the loader's blocking read of the input
+    ids. Nothing on the CPU."""
     assert rt.sync_count(CPU) == 0 and rt.wait_count(CPU) == 0
     for g, dev in enumerate(eng.devices):
         if not rt.is_sim(dev):
             continue
-        syncs = 2 + (1 + 2 * HOPS if eng.gpu_sampler[g] else 0)
+        syncs = 2 + (2 + 2 * HOPS if eng.gpu_sampler[g] else 0)
         waits = rt.wait_count(dev)
         assert waits == iterations, f"{dev}: {waits} waits in {iterations} iterations, not one per iteration"
         got = rt.sync_count(dev)
@@ -127,7 +129,7 @@ def _skip_sync(monkeypatch: pytest.MonkeyPatch, skipped: Any) -> None:
     ("transfer host sync", "syncs in"),
     ("trainer event wait and transfer host sync", "has not waited"),
     ("trainer host sync", "NaN in the loss|may reuse"),
-    ("sampling host sync", "syncs in"),
+    ("sampling host sync", "has not waited for sim:0/stream"),
 ])
 def test_a_missing_wait_of_the_hybrid_engine_fails(graph: Graph, sims: list[rt.SimDevice], removed: str,
                                                    failure: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,6 +148,9 @@ def test_a_missing_wait_of_the_hybrid_engine_fails(graph: Graph, sims: list[rt.S
         _skip_sync(monkeypatch, lambda t: isinstance(t, rt.SimDevice))
     with pytest.raises((rt.StreamOrderError, AssertionError), match=failure):
         _train(eng)
+    monkeypatch.undo()
+    for d in sims:  # the host waits for the failed run's streams: its memory, freed later, leaves no debt
+        rt.synchronize(d)
 
 
 def _reusing_features(monkeypatch: pytest.MonkeyPatch, rows: int) -> Counter[int]:

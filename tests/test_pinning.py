@@ -78,3 +78,33 @@ def test_registered_memory_is_read_by_the_gpu() -> None:
             assert torch.equal(out.cpu(), host[rows])
         dev = host[:1000].to("cuda", non_blocking=True)
         assert torch.equal(dev.cpu(), host[:1000])
+
+
+def test_registered_memory_is_read_by_a_sim_device() -> None:
+    """Sim twin of the CUDA-only ``test_registered_memory_is_read_by_the_gpu`` (and test_runtime's
+    ``test_cuda_registered_memory_is_read_by_the_gpu``): a host table registered in place in several slices (the
+    fake runtime records them) is read by a device, in place, across slice boundaries: every byte the reads take
+    lies in a registered slice while the region is open, the reads equal the table, and closing the region
+    unregisters every slice once. (A sim device needs no page-locking; the registration itself is CUDA's.)"""
+    from gnnscale import runtime as rt
+    from gnnscale.store import gather_rows
+
+    fake = FakeCudart()
+    host = torch.randn(50_000, 32)
+    dev = rt.SimDevice(0, 1 << 24)
+    side = rt.new_stream(dev)
+    with pin_in_place(host, slice_bytes=1 << 20, cudart=lambda: fake) as region:  # several slices
+        assert region is not None and region.slices > 1 and len(fake.registered) == region.slices
+        rows = torch.sort(torch.randint(0, 50_000, (4096,), generator=torch.Generator().manual_seed(0))).values
+        row_bytes = host.shape[1] * host.element_size()
+        for r in rows.tolist():  # every row read lies in one registered slice or spans two
+            lo, hi = host.data_ptr() + r * row_bytes, host.data_ptr() + (r + 1) * row_bytes
+            covered = sum(max(0, min(hi, p + n) - max(lo, p)) for p, n in fake.registered.items())
+            assert covered == row_bytes, r
+        out = rt.empty((4096, 32), device=dev)
+        with rt.use_stream(side):
+            got = gather_rows(host, rows, out, staging=rt.pinned_empty((4096, 32), device=dev))
+            first = rt.to_device(host[:1000], dev)
+        rt.synchronize(side)
+        assert torch.equal(got, host[rows]) and torch.equal(first, host[:1000])
+    assert not fake.registered and len(fake.unregistered) == region.slices

@@ -196,6 +196,19 @@ def test_device_to_host_reads_nan_until_the_host_syncs(dev: rt.SimDevice, how: s
         assert torch.equal(h, torch.arange(6.0))
 
 
+def test_host_buffers_made_in_a_device_scope_are_host_memory(dev: rt.SimDevice) -> None:
+    """Inside ``on_device`` a factory's result counts as device memory, but the runtime's host buffers do not:
+    ``to_host``'s destination and ``pinned_empty`` stay host memory (else a reader that brings its ids to the
+    host inside a sampling stage gets them back "on" the device)."""
+    with rt.use_stream(dev.new_stream()), rt.on_device(dev):
+        x = rt.to_device(torch.arange(6.0), dev)
+        h = rt.to_host(x, blocking=True)
+        staging = rt.pinned_empty((4,), device=dev)
+        made = torch.empty(3)  # a factory's result in the scope: device memory
+    assert rt.device_of(h) == torch.device("cpu") and torch.equal(h, torch.arange(6.0))
+    assert rt.device_of(staging) == torch.device("cpu") and rt.device_of(made) is dev
+
+
 @pytest.mark.parametrize("dtype, value", [(torch.int64, -(2**63)), (torch.int32, -(2**31)), (torch.uint8, 255),
                                           (torch.bool, True), (torch.float16, math.nan)])
 def test_poison_of_every_dtype(dev: rt.SimDevice, dtype: torch.dtype, value: float) -> None:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.distributed.job import launched
 from gnnscale.errors import ConfigError, RankFailure
 
@@ -74,8 +75,10 @@ class Comm:
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
-    def setup(cls, device: torch.device, timeout_s: float) -> Comm:
-        """Join the job from torch's environment (or the process group already made by the caller)."""
+    def setup(cls, device: rt.Device, timeout_s: float) -> Comm:
+        """Join the job from torch's environment (or the process group already made by the caller); a sim device's
+        collectives run on the host (gloo), where its tensors are."""
+        device = rt.torch_device(device)
         timeout = timedelta(seconds=timeout_s)
         if not dist.is_available():
             raise ConfigError("--engine distributed: this torch build has no torch.distributed")

@@ -93,7 +93,7 @@ class Engine(ABC):
             rt.set_host_allocator(allocator)
         self.timings: dict[str, float] = {}
         """Seconds of the engine's preparation steps (partitioning, planning, ...), for the run's summary."""
-        self.model.to(device)
+        self.model.to(rt.torch_device(device))  # a sim device's tensors are in host memory
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         before_norm = model.biases_before_norm()
         if before_norm:  # their true gradient is zero: rounding noise must not move them (GNN.biases_before_norm)

@@ -66,7 +66,7 @@ from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
 from gnnscale.engines.distributed_norm import RankBatchNorm
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
 from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
-from gnnscale.engines.sampled_exchange import RankReducer, layerwise_across_ranks
+from gnnscale.engines.sampled_exchange import RankReducer, blocks_on, layerwise_across_ranks
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
@@ -76,6 +76,7 @@ from gnnscale.runtime.host import proc_kib
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.features import FeatureSource, ReadStats
 from gnnscale.store.partitioned import FetchedRows, PartitionedFeatures
+from gnnscale.store.transfer import place
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -156,7 +157,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         """This rank's feature source: its rows local, the others from their owners (every input row is read
         through it, or through the rows it fetched ahead: :meth:`_inputs`)."""
         self.topo = CSRTopology.from_graph(graph, model.adjacency)
-        self.y = graph.y.to(device)
+        self.y = place(graph.y, device)
         self.merge = MergeController(config.merge if config.strategy == "micrograph" else "off", self.world)
         self.reducer = RankReducer(self.comm, model)
         self.batch_norm = RankBatchNorm(model, self.comm, self.owner, device)
@@ -207,7 +208,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         parts = torch.bincount(self.owner, minlength=self.world).tolist()
         how = (c.strategy if c.strategy == "model-centric" else
                f"micrograph (pre-gathering {c.pregather}, merging {c.merge})")
-        backend = "gloo" if self.device.type == "cpu" else "nccl"
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
         return (f"distributed: {self.world} ranks ({self.device.type}, {backend}), "
                 f"{how}; batch {c.batch_size} per rank, fanouts {','.join(map(str, self.fanouts))}; "
                 f"{c.partition_method} parts of {min(parts):,}-{max(parts):,} vertices, features of "
@@ -282,8 +283,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     def _sample(self, seeds: Tensor, key: int, c: dict[str, float]) -> list[Block]:
         t0 = time.perf_counter()
         blocks = sample_blocks(self.topo, seeds, self.fanouts, key, self.adjacency)  # topology in host memory
-        if self.device.type != "cpu":
-            blocks = [b.to(self.device, non_blocking=True) for b in blocks]
+        blocks = blocks_on(blocks, self.device)
         c["sample_s"] += time.perf_counter() - t0
         c["sampled_edges"] += sum(b.num_edges for b in blocks)
         return blocks
@@ -294,7 +294,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         if seeds.numel() == 0:
             return
         t0 = time.perf_counter()
-        loss = backward_share(forward(self.model, blocks, x, se), self.y[seeds.to(self.device)], total)
+        loss = backward_share(forward(self.model, blocks, x, se), self.y[place(seeds, self.device)], total)
         c["loss_sum"] += float(loss) * total
         c["train_s"] += time.perf_counter() - t0
 
@@ -325,7 +325,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
             sampled = [b for b in blocks if b is not None]
             inputs = [self._inputs(self._src(b), rows, c) for b in sampled]
             t0 = time.perf_counter()
-            self.batch_norm.prepare(sampled, inputs, [self.y[r.to(self.device)] for r in mine], total, se)
+            self.batch_norm.prepare(sampled, inputs, [self.y[place(r, self.device)] for r in mine], total, se)
             xs = [x for x in inputs]
             c["train_s"] += time.perf_counter() - t0
         for k in range(sched.steps):
@@ -488,8 +488,8 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
             mask = self.masks.get(m)
             if mask is None:
                 continue
-            sel = mask[own].to(self.device)
-            counts[0, j] = float((pred[sel] == self.y[own.to(self.device)][sel]).sum())
+            sel = place(mask[own], self.device)
+            counts[0, j] = float((pred[sel] == self.y[place(own, self.device)][sel]).sum())
             counts[1, j] = float(sel.sum())
         self.comm.all_reduce(counts, "sum", "evaluation")
         return {m.replace("_mask", "_acc"): (float(counts[0, j] / counts[1, j]) if counts[1, j] > 0 else None)

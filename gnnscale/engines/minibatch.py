@@ -70,11 +70,12 @@ from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.stack import Stack
 from gnnscale.plan.host import plan_host, sampled_batch_rows, sampled_working_bytes
-from gnnscale.plan.memory import available_device_bytes, estimate_host_bytes
+from gnnscale.plan.memory import estimate_host_bytes
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.cache import DeviceCache
 from gnnscale.store.disk import DiskSource
 from gnnscale.store.global_store import GlobalMemoryStore, StoreReader, directory_reason
+from gnnscale.store.transfer import place
 
 if TYPE_CHECKING:
     from gnnscale.config import TrainConfig
@@ -93,7 +94,7 @@ class _Trainer:
     """One device: a model replica, its reader of the store, and (CUDA) the stream it samples on."""
 
     index: int
-    device: torch.device
+    device: rt.Device
     model: Stack
     reader: StoreReader
     stream: rt.Stream | None
@@ -140,8 +141,8 @@ class MiniBatchEngine(SampledEngine):
         if "cpu" in kinds and len(kinds) > 1:
             reasons.append(f"--devices {','.join(config.devices or ())} mixes the CPU and accelerators: the hybrid "
                            "engine trains them together")
-        devices = [torch.device(d) for d in config.devices] if config.devices else [device]
-        budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
+        devices = trainer_devices(config, device)
+        budget = config.memory_budget if config.memory_budget is not None else int(rt.mem_get_info(devices[0])[0])
         store = directory_reason(graph.num_nodes, budget, STORE_SHARE)
         if store:
             reasons.append(store)
@@ -155,10 +156,11 @@ class MiniBatchEngine(SampledEngine):
                 reasons.append(str(exc))
         return reasons
 
-    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: torch.device):
-        super().__init__(graph, model, config, device)
-        devices = [torch.device(d) for d in config.devices] if config.devices else [device]
-        budget = config.memory_budget if config.memory_budget is not None else available_device_bytes(devices[0])
+    def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: rt.Device):
+        super().__init__(graph, model, config, rt.torch_device(device))
+        self.device = device  # type: ignore[assignment]  # a runtime device: the model is where its tensors are
+        devices = trainer_devices(config, device)
+        budget = config.memory_budget if config.memory_budget is not None else int(rt.mem_get_info(devices[0])[0])
         hotness = self.presampled_hotness() if config.hotness == "presample" else None
         graph_ratio, feature_ratio = config.gpu_graph_ratio, config.gpu_feature_ratio
         self.tier = open_disk_tier(graph, host_plan(graph, config, model, working_bytes=self.working_bytes(
@@ -181,7 +183,7 @@ class MiniBatchEngine(SampledEngine):
         """Several trainers and ``--norm batch``: their norms' statistics reduced over the global batch."""
         self.trainers = [
             _Trainer(g, dev, self.replicas.models[g], self.store.reader(g),
-                     rt.new_stream(dev), graph.y.to(dev))
+                     rt.new_stream(dev), place(graph.y, dev))
             for g, dev in enumerate(devices)]
         self.pool = (ThreadPoolExecutor(len(devices), thread_name_prefix="gnnscale-trainer")
                      if len(devices) > 1 else None)
@@ -247,8 +249,8 @@ class MiniBatchEngine(SampledEngine):
     # ------------------------------------------------------------------------------------------------ the feed
     def _prepare(self, t: _Trainer, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> SampledBatch:
         """Sample ``seeds`` (on ``t``'s device) and extract the input rows through ``t``'s reader."""
-        with rt.use_stream(t.stream):
-            batch = fetch_batch(t.reader, t.reader.features, seeds.to(t.device), fanouts, key, self.adjacency)
+        with rt.use_stream(t.stream), rt.on_device(t.device):  # a sim device marks what it makes as the stream's
+            batch = fetch_batch(t.reader, t.reader.features, place(seeds, t.device), fanouts, key, self.adjacency)
             batch.ready = rt.record_event(t.stream)
         return batch
 
@@ -311,7 +313,7 @@ class MiniBatchEngine(SampledEngine):
         shares = self.config.shares
         out = []
         for t in self.trainers:
-            on = torch.split(seeds.to(t.device), sizes)
+            on = torch.split(place(seeds, t.device), sizes)
             if shares is None:
                 out.append([torch.tensor_split(batch, len(self.trainers))[t.index] for batch in on])
             else:
@@ -350,9 +352,10 @@ class MiniBatchEngine(SampledEngine):
                 if not trains:
                     return
                 t0 = time.perf_counter()
-                loss = backward_share(self._forward(batch, se, t.model), t.y[batch.seeds], total)
-                c = counters[t.index]
-                c["loss_sum"] += loss * total
+                with rt.on_device(t.device):  # on the device's current stream (a sim device checks every op there)
+                    loss = backward_share(self._forward(batch, se, t.model), t.y[batch.seeds], total)
+                    c = counters[t.index]
+                    c["loss_sum"] += loss * total
                 c["train_s"] += time.perf_counter() - t0
 
         if self.norm_sync is not None:
@@ -367,16 +370,23 @@ class MiniBatchEngine(SampledEngine):
         se, key = (self.config.seed, epoch), sample_key(self.config.seed, epoch)
         counters = SampledCounters(len(self.trainers))
         for t in self.trainers:  # the loss stays on the trainer's device: no host sync per batch
-            counters[t.index]["loss_sum"] = torch.zeros((), device=t.device)
+            counters[t.index]["loss_sum"] = rt.zeros((), device=t.device)
         self.store.reset_stats()
         traffic(self.norm_sync)  # counted from here
         self.loop.run(epoch, functools.partial(self._feed, key=key),
                       functools.partial(self._train, se=se, counters=counters), counters)
+        for t in self.trainers:  # one blocking read per trainer and epoch: the host has waited for its device's work
+            counters[t.index]["loss_sum"] = rt.item(counters[t.index]["loss_sum"])
         stats = self.store.reset_stats()
         if self.disk is None:
             return {**counters.record(), **stats.metrics(), **traffic(self.norm_sync)}
         return {**counters.record(), **stats.metrics(), **stats.disk_metrics(), "anon_rss_bytes": anon_rss_bytes(),
                 **traffic(self.norm_sync)}
+
+
+def trainer_devices(config: TrainConfig, device: rt.Device) -> list[rt.Device]:
+    """The trainers' devices: ``config.devices`` (sim devices included), else the training device."""
+    return [rt.resolve_device(d) for d in config.devices] if config.devices else [device]
 
 
 __all__ = ["EVAL_BATCH", "EVAL_EPOCH", "PRESAMPLE_BATCHES", "MiniBatchEngine", "check_fanouts",

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.engines.sampled import EVAL_BATCH, SampledBatch, forward, inline_feed
 from gnnscale.nn.stack import Stack
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
+from gnnscale.store.transfer import place
 
 
 def layerwise(model: Stack, topology: Topology, features: Callable[[Tensor], Tensor], num_nodes: int,
-              adjacency: SampledAdjacency, *, batch_size: int, device: torch.device,
+              adjacency: SampledAdjacency, *, batch_size: int, device: rt.Device,
               targets: Tensor | None = None, degree: Tensor | None = None, max_rows: int | None = None) -> Tensor:
     """Exact outputs, layer by layer over full neighbourhoods from ``topology``, in steps of at least
     :data:`EVAL_BATCH` destinations; the first layer's input rows from ``features`` (on ``device``), every later
@@ -50,7 +52,7 @@ def layerwise(model: Stack, topology: Topology, features: Callable[[Tensor], Ten
         count = num_nodes if ids is None else ids.numel()
         out = None
         for lo, hi in _steps(count, size, ids, degree, max_rows):
-            dst = torch.arange(lo, hi, device=device) if ids is None else ids[lo:hi].to(device)
+            dst = place(torch.arange(lo, hi) if ids is None else ids[lo:hi], device)
             block = sample_blocks(topology, dst, (-1,), adjacency=exact)[0]
             src = block.src_ids
             assert src is not None
@@ -58,7 +60,7 @@ def layerwise(model: Stack, topology: Topology, features: Callable[[Tensor], Ten
                 x = features(src)
             else:
                 at = src.cpu() if before is None else torch.searchsorted(before, src.cpu())
-                x = h[at].to(device)
+                x = place(h[at], device)
             y = layer(block, model.layer_input(i, x, block.row_ids(), None)).cpu()  # [dst, F_out]
             if out is None:
                 out = torch.empty(count, y.shape[1])
@@ -148,7 +150,7 @@ all (no neighbourhood pass, no lookups), and so do the layers below it."""
 
 
 def needed_rows(topology: Topology, targets: Tensor, num_layers: int, adjacency: SampledAdjacency, size: int,
-                device: torch.device, num_nodes: int) -> list[Tensor | None]:
+                device: rt.Device, num_nodes: int) -> list[Tensor | None]:
     """The sorted vertex ids whose output each layer computes so that the last layer's are ``targets``: layer
     ``L-1`` computes ``targets``, layer ``l`` the vertices that layer ``l+1``'s destinations read (their full
     in-neighbourhoods, themselves included); ``None`` for a layer that computes every vertex (more than
@@ -163,7 +165,7 @@ def needed_rows(topology: Topology, targets: Tensor, num_layers: int, adjacency:
             rows.insert(0, None)
             continue
         for lo in range(0, dst.numel(), size):
-            src = sample_blocks(topology, dst[lo : lo + size].to(device), (-1,), adjacency=adjacency)[0].src_ids
+            src = sample_blocks(topology, place(dst[lo : lo + size], device), (-1,), adjacency=adjacency)[0].src_ids
             assert src is not None
             read.append(src.cpu())
         below = torch.unique(torch.cat([dst, *read]))
@@ -221,7 +223,7 @@ class SampledInference:
     adjacency: SampledAdjacency
     num_nodes: int
     batch_size: int
-    device: torch.device
+    device: rt.Device
     batches: Callable[[list[Tensor], tuple[int, ...], int], Iterable[SampledBatch]] | None = None
     """Sampled evaluation's feed, ``batches(seed batches, fanouts, key)``; ``None``: each batch sampled and fetched
     inline from ``topology`` and ``features``."""
@@ -237,8 +239,7 @@ class SampledInference:
         h = layerwise(self.model, self.topology, self.features, self.num_nodes, self.adjacency,
                       batch_size=self.batch_size, device=self.device, targets=targets, degree=self.degree,
                       max_rows=self.max_rows)
-        if self.done is not None:
-            self.done()
+        self._finish()
         return h
 
     def reads(self, targets: Tensor, degree: Tensor, fanouts: tuple[int, ...]) -> tuple[int, int]:
@@ -256,6 +257,12 @@ class SampledInference:
         else:
             batches = inline_feed(self.topology, self.features, fanouts, key, self.adjacency)(parts, 0)
         pred = sampled_predictions(self.num_nodes, batches, lambda b: forward(self.model, b.blocks, b.x, None))
+        self._finish()
+        return pred
+
+    def _finish(self) -> None:
+        """After a pass: the host waits for the device's work (one counted sync; a GPU's reads of the results on
+        the host did already, implicitly), so memory the pass's streams used is free to reuse; then :attr:`done`."""
+        rt.synchronize(self.device)
         if self.done is not None:
             self.done()
-        return pred

@@ -15,15 +15,20 @@ engine (:mod:`gnnscale.engines.distributed`).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.distributed.comm import Comm
 from gnnscale.engines.sampled import EVAL_BATCH
+from gnnscale.graph.block import Block
 from gnnscale.nn.stack import Stack
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
 from gnnscale.store.features import FeatureSource
 from gnnscale.store.partitioned import FetchedRows, PartitionedFeatures
+from gnnscale.store.transfer import place
 
 
 class RankReducer:
@@ -60,7 +65,7 @@ class RankReducer:
 
 
 def layerwise_across_ranks(model: Stack, comm: Comm, topology: Topology, features: PartitionedFeatures,
-                           owner: Tensor, adjacency: SampledAdjacency, device: torch.device) -> Tensor:
+                           owner: Tensor, adjacency: SampledAdjacency, device: rt.Device) -> Tensor:
     """``[n_own, C]``: this rank's vertices' exact outputs, layer by layer over full neighbourhoods; each layer's
     remote input rows come in one exchange with their owners (every rank calls it together)."""
     rank, own = comm.rank, features.own
@@ -87,7 +92,15 @@ def layerwise_across_ranks(model: Stack, comm: Comm, topology: Topology, feature
             src = b.src_ids
             assert src is not None
             x = rows.gather(src)
-            bd = b.to(device) if device.type != "cpu" else b
+            bd = blocks_on([b], device)[0]
             outs.append(layer(bd, model.layer_input(i, x, bd.row_ids(), None)))
         h = torch.cat(outs)  # every rank holds a part (partitions are never empty)
     return h
+
+
+def blocks_on(blocks: list[Block], device: rt.Device) -> list[Block]:
+    """``blocks`` (sampled in host memory) on ``device``: as they are for the CPU, else copied through the runtime
+    on its current stream (ready for it)."""
+    if rt.is_accelerator(device):
+        return [b.map(functools.partial(place, device=device)) for b in blocks]
+    return blocks

@@ -143,7 +143,7 @@ class SampledStages:
         def gpu(g: int) -> float:
             dev, stream = self.devices[g], self.sample_streams[g]
             t0 = time.perf_counter()
-            with rt.use_stream(stream):  # no stream (a CPU stand-in, in tests): the host store's reader
+            with rt.use_stream(stream), rt.on_device(dev):  # no stream (a CPU stand-in): the host store's reader
                 reader = self.store.reader(self.store_index.get(dev, 0))
                 it.blocks[g] = sample_blocks(reader, rt.to_device(it.parts[g], dev), self.fanouts, key,
                                              self.adjacency)

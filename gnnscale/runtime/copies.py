@@ -119,7 +119,8 @@ def to_host(src: Tensor, *, stream: Stream | None = None, out: Tensor | None = N
     if sim is None and src.device.type == "cpu":
         return src if out is None else out.copy_(src)
     if out is None:
-        out = torch.empty(src.shape, dtype=src.dtype, pin_memory=sim is None)
+        with internal():  # host memory, even inside a sim device's scope (which would count a factory's result)
+            out = torch.empty(src.shape, dtype=src.dtype, pin_memory=sim is None)
     copy_async(out, src, stream)
     if blocking:
         synchronize(stream if stream is not None else current_stream(device_of(src)))

@@ -31,6 +31,7 @@ from torch import Tensor
 from gnnscale.errors import ConfigError
 from gnnscale.runtime import backend
 from gnnscale.runtime.device import Device
+from gnnscale.runtime.pool import internal
 from gnnscale.runtime.simdevice import SimDevice
 
 __all__ = ["HOST_REGISTER_FLAGS", "SLICE_BYTES", "PinnedRegion", "needs_pinning", "pin_in_place", "pinned_empty",
@@ -192,5 +193,7 @@ def pinned_host(tensor: Tensor, *, device: Device | None = None,
 
 def pinned_empty(shape: Sequence[int], *, dtype: torch.dtype = torch.float32,
                  device: Device | None = None) -> Tensor:
-    """An uninitialised host tensor for copies to and from ``device``: page-locked when :func:`needs_pinning`."""
-    return torch.empty(tuple(shape), dtype=dtype, pin_memory=needs_pinning(device))
+    """An uninitialised host tensor for copies to and from ``device``: page-locked when :func:`needs_pinning`;
+    host memory even inside a sim device's scope (:func:`gnnscale.runtime.on_device`)."""
+    with internal():
+        return torch.empty(tuple(shape), dtype=dtype, pin_memory=needs_pinning(device))

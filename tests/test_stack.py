@@ -162,7 +162,7 @@ def test_the_probe_passes_every_checked_conv(kind: str) -> None:
     (lambda: GlobalMean(F_IN, HID), "GlobalMean is not local"),
     (lambda: ByPosition(F_IN), "ByPosition is not local"),
     (lambda: pyg.GCNConv(F_IN, HID, add_self_loops=False), "keep normalize=True and add_self_loops=True"),
-    (lambda: pyg.GINConv(nn.Sequential(nn.Linear(F_IN, HID), nn.BatchNorm1d(HID))), "not local"),
+    (lambda: pyg.GINConv(nn.Sequential(nn.Linear(F_IN, HID), nn.BatchNorm1d(HID))), "a BatchNorm inside it"),
     (lambda: pyg.GATConv(F_IN, HID, dropout=0.5), "draws its own randomness"),
 ])
 def test_the_probe_refuses_what_cannot_be_trained_in_parts(conv, words: str) -> None:  # type: ignore[no-untyped-def]

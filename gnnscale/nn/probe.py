@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from gnnscale.graph.block import Block, cut_block, normalized_csr
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.base import BlockLayer
-from gnnscale.nn.batchnorm import split_norms
 from gnnscale.nn.decoupled import PropagationLayer
 from gnnscale.nn.gat import GATLayer
 from gnnscale.nn.gcn import GCNLayer
@@ -85,7 +84,7 @@ def chunk_reason(layer: BlockLayer, randomness: bool = True) -> str | None:
     on the same input differ (it draws its own random numbers) is refused too; without, both runs draw the same
     numbers: it runs in evaluation mode (its own dropout off), and its locality is what is checked."""
     name = getattr(layer, "name", type(layer).__name__)
-    if split_norms(layer):
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in layer.modules()):
         return (f"{name} normalises over its rows with a BatchNorm inside it: a chunk's or a batch's statistics "
                 "are not the whole graph's; put the norm between the layers (Stack(norms='batch'))")
     probe = copy.deepcopy(layer).train(randomness)

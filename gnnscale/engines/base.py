@@ -15,7 +15,9 @@ from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.probe import model_chunk_reasons
 from gnnscale.nn.stack import Stack
+from gnnscale.plan.epoch_time import EpochTime
 from gnnscale.plan.memory import estimate_host_bytes
+from gnnscale.plan.rates import Rates
 from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
@@ -242,6 +244,15 @@ class Engine(ABC):
         empty. ``model``: a user's model to train (``None``: ``config``'s)."""
         del graph, config, device, model
         return ""
+
+    @classmethod
+    def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
+                      model: Stack | None = None) -> EpochTime | None:
+        """This engine's predicted training epoch on this machine (:mod:`gnnscale.plan.epoch_time`): its seed
+        system's performance model fed with ``rates``; ``None`` when it has none. Called only when
+        :meth:`not_supported_reasons` is empty. ``model``: a user's model to train (``None``: ``config``'s)."""
+        del graph, config, device, rates, model
+        return None
 
     @classmethod
     @abstractmethod

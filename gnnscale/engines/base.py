@@ -15,7 +15,7 @@ from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DECOUPLED_MODELS
 from gnnscale.nn.probe import model_chunk_reasons
 from gnnscale.nn.stack import Stack
-from gnnscale.plan.epoch_time import EpochTime
+from gnnscale.plan.epoch_time import HERE, Cluster, EpochTime
 from gnnscale.plan.memory import estimate_host_bytes
 from gnnscale.plan.rates import Rates
 from gnnscale.units import format_bytes
@@ -247,11 +247,12 @@ class Engine(ABC):
 
     @classmethod
     def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
-                      model: Stack | None = None) -> EpochTime | None:
-        """This engine's predicted training epoch on this machine (:mod:`gnnscale.plan.epoch_time`): its seed
-        system's performance model fed with ``rates``; ``None`` when it has none. Called only when
-        :meth:`not_supported_reasons` is empty. ``model``: a user's model to train (``None``: ``config``'s)."""
-        del graph, config, device, rates, model
+                      model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
+        """This engine's predicted training epoch (:mod:`gnnscale.plan.epoch_time`): its seed system's performance
+        model fed with ``rates``; ``None`` when it has none. Called only when :meth:`not_supported_reasons` is
+        empty. ``model``: a user's model to train (``None``: ``config``'s); ``cluster``: a what-if of more
+        machines or devices (the default: this machine as it is)."""
+        del graph, config, device, rates, model, cluster
         return None
 
     @classmethod

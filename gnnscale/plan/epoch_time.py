@@ -18,6 +18,24 @@ TIERS = ("disk", "host", "device", "network")
 between machines (or ranks)."""
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """A what-if past this box (``gnnscale plan --machines N --devices-per-machine G --network 25Gbit,latency=50us``):
+    the machines an engine would train on. The default is this machine as it is."""
+
+    machines: int = 1
+    devices_per_machine: int | None = None
+    """Devices per machine sharing its host bus (``None``: the devices ``--devices`` names here)."""
+    network: float | None = None
+    """Bytes/s of each machine's link (``None``: this machine's measured rate between processes)."""
+    latency: float | None = None
+    """Seconds per message (``None``: measured)."""
+
+
+HERE = Cluster()
+"""This machine as it is: what ``train`` predicts for."""
+
+
 @dataclass
 class EpochTime:
     """One engine's predicted training epoch (forward, backward and optimiser step over the training vertices)."""

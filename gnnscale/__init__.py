@@ -5,7 +5,8 @@ from gnnscale.errors import ConfigError, DatasetError, EngineError, GnnscaleErro
 from gnnscale.graph import Block, Graph
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.launcher import launch
-from gnnscale.predict import load_model, predict, save_model
+from gnnscale.predict import load_model, predict
+from gnnscale.saved_model import save_model
 from gnnscale.train import TrainConfig, TrainResult, train
 from gnnscale.version import __version__
 

@@ -36,7 +36,8 @@ from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
 from gnnscale.nn.factory import build_from_factory
-from gnnscale.train import TrainResult, as_graph, check_trainable, train
+from gnnscale.train import TrainResult, train
+from gnnscale.trainable import as_graph, check_trainable
 
 _RESULT = "result.pt"
 _OUT = "GNNSCALE_LAUNCH_OUT"

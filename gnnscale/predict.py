@@ -1,16 +1,16 @@
-"""Saved models and predictions: ``save_model`` / ``load_model`` and ``predict`` on any graph with the features
-and classes the model was trained for, through an engine's own inference path (so a graph that trains under a
-memory budget also predicts under it).
+"""Saved models and predictions: ``load_model`` (a file :func:`gnnscale.saved_model.save_model` wrote) and
+``predict`` on any graph with the features and classes the model was trained for, through an engine's own
+inference path (so a graph that trains under a memory budget also predicts under it).
 
-A saved model is data: its weights, its config and how it was built (:data:`BUILT_BY`). A built-in model is rebuilt
-from its config; a model of the user's only through a factory the user names again when loading
-(``--model-factory``, ``model_factory=``): the factory's name stored in the file is compared with it, never
+A saved model is data: its weights, its config and how it was built (:data:`~gnnscale.saved_model.BUILT_BY`). A
+built-in model is rebuilt from its config; a model of the user's only through a factory the user names again when
+loading (``--model-factory``, ``model_factory=``): the factory's name stored in the file is compared with it, never
 imported."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,78 +18,31 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gnnscale.checkpoint import atomic_save, check_fields, load_versioned
+from gnnscale.checkpoint import check_fields, load_versioned
 from gnnscale.config import TrainConfig
 from gnnscale.engines import select_engine
 from gnnscale.engines.devices import resolve_devices
 from gnnscale.errors import ConfigError, GnnscaleError, GraphError
-from gnnscale.fsutil import atomic_file, make_parents
-from gnnscale.graph.fingerprint import fingerprint as graph_fingerprint
+from gnnscale.fsutil import atomic_file
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
 from gnnscale.nn.factory import build_from_factory
 from gnnscale.nn.stack import Stack
 from gnnscale.notes import warn
+from gnnscale.saved_model import BUILT_BY, FORMAT, VERSION, built_by, shapes
 
-FORMAT = "gnnscale-model"
-VERSION = 1
 OUTPUT_SUFFIXES = (".npy", ".pt", ".csv")
-BUILT_BY = ("config", "factory", "given")
-"""How a saved model was built, its ``built_by`` entry: ``config``, the built-in model its config names (rebuilt
-from it); ``factory``, the config's ``model_factory`` (``--model-factory``: rebuilt only through a factory named
-again); ``given``, a model given to ``train(model=...)`` (no name: rebuilt through a factory named when loading).
-A file without the entry (written before it) is ``factory`` when its config names one, else ``config``."""
-
-
-def save_model(path: str | os.PathLike[str], model: Stack, config: TrainConfig, graph: Graph,
-               state: dict[str, Tensor] | None = None, *, fingerprint: dict[str, str] | None = None,
-               **meta: Any) -> Path:
-    """Write ``model`` (or the weights ``state``, e.g. ``TrainResult.best_state``) with what rebuilds it: the
-    config and the graph's feature and class counts, the graph's ``fingerprint`` (computed when not given:
-    :func:`gnnscale.graph.fingerprint.fingerprint`), and ``meta`` (plain data: ``interrupted=True,
-    epochs_done=k``). Atomic, with a checksum verified by :func:`load_model`; missing folders above ``path`` are
-    created. Loads with ``weights_only=True``."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"--save-model {path} is a directory")
-    weights = {k: v.detach().cpu() for k, v in (state or model.state_dict()).items()}
-    how = built_by(model, config, graph.num_features, graph.num_classes)
-    return atomic_save({"format": FORMAT, "version": VERSION, "config": asdict(config), "built_by": how,
-                        "num_features": graph.num_features, "num_classes": graph.num_classes,
-                        "dataset": graph.name, "fingerprint": graph_fingerprint(graph) if fingerprint is None
-                        else fingerprint, "state_dict": weights, **meta}, make_parents(path))
-
-
-def built_by(model: Stack, config: TrainConfig, num_features: int, num_classes: int | None) -> str:
-    """How ``model`` was built (:data:`BUILT_BY`): through ``config.model_factory``, else as ``config``'s built-in
-    model when it is one (the same class, kind, norm and jumping knowledge, and weights of the same names and
-    shapes: what rebuilding it from ``config`` gives, built without memory), else ``given``."""
-    if config.model_factory is not None:
-        return "factory"
-    try:
-        with torch.device("meta"):
-            ref = build_model(config.model, num_features, config.hidden, num_classes or 0, **config.model_kwargs())
-    except GnnscaleError:
-        return "given"
-    same = (type(model) is type(ref) and model.kind == ref.kind
-            and all(getattr(model, a, None) == getattr(ref, a, None) for a in ("norm", "jk", "residual"))
-            and _shapes(model.state_dict()) == _shapes(ref.state_dict()))
-    return "config" if same else "given"
-
-
-def _shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, Tensor)}
 
 
 def _misfit(model: Stack, state: dict[str, Any]) -> str:
     """How the weights ``state`` do not fit ``model`` (names missing or extra, shapes that differ); empty if they
     do."""
-    have, want = _shapes(state), _shapes(model.state_dict())
+    have, want = shapes(state), shapes(model.state_dict())
     missing, extra = [k for k in want if k not in state], [k for k in state if k not in want]
-    shapes = [f"{k} is {list(have[k])} in the file, {list(want[k])} in the model" for k in want
+    differ = [f"{k} is {list(have[k])} in the file, {list(want[k])} in the model" for k in want
               if k in have and have[k] != want[k]]
     parts = ([f"the file lacks {', '.join(missing[:3])}{', ...' * (len(missing) > 3)}"] if missing else []) + (
-        [f"the model has no {', '.join(extra[:3])}{', ...' * (len(extra) > 3)}"] if extra else []) + shapes[:2]
+        [f"the model has no {', '.join(extra[:3])}{', ...' * (len(extra) > 3)}"] if extra else []) + differ[:2]
     return "; ".join(parts)
 
 

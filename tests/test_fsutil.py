@@ -25,7 +25,8 @@ from gnnscale.cli import main
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import atomic_file
 from gnnscale.graph.generators import csbm
-from gnnscale.predict import load_model, save_model
+from gnnscale.predict import load_model
+from gnnscale.saved_model import save_model
 
 SMALL = "csbm:nodes=200,avg_degree=4,features=8"
 TRAIN = ["train", "--dataset", SMALL, "--hidden", "8", "--epochs", "2", "--quiet", "--device", "cpu"]

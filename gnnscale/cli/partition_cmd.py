@@ -25,7 +25,7 @@ from gnnscale.partition.dedup import chunk_rows, comm_volume, default_schedule, 
 from gnnscale.plan.host import host_base, host_peak_bytes
 from gnnscale.plan.hybrid import mteps
 from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
-from gnnscale.train import check_model_fits, check_trainable
+from gnnscale.trainable import check_model_fits, check_trainable
 from gnnscale.units import format_bytes, parse_budget
 
 

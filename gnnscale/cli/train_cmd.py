@@ -27,8 +27,9 @@ from gnnscale.engines.distributed import load_rank_plan
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import check_output, write_output
 from gnnscale.graph.datasets import load_dataset
-from gnnscale.predict import save_model
-from gnnscale.train import TrainResult, check_trainable, train
+from gnnscale.saved_model import save_model
+from gnnscale.train import TrainResult, train
+from gnnscale.trainable import check_trainable
 from gnnscale.units import parse_budget
 
 

@@ -59,7 +59,7 @@ from gnnscale.partition.plan import (
 from gnnscale.plan.host import cpu_chunk_bytes
 from gnnscale.plan.layer_memory import workspace_bytes
 from gnnscale.plan.memory import available_device_bytes
-from gnnscale.plan.offload_memory import block_cache_bytes, epoch_peak, modelled
+from gnnscale.plan.offload_memory import block_cache_bytes, epoch_peak, fused_dropout_min, modelled
 from gnnscale.plan.throughput import throughput
 from gnnscale.progress import stage
 from gnnscale.units import format_bytes, format_bytes_up
@@ -247,10 +247,13 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: St
     dedup = resolve_dedup(config.dedup, accelerator)
     # without a budget, the device's size too: two sim devices of one name may have pools of different sizes
     size = rt.mem_get_info(device)[1] if config.memory_budget is None else None
+    workers = [rt.resolve_device(d) for d in config.devices] if config.devices else [device]
+    fused_min = fused_dropout_min(workers)
+    views = not any(rt.is_accelerator(d) for d in workers)  # the CPU's mover reads host slices in place
     key = (graph.num_nodes, graph.num_edges, config.model, config.layers, config.hidden, config.heads,
            config.partitions, config.chunks, config.partition_method, config.seed, config.memory_budget,
            config.host_memory,
-           str(config.plan_dir), dedup, config.chunker, config.reorganize, tuple(devices), str(device), size,
+           str(config.plan_dir), dedup, config.chunker, config.reorganize, tuple(devices), str(device), size, fused_min,
            None if model is None or isinstance(model, GNN) else id(model))  # a user's model: its own plan
     memo = _MEMO.get(id(graph))
     if memo is not None and memo[0]() is graph and memo[1] == key:
@@ -295,7 +298,8 @@ def plan_offload(graph: Graph, config: TrainConfig, device: rt.Device, model: St
         the exchange is planned)."""
         moves = None if exchange is None else [[mv.new_rows for mv in dev] for dev in exchange.moves]
         return epoch_peak(model, sizes, schedule, device_of, cap, exchange=dedup != "none",
-                          resident=resident, num_nodes=graph.num_nodes, moves=moves)[0]
+                          resident=resident, num_nodes=graph.num_nodes, moves=moves, fused_min=fused_min,
+                          views=views)[0]
 
     per_pass = modelled(model)
     caps: dict[int, list[int]] = {}

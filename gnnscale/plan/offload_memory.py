@@ -23,12 +23,15 @@ neither lists nor measures (a user's layer whose aggregation is cached), is pric
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from gnnscale import runtime as rt
 from gnnscale.nn.base import BlockLayer
 from gnnscale.nn.gat import GATLayer
 from gnnscale.nn.gcn import GCNLayer
@@ -37,6 +40,7 @@ from gnnscale.nn.graphconv import GraphConvLayer
 from gnnscale.nn.sage import SAGELayer
 from gnnscale.nn.stack import Stack
 from gnnscale.plan.layer_memory import layer_memory, measured, whole
+from gnnscale.runtime import cpu_kernels
 
 F32 = 4
 I64 = 8
@@ -85,11 +89,32 @@ def _shift(t: Tensor, step: int) -> Tensor:
     return out
 
 
-def _dropout(rows: Tensor, width: int, on: bool = True) -> Tensor:
-    """Keyed dropout's peak on ``[rows, width]``: the int32 hash products and the bool mask, then the mask and the
-    output (``where`` and an in-place division), with two bytes per element of slack for the allocator, besides int64
-    row hashes and the column hashes' few int64 vectors of ``width``."""
-    return (rows * (7 * width + 3 * I64) + 4 * I64 * width) * on
+class Drops(NamedTuple):
+    """Whether a layer's pass drops out its input rows and its output rows, and where keyed dropout runs fused."""
+
+    input: bool
+    output: bool
+    fused_min: float = math.inf
+    """Elements from which :func:`~gnnscale.nn.ops.keyed_dropout` runs the fused CPU kernel
+    (:func:`~gnnscale.runtime.cpu_kernels.dropout_applies`), ``inf`` where it never does (an accelerator, the sim
+    device, no numba)."""
+
+
+def fused_dropout_min(devices: Sequence[rt.Device]) -> float:
+    """Elements from which keyed dropout runs the fused CPU kernel on every one of ``devices`` (the CPU, where numba
+    imports: :func:`~gnnscale.runtime.cpu_kernels.dropout_applies`), ``inf`` where it does not (an accelerator,
+    the sim device, which checks every access through torch)."""
+    on_cpu = all(not isinstance(d, rt.SimDevice) and d.type == "cpu" for d in devices)
+    return float(cpu_kernels.MIN_ELEMENTS) if on_cpu and cpu_kernels.available() else math.inf
+
+
+def _dropout(rows: Tensor, width: int, on: bool = True, fused_min: float = math.inf) -> Tensor:
+    """Keyed dropout's peak on ``[rows, width]``: the torch formulation's int32 hash products and the bool mask,
+    then the mask and the output (``where`` and an in-place division), with two bytes per element of slack for the
+    allocator, besides int64 row hashes and the column hashes' few int64 vectors of ``width``; where the fused CPU
+    kernel runs (``rows * width >= fused_min``), its output alone (it makes no mask and no hash tensor)."""
+    fused = rows * width >= fused_min
+    return torch.where(fused, F32 * rows * width, rows * (7 * width + 3 * I64) + 4 * I64 * width) * on
 
 
 Moments = Callable[["_Pass"], Tensor]
@@ -105,7 +130,7 @@ class _Pass:
 
 
 def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_part: bool, resident: bool,
-               idx: int = 4) -> dict[str, int]:
+               idx: int = 4, fused_min: float = math.inf, views: bool = False) -> dict[str, int]:
     """Modelled peak device bytes of each pass of a training epoch (beyond the parameters), the largest chunk of
     each pass priced with its neighbours in the schedule order of ``c``.
 
@@ -114,6 +139,9 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
         multi_part: a chunk's rows are assembled from several buffers (several partitions).
         resident: blocks stay on the device (their bytes are priced by the caller, not per load).
         idx: bytes of a topology index (int32 while the graph has fewer than 2^31 vertices).
+        fused_min: elements from which keyed dropout runs the fused CPU kernel (:class:`Drops`).
+        views: destination slices are views of host memory, no device bytes (the CPU's mover,
+            :meth:`~gnnscale.engines.mover.RowMover.slice`).
     """
     layers = model.block_layers
     L = len(layers)
@@ -122,9 +150,9 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
     weights = model.adjacency.norm == "gcn"
     p_in, p = getattr(model, "input_dropout", model.dropout), model.dropout
 
-    def drops(l: int) -> tuple[bool, bool]:
+    def drops(l: int) -> Drops:
         """Whether layer ``l``'s pass drops out its input rows (layer 0's features) and its output rows."""
-        return l == 0 and p_in > 0, p > 0
+        return Drops(l == 0 and p_in > 0, p > 0, fused_min)
 
     def topology(transpose: bool, blocks: bool) -> Tensor:
         if not blocks or resident:
@@ -145,7 +173,7 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
         while the old ones are bound)."""
         moves = exchange and (src > 0 or grad > 0)
         persistent = F32 * capacity * (src + grad) if moves else 0
-        load = topology(transpose, blocks) + F32 * V * sum(slices)
+        load = topology(transpose, blocks) + F32 * V * sum(slices) * (not views)
         if blocks and src and not moves:
             load = load + F32 * R * src  # gathered rows
         A = torch.zeros_like(V)
@@ -180,13 +208,17 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
             compute=lambda A, P: _project_backward(V, fi, fa, l, drops(l)), slack=2 * _params(layer),
             stale=lambda A: _project_backward_stale(V, fi, fa, l))
 
+    # the previous chunk's destination ids (its output's dropout keys) stay bound beside its output: a view of its
+    # block's source ids, which keeps all ``R`` of them (resident blocks: priced with the blocks)
+    ids_view = torch.zeros_like(R) if resident else idx * R
+
     def forward(l: int, layer: BlockLayer) -> None:
         fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
         if proj:
             project(l, layer)
         run(f"forward{l}", src=fo if proj else fi, grad=0, slices=[fi] if proj and layer.update_uses_dst else [],
             blocks=True, transpose=False, compute=lambda A, P: _forward(layer, l, proj, V, R, E, A, drops(l)) + P,
-            stale=lambda A: F32 * V * fo)
+            stale=lambda A: F32 * V * fo + ids_view)
 
     def loss(l: int, layer: BlockLayer) -> None:
         fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
@@ -216,7 +248,7 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
                 compute=lambda A, P: _backward_whole(layer, l, V, R, E, A, P, drops(l)), slack=2 * _params(layer),
                 stale=lambda A: _backward_whole_stale(layer, l, V, R, A) if not measured(layer) else
                 F32 * R * fi * (2 if l > 0 else 1),  # a measured layer's input (and its gradient)
-                rebind=lambda A: A + _dropout(R, fi, drops(l)[0]))
+                rebind=lambda A: A + _dropout(R, fi, drops(l)[0], fused_min))
         if proj:
             project_backward(l, layer)
 
@@ -256,17 +288,17 @@ def _params(layer: object) -> int:
     return sum(p.numel() * p.element_size() for p in layer.parameters())  # type: ignore[attr-defined]
 
 
-def _project(V: Tensor, fi: int, fa: int, d: tuple[bool, bool]) -> Tensor:
+def _project(V: Tensor, fi: int, fa: int, d: Drops) -> Tensor:
     """The layer's input (the features dropped out: ``d[0]``), its projection."""
     x = F32 * V * fi * d[0]
-    return torch.maximum(_dropout(V, fi, d[0]), x + F32 * V * fa)
+    return torch.maximum(_dropout(V, fi, d[0], d.fused_min), x + F32 * V * fa)
 
 
-def _project_backward(V: Tensor, fi: int, fa: int, l: int, d: tuple[bool, bool]) -> Tensor:
+def _project_backward(V: Tensor, fi: int, fa: int, l: int, d: Drops) -> Tensor:
     """The input again, the projection with autograd and the input's gradient."""
     x = F32 * V * fi * d[0]
     grads = F32 * V * fi * (l > 0) + F32 * V * fa
-    return torch.maximum(_dropout(V, fi, d[0]), x + F32 * V * fa + grads)
+    return torch.maximum(_dropout(V, fi, d[0], d.fused_min), x + F32 * V * fa + grads)
 
 
 def _project_backward_stale(V: Tensor, fi: int, fa: int, l: int) -> Tensor:
@@ -293,22 +325,22 @@ def _gat_edges(layer: GATLayer, V: Tensor, R: Tensor, E: Tensor) -> Tensor:
 
 
 def _forward(layer: BlockLayer, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor,
-             d: tuple[bool, bool]) -> Tensor:
+             d: Drops) -> Tensor:
     """Layer ``l`` without autograd (``d``: its input's and its output's dropout), the next layer's input."""
     fi, fo = layer.in_features, layer.out_features
-    after = F32 * V * fo * 2 + _dropout(V, fo, d[1])  # the output, its activation and dropout
+    after = F32 * V * fo * 2 + _dropout(V, fo, d[1], d.fused_min)  # the output, its activation and dropout
     if proj:
         spmm = 8 * V * fo if isinstance(layer, SAGE_LIKE) else F32 * V * fo
         agg = F32 * V * fo
         xd = 0 * V
         dst = 0 * V
         if layer.update_uses_dst:
-            dst = agg + _dropout(V, fi, d[0])
+            dst = agg + _dropout(V, fi, d[0], d.fused_min)
             xd = F32 * V * fi * d[0]
         return torch.maximum(torch.maximum(A + spmm, A + dst), torch.maximum(
             A + agg + xd + _update(layer, V, fi, fo, fo), after))
     X = F32 * R * fi * d[0]
-    drop = A + _dropout(R, fi) if d[0] else 0 * R
+    drop = A + _dropout(R, fi, True, d.fused_min) if d[0] else 0 * R
     if isinstance(layer, GATLayer) or measured(layer):
         work = _gat_edges(layer, V, R, E) if isinstance(layer, GATLayer) else \
             layer_memory(layer).forward(V, R, _edges(layer, V, E))
@@ -320,17 +352,17 @@ def _forward(layer: BlockLayer, l: int, proj: bool, V: Tensor, R: Tensor, E: Ten
 
 
 def _loss(layer: BlockLayer, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor,
-          d: tuple[bool, bool]) -> Tensor:
+          d: Drops) -> Tensor:
     """The last layer with autograd, the loss and the backward into the source rows; the previous chunk's rows
     and gradient ``P`` stay bound (through its output's graph) until this chunk's output replaces it."""
     fi, fo = layer.in_features, layer.out_features
     if proj:
         fwd = F32 * V * fo * (6 if isinstance(layer, SAGE_LIKE) else 3)
         xd = F32 * V * fi * (2 if layer.update_uses_dst else 0)
-        drop = _dropout(V, fi, d[0] and layer.update_uses_dst)
+        drop = _dropout(V, fi, d[0] and layer.update_uses_dst, d.fused_min)
         return A + torch.maximum(drop, xd + fwd + torch.maximum(P, F32 * R * fo))
     X = F32 * R * fi * d[0]
-    drop = A + _dropout(R, fi) if d[0] else 0 * R
+    drop = A + _dropout(R, fi, True, d.fused_min) if d[0] else 0 * R
     if measured(layer):  # measured: through its forward (``P`` still bound), then its backward and the loss's
         m, Em = layer_memory(layer), _edges(layer, V, E)
         return torch.maximum(drop, A + X + torch.maximum(m.saved[l > 0](V, R, Em) + P,
@@ -356,7 +388,7 @@ def _loss_stale(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, A: Tens
 
 
 def _backward_cached(layer: BlockLayer, l: int, proj: bool, through: bool, V: Tensor, R: Tensor,
-                     d: tuple[bool, bool]) -> Tensor:
+                     d: Drops) -> Tensor:
     """UPDATE recomputed from the cached aggregation with autograd, the next layer's input (activation, dropout),
     their backward, then the propagation's transpose into the source rows."""
     fi, fo = layer.in_features, layer.out_features
@@ -364,11 +396,12 @@ def _backward_cached(layer: BlockLayer, l: int, proj: bool, through: bool, V: Te
     dst = layer.update_uses_dst
     xd = F32 * V * fi * (dst and d[0])
     update = _update(layer, V, fi, fa, fo) + (F32 * V * fi * 2 if isinstance(layer, GINLayer) else 0)
-    after = F32 * V * fo * 2 + _dropout(V, fo, d[1]) + F32 * V * fo * 2  # y, activation, dropout; their gradients
+    # y, activation, dropout; their gradients
+    after = F32 * V * fo * 2 + _dropout(V, fo, d[1], d.fused_min) + F32 * V * fo * 2
     peak = xd + torch.maximum(update, after) + F32 * V * fa * (2 if isinstance(layer, SAGE_LIKE) else 1)
     if through:  # y, the aggregation's gradient, the sources' gradient
         peak = torch.maximum(peak, xd + F32 * V * (fo + 2 * fa) + F32 * R * fa)
-    return torch.maximum(peak, _dropout(V, fi, dst and d[0]))
+    return torch.maximum(peak, _dropout(V, fi, dst and d[0], d.fused_min))
 
 
 def _backward_cached_stale(layer: object, l: int, proj: bool, V: Tensor) -> Tensor:
@@ -380,15 +413,15 @@ def _backward_cached_stale(layer: object, l: int, proj: bool, V: Tensor) -> Tens
 
 
 def _backward_whole(layer: BlockLayer, l: int, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor,
-                    d: tuple[bool, bool]) -> Tensor:
+                    d: Drops) -> Tensor:
     """A layer recomputed whole with autograd (GAT, a user's) and backpropagated into its source rows."""
     fi, fo = layer.in_features, layer.out_features
     X = F32 * R * fi * d[0]
-    drop = A + _dropout(R, fi) if d[0] else 0 * R
+    drop = A + _dropout(R, fi, True, d.fused_min) if d[0] else 0 * R
     if measured(layer):  # measured, then the next layer's input's gradient (its dropout's and ReLU's); the
         # previous chunk's input ``P`` stays bound until this chunk's recomputation returns
         m, Em = layer_memory(layer), _edges(layer, V, E)
-        grad_y = F32 * V * fo * 2 + _dropout(V, fo, d[1])
+        grad_y = F32 * V * fo * 2 + _dropout(V, fo, d[1], d.fused_min)
         return P + torch.maximum(drop, torch.maximum(A, X) + m.train[l > 0](V, R, Em) + grad_y)
     assert isinstance(layer, GATLayer)
     H, HC = layer.heads, layer.heads * layer.out_per_head
@@ -442,17 +475,19 @@ def worker_chunks(sizes: Tensor, schedule: Tensor, device_of: list[int], capacit
 
 
 def epoch_peak(model: Stack, sizes: Tensor, schedule: Tensor, device_of: list[int], capacity: list[int], *,
-               exchange: bool, resident: bool, num_nodes: int, moves: list[list[Tensor]] | None = None
-               ) -> tuple[int, dict[str, int]]:
+               exchange: bool, resident: bool, num_nodes: int, moves: list[list[Tensor]] | None = None,
+               fused_min: float = math.inf, views: bool = False) -> tuple[int, dict[str, int]]:
     """The modelled peak device bytes of a training epoch on the fullest device (without resident blocks), and
-    each pass's: the passes' largest, plus the parameters, their gradients and Adam's two moments."""
+    each pass's: the passes' largest, plus the parameters, their gradients and Adam's two moments. ``fused_min``:
+    elements from which keyed dropout runs the fused CPU kernel (:func:`fused_dropout_min`); ``views``: destination
+    slices are views of host memory (the CPU's)."""
     idx = 4 if num_nodes < 2**31 else 8
     multi = schedule.shape[0] > 1
     passes: dict[str, int] = {}
     for w, c in enumerate(worker_chunks(sizes, schedule, device_of, capacity, exchange=exchange, moves=moves)):
         cap = capacity[w] if capacity else 0
         for name, v in pass_peaks(model, c, exchange=exchange, capacity=cap, multi_part=multi, resident=resident,
-                                  idx=idx).items():
+                                  idx=idx, fused_min=fused_min, views=views).items():
             passes[name] = max(passes.get(name, 0), v)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     return max(passes.values()) + 4 * params, passes

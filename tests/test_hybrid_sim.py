@@ -16,7 +16,8 @@ Two waits order the copies before training, each enough alone: removing one show
 reads unordered bytes (StreamOrderError). The sampling stream's host sync orders the blocks computed on that
 stream (in the device's scope, so marked as written there) before the loader copies their input ids to the host:
 without it that copy raises StreamOrderError. Removing the trainer's host sync lets the copy stream reuse memory the
-trainer's stream may still read: the freed-memory check (or NaN) fails it.
+trainer's stream may still read: the freed-memory check (or NaN) fails it; in an epoch of one iteration, where no
+copy comes after, the loss copied to host memory on the trainer's stream reads as the poison (NaN).
 """
 
 from __future__ import annotations

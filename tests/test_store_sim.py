@@ -4,7 +4,9 @@ graph (features x[ids], neighbour lists, sampled blocks) on the devices' default
 stream; the per-tier counters equal the CPU run's; the pools bound the placement; the syncs and waits per read
 and per batch are what gnnscale/store/reader.py promises. A copy nobody waited for reads as NaN (or a poisoned
 index), and work that races with another stream raises StreamOrderError, so removing any wait of the store makes
-one of these tests fail; so does reusing a buffer another stream still reads."""
+one of these tests fail; so does reusing a buffer another stream still reads. The host reads a read's per-source
+counts (``host_values``) only after it waited for the device: without that wait, at any call site, the sim device's
+host read raises StreamOrderError."""
 
 from __future__ import annotations
 

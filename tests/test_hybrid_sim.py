@@ -16,7 +16,8 @@ Two waits order the copies before training, each enough alone: removing one show
 reads unordered bytes (StreamOrderError). The sampling stream's host sync orders the blocks computed on that
 stream (in the device's scope, so marked as written there) before the loader copies their input ids to the host:
 without it that copy raises StreamOrderError. Removing the trainer's host sync lets the copy stream reuse memory the
-trainer's stream may still read: the freed-memory check (or NaN) fails it.
+trainer's stream may still read: the freed-memory check (or NaN) fails it; in an epoch of one iteration, where no
+copy comes after, the loss copied to host memory on the trainer's stream reads as the poison (NaN).
 """
 
 from __future__ import annotations
@@ -150,6 +151,30 @@ def test_a_missing_wait_of_the_hybrid_engine_fails(graph: Graph, sims: list[rt.S
         _train(eng)
     monkeypatch.undo()
     for d in sims:  # the host waits for the failed run's streams: its memory, freed later, leaves no debt
+        rt.synchronize(d)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_the_trainers_loss_is_poisoned_without_its_host_sync(graph: Graph, sims: list[rt.SimDevice], wait: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer copies its loss to host memory on its stream and the host waits for its device before the
+    epoch reads it (``HybridEngine._propagate``). In an epoch of one iteration (no later copy can reuse the
+    trainer's memory first) the loss is the mini-batch engine's with that wait, and the poison without it: the
+    copy into host memory is done only when the host waits."""
+    eng = _hybrid(graph, ("cpu", "sim:0"), model="sage", batch_size=graph.num_nodes, shares=(0.4, 0.6), drm="off")
+    eng.gpu_sampler = [False, False]
+    if not wait:
+        _skip_sync(monkeypatch, lambda t: isinstance(t, rt.SimDevice))
+    rec = eng.train_epoch(1)
+    assert rec["batches"] == 1
+    if wait:
+        ref = _minibatch(csbm(nodes=600, features=12, avg_degree=8, seed=5), model="sage",
+                         batch_size=graph.num_nodes)
+        assert rec["loss"] == pytest.approx(ref.train_epoch(1)["loss"], rel=1e-5)
+        return
+    assert math.isnan(rec["loss"])
+    monkeypatch.undo()
+    for d in sims:  # the host waits for the run's streams: its memory, freed later, leaves no debt
         rt.synchronize(d)
 
 

@@ -353,6 +353,28 @@ def test_a_host_sync_orders_everything_after_it(dev: rt.SimDevice) -> None:
     assert torch.equal(buf, torch.zeros(4))
 
 
+# -------------------------------------------------------------------------------------------- host reads
+def test_a_host_read_comes_after_the_hosts_wait(dev: rt.SimDevice) -> None:
+    """``host_list`` reads values the host has waited for: on a sim device it raises when work was issued on the
+    current stream since the host's last wait for it, or when another stream wrote the bytes and the host has not
+    waited for that stream (a copy into host memory among them); it counts no sync of its own. The CPU reads."""
+    side = dev.new_stream()
+    with rt.on_device(dev):
+        total = rt.to_device(torch.arange(4), dev).cumsum(0)  # computed on the default stream
+    with pytest.raises(rt.StreamOrderError, match="the host has not waited for sim:0/default"):
+        rt.host_list(total, dev)
+    rt.synchronize(rt.current_stream(dev))
+    rt.reset_counts()
+    assert rt.host_list(total, dev) == [0, 1, 3, 6] and rt.sync_count(dev) == 0
+    host = rt.to_host(total, stream=side)  # into host memory on the side stream
+    rt.synchronize(rt.current_stream(dev))  # the default stream's work: not the side stream's copy
+    with pytest.raises(rt.StreamOrderError, match=f"{side} wrote"):
+        rt.host_list(host, dev)
+    rt.synchronize(side)
+    assert rt.host_list(host, dev) == [0, 1, 3, 6]
+    assert rt.host_list(torch.arange(3), torch.device("cpu")) == [0, 1, 2]
+
+
 # -------------------------------------------------------------------------------------------- sync counts
 def test_sync_and_wait_counts(dev: rt.SimDevice) -> None:
     rt.reset_counts()

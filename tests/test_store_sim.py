@@ -4,13 +4,17 @@ graph (features x[ids], neighbour lists, sampled blocks) on the devices' default
 stream; the per-tier counters equal the CPU run's; the pools bound the placement; the syncs and waits per read
 and per batch are what gnnscale/store/reader.py promises. A copy nobody waited for reads as NaN (or a poisoned
 index), and work that races with another stream raises StreamOrderError, so removing any wait of the store makes
-one of these tests fail; so does reusing a buffer another stream still reads."""
+one of these tests fail; so does reusing a buffer another stream still reads. The host reads a read's per-source
+counts (``host_values``) only after it waited for the device: without that wait, at any call site, the sim device's
+host read raises StreamOrderError."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -34,6 +38,10 @@ from gnnscale.store import (
     gather_rows,
     triton_available,
 )
+from gnnscale.store import cache as cache_mod
+from gnnscale.store import features as features_mod
+from gnnscale.store import reader as reader_mod
+from gnnscale.store import sharded as sharded_mod
 from gnnscale.store.placement import HOST
 
 CPU = torch.device("cpu")
@@ -305,3 +313,68 @@ def test_gather_rows_into_a_sim_device_reads_nan_until_waited_for() -> None:
     if triton_available():
         with pytest.raises(ConfigError, match="real GPU"):
             gather_rows(X, rows, out, method="uva")
+
+
+# ------------------------------------------------------------------------------------------------ host reads
+def _unsynced(monkeypatch: pytest.MonkeyPatch, module: ModuleType, caller: str) -> list[str]:
+    """The mutant of one call site of ``host_values``: called from ``module``'s function ``caller``, it reads the
+    values without the host's wait for the device (``rt.host_list`` alone); every other call is the real one.
+    Returns the calls the mutant made (the site was reached)."""
+    real = module.host_values
+    made: list[str] = []
+
+    def host_values(t: torch.Tensor, device: rt.Device) -> list[Any]:
+        if sys._getframe(1).f_code.co_name != caller:
+            return real(t, device)
+        made.append(caller)
+        return rt.host_list(t, device)
+
+    monkeypatch.setattr(module, "host_values", host_values)
+    return made
+
+
+def _host_read_sites() -> dict[str, tuple[ModuleType, str, Callable[[list[rt.SimDevice]], Any]]]:
+    """Each call site of ``host_values``: its module, its function, and a read on sim devices that reaches it."""
+    ids = ids_of(2, 80)
+
+    def hot(devs: list[rt.SimDevice]) -> ShardedDeviceSource:
+        h = X[::3]
+        placed = [{0: rt.to_device(h[0::2], devs[0])}, {1: rt.to_device(h[1::2], devs[1])}]
+        for d in devs:
+            rt.synchronize(d)
+        return ShardedDeviceSource(placed, devs, [0, 1], devs[0], h.shape[0], X.shape[1])
+
+    return {
+        "reader.py route": (reader_mod, "_route", lambda devs: store_on(devs).neighbors(torch.unique(ids), 0)),
+        "reader.py take": (reader_mod, "take", lambda devs: sample_blocks(
+            store_on(devs).reader(0), torch.unique(ids)[:40], FANOUTS, sample_key(3, 1))),
+        "cache.py read": (cache_mod, "_gather", lambda devs: DeviceCache.of(
+            PinnedHostSource(X, devs[0]), torch.arange(0, G.num_nodes, 3), devs[0]).gather(ids)),
+        "features.py range check": (features_mod, "check_range", lambda devs: DeviceSource(X, devs[0]).gather(
+            rt.to_device(ids, devs[0]))),
+        "sharded.py counts": (sharded_mod, "_gather", lambda devs: hot(devs).gather(ids[ids < X[::3].shape[0]])),
+    }
+
+
+@pytest.mark.parametrize("stream", ["default", "trainer"])
+@pytest.mark.parametrize("site", list(_host_read_sites()))
+def test_a_host_read_without_its_sync_fails_at_every_site(site: str, stream: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``host_values`` waits for the device's current stream before the host reads the values (a real GPU's
+    ``tolist`` would wait by itself, uncounted). Without that wait, at any one of its call sites, the sim device's
+    host read (``rt.host_list``) raises StreamOrderError: the host has not waited for the work that computed the
+    values. With it, the same read succeeds."""
+    module, caller, read = _host_read_sites()[site]
+    devs = sims(4 * POOL)
+    s = on_stream(devs[0], stream)
+    with rt.use_stream(s):
+        read(devs)
+    for d in devs:
+        rt.synchronize(d)
+    made = _unsynced(monkeypatch, module, caller)
+    with rt.use_stream(s), pytest.raises(rt.StreamOrderError, match="the host has not waited for sim:0/"):
+        read(devs)
+    assert made == [caller]  # the mutant site, reached once, is what failed
+    monkeypatch.undo()
+    for d in devs:  # the failed read's memory, freed later, leaves no debt
+        rt.synchronize(d)

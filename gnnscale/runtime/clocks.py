@@ -29,7 +29,8 @@ from torch import Tensor
 from gnnscale.runtime.errors import StreamOrderError
 from gnnscale.runtime.pool import LOCK, span
 
-__all__ = ["Clock", "allocated", "catch_up", "check", "check_reuse", "host_saw", "mark", "merge", "recorded"]
+__all__ = ["Clock", "allocated", "catch_up", "check", "check_host_read", "check_reuse", "host_saw", "mark", "merge",
+           "recorded"]
 
 
 class Clock:
@@ -169,6 +170,24 @@ def host_saw(vec: Mapping[Clock, int]) -> None:
             _HOST[s] = n
     for buf in list(_BUFS.values()):
         buf.marks = [m for m in buf.marks if _HOST.get(m.clock, 0) < m.seq]
+
+
+def check_host_read(x: Clock, t: Tensor, what: str) -> None:
+    """Raise StreamOrderError if the host reading ``t``, a value computed on stream ``x``, has not waited for all
+    the work issued on ``x`` so far, or for another stream's write of ``t``'s bytes (call with the lock held)."""
+    if _HOST.get(x, 0) < x.seq:
+        raise StreamOrderError(
+            f"{what} of a value computed on {x}, and the host has not waited for {x} since its op "
+            f"{_HOST.get(x, 0)} (it is at op {x.seq}): call synchronize({x}) first")
+    sp = span(t)
+    buf = _BUFS.get(sp[0]) if sp is not None else None
+    if sp is None or buf is None:
+        return
+    for m in buf.marks:
+        if m.lo < sp[2] and sp[1] < m.hi and m.write and _HOST.get(m.clock, 0) < m.seq:
+            raise StreamOrderError(
+                f"{what} reads bytes {sp[1]}..{sp[2]} of a buffer that {m.clock} wrote (its op {m.seq}), and the host "
+                f"has not waited for {m.clock} since: call synchronize({m.clock}) first")
 
 
 def check(x: Clock, t: Tensor, write: bool, what: str) -> None:

@@ -12,13 +12,14 @@ rather than a ``torch.Stream``'s own methods.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import torch
 from torch import Tensor
 
-from gnnscale.runtime import backend, counters
+from gnnscale.runtime import backend, clocks, counters
 from gnnscale.runtime.device import Device, device_key, device_of
+from gnnscale.runtime.pool import LOCK
 from gnnscale.runtime.sim import scope
 from gnnscale.runtime.simdevice import SimDevice, SimEvent, SimStream, wait_on
 
@@ -145,3 +146,15 @@ def item(t: Tensor) -> int | float | bool:
     else:
         counters.count_sync(device_key(dev))
     return t.item()
+
+
+def host_list(t: Tensor, device: Device) -> list[Any]:
+    """``t.tolist()`` for a tensor computed on ``device``, read by a host that has already waited for the work
+    (:func:`synchronize`; not counted again). A real accelerator's ``tolist`` would wait for the current stream by
+    itself, an uncounted sync; a sim device instead raises
+    :class:`~gnnscale.runtime.errors.StreamOrderError` when the host has not waited for all the work issued on
+    its current stream, or for a stream's write of ``t``'s bytes (a copy into host memory among them)."""
+    if isinstance(device, SimDevice):
+        with LOCK:
+            clocks.check_host_read(device.current_stream(), t, "a host read")
+    return list(t.tolist())

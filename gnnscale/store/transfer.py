@@ -52,9 +52,10 @@ def place(t: Tensor, device: rt.Device) -> Tensor:
 
 def host_values(t: Tensor, device: rt.Device) -> list[Any]:
     """``t.tolist()`` for a tensor computed on ``device``: the host first waits for the device's current stream.
-    One counted sync, on the CPU too (a CPU run shows the syncs an accelerator run makes)."""
+    One counted sync, on the CPU too (a CPU run shows the syncs an accelerator run makes); a sim device checks the
+    host read came after it (:func:`gnnscale.runtime.host_list`)."""
     rt.synchronize(rt.current_stream(device) if rt.is_accelerator(device) else device)
-    return list(t.tolist())
+    return rt.host_list(t, device)
 
 
 class PeerLink:

@@ -18,20 +18,23 @@ if TYPE_CHECKING:
 
 def resolve_device(spec: str | torch.device) -> torch.device:
     """``auto`` -> the accelerator when available (``$GNNSCALE_DEVICE`` first), else CPU; validates ``cuda`` /
-    ``cuda:N`` (or the accelerator's own type) against what is present (:func:`gnnscale.runtime.resolve_device`)."""
+    ``cuda:N`` (or the accelerator's own type) against what is present (:func:`gnnscale.runtime.resolve_device`).
+    ``sim:N``, the runtime's test device, only where ``$GNNSCALE_SIM_DEVICES`` says how many there are (a test's
+    or a CI run's choice, never a user's by accident)."""
     if isinstance(spec, torch.device):
         return spec
     dev = rt.resolve_device(spec)
-    if rt.is_sim(dev):
+    if rt.is_sim(dev) and rt.SIM_DEVICES_ENV not in os.environ:
         raise ConfigError(f"--device {spec}: the sim device is the runtime's test mode (gnnscale.runtime); the "
-                          "engines do not take it from the command line")
-    assert isinstance(dev, torch.device)
-    return dev
+                          f"command line takes it only where ${rt.SIM_DEVICES_ENV} is set")
+    return dev  # type: ignore[return-value]
 
 
 def rank_device(device: str | torch.device, local_ranks: int, local_rank: int) -> torch.device:
     """A distributed rank's device: ``cuda:LOCAL_RANK`` for ``cuda``, since NCCL takes one GPU per rank (more
     ranks on a machine than GPUs, or one ``cuda:N`` for all of them, is a :class:`ConfigError`)."""
+    if isinstance(device, str) and device == "sim":  # the runtime's test device: each rank sim:LOCAL_RANK
+        return resolve_device(f"sim:{local_rank}")
     dev = resolve_device(device)
     if dev.type != "cuda":
         return dev

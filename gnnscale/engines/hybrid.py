@@ -243,15 +243,15 @@ class HybridEngine(SampledEngine):
                            cpu_index=self.cpu_index, gpu_sampled=list(self.gpu_sampler), cores=cores)
 
     def _calibrate(self) -> None:
-        """A few iterations through the real pipeline (every trainer on an equal share, gradients discarded; the
-        first :data:`CALIBRATION_WARMUP` not measured): each trainer's measured forward and backward scales its
+        """A few iterations through the real pipeline (every trainer on an equal share of the epoch order's first
+        batches, gradients discarded; the first :data:`CALIBRATION_WARMUP` not measured): each trainer's measured forward and backward scales its
         Eq. 10, and the measured iteration scales Eq. 6 (:meth:`HybridModel.calibrate`)."""
         size = min(self.config.batch_size, self.train_ids.numel())
         G = len(self.devices)
         equal = [1 / G] * G
-        seeds = self.train_ids[self._order(0)[:size]]
-        items = (Iteration(i, size, self._cut(seeds, equal), self.version)
-                 for i in range(CALIBRATION_WARMUP + CALIBRATION_RUNS))
+        order, n = self._order(0), self.train_ids.numel()  # distinct batches, as an epoch's (no warm caches)
+        items = (Iteration(i, size, self._cut(self.train_ids[order[(i * size + torch.arange(size)) % n]], equal),
+                           self.version) for i in range(CALIBRATION_WARMUP + CALIBRATION_RUNS))
         before = torch.get_num_threads()
         runs, walls = [], []
         last: Iteration | None = None

@@ -130,6 +130,10 @@ class SamplingTable:
                           vertices=tuple(at([s.vertices[l] for s in self.shapes]) for l in range(L)))
 
 
+def _one(threads: Threads) -> Threads:
+    return Threads(threads.sampler, threads.loader, 1)
+
+
 def _interp(x: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
     if x <= xs[0]:
         return ys[0] * x / xs[0]
@@ -177,9 +181,22 @@ class HybridModel:
         return TrainerModel(bandwidth=r.aggregate * k, macs_per_s=r.macs * k, pipelined=False)
 
     def trainer_time(self, g: int, shape: BatchShape, threads: Threads) -> float:
-        """Eq. 10 for trainer ``g`` on ``shape``, times its calibration."""
+        """Eq. 10 for trainer ``g`` on ``shape`` at its threads, plus its calibration's remainder: what Eq. 10 does
+        not count (launches, activations, the interpreter) runs on the trainer's own thread, so it does not shrink
+        with the trainer's threads as Eq. 10's bytes and multiply-accumulates do."""
+        return t_trainer(shape, self._trainer(g, threads)) + self._overhead(g, shape, threads)
+
+    def trainer_work(self, g: int, shape: BatchShape, threads: Threads) -> float:
+        """Trainer ``g``'s busy core-seconds on ``shape``: Eq. 10 on one thread (more threads share the same
+        work) plus the calibration's remainder."""
+        return t_trainer(shape, self._trainer(g, _one(threads))) + self._overhead(g, shape, threads)
+
+    def _overhead(self, g: int, shape: BatchShape, threads: Threads) -> float:
         k = self.calibration[g] if g < len(self.calibration) else 1.0
-        return k * t_trainer(shape, self._trainer(g, threads))
+        one = t_trainer(shape, self._trainer(g, _one(threads)))
+        if k < 1.0:  # faster than Eq. 10 (a pipelined device): the whole time scaled
+            return (k - 1.0) * t_trainer(shape, self._trainer(g, threads))
+        return (k - 1.0) * one
 
     def calibrate(self, measured: list[float], shapes: list[BatchShape], threads: Threads,
                   iteration: float | None = None, batch: int = 0, split: list[float] | None = None) -> None:
@@ -194,8 +211,10 @@ class HybridModel:
         interpreter lock) add to it: the ratios carry both."""
         self.calibration = []
         for g, (m, shape) in enumerate(zip(measured, shapes, strict=True)):
-            eq10 = t_trainer(shape, self._trainer(g, threads))
-            self.calibration.append(m / eq10 if m > 0 and eq10 > 0 else 1.0)
+            eq10, one = t_trainer(shape, self._trainer(g, threads)), t_trainer(shape, self._trainer(g, _one(threads)))
+            # the remainder over Eq. 10 at the calibration's threads, as a multiple of Eq. 10 on one thread
+            self.calibration.append(1.0 + (m - eq10) / one if m > 0 and eq10 > 0 and m >= eq10 else
+                                    m / eq10 if m > 0 and eq10 > 0 else 1.0)
         self.pipeline_factor = 1.0
         if iteration is not None and split is not None:
             modelled = self.stage_times(batch, split, threads)["iteration"]
@@ -222,7 +241,8 @@ class HybridModel:
         # every stage on the CPU shares its cores (the paper's CPU has 128; ours may have 2): the iteration
         # takes at least the CPU's busy core-seconds over the cores
         cpu_work = (sc * max(1, min(threads.sampler, len(cpu_sampled))) + load * threads.loader
-                    + sum(train[g] * (threads.trainer if self.rates[g].per_thread else 0) for g in range(G)))
+                    + sum(self.trainer_work(g, shapes[g], threads) for g in range(G)
+                          if self.rates[g].per_thread and sizes[g] > 0))
         iteration = self.pipeline_factor * max(t_execution(max(sc, sa), load, max(trans.values(), default=0.0),
                                                            prop), cpu_work / self.cores)
         return {"SC": sc, "SA": sa, "Load": load, "Tran": max(trans.values(), default=0.0),

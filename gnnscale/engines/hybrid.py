@@ -57,10 +57,12 @@ from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backwar
 from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.engines.sampled_norm import BatchNormSync, kept_buffers, run_trainers, traffic, waited
+from gnnscale.engines.sampled_predict import hybrid_devices, predict_hybrid
 from gnnscale.engines.sampled_stages import Iteration, Propagated, SampledStages, StageSums
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.stack import Stack, class_count
+from gnnscale.plan.epoch_time import HERE, Cluster, EpochTime
 from gnnscale.plan.hybrid import (
     Assignment,
     Decision,
@@ -78,6 +80,7 @@ from gnnscale.plan.hybrid import (
     measure_sampling,
     rebalance,
 )
+from gnnscale.plan.rates import Rates
 from gnnscale.sample import CSRTopology, sample_key
 from gnnscale.store.features import FeatureSource
 from gnnscale.store.global_store import GlobalMemoryStore, directory_reason
@@ -97,15 +100,6 @@ CALIBRATION_WARMUP = 2
 MIN_SHARE_SEEDS = 1
 """Seeds every trainer keeps in a full batch under DRM (a trainer with none could not be measured)."""
 CPU = torch.device("cpu")
-
-
-def hybrid_devices(config: TrainConfig) -> list[rt.Device]:
-    """The trainers' devices: ``--devices`` as given (``cpu:N`` stand-ins and sim devices included), else the CPU
-    and every visible GPU."""
-    if config.devices:
-        return [rt.resolve_device(d) for d in config.devices]
-    kind = rt.accelerator_type() or "cuda"
-    return [CPU, *(torch.device(kind, i) for i in range(rt.device_count()))]
 
 
 _Iteration = Iteration  # one global mini-batch on its way through the pipeline (sampled_stages.Iteration)
@@ -146,6 +140,14 @@ class HybridEngine(SampledEngine):
         if config.devices and len(config.devices) > 1:
             return None
         return "trains the CPU beside accelerators: name them with --devices (e.g. cpu,cuda:0)"
+
+    @classmethod
+    def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
+                      model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
+        """HyScale-GNN's Eqs. 5-13 at the configured split and threads (:mod:`gnnscale.engines.sampled_predict`);
+        one machine's CPU beside its accelerators (``cluster`` is not priced)."""
+        del device, cluster
+        return predict_hybrid(graph, config, hybrid_devices(config), rates, model=model)
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
@@ -244,8 +246,8 @@ class HybridEngine(SampledEngine):
 
     def _calibrate(self) -> None:
         """A few iterations through the real pipeline (every trainer on an equal share of the epoch order's first
-        batches, gradients discarded; the first :data:`CALIBRATION_WARMUP` not measured): each trainer's measured forward and backward scales its
-        Eq. 10, and the measured iteration scales Eq. 6 (:meth:`HybridModel.calibrate`)."""
+        batches, gradients discarded; the first :data:`CALIBRATION_WARMUP` not measured): each trainer's measured
+        forward and backward scales its Eq. 10, the measured iteration Eq. 6 (:meth:`HybridModel.calibrate`)."""
         size = min(self.config.batch_size, self.train_ids.numel())
         G = len(self.devices)
         equal = [1 / G] * G

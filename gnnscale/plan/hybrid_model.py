@@ -176,8 +176,8 @@ class HybridModel:
     """Measured over modelled seconds per iteration (:meth:`calibrate`), at least 1; 1 until measured."""
 
     def _trainer(self, g: int, threads: Threads) -> TrainerModel:
-        r = self.rates[g]
-        k = min(threads.trainer, self.cores) if r.per_thread else 1
+        r = self.rates[g]  # the CPU trainer's threads: a CPU stand-in for an accelerator runs on its own one
+        k = min(threads.trainer, self.cores) if r.per_thread and g == self.cpu_index else 1
         return TrainerModel(bandwidth=r.aggregate * k, macs_per_s=r.macs * k, pipelined=False)
 
     def trainer_time(self, g: int, shape: BatchShape, threads: Threads) -> float:

@@ -61,9 +61,9 @@ def _store(graph: Graph, config: TrainConfig, devices: list[rt.Device], share: f
     what-if, and its hot feature rows: the ratio given, else as many as the budget's ``share`` holds beside the
     topology), and the vertices' hotness ranks (out-degree, the store's default)."""
     G = cluster.devices_per_machine or len(devices)
-    links = default_links(devices)
-    linked = len(devices) > 1 and links[0][1] > 0
-    links = [[0.0 if i == j else float(linked or len(devices) == 1) for j in range(G)] for i in range(G)]
+    # a what-if's devices linked as this machine's are (one device: linked if CPU "devices", not if accelerators)
+    linked = default_links(devices)[0][1] > 0 if len(devices) > 1 else not rt.is_accelerator(devices[0])
+    links = [[0.0 if i == j else float(linked) for j in range(G)] for i in range(G)]
     placement = solve_placement(links)
     n = graph.num_nodes
     order = torch.sort(-graph.out_degree().double(), stable=True).indices
@@ -111,7 +111,7 @@ def predict_hybrid(graph: Graph, config: TrainConfig, devices: list[rt.Device], 
     cores = os.cpu_count() or 1
     accel = [rt.is_accelerator(d) for d in devices]
     cpu = cpu_rates if cpu_rates is not None else rates if not any(accel) else machine_rates(CPU)
-    p = _probe(graph, config, m, dims, fanouts, ids, config.batch_size, None, cores)
+    p = _probe(graph, config, m, dims, fanouts, ids, 0, None, cores)  # the table alone: no rows ranked
     perf = se.hybrid_model(p.table, cpu, rates, accel, cores)
     threads = Threads(*config.threads) if config.threads else default_threads(cores)
     return se.hybrid_epoch(perf, num_train=ids.numel(), batch=config.batch_size,

@@ -65,12 +65,12 @@ def probe(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims: tuple[int
           max_threads: int = 1) -> SampledProbe:
     """Measure :class:`SampledProbe` on the real graph: §V's sampling table up to ``batch`` seeds
     (:func:`~gnnscale.plan.hybrid_measure.measure_sampling`), and the ranks (``rank``: vertex to hotness rank;
-    ``None``: the vertex ids) of the input rows of a few batches of ``share`` seeds."""
+    ``None``: the vertex ids) of the input rows of a few batches of ``share`` seeds (``0``: none)."""
     table = measure_sampling(topo, ids, fanouts, dims, batch, max_threads, key, adjacency)
     gen = torch.Generator().manual_seed(key + 1)
     order = torch.randperm(ids.numel(), generator=gen)
     ranks = []
-    for b in range(PROBE_BATCHES):
+    for b in range(PROBE_BATCHES if share > 0 else 0):
         seeds = ids[order[(b * share) % max(1, ids.numel() - share + 1):][:share]]
         src = sample_blocks(topo, seeds, fanouts, key, adjacency)[0].src_ids
         assert src is not None

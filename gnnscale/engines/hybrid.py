@@ -94,7 +94,7 @@ over: about one decision's worth (DRM decides at most every few iterations, the 
 follows the split it measures (a share's sampled neighbourhood grows less than its seeds: seconds per seed
 measured at an old split mislead) while one noisy iteration does not decide alone."""
 CALIBRATION_RUNS = 8
-"""Pipelined iterations that calibrate the model at set-up (their median is kept)."""
+"""Pipelined iterations that calibrate the model at set-up (their mean is kept: an epoch sums its iterations)."""
 CALIBRATION_WARMUP = 2
 """Pipelined iterations before those, not measured (first touches of the features, the allocator's growth)."""
 MIN_SHARE_SEEDS = 1
@@ -273,11 +273,11 @@ class HybridEngine(SampledEngine):
             self.model.zero_grad(set_to_none=True)
             self.replicas.sync()
         assert last is not None
-        times = [statistics.median(run[g] for run in runs[CALIBRATION_WARMUP:]) for g in range(G)]
+        times = [statistics.mean(run[g] for run in runs[CALIBRATION_WARMUP:]) for g in range(G)]
         dims = self.perf.dims
         shapes = [batch_shape(last.blocks[g], dims) if last.parts[g].numel() else
                   self.perf.cpu_sampling.shape(1, dims) for g in range(G)]
-        self.perf.calibrate(times, shapes, self.threads, statistics.median(walls[CALIBRATION_WARMUP:]), size, equal)
+        self.perf.calibrate(times, shapes, self.threads, statistics.mean(walls[CALIBRATION_WARMUP:]), size, equal)
 
     def describe(self) -> str:
         names = ", ".join(f"{d}{' (CPU trainer)' if g == self.cpu_index else ''}" for g, d in enumerate(self.devices))

@@ -171,7 +171,8 @@ class HybridModel:
     gpu_sampled: list[bool]
     cores: int
     calibration: list[float] = field(default_factory=list)
-    """Per trainer: measured over Eq. 10's seconds on one batch (:meth:`calibrate`); 1 until measured."""
+    """Per trainer: measured over Eq. 10's seconds on one batch and one thread (:meth:`calibrate`; the part over
+    1 is the remainder Eq. 10 does not count, on the trainer's own thread); 1 until measured."""
     pipeline_factor: float = 1.0
     """Measured over modelled seconds per iteration (:meth:`calibrate`), at least 1; 1 until measured."""
 
@@ -206,9 +207,11 @@ class HybridModel:
         otherwise count that sharing twice away from the calibration point), and Eq. 6 to a measured ``iteration``
         (seconds per iteration of the pipeline at ``batch`` and ``split``). Eq. 10 counts the aggregation's bytes
         and the update's multiply-accumulates; a framework's kernels add launches, activations, dropout and the
-        loss, which the paper leaves out (§VI-C) and which dominate small CPU batches. Eq. 6 takes the slowest
-        stage; the hand-over between stages, the synchronizer and stages sharing a few cores (and Python's
-        interpreter lock) add to it: the ratios carry both."""
+        loss, which the paper leaves out (§VI-C) and which dominate small CPU batches; they run on the trainer's
+        own thread, so the remainder over Eq. 10 is kept apart (:meth:`trainer_time`: it does not shrink with the
+        trainer's threads; priced, as the threads' CPU seconds are, in the busy core-seconds once). Eq. 6 takes
+        the slowest stage; the hand-over between stages, the synchronizer and stages sharing a few cores (and
+        Python's interpreter lock) add to it: the ratios carry both."""
         self.calibration = []
         for g, (m, shape) in enumerate(zip(measured, shapes, strict=True)):
             eq10, one = t_trainer(shape, self._trainer(g, threads)), t_trainer(shape, self._trainer(g, _one(threads)))

@@ -137,3 +137,10 @@ def test_engines_predictions_move_with_the_rates(graph) -> None:  # type: ignore
         assert base is not None and slower is not None
         assert slower.seconds > base.seconds > 0 and base.bytes["host"] > 0
         assert {"aggregate", "update"} <= set(base.terms) or {"TC", "sync"} <= set(base.terms)
+
+
+def test_hybrid_trainer_threads_are_the_cpu_trainers_alone() -> None:
+    perf = se.hybrid_model(TABLE, RATES, RATES, [False, False], cores=8)  # the CPU beside a CPU stand-in
+    one, two = Threads(1, 1, 1), Threads(1, 1, 2)
+    assert perf.trainer_time(1, SHAPE, two) == pytest.approx(perf.trainer_time(1, SHAPE, one))
+    assert perf.trainer_time(0, SHAPE, two) < perf.trainer_time(0, SHAPE, one)

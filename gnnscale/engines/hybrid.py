@@ -144,8 +144,7 @@ class HybridEngine(SampledEngine):
     @classmethod
     def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
                       model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
-        """HyScale-GNN's Eqs. 5-13 at the configured split and threads (:mod:`gnnscale.engines.sampled_predict`);
-        one machine's CPU beside its accelerators (``cluster`` is not priced)."""
+        """HyScale-GNN's Eqs. 5-13 at the configured split and threads (one machine: ``cluster`` not priced)."""
         del device, cluster
         return predict_hybrid(graph, config, hybrid_devices(config), rates, model=model)
 
@@ -252,7 +251,7 @@ class HybridEngine(SampledEngine):
         G = len(self.devices)
         equal = [1 / G] * G
         order, n = self._order(0), self.train_ids.numel()  # distinct batches, as an epoch's (no warm caches)
-        items = (Iteration(i, size, self._cut(self.train_ids[order[(i * size + torch.arange(size)) % n]], equal),
+        items = (Iteration(i, size, cut(self.train_ids[order[(i * size + torch.arange(size)) % n]], equal),
                            self.version) for i in range(CALIBRATION_WARMUP + CALIBRATION_RUNS))
         before = torch.get_num_threads()
         runs, walls = [], []
@@ -289,10 +288,6 @@ class HybridEngine(SampledEngine):
                 f"{t.trainer}; DRM {self.config.drm}")
 
     # ------------------------------------------------------------------------------------------------ the feed
-    def _cut(self, batch: Tensor, split: list[float]) -> list[Tensor]:
-        """Trainer ``g`` takes seeds ``[round(n c_{g-1}), round(n c_g))`` of the batch (``c``: cumulative split)."""
-        return cut(batch, split)
-
     def _sample(self, it: Iteration, key: int) -> Iteration:
         """Stage 1: the CPU sampler's shares on ``threads.sampler`` threads; each GPU sampler's on its device."""
         return self.stages.sample(it, key, self.gpu_sampler, self.threads.sampler)
@@ -304,6 +299,10 @@ class HybridEngine(SampledEngine):
     def _transfer(self, it: Iteration) -> Iteration:
         """Stage 3: each accelerator's features (and the topology the CPU sampled for it) copied to it."""
         return self.stages.transfer(it)
+
+    def _cut(self, batch: Tensor, split: list[float]) -> list[Tensor]:
+        """Trainer ``g`` takes seeds ``[round(n c_{g-1}), round(n c_g))`` of the batch (``c``: cumulative split)."""
+        return cut(batch, split)
 
     def _pipeline(self, items: Iterator[Iteration], key: int) -> Pipeline:
         """The stages on their threads, each holding one iteration (Figure 7's depth: two-stage prefetching)."""

@@ -57,10 +57,12 @@ from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backwar
 from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.engines.sampled_norm import BatchNormSync, kept_buffers, run_trainers, traffic, waited
+from gnnscale.engines.sampled_predict import hybrid_devices, predict_hybrid
 from gnnscale.engines.sampled_stages import Iteration, Propagated, SampledStages, StageSums
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.stack import Stack, class_count
+from gnnscale.plan.epoch_time import HERE, Cluster, EpochTime
 from gnnscale.plan.hybrid import (
     Assignment,
     Decision,
@@ -78,6 +80,7 @@ from gnnscale.plan.hybrid import (
     measure_sampling,
     rebalance,
 )
+from gnnscale.plan.rates import Rates
 from gnnscale.sample import CSRTopology, sample_key
 from gnnscale.store.features import FeatureSource
 from gnnscale.store.global_store import GlobalMemoryStore, directory_reason
@@ -91,21 +94,12 @@ over: about one decision's worth (DRM decides at most every few iterations, the 
 follows the split it measures (a share's sampled neighbourhood grows less than its seeds: seconds per seed
 measured at an old split mislead) while one noisy iteration does not decide alone."""
 CALIBRATION_RUNS = 8
-"""Pipelined iterations that calibrate the model at set-up (their median is kept)."""
+"""Pipelined iterations that calibrate the model at set-up (their mean is kept: an epoch sums its iterations)."""
 CALIBRATION_WARMUP = 2
 """Pipelined iterations before those, not measured (first touches of the features, the allocator's growth)."""
 MIN_SHARE_SEEDS = 1
 """Seeds every trainer keeps in a full batch under DRM (a trainer with none could not be measured)."""
 CPU = torch.device("cpu")
-
-
-def hybrid_devices(config: TrainConfig) -> list[rt.Device]:
-    """The trainers' devices: ``--devices`` as given (``cpu:N`` stand-ins and sim devices included), else the CPU
-    and every visible GPU."""
-    if config.devices:
-        return [rt.resolve_device(d) for d in config.devices]
-    kind = rt.accelerator_type() or "cuda"
-    return [CPU, *(torch.device(kind, i) for i in range(rt.device_count()))]
 
 
 _Iteration = Iteration  # one global mini-batch on its way through the pipeline (sampled_stages.Iteration)
@@ -146,6 +140,13 @@ class HybridEngine(SampledEngine):
         if config.devices and len(config.devices) > 1:
             return None
         return "trains the CPU beside accelerators: name them with --devices (e.g. cpu,cuda:0)"
+
+    @classmethod
+    def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
+                      model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
+        """HyScale-GNN's Eqs. 5-13 at the configured split and threads (one machine: ``cluster`` not priced)."""
+        del device, cluster
+        return predict_hybrid(graph, config, hybrid_devices(config), rates, model=model)
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
@@ -243,15 +244,15 @@ class HybridEngine(SampledEngine):
                            cpu_index=self.cpu_index, gpu_sampled=list(self.gpu_sampler), cores=cores)
 
     def _calibrate(self) -> None:
-        """A few iterations through the real pipeline (every trainer on an equal share, gradients discarded; the
-        first :data:`CALIBRATION_WARMUP` not measured): each trainer's measured forward and backward scales its
-        Eq. 10, and the measured iteration scales Eq. 6 (:meth:`HybridModel.calibrate`)."""
+        """A few iterations through the real pipeline (every trainer on an equal share of the epoch order's first
+        batches, gradients discarded; the first :data:`CALIBRATION_WARMUP` not measured): each trainer's measured
+        forward and backward scales its Eq. 10, the measured iteration Eq. 6 (:meth:`HybridModel.calibrate`)."""
         size = min(self.config.batch_size, self.train_ids.numel())
         G = len(self.devices)
         equal = [1 / G] * G
-        seeds = self.train_ids[self._order(0)[:size]]
-        items = (Iteration(i, size, self._cut(seeds, equal), self.version)
-                 for i in range(CALIBRATION_WARMUP + CALIBRATION_RUNS))
+        order, n = self._order(0), self.train_ids.numel()  # distinct batches, as an epoch's (no warm caches)
+        items = (Iteration(i, size, cut(self.train_ids[order[(i * size + torch.arange(size)) % n]], equal),
+                           self.version) for i in range(CALIBRATION_WARMUP + CALIBRATION_RUNS))
         before = torch.get_num_threads()
         runs, walls = [], []
         last: Iteration | None = None
@@ -271,11 +272,11 @@ class HybridEngine(SampledEngine):
             self.model.zero_grad(set_to_none=True)
             self.replicas.sync()
         assert last is not None
-        times = [statistics.median(run[g] for run in runs[CALIBRATION_WARMUP:]) for g in range(G)]
+        times = [statistics.mean(run[g] for run in runs[CALIBRATION_WARMUP:]) for g in range(G)]
         dims = self.perf.dims
         shapes = [batch_shape(last.blocks[g], dims) if last.parts[g].numel() else
                   self.perf.cpu_sampling.shape(1, dims) for g in range(G)]
-        self.perf.calibrate(times, shapes, self.threads, statistics.median(walls[CALIBRATION_WARMUP:]), size, equal)
+        self.perf.calibrate(times, shapes, self.threads, statistics.mean(walls[CALIBRATION_WARMUP:]), size, equal)
 
     def describe(self) -> str:
         names = ", ".join(f"{d}{' (CPU trainer)' if g == self.cpu_index else ''}" for g, d in enumerate(self.devices))
@@ -287,10 +288,6 @@ class HybridEngine(SampledEngine):
                 f"{t.trainer}; DRM {self.config.drm}")
 
     # ------------------------------------------------------------------------------------------------ the feed
-    def _cut(self, batch: Tensor, split: list[float]) -> list[Tensor]:
-        """Trainer ``g`` takes seeds ``[round(n c_{g-1}), round(n c_g))`` of the batch (``c``: cumulative split)."""
-        return cut(batch, split)
-
     def _sample(self, it: Iteration, key: int) -> Iteration:
         """Stage 1: the CPU sampler's shares on ``threads.sampler`` threads; each GPU sampler's on its device."""
         return self.stages.sample(it, key, self.gpu_sampler, self.threads.sampler)
@@ -302,6 +299,10 @@ class HybridEngine(SampledEngine):
     def _transfer(self, it: Iteration) -> Iteration:
         """Stage 3: each accelerator's features (and the topology the CPU sampled for it) copied to it."""
         return self.stages.transfer(it)
+
+    def _cut(self, batch: Tensor, split: list[float]) -> list[Tensor]:
+        """Trainer ``g`` takes seeds ``[round(n c_{g-1}), round(n c_g))`` of the batch (``c``: cumulative split)."""
+        return cut(batch, split)
 
     def _pipeline(self, items: Iterator[Iteration], key: int) -> Pipeline:
         """The stages on their threads, each holding one iteration (Figure 7's depth: two-stage prefetching)."""

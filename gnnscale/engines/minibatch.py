@@ -66,11 +66,14 @@ from gnnscale.engines.sampled import (
 from gnnscale.engines.sampled_engine import SampledEngine
 from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.engines.sampled_norm import BatchNormSync, traffic, wait_all
+from gnnscale.engines.sampled_predict import predict_minibatch
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.stack import Stack
+from gnnscale.plan.epoch_time import HERE, Cluster, EpochTime
 from gnnscale.plan.host import plan_host, sampled_batch_rows, sampled_working_bytes
 from gnnscale.plan.memory import estimate_host_bytes
+from gnnscale.plan.rates import Rates
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.cache import DeviceCache
 from gnnscale.store.disk import DiskSource
@@ -155,6 +158,14 @@ class MiniBatchEngine(SampledEngine):
             except ConfigError as exc:
                 reasons.append(str(exc))
         return reasons
+
+    @classmethod
+    def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
+                      model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
+        """XGNN's placement cost and the sampled blocks' work (:mod:`gnnscale.engines.sampled_predict`); with
+        ``cluster.devices_per_machine``, that many devices sharing the host bus."""
+        return predict_minibatch(graph, config, trainer_devices(config, device), rates, store_share=STORE_SHARE,
+                                 model=model, cluster=cluster)
 
     def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: rt.Device):
         super().__init__(graph, model, config, rt.torch_device(device))

@@ -130,6 +130,10 @@ class SamplingTable:
                           vertices=tuple(at([s.vertices[l] for s in self.shapes]) for l in range(L)))
 
 
+def _one(threads: Threads) -> Threads:
+    return Threads(threads.sampler, threads.loader, 1)
+
+
 def _interp(x: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
     if x <= xs[0]:
         return ys[0] * x / xs[0]
@@ -167,19 +171,33 @@ class HybridModel:
     gpu_sampled: list[bool]
     cores: int
     calibration: list[float] = field(default_factory=list)
-    """Per trainer: measured over Eq. 10's seconds on one batch (:meth:`calibrate`); 1 until measured."""
+    """Per trainer: measured over Eq. 10's seconds on one batch and one thread (:meth:`calibrate`; the part over
+    1 is the remainder Eq. 10 does not count, on the trainer's own thread); 1 until measured."""
     pipeline_factor: float = 1.0
     """Measured over modelled seconds per iteration (:meth:`calibrate`), at least 1; 1 until measured."""
 
     def _trainer(self, g: int, threads: Threads) -> TrainerModel:
-        r = self.rates[g]
-        k = min(threads.trainer, self.cores) if r.per_thread else 1
+        r = self.rates[g]  # the CPU trainer's threads: a CPU stand-in for an accelerator runs on its own one
+        k = min(threads.trainer, self.cores) if r.per_thread and g == self.cpu_index else 1
         return TrainerModel(bandwidth=r.aggregate * k, macs_per_s=r.macs * k, pipelined=False)
 
     def trainer_time(self, g: int, shape: BatchShape, threads: Threads) -> float:
-        """Eq. 10 for trainer ``g`` on ``shape``, times its calibration."""
+        """Eq. 10 for trainer ``g`` on ``shape`` at its threads, plus its calibration's remainder: what Eq. 10 does
+        not count (launches, activations, the interpreter) runs on the trainer's own thread, so it does not shrink
+        with the trainer's threads as Eq. 10's bytes and multiply-accumulates do."""
+        return t_trainer(shape, self._trainer(g, threads)) + self._overhead(g, shape, threads)
+
+    def trainer_work(self, g: int, shape: BatchShape, threads: Threads) -> float:
+        """Trainer ``g``'s busy core-seconds on ``shape``: Eq. 10 on one thread (more threads share the same
+        work) plus the calibration's remainder."""
+        return t_trainer(shape, self._trainer(g, _one(threads))) + self._overhead(g, shape, threads)
+
+    def _overhead(self, g: int, shape: BatchShape, threads: Threads) -> float:
         k = self.calibration[g] if g < len(self.calibration) else 1.0
-        return k * t_trainer(shape, self._trainer(g, threads))
+        one = t_trainer(shape, self._trainer(g, _one(threads)))
+        if k < 1.0:  # faster than Eq. 10 (a pipelined device): the whole time scaled
+            return (k - 1.0) * t_trainer(shape, self._trainer(g, threads))
+        return (k - 1.0) * one
 
     def calibrate(self, measured: list[float], shapes: list[BatchShape], threads: Threads,
                   iteration: float | None = None, batch: int = 0, split: list[float] | None = None) -> None:
@@ -189,13 +207,17 @@ class HybridModel:
         otherwise count that sharing twice away from the calibration point), and Eq. 6 to a measured ``iteration``
         (seconds per iteration of the pipeline at ``batch`` and ``split``). Eq. 10 counts the aggregation's bytes
         and the update's multiply-accumulates; a framework's kernels add launches, activations, dropout and the
-        loss, which the paper leaves out (§VI-C) and which dominate small CPU batches. Eq. 6 takes the slowest
-        stage; the hand-over between stages, the synchronizer and stages sharing a few cores (and Python's
-        interpreter lock) add to it: the ratios carry both."""
+        loss, which the paper leaves out (§VI-C) and which dominate small CPU batches; they run on the trainer's
+        own thread, so the remainder over Eq. 10 is kept apart (:meth:`trainer_time`: it does not shrink with the
+        trainer's threads; priced, as the threads' CPU seconds are, in the busy core-seconds once). Eq. 6 takes
+        the slowest stage; the hand-over between stages, the synchronizer and stages sharing a few cores (and
+        Python's interpreter lock) add to it: the ratios carry both."""
         self.calibration = []
         for g, (m, shape) in enumerate(zip(measured, shapes, strict=True)):
-            eq10 = t_trainer(shape, self._trainer(g, threads))
-            self.calibration.append(m / eq10 if m > 0 and eq10 > 0 else 1.0)
+            eq10, one = t_trainer(shape, self._trainer(g, threads)), t_trainer(shape, self._trainer(g, _one(threads)))
+            # the remainder over Eq. 10 at the calibration's threads, as a multiple of Eq. 10 on one thread
+            self.calibration.append(1.0 + (m - eq10) / one if m > 0 and eq10 > 0 and m >= eq10 else
+                                    m / eq10 if m > 0 and eq10 > 0 else 1.0)
         self.pipeline_factor = 1.0
         if iteration is not None and split is not None:
             modelled = self.stage_times(batch, split, threads)["iteration"]
@@ -222,7 +244,8 @@ class HybridModel:
         # every stage on the CPU shares its cores (the paper's CPU has 128; ours may have 2): the iteration
         # takes at least the CPU's busy core-seconds over the cores
         cpu_work = (sc * max(1, min(threads.sampler, len(cpu_sampled))) + load * threads.loader
-                    + sum(train[g] * (threads.trainer if self.rates[g].per_thread else 0) for g in range(G)))
+                    + sum(self.trainer_work(g, shapes[g], threads) for g in range(G)
+                          if self.rates[g].per_thread and sizes[g] > 0))
         iteration = self.pipeline_factor * max(t_execution(max(sc, sa), load, max(trans.values(), default=0.0),
                                                            prop), cpu_work / self.cores)
         return {"SC": sc, "SA": sa, "Load": load, "Tran": max(trans.values(), default=0.0),

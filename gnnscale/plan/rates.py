@@ -1,5 +1,5 @@
 """This machine's rates, the inputs of every engine's epoch-time model: measured by a short calibration (about a
-second), cached per machine with the date and the versions that measured them.
+two seconds), cached per machine with the date, the versions and the thread count that measured them.
 
 ``gnnscale plan --recalibrate`` (and ``train --recalibrate``) measure again. The cache is
 ``$GNNSCALE_CACHE_DIR/rates.json`` (else ``~/.cache/gnnscale``), keyed by the device's name
@@ -9,12 +9,15 @@ second), cached per machine with the date and the versions that measured them.
 from __future__ import annotations
 
 import json
+import os
 import platform
+import tempfile
 import time
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from gnnscale import runtime as rt
@@ -22,11 +25,17 @@ from gnnscale.fsutil import atomic_file
 from gnnscale.graph.block import Block
 from gnnscale.nn.ops import spmm
 from gnnscale.plan import throughput
+from gnnscale.store.disk import DiskSource
+from gnnscale.store.features import FeatureSourceError
 from gnnscale.version import __version__
 
 WIDTHS = (16, 64, 256)
 """Feature widths the sparse aggregation is measured at (other widths are interpolated)."""
-CAL_NODES, CAL_DEGREE = 1 << 14, 10
+CAL_TABLE, CAL_DST, CAL_DEGREE = 64 << 20, 1 << 15, 10
+"""The aggregation's calibration: a source table of 64 MiB (past a last-level cache), 32K destinations of 10
+random in-neighbours each."""
+DISK_BYTES, DISK_WIDTH = 32 << 20, 64
+"""The disk calibration's file: 32 MiB of rows of 64 float32 features, a quarter of them read scattered."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class Rates:
     """When (ISO date and time, UTC)."""
     versions: str = ""
     """``gnnscale X, torch Y, python Z``: a cache entry of other versions is measured again."""
+    threads: int = 0
+    """``torch.get_num_threads()`` when measured: an entry of another thread count is measured again."""
 
     def aggregate_rate(self, width: int) -> float:
         """Edges/s of a sparse aggregation at ``width`` features (linear between the measured widths in
@@ -79,8 +90,8 @@ def cache_file() -> Path:
 
 
 def rates(device: torch.device, *, recalibrate: bool = False) -> Rates:
-    """The cached rates of ``device`` (a sim device: the host's), measured (about a second) when missing, of
-    other versions, or with ``recalibrate``."""
+    """The cached rates of ``device`` (a sim device: the host's), measured (about two seconds) when missing, of
+    other versions or another torch thread count, or with ``recalibrate``."""
     dev = rt.torch_device(device)
     key = throughput._name(dev)
     path = cache_file()
@@ -90,7 +101,8 @@ def rates(device: torch.device, *, recalibrate: bool = False) -> Rates:
         saved = {}
     saved = saved if isinstance(saved, dict) else {}
     entry = saved.get(key)
-    if not recalibrate and isinstance(entry, dict) and entry.get("versions") == versions():
+    if not recalibrate and isinstance(entry, dict) and entry.get("versions") == versions() \
+            and entry.get("threads") == torch.get_num_threads():
         try:
             entry["aggregate"] = tuple(tuple(p) for p in entry["aggregate"])
             return Rates(**entry)
@@ -113,22 +125,64 @@ def measure(device: torch.device) -> Rates:
     flops, memory = throughput.measure_compute(device)
     return Rates(gather=tp.hd if not rt.is_accelerator(device) else tp.ru, copy=tp.hd,
                  aggregate=tuple((w, _aggregate_rate(device, w)) for w in WIDTHS), flops=flops, memory=memory,
-                 disk=_disk_rate(), machine=throughput._name(device),
+                 disk=disk_rate(), machine=throughput._name(device),
                  measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                 versions=versions())
+                 versions=versions(), threads=torch.get_num_threads())
 
 
 def _aggregate_rate(device: torch.device, width: int) -> float:
-    """Edges/s of :func:`~gnnscale.nn.ops.spmm` at ``width`` on a random graph of :data:`CAL_NODES` vertices."""
+    """Edges/s of :func:`~gnnscale.nn.ops.spmm` (the path the engines take: at one thread the library's own CSR
+    kernel) at ``width``: :data:`CAL_DST` destinations of :data:`CAL_DEGREE` random in-neighbours each, drawn from
+    a source table of :data:`CAL_TABLE` bytes, larger than a last-level cache, as a real graph's rows are."""
     gen = torch.Generator().manual_seed(width)
-    n, e = CAL_NODES, CAL_NODES * CAL_DEGREE
+    n = max(CAL_TABLE // (4 * width), CAL_DST)
+    e = CAL_DST * CAL_DEGREE
     indptr = torch.arange(0, e + 1, CAL_DEGREE, dtype=torch.int64)
     indices = torch.randint(0, n, (e,), generator=gen)
     block = Block(indptr=indptr, indices=indices, num_src=n).to(device)
-    x = torch.randn(n, width, generator=gen).to(device)
-    return throughput._rate(lambda: spmm(block, x), e, device)
+    x = _table(n * width).view(n, width).to(device)
+    out = torch.empty(CAL_DST, width, device=device)
+    block.adj()  # built before timing, as an engine builds it once
+    return throughput._rate(lambda: spmm(block, x, out), e, device)
 
 
-def _disk_rate() -> float:
-    """Bytes/s reading a file not in the page cache (``0``: not measured yet)."""
-    return 0.0
+_TABLES: list[torch.Tensor] = []
+
+
+def _table(elements: int) -> torch.Tensor:
+    """``elements`` float32 values (one table of :data:`CAL_TABLE` bytes shared by the widths measured)."""
+    if not _TABLES or _TABLES[0].numel() < elements:
+        _TABLES[:] = [torch.rand(max(elements, CAL_TABLE // 4), generator=torch.Generator().manual_seed(0))]
+    return _TABLES[0][:elements]
+
+
+def disk_rate(folder: Path | None = None) -> float:
+    """Bytes/s reading scattered rows of a file not in the page cache, as the disk tier reads them
+    (:class:`~gnnscale.store.disk.DiskSource`: sorted, coalesced positional reads): a :data:`DISK_BYTES` ``.npy``
+    file written in ``folder`` (the cache folder), synced and dropped from the page cache where the system
+    allows (``posix_fadvise``); ``0`` when no file can be written there."""
+    folder = folder if folder is not None else cache_file().parent
+    rows, width = DISK_BYTES // (4 * DISK_WIDTH), DISK_WIDTH
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".npy", delete=False) as fh:
+            np.save(fh, np.ones((rows, width), dtype=np.float32))
+            fh.flush()
+            os.fsync(fh.fileno())
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        path = Path(fh.name)
+    except OSError:
+        return 0.0
+    try:
+        ids = torch.randperm(rows, generator=torch.Generator().manual_seed(1))[: rows // 4]
+        source = DiskSource(path)
+        t0 = time.perf_counter()
+        source.gather(ids)
+        seconds = time.perf_counter() - t0
+        source.close()
+        return len(ids) * width * 4 / max(seconds, 1e-9)
+    except (OSError, FeatureSourceError):
+        return 0.0
+    finally:
+        path.unlink(missing_ok=True)

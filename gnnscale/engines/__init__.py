@@ -130,7 +130,8 @@ def assess(name: str, graph: Graph, config: TrainConfig, device: torch.device, *
     skipped = cls.auto_skip_reason(config) if config.engine == "auto" else None
     line = cls.estimate(graph, config, device, model=model) if estimate and not reasons else ""
     predicted = None
-    if (estimate if predict is None else predict) and not reasons:
+    wanted = (estimate if predict is None else predict) and not reasons and (estimate or skipped is None)
+    if wanted and cls.predicts_epochs():  # (an engine without a model calibrates nothing)
         predicted = cls.predict_epoch(graph, config, device, rates(rt.torch_device(device)), model=model)
     return Candidate(name, reasons, line, skipped, predicted)
 

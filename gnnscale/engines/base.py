@@ -256,6 +256,11 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def predicts_epochs(cls) -> bool:
+        """Whether this engine overrides :meth:`predict_epoch` (has a model of its epoch time)."""
+        return cls.predict_epoch.__func__ is not Engine.predict_epoch.__func__  # type: ignore[attr-defined]
+
+    @classmethod
     def predict_floor(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
                       model: Stack | None = None) -> float:
         """A lower bound of :meth:`predict_epoch`'s seconds found without planning (``0``: none): ``--engine auto``

@@ -77,8 +77,8 @@ def one(spec: str, engine: str, epochs: int, warmup: int) -> dict[str, object]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-save", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/predict_epoch.jsonl")
@@ -115,7 +115,8 @@ def main() -> int:
     for (spec, engine), recs in got.items():
         m = statistics.median(float(r["measured_s"]) for r in recs)  # type: ignore[arg-type]
         p = statistics.median(float(r["predicted_s"]) for r in recs)  # type: ignore[arg-type]
-        print(f"| {spec.split('/')[-1]} | {engine} | {recs[0]['model']} | {m:.3f} | {p:.3f} | {100 * (p / m - 1):+.0f}% |")
+        name = spec.split("/")[-1]
+        print(f"| {name} | {engine} | {recs[0]['model']} | {m:.3f} | {p:.3f} | {100 * (p / m - 1):+.0f}% |")
     return 0
 
 

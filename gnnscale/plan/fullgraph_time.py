@@ -20,7 +20,7 @@ from gnnscale.plan.memory import estimate_host_bytes
 from gnnscale.plan.offload import OffloadPlan
 from gnnscale.plan.rates import Rates
 from gnnscale.plan.taskparallel import TaskPlan
-from gnnscale.plan.work import LayerWork, compute_terms, device_bytes, layer_work, parameters_of
+from gnnscale.plan.work import INPUT_PASSES, LayerWork, compute_terms, device_bytes, layer_work, parameters_of
 from gnnscale.store.disk import mapped_npy
 
 if TYPE_CHECKING:
@@ -128,7 +128,8 @@ def predict_offload(graph: Graph, config: TrainConfig, device: rt.Device, rates:
 def task_terms(graph: Graph, config: TrainConfig, rates: Rates, model: Stack | None) -> dict[str, float]:
     """Seconds of the T tasks (forward, the backward's recomputation, backward: NeutronTask §5.1 keeps nothing) and
     the P tasks (forward and backward propagations, dgat's edge task), each on one device, and the host traffic:
-    the features read for the T tasks twice, ``H^0`` to the P tasks and its gradient back."""
+    the features read for the T tasks twice (and dropped out twice), ``H^0`` to the P tasks and its gradient
+    back."""
     work, terms = _compute(graph, config, rates, model)
     t_work = [w for w in work if not w.edges and not w.heads]
     t_fwd = sum(w.dense_s(rates) for w in t_work)
@@ -137,7 +138,8 @@ def task_terms(graph: Graph, config: TrainConfig, rates: Rates, model: Stack | N
     p_total += sum(3 * w.dense_s(rates) for w in work if w.heads)  # the edge task's projections
     V, F = graph.num_nodes, max(graph.num_features, 1)
     C = graph.num_classes or 1
-    return {"t_tasks": t_total + terms["elementwise"] + terms["optimizer"], "p_tasks": p_total,
+    redrop = INPUT_PASSES * 4 * V * F / rates.memory  # the recomputed forward drops the features out again
+    return {"t_tasks": t_total + terms["elementwise"] + redrop + terms["optimizer"], "p_tasks": p_total,
             "features": 2 * 4 * V * F / rates.gather, "handoff": 2 * 4 * V * C / rates.copy}
 
 

@@ -12,6 +12,7 @@ import torch
 
 import gnnscale.engines as engines
 import gnnscale.plan.fullgraph_time as ft
+from gnnscale.cli import main
 from gnnscale.config import TrainConfig
 from gnnscale.engines import InMemoryEngine, OffloadEngine, TaskParallelEngine, select_engine
 from gnnscale.graph.datasets import load_dataset
@@ -226,3 +227,17 @@ def test_rates_are_measured_again_at_another_thread_count(tmp_path, monkeypatch)
         torch.set_num_threads(before)
     saved = json.loads((tmp_path / "rates.json").read_text())
     assert [e["threads"] for e in saved.values()] == [before + 1]
+
+
+def test_plan_prints_and_train_says_the_prediction(fixed, capsys) -> None:  # type: ignore[no-untyped-def]
+    spec = "csbm:nodes=600,features=32,classes=4"
+    assert main(["plan", "--dataset", spec, "--device", "cpu", "--hidden", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    by = {c["name"]: c for c in out["candidates"]}
+    assert by["inmemory"]["predicted"]["terms"]["aggregate"] > 0 and "device" in by["inmemory"]["predicted"]["bytes"]
+    assert by["taskparallel"]["predicted"] is None  # gcn: it cannot run
+    assert out["why"].startswith(f"auto: {out['chosen']}, predicted")
+    assert main(["plan", "--dataset", spec, "--device", "cpu", "--hidden", "16"]) == 0
+    assert "predicted about" in capsys.readouterr().out
+    assert main(["train", "--dataset", spec, "--device", "cpu", "--hidden", "16", "--epochs", "1", "--quiet"]) == 0
+    assert "auto: inmemory, predicted" in capsys.readouterr().out

@@ -213,7 +213,7 @@ def test_rates_are_measured_again_at_another_thread_count(tmp_path, monkeypatch)
         calls.append(torch.get_num_threads())
         return replace(RATES, versions=rates_mod.versions(), threads=torch.get_num_threads())
 
-    monkeypatch.setattr(rates_mod, "measure", fake)
+    monkeypatch.setattr(rates_mod, "measure_apart", fake)
     before = torch.get_num_threads()
     try:
         rates_mod.rates(CPU)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 from bisect import bisect_left
@@ -108,7 +110,7 @@ def rates(device: torch.device, *, recalibrate: bool = False) -> Rates:
             return Rates(**entry)
         except (TypeError, KeyError, ValueError):
             pass  # an entry of another shape: measure again
-    fresh = measure(dev)
+    fresh = measure_apart(dev)
     saved[key] = asdict(fresh)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,13 +121,34 @@ def rates(device: torch.device, *, recalibrate: bool = False) -> Rates:
     return fresh
 
 
+def measure_apart(device: torch.device) -> Rates:
+    """:func:`measure` in a child process at this process's thread count, so its buffers (a 64 MiB table, a 32 MiB
+    file's rows) never count in this process's memory peak (``--host-memory`` bounds it); in this process when
+    the child fails."""
+    code = ("import json, sys, torch; torch.set_num_threads(int(sys.argv[1])); from dataclasses import asdict; "
+            "from gnnscale.plan.rates import measure; print(json.dumps(asdict(measure(torch.device(sys.argv[2])))))")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(torch.get_num_threads()), str(device)], env=env,
+                             capture_output=True, text=True, timeout=300, check=True)
+        entry = json.loads(out.stdout.strip().splitlines()[-1])
+        entry["aggregate"] = tuple(tuple(p) for p in entry["aggregate"])
+        return Rates(**entry)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError, KeyError):
+        return measure(device)
+
+
 def measure(device: torch.device) -> Rates:
     """Measure :class:`Rates` on ``device``."""
     tp = throughput.measure([device])
     flops, memory = throughput.measure_compute(device)
-    return Rates(gather=tp.hd if not rt.is_accelerator(device) else tp.ru, copy=tp.hd,
-                 aggregate=tuple((w, _aggregate_rate(device, w)) for w in WIDTHS), flops=flops, memory=memory,
-                 disk=disk_rate(), machine=throughput._name(device),
+    try:
+        aggregate = tuple((w, _aggregate_rate(device, w)) for w in WIDTHS)
+    finally:
+        _TABLES.clear()
+    return Rates(gather=tp.hd if not rt.is_accelerator(device) else tp.ru, copy=tp.hd, aggregate=aggregate,
+                 flops=flops, memory=memory, disk=disk_rate(), machine=throughput._name(device),
                  measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  versions=versions(), threads=torch.get_num_threads())
 

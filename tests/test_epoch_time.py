@@ -241,3 +241,15 @@ def test_plan_prints_and_train_says_the_prediction(fixed, capsys) -> None:  # ty
     assert "predicted about" in capsys.readouterr().out
     assert main(["train", "--dataset", spec, "--device", "cpu", "--hidden", "16", "--epochs", "1", "--quiet"]) == 0
     assert "auto: inmemory, predicted" in capsys.readouterr().out
+
+
+def test_small_arrays_run_at_the_cached_rates(graph) -> None:  # type: ignore[no-untyped-def]
+    r = replace(RATES, memory_cached=4e10, aggregate_cached=((16, 1e9), (64, 5e8), (256, 2e8)))
+    assert r.memory_rate(1 << 20) == pytest.approx(4e10) and r.memory_rate(64 << 20) == pytest.approx(RATES.memory)
+    assert RATES.memory < r.memory_rate(20 << 20) < 4e10
+    assert r.aggregate_rate(64, 1 << 20) == pytest.approx(5e8)
+    assert r.aggregate_rate(64, 64 << 20) == pytest.approx(5e7) == r.aggregate_rate(64)
+    work = layer_work(graph, TrainConfig(model="gcn", hidden=16))  # 600 vertices: everything fits the cache
+    near, far = (compute_terms(work, x, num_classes=4, params=100) for x in (r, RATES))
+    assert near["aggregate"] == pytest.approx(far["aggregate"] / 10)
+    assert near["elementwise"] == pytest.approx(far["elementwise"] * RATES.memory / 4e10)

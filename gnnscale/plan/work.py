@@ -68,17 +68,18 @@ class LayerWork:
 
     def aggregate_s(self, rates: Rates) -> float:
         """Seconds of one sparse aggregation (forward, or the transposed product backward)."""
-        return self.edges / rates.aggregate_rate(self.agg_width) if self.edges else 0.0
+        return self.edges / rates.aggregate_rate(self.agg_width, 4 * self.rows * self.agg_width) if self.edges \
+            else 0.0
 
     def dense_s(self, rates: Rates) -> float:
         """Seconds of the forward dense update (each weight matrix once over the rows)."""
         flops = 2 * self.rows * self.weights
         streamed = 4 * self.rows * (self.in_width + self.out_width)
-        return max(flops / rates.flops, streamed / rates.memory) if self.weights else 0.0
+        return max(flops / rates.flops, streamed / rates.memory_rate(streamed)) if self.weights else 0.0
 
     def attention_s(self, rates: Rates) -> float:
         """Seconds of the per-edge attention work, forward and backward."""
-        return ATTENTION_PASSES * 4 * self.edges * self.heads / rates.memory
+        return ATTENTION_PASSES * 4 * self.edges * self.heads / rates.memory_rate(4 * self.edges * self.heads)
 
 
 def stack_of(graph: Graph, config: TrainConfig, model: Stack | None) -> Stack:
@@ -126,19 +127,24 @@ def parameters_of(graph: Graph, config: TrainConfig, model: Stack | None = None)
 def compute_terms(work: list[LayerWork], rates: Rates, *, num_classes: int, params: int) -> dict[str, float]:
     """The named seconds of one epoch's computation on one device, forward and backward:
     ``aggregate`` (forward), ``aggregate_backward``, ``update`` (forward), ``update_backward`` (weight and input
-    gradients), ``attention``, ``elementwise`` (activation, dropout, loss) and ``optimizer``."""
+    gradients), ``attention``, ``elementwise`` (activation, dropout, loss) and ``optimizer``; each pass priced at
+    the memory rate of its array's size (:meth:`~gnnscale.plan.rates.Rates.memory_rate`: from cache when small)."""
     rows = work[0].rows if work else 0
-    elementwise = INPUT_PASSES * 4 * rows * (work[0].in_width if work else 0)
-    elementwise += sum(ELEMENTWISE_PASSES * 4 * w.rows * w.out_width for w in work[:-1])
-    elementwise += LOSS_PASSES * 4 * rows * num_classes
+
+    def passes(count: int, elements: int) -> float:  # seconds of ``count`` 4-byte passes over ``elements``
+        return count * 4 * elements / rates.memory_rate(4 * elements)
+
+    elementwise = passes(INPUT_PASSES, rows * (work[0].in_width if work else 0))
+    elementwise += sum(passes(ELEMENTWISE_PASSES, w.rows * w.out_width) for w in work[:-1])
+    elementwise += passes(LOSS_PASSES, rows * num_classes)
     return {
         "aggregate": sum(w.aggregate_s(rates) for w in work),
         "aggregate_backward": sum(w.aggregate_s(rates) for w in work if w.backward_aggregates),
         "update": sum(w.dense_s(rates) for w in work),
         "update_backward": sum(w.dense_s(rates) * (2 if w.source_grad else 1) for w in work),
         "attention": sum(w.attention_s(rates) for w in work),
-        "elementwise": elementwise / rates.memory,
-        "optimizer": ADAM_PASSES * 4 * params / rates.memory,
+        "elementwise": elementwise,
+        "optimizer": passes(ADAM_PASSES, params),
     }
 
 

@@ -20,7 +20,14 @@ from gnnscale.plan.memory import estimate_host_bytes
 from gnnscale.plan.offload import OffloadPlan
 from gnnscale.plan.rates import Rates
 from gnnscale.plan.taskparallel import TaskPlan
-from gnnscale.plan.work import INPUT_PASSES, LayerWork, compute_terms, device_bytes, layer_work, parameters_of
+from gnnscale.plan.work import (
+    LayerWork,
+    compute_terms,
+    device_bytes,
+    input_dropout_s,
+    layer_work,
+    parameters_of,
+)
 from gnnscale.store.disk import mapped_npy
 
 if TYPE_CHECKING:
@@ -127,6 +134,8 @@ def predict_offload(graph: Graph, config: TrainConfig, device: rt.Device, rates:
         parts = estimate_host_bytes(graph, config, layer_copies=3, model=model)
         disk += 2 * max(parts.get("activations", 0) - config.host_memory, 0)
     terms["disk"] = disk / rates.disk if disk and rates.disk > 0 else 0.0
+    if not plan.resident_topology and not in_place and rates.topology > 0:  # blocks made again every pass
+        terms["topology"] = len(work) * work[0].edges / rates.topology / share  # adj + adj_t per layer
     # on the CPU with a budget, the engine counts its "device" bytes (LiveBytesCounter): a cost per op
     terms["counting"] = counted_ops(plan, work) * rates.counted_op if not accelerator and not in_place else 0.0
     compute = sum(v for k, v in terms.items() if k not in traffic and k != "disk")
@@ -153,7 +162,7 @@ def task_terms(graph: Graph, config: TrainConfig, rates: Rates, model: Stack | N
     p_total += sum(3 * w.dense_s(rates) for w in work if w.heads)  # the edge task's projections
     V, F = graph.num_nodes, max(graph.num_features, 1)
     C = graph.num_classes or 1
-    redrop = INPUT_PASSES * 4 * V * F / rates.memory_rate(4 * V * F)  # the recomputed T forward drops them again
+    redrop = input_dropout_s(V * F, rates)  # the recomputed T forward drops the features out again
     return {"t_tasks": t_total + terms["elementwise"] + redrop + terms["optimizer"], "p_tasks": p_total,
             "features": 2 * 4 * V * F / rates.gather, "handoff": 2 * 4 * V * C / rates.copy}
 

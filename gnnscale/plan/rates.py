@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gnnscale import runtime as rt
 from gnnscale.fsutil import atomic_file
 from gnnscale.graph.block import Block
-from gnnscale.nn.ops import spmm
+from gnnscale.nn.ops import keyed_dropout, spmm
 from gnnscale.plan import throughput
 from gnnscale.plan.memory import LiveBytesCounter
 from gnnscale.store.disk import DiskSource
@@ -69,6 +69,12 @@ class Rates:
     not measured, :attr:`memory` for any size)."""
     aggregate_cached: tuple[tuple[int, float], ...] = ()
     """``(width, edges/s)`` of the aggregation over a source table that fits the cache (``()``: not measured)."""
+    dropout: float = 0.0
+    """Elements/s of the keyed dropout of input features (:func:`~gnnscale.nn.ops.keyed_dropout`, no gradient:
+    a hash per element; ``0``: not measured, priced as memory passes)."""
+    topology: float = 0.0
+    """Edges/s of making a block ready on the device (its adjacency and transpose built from the CSR it was
+    cut as): what a chunk whose block is not resident pays every pass (``0``: not measured)."""
     counted_op: float = 0.0
     """Seconds a small torch op costs beyond itself under the CPU's byte counter
     (:class:`~gnnscale.plan.memory.LiveBytesCounter`, a Python dispatch mode; ``0``: not measured)."""
@@ -192,7 +198,8 @@ def measure(device: torch.device) -> Rates:
     memory_cached = throughput._rate(lambda: small.clone(), 2 * small.numel() * 4, device)
     return Rates(gather=tp.hd if not rt.is_accelerator(device) else tp.ru, copy=tp.hd, aggregate=aggregate,
                  flops=flops, memory=memory, disk=disk_rate(), memory_cached=memory_cached,
-                 aggregate_cached=cached, counted_op=_counted_op(),
+                 aggregate_cached=cached, topology=_topology_rate(device), dropout=_dropout_rate(device),
+                 counted_op=_counted_op(),
                  machine=throughput._name(device),
                  measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  versions=versions(), threads=torch.get_num_threads())
@@ -232,6 +239,28 @@ def _counted_op(repeats: int = 50) -> float:
     with LiveBytesCounter():
         counted = min(run() for _ in range(3))
     return max(counted - plain, 0.0) / max(calls.calls * repeats, 1)
+
+
+def _dropout_rate(device: torch.device) -> float:
+    """Elements/s of :func:`~gnnscale.nn.ops.keyed_dropout` over ``[CAL_DST, 64]`` features (no gradient)."""
+    x = torch.randn(CAL_DST, 64, generator=torch.Generator().manual_seed(4)).to(device)
+    ids = torch.arange(CAL_DST, device=device)
+    return throughput._rate(lambda: keyed_dropout(x, 0.5, 12345, ids), x.numel(), device)
+
+
+def _topology_rate(device: torch.device) -> float:
+    """Edges/s of a fresh block's ``adj()`` and ``adj_t()`` (:data:`CAL_DST` destinations, :data:`CAL_DEGREE`
+    random in-neighbours each, over as many sources), best of a few."""
+    gen = torch.Generator().manual_seed(3)
+    e = CAL_DST * CAL_DEGREE
+    indptr = torch.arange(0, e + 1, CAL_DEGREE, dtype=torch.int64)
+    indices = torch.randint(0, CAL_DST, (e,), generator=gen)
+
+    def build() -> None:
+        block = Block(indptr=indptr, indices=indices, num_src=CAL_DST).to(device)
+        block.adj(), block.adj_t()
+
+    return throughput._rate(build, e, device)
 
 
 def _dense_rate(device: torch.device) -> float:

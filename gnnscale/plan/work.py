@@ -124,6 +124,14 @@ def parameters_of(graph: Graph, config: TrainConfig, model: Stack | None = None)
     return sum(p.numel() for p in stack_of(graph, config, model).parameters())
 
 
+def input_dropout_s(elements: int, rates: Rates) -> float:
+    """Seconds of layer 0's keyed dropout over ``elements`` input features (no gradient): at the calibrated
+    :attr:`~gnnscale.plan.rates.Rates.dropout` rate, else :data:`INPUT_PASSES` memory passes."""
+    if rates.dropout > 0:
+        return elements / rates.dropout
+    return INPUT_PASSES * 4 * elements / rates.memory_rate(4 * elements)
+
+
 def compute_terms(work: list[LayerWork], rates: Rates, *, num_classes: int, params: int) -> dict[str, float]:
     """The named seconds of one epoch's computation on one device, forward and backward:
     ``aggregate`` (forward), ``aggregate_backward``, ``update`` (forward), ``update_backward`` (weight and input
@@ -134,7 +142,7 @@ def compute_terms(work: list[LayerWork], rates: Rates, *, num_classes: int, para
     def passes(count: int, elements: int) -> float:  # seconds of ``count`` 4-byte passes over ``elements``
         return count * 4 * elements / rates.memory_rate(4 * elements)
 
-    elementwise = passes(INPUT_PASSES, rows * (work[0].in_width if work else 0))
+    elementwise = input_dropout_s(rows * (work[0].in_width if work else 0), rates)
     elementwise += sum(passes(ELEMENTWISE_PASSES, w.rows * w.out_width) for w in work[:-1])
     elementwise += passes(LOSS_PASSES, rows * num_classes)
     return {

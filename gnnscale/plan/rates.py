@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -195,7 +197,7 @@ def measure(device: torch.device) -> Rates:
     finally:
         _TABLES.clear()
     small = torch.empty(CACHED_BYTES // 8, device=device)  # 4 MiB read and 4 MiB written
-    memory_cached = throughput._rate(lambda: small.clone(), 2 * small.numel() * 4, device)
+    memory_cached = _typical(lambda: small.clone(), 2 * small.numel() * 4, device)
     return Rates(gather=tp.hd if not rt.is_accelerator(device) else tp.ru, copy=tp.hd, aggregate=aggregate,
                  flops=flops, memory=memory, disk=disk_rate(), memory_cached=memory_cached,
                  aggregate_cached=cached, topology=_topology_rate(device), dropout=_dropout_rate(device),
@@ -241,11 +243,26 @@ def _counted_op(repeats: int = 50) -> float:
     return max(counted - plain, 0.0) / max(calls.calls * repeats, 1)
 
 
+def _typical(fn: Callable[[], object], amount: float, device: torch.device, runs: int = 5) -> float:
+    """``amount`` per second of ``fn``: the median of ``runs`` after a warm-up, not the best (an epoch's ops
+    allocate their outputs afresh, and often fault their pages in: the best run would be the rare one without)."""
+    times = []
+    for _ in range(runs + 1):
+        if rt.is_accelerator(device):
+            rt.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if rt.is_accelerator(device):
+            rt.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return amount / max(statistics.median(times[1:]), 1e-9)
+
+
 def _dropout_rate(device: torch.device) -> float:
     """Elements/s of :func:`~gnnscale.nn.ops.keyed_dropout` over ``[CAL_DST, 64]`` features (no gradient)."""
     x = torch.randn(CAL_DST, 64, generator=torch.Generator().manual_seed(4)).to(device)
     ids = torch.arange(CAL_DST, device=device)
-    return throughput._rate(lambda: keyed_dropout(x, 0.5, 12345, ids), x.numel(), device)
+    return _typical(lambda: keyed_dropout(x, 0.5, 12345, ids), x.numel(), device)
 
 
 def _topology_rate(device: torch.device) -> float:
@@ -260,7 +277,7 @@ def _topology_rate(device: torch.device) -> float:
         block = Block(indptr=indptr, indices=indices, num_src=CAL_DST).to(device)
         block.adj(), block.adj_t()
 
-    return throughput._rate(build, e, device)
+    return _typical(build, e, device)
 
 
 def _dense_rate(device: torch.device) -> float:
@@ -270,7 +287,7 @@ def _dense_rate(device: torch.device) -> float:
     x = torch.randn(DENSE_ROWS, 256, generator=gen).to(device)
     w = torch.randn(64, 256, generator=gen).to(device)
     b = torch.randn(64, generator=gen).to(device)
-    return throughput._rate(lambda: torch.nn.functional.linear(x, w, b), 2 * DENSE_ROWS * 256 * 64, device)
+    return _typical(lambda: torch.nn.functional.linear(x, w, b), 2 * DENSE_ROWS * 256 * 64, device)
 
 
 def _aggregate_rate(device: torch.device, width: int, table: int = CAL_TABLE) -> float:
@@ -287,7 +304,7 @@ def _aggregate_rate(device: torch.device, width: int, table: int = CAL_TABLE) ->
     x = _table(n * width).view(n, width).to(device)
     out = torch.empty(CAL_DST, width, device=device)
     block.adj()  # built before timing, as an engine builds it once
-    return throughput._rate(lambda: spmm(block, x, out), e, device)
+    return _typical(lambda: spmm(block, x, out), e, device)
 
 
 _TABLES: list[torch.Tensor] = []

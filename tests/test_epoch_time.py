@@ -255,23 +255,6 @@ def test_small_arrays_run_at_the_cached_rates(graph) -> None:  # type: ignore[no
     assert near["elementwise"] == pytest.approx(far["elementwise"] * RATES.memory / 4e10)
 
 
-def test_offload_remakes_blocks_that_are_not_resident(graph) -> None:  # type: ignore[no-untyped-def]
-    cfg = _budgeted()
-    plan = plan_offload(graph, cfg, CPU)
-    r = replace(RATES, topology=1e7)
-    p = ft.predict_offload(graph, cfg, CPU, r, plan)
-    work = layer_work(graph, cfg)
-    if plan.resident_topology:
-        assert "topology" not in p.terms
-    else:
-        assert p.terms["topology"] == pytest.approx(len(work) * work[0].edges / 1e7)
-    was, plan.resident_topology = plan.resident_topology, True
-    try:
-        assert "topology" not in ft.predict_offload(graph, cfg, CPU, r, plan).terms
-    finally:
-        plan.resident_topology = was
-
-
 def test_input_dropout_is_priced_at_the_dropout_rate(graph) -> None:  # type: ignore[no-untyped-def]
     cfg = TrainConfig(model="gcn", hidden=16)
     base = InMemoryEngine.predict_epoch(graph, cfg, CPU, RATES)

@@ -134,8 +134,6 @@ def predict_offload(graph: Graph, config: TrainConfig, device: rt.Device, rates:
         parts = estimate_host_bytes(graph, config, layer_copies=3, model=model)
         disk += 2 * max(parts.get("activations", 0) - config.host_memory, 0)
     terms["disk"] = disk / rates.disk if disk and rates.disk > 0 else 0.0
-    if not plan.resident_topology and not in_place and rates.topology > 0:  # blocks made again every pass
-        terms["topology"] = len(work) * work[0].edges / rates.topology / share  # adj + adj_t per layer
     # on the CPU with a budget, the engine counts its "device" bytes (LiveBytesCounter): a cost per op
     terms["counting"] = counted_ops(plan, work) * rates.counted_op if not accelerator and not in_place else 0.0
     compute = sum(v for k, v in terms.items() if k not in traffic and k != "disk")

@@ -74,9 +74,6 @@ class Rates:
     dropout: float = 0.0
     """Elements/s of the keyed dropout of input features (:func:`~gnnscale.nn.ops.keyed_dropout`, no gradient:
     a hash per element; ``0``: not measured, priced as memory passes)."""
-    topology: float = 0.0
-    """Edges/s of making a block ready on the device (its adjacency and transpose built from the CSR it was
-    cut as): what a chunk whose block is not resident pays every pass (``0``: not measured)."""
     counted_op: float = 0.0
     """Seconds a small torch op costs beyond itself under the CPU's byte counter
     (:class:`~gnnscale.plan.memory.LiveBytesCounter`, a Python dispatch mode; ``0``: not measured)."""
@@ -200,7 +197,7 @@ def measure(device: torch.device) -> Rates:
     memory_cached = _typical(lambda: small.clone(), 2 * small.numel() * 4, device)
     return Rates(gather=tp.hd if not rt.is_accelerator(device) else tp.ru, copy=tp.hd, aggregate=aggregate,
                  flops=flops, memory=memory, disk=disk_rate(), memory_cached=memory_cached,
-                 aggregate_cached=cached, topology=_topology_rate(device), dropout=_dropout_rate(device),
+                 aggregate_cached=cached, dropout=_dropout_rate(device),
                  counted_op=_counted_op(),
                  machine=throughput._name(device),
                  measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -263,21 +260,6 @@ def _dropout_rate(device: torch.device) -> float:
     x = torch.randn(CAL_DST, 64, generator=torch.Generator().manual_seed(4)).to(device)
     ids = torch.arange(CAL_DST, device=device)
     return _typical(lambda: keyed_dropout(x, 0.5, 12345, ids), x.numel(), device)
-
-
-def _topology_rate(device: torch.device) -> float:
-    """Edges/s of a fresh block's ``adj()`` and ``adj_t()`` (:data:`CAL_DST` destinations, :data:`CAL_DEGREE`
-    random in-neighbours each, over as many sources), best of a few."""
-    gen = torch.Generator().manual_seed(3)
-    e = CAL_DST * CAL_DEGREE
-    indptr = torch.arange(0, e + 1, CAL_DEGREE, dtype=torch.int64)
-    indices = torch.randint(0, CAL_DST, (e,), generator=gen)
-
-    def build() -> None:
-        block = Block(indptr=indptr, indices=indices, num_src=CAL_DST).to(device)
-        block.adj(), block.adj_t()
-
-    return _typical(build, e, device)
 
 
 def _dense_rate(device: torch.device) -> float:

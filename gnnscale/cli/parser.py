@@ -356,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "for 'gnnscale predict' and gnnscale.load_model; --checkpoint DIR also keeps DIR/model.pt")
     t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
+    _add_recalibrate(t)
     t.set_defaults(command="train")
 
     pa = sub.add_parser("partition",
@@ -371,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="training mode to plan for: full, sampled or distributed (default auto: full)")
     pl.add_argument("--device", default="auto", help="the training device (default auto)")
     _add_host_memory(pl)
+    _add_recalibrate(pl)
     pl.set_defaults(command="plan")
 
     i = sub.add_parser("info", help="print size, degree statistics and memory footprint of a dataset")
@@ -426,3 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "effect on it, said in a note)")
     c.set_defaults(command="convert")
     return parser
+
+
+def _add_recalibrate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure this machine's rates again (gather, copy, aggregation, FLOPs, memory, disk: about "
+                        "3 s) instead of using the cached ones, which the predicted epoch times are priced with")

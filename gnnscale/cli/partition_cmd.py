@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
+from gnnscale import runtime as rt
 from gnnscale.cli.common import _device_list, _num_list
 from gnnscale.config import TrainConfig
-from gnnscale.engines import ENGINES, candidates, chosen, no_engine_error, requested_mode
+from gnnscale.engines import ENGINES, Candidate, candidates, chosen, no_engine_error, requested_mode, why_chosen
 from gnnscale.engines.devices import resolve_devices
 from gnnscale.errors import ConfigError
 from gnnscale.graph.datasets import load_dataset
@@ -24,6 +25,7 @@ from gnnscale.partition import load_or_chunk, load_or_partition, partition_graph
 from gnnscale.partition.dedup import chunk_rows, comm_volume, default_schedule, reorganize
 from gnnscale.plan.host import host_base, host_peak_bytes
 from gnnscale.plan.hybrid import mteps
+from gnnscale.plan.rates import rates
 from gnnscale.plan.taskparallel import p_group_parts, plan_taskparallel, replication_factor
 from gnnscale.trainable import check_model_fits, check_trainable
 from gnnscale.units import format_bytes, parse_budget
@@ -69,6 +71,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_trainable(g)
     loaded = host_peak_bytes()  # as train measures it: the graph loaded, no planner run yet
     own = _own_model(args, g)
+    if args.recalibrate:
+        rates(rt.torch_device(device), recalibrate=True)
     found = candidates(g, config, device, model=own)  # what train's select_engine asks too (engines.assess)
     pick = chosen(found)
     base = None
@@ -76,7 +80,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         base = host_base(g.num_nodes, g.num_edges, ENGINES[pick].host_topology_copies, loaded)
     if args.json:
         print(json.dumps({"dataset": g.name, "mode": requested_mode(config), "device": str(device),
-                          "chosen": pick, "candidates": [asdict(c) for c in found],
+                          "chosen": pick, "why": why_chosen(found),
+                          "candidates": [_candidate_dict(c) for c in found],
                           "host_base_bytes": None if base is None else base.total}))
     else:
         print(f"dataset  {g.name}: {g.num_nodes:,} nodes, {g.num_edges:,} edges; model {_model_name(config, own)}; "
@@ -87,14 +92,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if c.skipped and not c.reasons:
                 what += f" (with --engine {c.name}; auto skips it: {c.skipped})"
             print(f"{mark} {c.name:<13} {what}")
+            if c.predicted is not None:
+                print(f"   {'':<13} predicted {c.predicted.line()}")
         if pick:
-            print(f"--engine auto would choose {pick}")
+            print(f"--engine auto would choose {pick} ({why_chosen(found)})")
         if base is not None:
             assert config.host_memory is not None
             print(f"{pick}: {base.describe(config.host_memory)}")
     if pick is None:  # what train says and does (exit 2) for the same flags
         raise no_engine_error(g, config, device, found)
     return 0
+
+
+def _candidate_dict(c: Candidate) -> dict[str, Any]:
+    """A candidate as ``plan --json`` prints it: its fields, the prediction as :meth:`EpochTime.as_dict`."""
+    out = {k: v for k, v in asdict(c).items() if k != "predicted"}
+    out["predicted"] = None if c.predicted is None else c.predicted.as_dict()
+    return out
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from gnnscale import progress
+from gnnscale import runtime as rt
 from gnnscale.checkpoint import check_checkpoint_args, job_locks
 from gnnscale.cli.common import _device_list, _fmt, _MetricsWriter, _num_list
 from gnnscale.config import TrainConfig
@@ -27,6 +28,7 @@ from gnnscale.engines.distributed import load_rank_plan
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import check_output, write_output
 from gnnscale.graph.datasets import load_dataset
+from gnnscale.plan.rates import rates
 from gnnscale.saved_model import save_model
 from gnnscale.train import TrainResult, train
 from gnnscale.trainable import check_trainable
@@ -111,6 +113,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         def on_start(engine: Any, rejected: dict[str, list[str]], ready: dict[str, float]) -> None:
             for name, reasons in rejected.items():
                 print(f"engine {name} rejected: {'; '.join(reasons)}")
+            if getattr(rejected, "why", ""):  # --engine auto's choice by predicted epoch time
+                print(rejected.why)  # type: ignore[attr-defined]
             detail = engine.describe()
             if detail:
                 print(detail)
@@ -126,6 +130,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         def on_stop(partial: TrainResult, exc: BaseException) -> None:
             _keep_stopped_model(args, partial, exc, config, graph)
 
+        if args.recalibrate:  # the predicted epoch times (--engine auto's choice) priced with fresh rates
+            rates(rt.torch_device(device), recalibrate=True)
         result = train(graph, config, device, on_epoch=on_epoch, on_start=on_start, timings=timings,
                        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                        checkpoint_iterations=args.checkpoint_iterations, resume=args.resume, on_resume=on_resume,

@@ -256,6 +256,19 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def predicts_epochs(cls) -> bool:
+        """Whether this engine overrides :meth:`predict_epoch` (has a model of its epoch time)."""
+        return cls.predict_epoch.__func__ is not Engine.predict_epoch.__func__  # type: ignore[attr-defined]
+
+    @classmethod
+    def predict_floor(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
+                      model: Stack | None = None) -> float:
+        """A lower bound of :meth:`predict_epoch`'s seconds found without planning (``0``: none): ``--engine auto``
+        does not plan an engine whose floor is already slower than a candidate it predicted."""
+        del graph, config, device, rates, model
+        return 0.0
+
+    @classmethod
     @abstractmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,
                                model: Stack | None = None) -> list[str]: ...

@@ -12,7 +12,10 @@ from gnnscale.engines.base import Engine, graph_bytes
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.stack import Stack
+from gnnscale.plan.epoch_time import HERE, Cluster, EpochTime
+from gnnscale.plan.fullgraph_time import predict_inmemory
 from gnnscale.plan.memory import available_device_bytes, estimate_inmemory_bytes
+from gnnscale.plan.rates import Rates
 from gnnscale.units import format_bytes
 
 if TYPE_CHECKING:
@@ -37,6 +40,13 @@ class InMemoryEngine(Engine):
     def estimate(cls, graph: Graph, config: TrainConfig, device: torch.device, *, model: Stack | None = None) -> str:
         need = estimate_inmemory_bytes(graph, config, model)["total"]
         return f"about {format_bytes(need)} of device memory for the whole graph and its activations"
+
+    @classmethod
+    def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
+                      model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
+        """The whole graph's counted work on one device (:func:`~gnnscale.plan.fullgraph_time.predict_inmemory`)."""
+        del device, cluster
+        return predict_inmemory(graph, config, rates, model=model)
 
     @classmethod
     def _not_supported_reasons(cls, graph: Graph, config: TrainConfig, device: torch.device, *,

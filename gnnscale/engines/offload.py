@@ -100,9 +100,13 @@ from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.stack import Stack
 from gnnscale.notes import note
 from gnnscale.partition import permute_csr
+from gnnscale.plan.epoch_time import HERE, Cluster, EpochTime
+from gnnscale.plan.fullgraph_time import offload_recompute, predict_offload
 from gnnscale.plan.host import HostPlan
 from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
 from gnnscale.plan.offload import OffloadPlan, describe, plan_offload, topology_bytes
+from gnnscale.plan.rates import Rates
+from gnnscale.plan.work import compute_terms, layer_work, parameters_of
 from gnnscale.store import default_gather_method, triton_available
 from gnnscale.store.disk import DiskSource, Upcast
 from gnnscale.store.sources import ReorderedRows as DiskRows
@@ -156,6 +160,24 @@ class OffloadEngine(Engine):
         p = plan.partition
         return (f"{p.chunks} chunk(s) per partition x {p.partitions} partition(s) on {plan.devices} device(s), "
                 f"about {format_bytes(plan.estimate)} per device")
+
+    @classmethod
+    def predict_epoch(cls, graph: Graph, config: TrainConfig, device: rt.Device, rates: Rates, *,
+                      model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
+        """HongTu's model on the planner's own plan (memoised: the one its checks made;
+        :func:`~gnnscale.plan.fullgraph_time.predict_offload`)."""
+        return predict_offload(graph, config, device, rates, plan_offload(graph, config, device, model),
+                               model=model, cluster=cluster)
+
+    @classmethod
+    def predict_floor(cls, graph: Graph, config: TrainConfig, device: rt.Device, rates: Rates, *,
+                      model: Stack | None = None) -> float:
+        """The computation alone, over the devices (no plan needed): the epoch cannot be shorter."""
+        work = layer_work(graph, config, model)
+        terms = compute_terms(work, rates, num_classes=graph.num_classes or 1,
+                              params=parameters_of(graph, config, model))
+        share = len(config.devices or [device]) if rt.is_accelerator(device) else 1
+        return (sum(terms.values()) + offload_recompute(work, rates)) / share
 
     def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: rt.Device):
         super().__init__(graph, model, config, rt.torch_device(device))

@@ -66,6 +66,9 @@ from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.decoupled import DecoupledGNN
 from gnnscale.nn.stack import Stack
 from gnnscale.partition.dedup import chunk_rows
+from gnnscale.plan.epoch_time import HERE, Cluster, EpochTime
+from gnnscale.plan.fullgraph_time import predict_taskparallel
+from gnnscale.plan.rates import Rates
 from gnnscale.plan.taskparallel import TaskPlan, epoch_subgraphs, plan_taskparallel
 from gnnscale.store.disk import host_cached
 from gnnscale.store.features import FeatureSource
@@ -125,6 +128,15 @@ class TaskParallelEngine(Engine):
         return (f"{plan.n_t} T / {plan.n_p} P device(s) ({plan.regime}), {plan.subgraphs} subgraph(s) x "
                 f"{plan.chunks_per_subgraph} chunk(s), about {format_bytes(max(plan.estimate))} on the busiest "
                 "device")
+
+    @classmethod
+    def predict_epoch(cls, graph: Graph, config: TrainConfig, device: rt.Device, rates: Rates, *,
+                      model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
+        """NeutronTask's model on the planner's assignment (:func:`~gnnscale.plan.fullgraph_time.
+        predict_taskparallel`)."""
+        del cluster
+        return predict_taskparallel(graph, config, device, rates, plan_taskparallel(graph, config, device),
+                                    model=model)
 
     def __init__(self, graph: Graph, model: Stack, config: TrainConfig, device: rt.Device):
         super().__init__(graph, model, config, rt.torch_device(device))

@@ -16,6 +16,7 @@ from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.engines.sampled_predict import _store
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.plan import sampled_epoch as se
+from gnnscale.plan import work
 from gnnscale.plan.epoch_time import HERE, Cluster
 from gnnscale.plan.hybrid_model import BatchShape, SamplingTable
 from gnnscale.plan.hybrid_resources import Threads
@@ -42,8 +43,11 @@ def test_rows_per_tier_follow_the_placement() -> None:
 def test_block_work_counts_edges_flops_and_elementwise_bytes() -> None:
     w = se.block_work(SHAPE, RATES)
     agg = 40 / RATES.aggregate_rate(2) + 2 * 10 / RATES.aggregate_rate(64)  # layer 2's again backward
-    upd = 3 * 2 * (10 * 2 * 64 + 4 * 64 * 2) / RATES.flops
-    elem = se.ELEMENTWISE_PASSES * 2 * (10 * 64 + 4 * 2) * 4 / RATES.memory
+    # forward and weight gradient at both layers, the input gradient at layer 2 only (layer 1's input: features)
+    upd = (2 * 2 * 10 * 2 * 64 + 3 * 2 * 4 * 64 * 2) / RATES.flops
+    # the 30 input rows' dropout, the hidden layer's passes over its 10 x 64 outputs, the loss over 4 x 2 scores
+    passes = work.INPUT_PASSES * 30 * 2 + work.ELEMENTWISE_PASSES * 10 * 64 + work.LOSS_PASSES * 4 * 2
+    elem = passes * 4 / RATES.memory
     assert w == pytest.approx({"aggregate": agg, "update": upd, "elementwise": elem})
 
 
@@ -61,7 +65,7 @@ def test_minibatch_feed_bound_epoch_is_every_feed_term(cluster: Cluster) -> None
                            cluster=cluster)
     on_bus = cluster.devices_per_machine or 2
     feed = _feed(slow, on_bus)
-    step = 7 * 100 * 4 / slow.memory + 2 * 1 * 100 * 4 / slow.copy  # Adam, and the two trainers' gradients
+    step = work.ADAM_PASSES * 100 * 4 / slow.memory + 2 * 1 * 100 * 4 / slow.copy  # Adam; 2 trainers' grads
     assert e.seconds == pytest.approx(5 * feed + 5 * step + feed)
     assert e.terms["bus"] == pytest.approx((on_bus - 1) * e.terms["copy"]) and e.terms["copy"] > 0
     assert e.terms["sample"] == pytest.approx(5 * 0.01)
@@ -73,7 +77,7 @@ def test_minibatch_train_bound_epoch_is_the_blocks_work() -> None:
     e = se.minibatch_epoch(PROBE, STORE, slow, accelerator=True, num_train=40, batch=8, parameters=100, cores=2,
                            cluster=HERE)
     train = sum(se.block_work(SHAPE, slow).values())
-    step = 7 * 100 * 4 / slow.memory + 2 * 100 * 4 / slow.copy
+    step = work.ADAM_PASSES * 100 * 4 / slow.memory + 2 * 100 * 4 / slow.copy
     assert e.seconds == pytest.approx(5 * train + 5 * step + _feed(slow, 2))
 
 
@@ -82,7 +86,7 @@ def test_minibatch_on_a_cpu_shares_its_cores_and_copies_nothing() -> None:
                            cluster=HERE)
     feed = 0.01 + (14 / 3) * 8 / RATES.gather + (4 / 3) * 8 / RATES.gather  # the "device" tier: host memory too
     train = sum(se.block_work(SHAPE, RATES).values())
-    step = 7 * 100 * 4 / RATES.memory + 2 * 100 * 4 / RATES.memory
+    step = work.ADAM_PASSES * 100 * 4 / RATES.memory + 2 * 100 * 4 / RATES.memory
     assert e.terms["copy"] == e.terms["bus"] == 0.0
     assert e.seconds == pytest.approx(5 * 2 * (feed + train) / 1 + 5 * step + feed)  # two trainers on one core
     assert set(e.bytes) == {"host"}
@@ -98,7 +102,7 @@ def test_hybrid_epoch_is_eq6_of_the_counted_stages_with_eq13_sync() -> None:
     sync = 2 * (2 * 64 + 64 * 2) * 4 / slow.copy
     train = max(sum(se.block_work(half, RATES).values()), sum(se.block_work(half, slow).values()))
     fill = 0.001 + 2 * half.input_vertices * 2 * 4 / RATES.gather + half.input_vertices * 2 * 4 / slow.copy
-    step = 7 * 100 * 4 / RATES.memory
+    step = work.ADAM_PASSES * 100 * 4 / RATES.memory
     assert e.terms["sync"] == pytest.approx(5 * sync)
     assert e.seconds == pytest.approx(5 * (train + sync) + fill + 5 * step)
     assert e.bytes["device"] == int((half.input_vertices * 2 * 4 + 2 * (2 * 64 + 64 * 2) * 4) * 5)

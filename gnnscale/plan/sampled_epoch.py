@@ -4,11 +4,10 @@ each tier of the global store, at that tier's rate) and the hybrid engine's (HyS
 sampled batches of the real graph (:class:`SampledProbe`: §V's sampling table, and where each batch's input rows
 rank by hotness).
 
-The work of a sampled batch's forward and backward is counted once (:func:`block_work`): aggregation edges times
-width at the sparse aggregation's rate, dense ``2 x rows x in x out`` FLOPs three times (forward, and the
-backward's two products) at the dense rate, and elementwise bytes at the memory rate; the optimiser's step per
-batch (:func:`optimizer_seconds`). (A local copy of the full-graph engines' work counting, same shape: the lead
-unifies them.)
+The work of a sampled batch's forward and backward is counted as every engine's is (:mod:`gnnscale.plan.work`,
+:func:`block_work`): aggregation edges times width at the sparse aggregation's rate, dense ``2 x rows x in x out``
+FLOPs forward and for the backward's products, elementwise passes at the memory rate, and the optimiser's step
+per batch (:func:`~gnnscale.plan.work.optimizer_s`).
 """
 
 from __future__ import annotations
@@ -23,17 +22,12 @@ from gnnscale.plan.hybrid_measure import measure_sampling
 from gnnscale.plan.hybrid_model import S_FEAT, BatchShape, DeviceRates, HybridModel, SamplingTable
 from gnnscale.plan.hybrid_resources import Threads
 from gnnscale.plan.rates import Rates
+from gnnscale.plan.work import LayerWork, compute_terms, optimizer_s
 from gnnscale.sample import sample_blocks
 from gnnscale.sample.adjacency import SampledAdjacency
 from gnnscale.sample.neighbor import Topology
 from gnnscale.store.placement import HOST, Placement
 
-ELEMENTWISE_PASSES = 6
-"""Streaming passes over a layer's output rows per batch (forward: activation, dropout; backward: their
-gradients and the gradient's accumulation), each reading and writing the rows."""
-ADAM_STREAMS = 7
-"""Parameter-sized arrays Adam's step reads or writes (parameter, gradient and two moments read; parameter and
-moments written)."""
 PROBE_BATCHES = 3
 """Sampled batches whose input rows are ranked (the tiers' shares of a batch's reads)."""
 
@@ -79,24 +73,25 @@ def probe(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims: tuple[int
 
 
 # ------------------------------------------------------------------------------------------------ work
+def batch_layers(shape: BatchShape) -> list[LayerWork]:
+    """A sampled batch's layers as :mod:`gnnscale.plan.work` counts them: layer ``l`` aggregates ``edges[l - 1]``
+    edges at its input width into ``vertices[l - 1]`` rows and updates them (its input needs a gradient from
+    layer 2 on)."""
+    return [LayerWork(rows=shape.vertices[l - 1], in_width=shape.dims[l - 1], out_width=shape.dims[l],
+                      edges=shape.edges[l - 1], agg_width=shape.dims[l - 1],
+                      weights=shape.dims[l - 1] * shape.dims[l], source_grad=l > 1)
+            for l in range(1, len(shape.dims))]
+
+
 def block_work(shape: BatchShape, rates: Rates) -> dict[str, float]:
-    """Seconds of one sampled batch's forward and backward (``shape``: its blocks' counts): ``aggregate``
-    (every layer's edges at its input width, again backward for every layer but the first, whose input features
-    need no gradient), ``update`` (``2 x rows x in x out`` FLOPs, three times) and ``elementwise``."""
-    L = len(shape.dims) - 1
-    agg = upd = elem = 0.0
-    for l in range(1, L + 1):
-        w_in, w_out = shape.dims[l - 1], shape.dims[l]
-        edges, rows = shape.edges[l - 1], shape.vertices[l - 1]
-        agg += edges / rates.aggregate_rate(w_in) * (2 if l > 1 else 1)
-        upd += 3 * 2 * rows * w_in * w_out / rates.flops
-        elem += ELEMENTWISE_PASSES * 2 * rows * w_out * S_FEAT / rates.memory
-    return {"aggregate": agg, "update": upd, "elementwise": elem}
-
-
-def optimizer_seconds(parameters: int, rates: Rates) -> float:
-    """Adam's step over ``parameters`` float32 values: :data:`ADAM_STREAMS` streams at the memory rate."""
-    return ADAM_STREAMS * parameters * S_FEAT / rates.memory
+    """Seconds of one sampled batch's forward and backward (``shape``: its blocks' counts), priced as every
+    engine's work is (:func:`gnnscale.plan.work.compute_terms`): ``aggregate`` (forward and backward),
+    ``update`` (forward, input and weight gradients) and ``elementwise`` (input dropout over the batch's input
+    rows, activations, loss)."""
+    t = compute_terms(batch_layers(shape), rates, num_classes=shape.dims[-1], params=0,
+                      input_rows=shape.input_vertices)
+    return {"aggregate": t["aggregate"] + t["aggregate_backward"], "update": t["update"] + t["update_backward"],
+            "elementwise": t["elementwise"] + t["attention"]}
 
 
 # ------------------------------------------------------------------------------------------------ minibatch
@@ -149,7 +144,7 @@ def minibatch_epoch(p: SampledProbe, store: Store, rates: Rates, *, accelerator:
     per["bus"] = (on_bus - 1) * per["copy"]  # the other devices' copies on the same host bus
     feed = per["sample"] + per["gather_host"] + per["gather_device"] + per["gather_peer"] + per["copy"] + per["bus"]
     train = per["aggregate"] + per["update"] + per["elementwise"]
-    step = optimizer_seconds(parameters, rates)
+    step = optimizer_s(parameters, rates)
     sync = 2 * (G - 1) * parameters * S_FEAT / (rates.copy if accelerator else rates.memory)
     shared = 0.0 if accelerator else G * (feed + train) / max(cores, 1)
     iteration = max(feed, train, shared)
@@ -202,7 +197,7 @@ def hybrid_epoch(perf: HybridModel, *, num_train: int, batch: int, split: list[f
     steps = -(-num_train // batch)
     iters = num_train / batch
     stages = perf.stage_times(batch, split, threads)
-    step = optimizer_seconds(parameters, rates)
+    step = optimizer_s(parameters, rates)
     seconds = perf.epoch_time(num_train, batch, split, threads) + steps * step
     terms = {k: v * iters for k, v in stages.items() if k != "iteration"} | {"optimizer": steps * step}
     shapes = [perf.cpu_sampling.shape(s * batch, perf.dims) for s in split]

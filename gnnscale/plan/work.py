@@ -132,19 +132,28 @@ def input_dropout_s(elements: int, rates: Rates) -> float:
     return INPUT_PASSES * 4 * elements / rates.memory_rate(4 * elements)
 
 
-def compute_terms(work: list[LayerWork], rates: Rates, *, num_classes: int, params: int) -> dict[str, float]:
+def _passes(count: int, elements: int, rates: Rates) -> float:
+    """Seconds of ``count`` 4-byte streaming passes over ``elements`` (at the memory rate of their size)."""
+    return count * 4 * elements / rates.memory_rate(4 * elements)
+
+
+def optimizer_s(params: int, rates: Rates) -> float:
+    """Seconds of one Adam step over ``params`` float32 values (:data:`ADAM_PASSES` passes)."""
+    return _passes(ADAM_PASSES, params, rates)
+
+
+def compute_terms(work: list[LayerWork], rates: Rates, *, num_classes: int, params: int,
+                  input_rows: int | None = None) -> dict[str, float]:
     """The named seconds of one epoch's computation on one device, forward and backward:
     ``aggregate`` (forward), ``aggregate_backward``, ``update`` (forward), ``update_backward`` (weight and input
     gradients), ``attention``, ``elementwise`` (activation, dropout, loss) and ``optimizer``; each pass priced at
-    the memory rate of its array's size (:meth:`~gnnscale.plan.rates.Rates.memory_rate`: from cache when small)."""
-    rows = work[0].rows if work else 0
-
-    def passes(count: int, elements: int) -> float:  # seconds of ``count`` 4-byte passes over ``elements``
-        return count * 4 * elements / rates.memory_rate(4 * elements)
-
+    the memory rate of its array's size (:meth:`~gnnscale.plan.rates.Rates.memory_rate`: from cache when small).
+    ``input_rows``: rows of input features dropped out (default: the first layer's rows; a sampled batch's
+    input side is wider); the loss is over the last layer's rows."""
+    rows = (work[0].rows if work else 0) if input_rows is None else input_rows
     elementwise = input_dropout_s(rows * (work[0].in_width if work else 0), rates)
-    elementwise += sum(passes(ELEMENTWISE_PASSES, w.rows * w.out_width) for w in work[:-1])
-    elementwise += passes(LOSS_PASSES, rows * num_classes)
+    elementwise += sum(_passes(ELEMENTWISE_PASSES, w.rows * w.out_width, rates) for w in work[:-1])
+    elementwise += _passes(LOSS_PASSES, (work[-1].rows if work else 0) * num_classes, rates)
     return {
         "aggregate": sum(w.aggregate_s(rates) for w in work),
         "aggregate_backward": sum(w.aggregate_s(rates) for w in work if w.backward_aggregates),
@@ -152,7 +161,7 @@ def compute_terms(work: list[LayerWork], rates: Rates, *, num_classes: int, para
         "update_backward": sum(w.dense_s(rates) * (2 if w.source_grad else 1) for w in work),
         "attention": sum(w.attention_s(rates) for w in work),
         "elementwise": elementwise,
-        "optimizer": passes(ADAM_PASSES, params),
+        "optimizer": optimizer_s(params, rates),
     }
 
 

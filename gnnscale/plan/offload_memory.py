@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from gnnscale import runtime as rt
@@ -149,6 +150,7 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
     out: dict[str, int] = {}
     weights = model.adjacency.norm == "gcn"
     p_in, p = getattr(model, "input_dropout", model.dropout), model.dropout
+    relu = model.activation is F.relu  # the next layer's input backpropagated without its forward
 
     def drops(l: int) -> Drops:
         """Whether layer ``l``'s pass drops out its input rows (layer 0's features) and its output rows."""
@@ -200,13 +202,13 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
     def project(l: int, layer: BlockLayer) -> None:
         fi, fa = layer.in_features, layer.out_features
         run(f"project{l}", src=0, grad=0, slices=[fi], blocks=False, transpose=False,
-            compute=lambda A, P: _project(V, fi, fa, drops(l)), stale=lambda A: F32 * V * fi * drops(l)[0])
+            compute=lambda A, P: _project(V, fi, fa, P, drops(l)), stale=lambda A: F32 * V * fi * drops(l)[0])
 
     def project_backward(l: int, layer: BlockLayer) -> None:
         fi, fa = layer.in_features, layer.out_features
         run(f"project_backward{l}", src=0, grad=0, slices=[fi, fa], blocks=False, transpose=False,
-            compute=lambda A, P: _project_backward(V, fi, fa, l, drops(l)), slack=2 * _params(layer),
-            stale=lambda A: _project_backward_stale(V, fi, fa, l))
+            compute=lambda A, P: _project_backward(V, fi, fa, l, P, drops(l)), slack=2 * _params(layer),
+            stale=lambda A: _project_backward_stale(V, fi, l, drops(l)))
 
     # the previous chunk's destination ids (its output's dropout keys) stay bound beside its output: a view of its
     # block's source ids, which keeps all ``R`` of them (resident blocks: priced with the blocks)
@@ -241,8 +243,8 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
             slices = [fa, fo] + ([fi] if layer.update_uses_dst else [])
             run(f"backward{l}", src=0, grad=grad if through else 0, slices=slices, blocks=through,
                 transpose=layer.sparse_backward and through, slack=2 * _params(layer),
-                compute=lambda A, P: _backward_cached(layer, l, proj, through, V, R, drops(l)) + P,
-                stale=lambda A: _backward_cached_stale(layer, l, proj, V))
+                compute=lambda A, P: _backward_cached(layer, l, proj, through, V, R, P, drops(l), relu),
+                stale=lambda A: _backward_cached_stale(layer, l, proj, through, V, drops(l)))
         else:
             run(f"backward{l}", src=fi, grad=grad, slices=[fo], blocks=True, transpose=layer.sparse_backward and l > 0,
                 compute=lambda A, P: _backward_whole(layer, l, V, R, E, A, P, drops(l)), slack=2 * _params(layer),
@@ -288,22 +290,24 @@ def _params(layer: object) -> int:
     return sum(p.numel() * p.element_size() for p in layer.parameters())  # type: ignore[attr-defined]
 
 
-def _project(V: Tensor, fi: int, fa: int, d: Drops) -> Tensor:
-    """The layer's input (the features dropped out: ``d[0]``), its projection."""
+def _project(V: Tensor, fi: int, fa: int, P: Tensor, d: Drops) -> Tensor:
+    """The layer's input (the features dropped out: ``d[0]``) made while the previous chunk's ``P`` is still
+    bound, then its projection (a temporary stored to host memory)."""
     x = F32 * V * fi * d[0]
-    return torch.maximum(_dropout(V, fi, d[0], d.fused_min), x + F32 * V * fa)
+    return torch.maximum(_dropout(V, fi, d[0], d.fused_min) + P, x + F32 * V * fa)
 
 
-def _project_backward(V: Tensor, fi: int, fa: int, l: int, d: Drops) -> Tensor:
-    """The input again, the projection with autograd and the input's gradient."""
+def _project_backward(V: Tensor, fi: int, fa: int, l: int, P: Tensor, d: Drops) -> Tensor:
+    """The input again (made while the previous chunk's ``P`` is bound), then the projection's backward without
+    its forward (:func:`~gnnscale.nn.ops.linear_vjp`: the weight's gradient, a parameter's size) and the input's
+    gradient (``l > 0``) while the previous chunk's is still bound."""
     x = F32 * V * fi * d[0]
-    grads = F32 * V * fi * (l > 0) + F32 * V * fa
-    return torch.maximum(_dropout(V, fi, d[0], d.fused_min), x + F32 * V * fa + grads)
+    return torch.maximum(_dropout(V, fi, d[0], d.fused_min) + P, x + F32 * V * fi * (l > 0) * 2)
 
 
-def _project_backward_stale(V: Tensor, fi: int, fa: int, l: int) -> Tensor:
-    """The previous chunk's input after dropout (layer 0) or its gradient (the input itself is a slice)."""
-    return F32 * V * fi
+def _project_backward_stale(V: Tensor, fi: int, l: int, d: Drops) -> Tensor:
+    """The previous chunk's input after dropout (layer 0; else a slice) and its gradient (``l > 0``)."""
+    return F32 * V * fi * (d[0] + (l > 0))
 
 
 def _update(layer: object, V: Tensor, fi: int, fa: int, fo: int) -> Tensor:
@@ -387,29 +391,51 @@ def _loss_stale(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, A: Tens
     return A + F32 * R * width * (l > 0 or proj)
 
 
-def _backward_cached(layer: BlockLayer, l: int, proj: bool, through: bool, V: Tensor, R: Tensor,
-                     d: Drops) -> Tensor:
-    """UPDATE recomputed from the cached aggregation with autograd, the next layer's input (activation, dropout),
-    their backward, then the propagation's transpose into the source rows."""
+def _backward_cached(layer: BlockLayer, l: int, proj: bool, through: bool, V: Tensor, R: Tensor, P: Tensor,
+                     d: Drops, relu: bool) -> Tensor:
+    """UPDATE recomputed from the cached aggregation with autograd, the next layer's input's gradient, their
+    backward, then the propagation's transpose into the source rows; the previous chunk's leftovers ``P`` stay
+    bound until this chunk's recomputation returns (not through its propagation's transpose)."""
     fi, fo = layer.in_features, layer.out_features
     fa = fo if proj else fi
     dst = layer.update_uses_dst
     xd = F32 * V * fi * (dst and d[0])
-    update = _update(layer, V, fi, fa, fo) + (F32 * V * fi * 2 if isinstance(layer, GINLayer) else 0)
-    # y, activation, dropout; their gradients
-    after = F32 * V * fo * 2 + _dropout(V, fo, d[1], d.fused_min) + F32 * V * fo * 2
-    peak = xd + torch.maximum(update, after) + F32 * V * fa * (2 if isinstance(layer, SAGE_LIKE) else 1)
-    if through:  # y, the aggregation's gradient, the sources' gradient
-        peak = torch.maximum(peak, xd + F32 * V * (fo + 2 * fa) + F32 * R * fa)
-    return torch.maximum(peak, _dropout(V, fi, dst and d[0], d.fused_min))
+    if isinstance(layer, GINLayer):
+        update = _update(layer, V, fi, fa, fo) + F32 * V * fi * 2
+        # y, activation, dropout; their gradients
+        after = F32 * V * fo * 2 + _dropout(V, fo, d[1], d.fused_min) + F32 * V * fo * 2
+        peak = xd + torch.maximum(update, after) + F32 * V * fa
+        if through:  # y, the aggregation's gradient, the sources' gradient
+            peak = torch.maximum(peak, xd + F32 * V * (fo + 2 * fa) + F32 * R * fa)
+        return P + torch.maximum(peak, _dropout(V, fi, dst and d[0], d.fused_min))
+    # GCN, SAGE and GraphConv: UPDATE with autograd (its products, then y); the next layer's input's gradient from
+    # y: ReLU and dropout backpropagated without their forward (the dropout of the incoming gradient, then ReLU's
+    # mask of it), else through their forward with autograd; y's backward into the aggregation's gradient (a copy:
+    # the caller holds y's) and the destination rows' (layer > 0)
+    update = _update(layer, V, fi, fa, fo)
+    if relu:
+        grad_y = F32 * V * fo + torch.maximum(_dropout(V, fo, d[1], d.fused_min), F32 * V * fo * 2 * 1.0)
+    else:
+        grad_y = F32 * V * fo * 4 + _dropout(V, fo, d[1], d.fused_min)
+    back = F32 * V * (2 * fo + fa * through + fi * (dst and l > 0))
+    recompute = xd + torch.maximum(torch.maximum(update, grad_y), back)
+    recompute = torch.maximum(recompute, _dropout(V, fi, dst and d[0], d.fused_min))
+    # then, the previous chunk let go: the aggregation's gradient (scaled by the in-degrees for a mean) and the
+    # sources' gradient
+    push = xd + F32 * V * (fa * 2 + fi * (dst and l > 0)) + F32 * R * fa if through else 0 * V
+    return torch.maximum(P + recompute, push)
 
 
-def _backward_cached_stale(layer: object, l: int, proj: bool, V: Tensor) -> Tensor:
-    """The previous chunk's output, its aggregation's gradient and its dropped-out destination rows."""
+def _backward_cached_stale(layer: object, l: int, proj: bool, through: bool, V: Tensor, d: Drops) -> Tensor:
+    """The previous chunk's leaves bound in the loop until this chunk's recomputation returns: its aggregation's
+    gradient, its dropped-out destination rows and their gradient (GIN: its output and aggregation's gradient,
+    its destination rows)."""
     fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
     fa = fo if proj else fi
-    xd = F32 * V * fi * 2 if layer.update_uses_dst else 0  # type: ignore[attr-defined]
-    return F32 * V * (fo + fa) + xd
+    dst = layer.update_uses_dst  # type: ignore[attr-defined]
+    if isinstance(layer, GINLayer):
+        return F32 * V * (fo + fa) + (F32 * V * fi * 2 if dst else 0)
+    return F32 * V * (fa * through + fi * (dst and d[0]) + fi * (dst and l > 0))
 
 
 def _backward_whole(layer: BlockLayer, l: int, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor,

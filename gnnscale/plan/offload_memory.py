@@ -16,9 +16,10 @@ holds, besides the model:
 * the previous chunk's results still bound to the loop's variables until the next chunk rebinds them.
 
 Each chunk is priced with its own ``V, R, E`` and its neighbours in the schedule, so maxima of different chunks
-are not combined. A model with a normalisation, residual connections or jumping knowledge, or a layer the model
-neither lists nor measures (a user's layer whose aggregation is cached), is priced by the coarse
-:func:`~gnnscale.plan.offload.chunk_peak_bytes` bound instead (a user's layer's workspace measured there too).
+are not combined (each layer kind's moments: :mod:`~gnnscale.plan.offload_moments`). A model with a
+normalisation, residual connections or jumping knowledge, or a layer the model neither lists nor measures (a user's
+layer whose aggregation is cached), is priced by the coarse :func:`~gnnscale.plan.offload.chunk_peak_bytes` bound
+instead (a user's layer's workspace measured there too).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from gnnscale import runtime as rt
@@ -40,12 +41,27 @@ from gnnscale.nn.graphconv import GraphConvLayer
 from gnnscale.nn.sage import SAGELayer
 from gnnscale.nn.stack import Stack
 from gnnscale.plan.layer_memory import layer_memory, measured, whole
+from gnnscale.plan.offload_moments import (
+    F32,
+    I64,
+    SAGE_LIKE,
+    Drops,
+    _backward_cached,
+    _backward_cached_stale,
+    _backward_whole,
+    _backward_whole_stale,
+    _dropout,
+    _edges,
+    _forward,
+    _loss,
+    _loss_stale,
+    _params,
+    _project,
+    _project_backward,
+    _project_backward_stale,
+)
 from gnnscale.runtime import cpu_kernels
 
-F32 = 4
-I64 = 8
-SAGE_LIKE = (SAGELayer, GraphConvLayer)
-"""Layers priced as SAGE: a sparse sum or mean, then two linear maps (GraphConv's sum allocates no more)."""
 SMALL = 4096
 """Bytes of a pass's temporaries that grow with no row, edge or feature count: the loss and other scalars, the
 dropout's column hashes, index vectors of a few elements."""
@@ -89,32 +105,12 @@ def _shift(t: Tensor, step: int) -> Tensor:
     return out
 
 
-class Drops(NamedTuple):
-    """Whether a layer's pass drops out its input rows and its output rows, and where keyed dropout runs fused."""
-
-    input: bool
-    output: bool
-    fused_min: float = math.inf
-    """Elements from which :func:`~gnnscale.nn.ops.keyed_dropout` runs the fused CPU kernel
-    (:func:`~gnnscale.runtime.cpu_kernels.dropout_applies`), ``inf`` where it never does (an accelerator, the sim
-    device, no numba)."""
-
-
 def fused_dropout_min(devices: Sequence[rt.Device]) -> float:
     """Elements from which keyed dropout runs the fused CPU kernel on every one of ``devices`` (the CPU, where numba
     imports: :func:`~gnnscale.runtime.cpu_kernels.dropout_applies`), ``inf`` where it does not (an accelerator,
     the sim device, which checks every access through torch)."""
     on_cpu = all(not isinstance(d, rt.SimDevice) and d.type == "cpu" for d in devices)
     return float(cpu_kernels.MIN_ELEMENTS) if on_cpu and cpu_kernels.available() else math.inf
-
-
-def _dropout(rows: Tensor, width: int, on: bool = True, fused_min: float = math.inf) -> Tensor:
-    """Keyed dropout's peak on ``[rows, width]``: the torch formulation's int32 hash products and the bool mask,
-    then the mask and the output (``where`` and an in-place division), with two bytes per element of slack for the
-    allocator, besides int64 row hashes and the column hashes' few int64 vectors of ``width``; where the fused CPU
-    kernel runs (``rows * width >= fused_min``), its output alone (it makes no mask and no hash tensor)."""
-    fused = rows * width >= fused_min
-    return torch.where(fused, F32 * rows * width, rows * (7 * width + 3 * I64) + 4 * I64 * width) * on
 
 
 Moments = Callable[["_Pass"], Tensor]
@@ -149,6 +145,7 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
     out: dict[str, int] = {}
     weights = model.adjacency.norm == "gcn"
     p_in, p = getattr(model, "input_dropout", model.dropout), model.dropout
+    relu = model.activation is F.relu  # the next layer's input backpropagated without its forward
 
     def drops(l: int) -> Drops:
         """Whether layer ``l``'s pass drops out its input rows (layer 0's features) and its output rows."""
@@ -200,13 +197,13 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
     def project(l: int, layer: BlockLayer) -> None:
         fi, fa = layer.in_features, layer.out_features
         run(f"project{l}", src=0, grad=0, slices=[fi], blocks=False, transpose=False,
-            compute=lambda A, P: _project(V, fi, fa, drops(l)), stale=lambda A: F32 * V * fi * drops(l)[0])
+            compute=lambda A, P: _project(V, fi, fa, P, drops(l)), stale=lambda A: F32 * V * fi * drops(l)[0])
 
     def project_backward(l: int, layer: BlockLayer) -> None:
         fi, fa = layer.in_features, layer.out_features
         run(f"project_backward{l}", src=0, grad=0, slices=[fi, fa], blocks=False, transpose=False,
-            compute=lambda A, P: _project_backward(V, fi, fa, l, drops(l)), slack=2 * _params(layer),
-            stale=lambda A: _project_backward_stale(V, fi, fa, l))
+            compute=lambda A, P: _project_backward(V, fi, fa, l, P, drops(l)), slack=2 * _params(layer),
+            stale=lambda A: _project_backward_stale(V, fi, l, drops(l)))
 
     # the previous chunk's destination ids (its output's dropout keys) stay bound beside its output: a view of its
     # block's source ids, which keeps all ``R`` of them (resident blocks: priced with the blocks)
@@ -241,8 +238,8 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
             slices = [fa, fo] + ([fi] if layer.update_uses_dst else [])
             run(f"backward{l}", src=0, grad=grad if through else 0, slices=slices, blocks=through,
                 transpose=layer.sparse_backward and through, slack=2 * _params(layer),
-                compute=lambda A, P: _backward_cached(layer, l, proj, through, V, R, drops(l)) + P,
-                stale=lambda A: _backward_cached_stale(layer, l, proj, V))
+                compute=lambda A, P: _backward_cached(layer, l, proj, through, V, R, P, drops(l), relu),
+                stale=lambda A: _backward_cached_stale(layer, l, proj, through, V, drops(l)))
         else:
             run(f"backward{l}", src=fi, grad=grad, slices=[fo], blocks=True, transpose=layer.sparse_backward and l > 0,
                 compute=lambda A, P: _backward_whole(layer, l, V, R, E, A, P, drops(l)), slack=2 * _params(layer),
@@ -274,170 +271,6 @@ def block_cache_bytes(model: Stack, V: Tensor, R: Tensor, E: Tensor, transpose: 
         out = out + F32 * E * (2 if transpose else 1)
     caches = [layer_memory(layer).cache(V, R, _edges(layer, V, E)) for layer in layers if measured(layer)]
     return out + (torch.stack(caches).amax(dim=0) if caches else 0)
-
-
-def _edges(layer: BlockLayer, V: Tensor, E: Tensor) -> Tensor:
-    """A block's edges from the planner's count, which adds a self-loop per destination (an upper bound for an
-    adjacency without them)."""
-    return E if layer.adjacency.self_loops else E - V
-
-
-# ------------------------------------------------------------------------------------------------ the moments
-def _params(layer: object) -> int:
-    """Bytes of a layer's parameters: its gradients' temporaries before they are accumulated."""
-    return sum(p.numel() * p.element_size() for p in layer.parameters())  # type: ignore[attr-defined]
-
-
-def _project(V: Tensor, fi: int, fa: int, d: Drops) -> Tensor:
-    """The layer's input (the features dropped out: ``d[0]``), its projection."""
-    x = F32 * V * fi * d[0]
-    return torch.maximum(_dropout(V, fi, d[0], d.fused_min), x + F32 * V * fa)
-
-
-def _project_backward(V: Tensor, fi: int, fa: int, l: int, d: Drops) -> Tensor:
-    """The input again, the projection with autograd and the input's gradient."""
-    x = F32 * V * fi * d[0]
-    grads = F32 * V * fi * (l > 0) + F32 * V * fa
-    return torch.maximum(_dropout(V, fi, d[0], d.fused_min), x + F32 * V * fa + grads)
-
-
-def _project_backward_stale(V: Tensor, fi: int, fa: int, l: int) -> Tensor:
-    """The previous chunk's input after dropout (layer 0) or its gradient (the input itself is a slice)."""
-    return F32 * V * fi
-
-
-def _update(layer: object, V: Tensor, fi: int, fa: int, fo: int) -> Tensor:
-    """UPDATE's peak (no autograd) beyond its input aggregation."""
-    if isinstance(layer, GINLayer):
-        return torch.maximum(8 * V * fi, F32 * V * fi + 8 * V * fo) * 1.0
-    if isinstance(layer, SAGE_LIKE):
-        return 12 * V * fo * 1.0
-    return 8 * V * fo * 1.0
-
-
-def _gat_edges(layer: GATLayer, V: Tensor, R: Tensor, E: Tensor) -> Tensor:
-    """GAT's aggregation at its sparse products (no autograd; :class:`~gnnscale.nn.gat.GATLayer` forms no
-    ``[E, H, C]`` messages): projected rows and their source scores (two layouts), destination scores, the
-    ``[H, E]`` scores turned weights in place with a per-destination temporary and their signs, int64 row
-    pointers, each head's output and the stacked ones."""
-    H, HC = layer.heads, layer.heads * layer.out_per_head
-    return F32 * R * (HC + 2 * H) + F32 * V * H + I64 * V + F32 * E * 2 * H + E * H + F32 * V * HC * 2
-
-
-def _forward(layer: BlockLayer, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor,
-             d: Drops) -> Tensor:
-    """Layer ``l`` without autograd (``d``: its input's and its output's dropout), the next layer's input."""
-    fi, fo = layer.in_features, layer.out_features
-    after = F32 * V * fo * 2 + _dropout(V, fo, d[1], d.fused_min)  # the output, its activation and dropout
-    if proj:
-        spmm = 8 * V * fo if isinstance(layer, SAGE_LIKE) else F32 * V * fo
-        agg = F32 * V * fo
-        xd = 0 * V
-        dst = 0 * V
-        if layer.update_uses_dst:
-            dst = agg + _dropout(V, fi, d[0], d.fused_min)
-            xd = F32 * V * fi * d[0]
-        return torch.maximum(torch.maximum(A + spmm, A + dst), torch.maximum(
-            A + agg + xd + _update(layer, V, fi, fo, fo), after))
-    X = F32 * R * fi * d[0]
-    drop = A + _dropout(R, fi, True, d.fused_min) if d[0] else 0 * R
-    if isinstance(layer, GATLayer) or measured(layer):
-        work = _gat_edges(layer, V, R, E) if isinstance(layer, GATLayer) else \
-            layer_memory(layer).forward(V, R, _edges(layer, V, E))
-        return torch.maximum(drop, torch.maximum(A + X + work, after))
-    spmm = 8 * V * fi if isinstance(layer, SAGE_LIKE) else F32 * V * fi
-    agg = F32 * V * fi
-    return torch.maximum(torch.maximum(drop, A + X + spmm), torch.maximum(
-        A + X + agg + _update(layer, V, fi, fi, fo), after))
-
-
-def _loss(layer: BlockLayer, l: int, proj: bool, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor,
-          d: Drops) -> Tensor:
-    """The last layer with autograd, the loss and the backward into the source rows; the previous chunk's rows
-    and gradient ``P`` stay bound (through its output's graph) until this chunk's output replaces it."""
-    fi, fo = layer.in_features, layer.out_features
-    if proj:
-        fwd = F32 * V * fo * (6 if isinstance(layer, SAGE_LIKE) else 3)
-        xd = F32 * V * fi * (2 if layer.update_uses_dst else 0)
-        drop = _dropout(V, fi, d[0] and layer.update_uses_dst, d.fused_min)
-        return A + torch.maximum(drop, xd + fwd + torch.maximum(P, F32 * R * fo))
-    X = F32 * R * fi * d[0]
-    drop = A + _dropout(R, fi, True, d.fused_min) if d[0] else 0 * R
-    if measured(layer):  # measured: through its forward (``P`` still bound), then its backward and the loss's
-        m, Em = layer_memory(layer), _edges(layer, V, E)
-        return torch.maximum(drop, A + X + torch.maximum(m.saved[l > 0](V, R, Em) + P,
-                                                         m.train[l > 0](V, R, Em) + F32 * V * fo * 3))
-    if isinstance(layer, GATLayer):
-        H, HC = layer.heads, layer.heads * layer.out_per_head
-        saved = _gat_edges(layer, V, R, E)
-        # backward: each head's transposed product and its stack, the weights' per-head SDDMMs (sparse results
-        # with their own int64 indices) and their stack, the softmax's and leaky ReLU's [H, E] temporaries
-        grads = F32 * R * (2 * HC + fi) + E * H * (I64 + F32) + F32 * E * H * 6
-        return torch.maximum(drop, A + X + saved + torch.maximum(P, grads))
-    # GIN/GCN/SAGE aggregating first: the aggregation's and the slice's gradients, then their sum
-    grads = F32 * R * fi * (3 if isinstance(layer, (GINLayer, *SAGE_LIKE)) else 1)
-    fwd = F32 * V * fi * 4 + F32 * V * fo * 6
-    return torch.maximum(drop, A + X + fwd + torch.maximum(P, grads))
-
-
-def _loss_stale(layer: object, l: int, proj: bool, V: Tensor, R: Tensor, A: Tensor) -> Tensor:
-    """The previous chunk's source rows and their gradient, bound until the next chunk's rows replace them."""
-    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
-    width = fo if proj else fi
-    return A + F32 * R * width * (l > 0 or proj)
-
-
-def _backward_cached(layer: BlockLayer, l: int, proj: bool, through: bool, V: Tensor, R: Tensor,
-                     d: Drops) -> Tensor:
-    """UPDATE recomputed from the cached aggregation with autograd, the next layer's input (activation, dropout),
-    their backward, then the propagation's transpose into the source rows."""
-    fi, fo = layer.in_features, layer.out_features
-    fa = fo if proj else fi
-    dst = layer.update_uses_dst
-    xd = F32 * V * fi * (dst and d[0])
-    update = _update(layer, V, fi, fa, fo) + (F32 * V * fi * 2 if isinstance(layer, GINLayer) else 0)
-    # y, activation, dropout; their gradients
-    after = F32 * V * fo * 2 + _dropout(V, fo, d[1], d.fused_min) + F32 * V * fo * 2
-    peak = xd + torch.maximum(update, after) + F32 * V * fa * (2 if isinstance(layer, SAGE_LIKE) else 1)
-    if through:  # y, the aggregation's gradient, the sources' gradient
-        peak = torch.maximum(peak, xd + F32 * V * (fo + 2 * fa) + F32 * R * fa)
-    return torch.maximum(peak, _dropout(V, fi, dst and d[0], d.fused_min))
-
-
-def _backward_cached_stale(layer: object, l: int, proj: bool, V: Tensor) -> Tensor:
-    """The previous chunk's output, its aggregation's gradient and its dropped-out destination rows."""
-    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
-    fa = fo if proj else fi
-    xd = F32 * V * fi * 2 if layer.update_uses_dst else 0  # type: ignore[attr-defined]
-    return F32 * V * (fo + fa) + xd
-
-
-def _backward_whole(layer: BlockLayer, l: int, V: Tensor, R: Tensor, E: Tensor, A: Tensor, P: Tensor,
-                    d: Drops) -> Tensor:
-    """A layer recomputed whole with autograd (GAT, a user's) and backpropagated into its source rows."""
-    fi, fo = layer.in_features, layer.out_features
-    X = F32 * R * fi * d[0]
-    drop = A + _dropout(R, fi, True, d.fused_min) if d[0] else 0 * R
-    if measured(layer):  # measured, then the next layer's input's gradient (its dropout's and ReLU's); the
-        # previous chunk's input ``P`` stays bound until this chunk's recomputation returns
-        m, Em = layer_memory(layer), _edges(layer, V, E)
-        grad_y = F32 * V * fo * 2 + _dropout(V, fo, d[1], d.fused_min)
-        return P + torch.maximum(drop, torch.maximum(A, X) + m.train[l > 0](V, R, Em) + grad_y)
-    assert isinstance(layer, GATLayer)
-    H, HC = layer.heads, layer.heads * layer.out_per_head
-    saved = _gat_edges(layer, V, R, E) + F32 * E * H * 2
-    # the weights' per-head SDDMMs (sparse results with their own int64 indices) and each head's [E, C]-sized
-    # products' workspace, the output's gradient rows (the rows' come after the edges' are let go)
-    grads = E * H * (I64 + F32) + F32 * E * 3 * HC + F32 * V * fo * 5
-    # the assembled rows are the input (l > 0), or are let go once dropped out (layer 0)
-    return torch.maximum(drop, torch.maximum(A, X) + saved + torch.maximum(P, grads))
-
-
-def _backward_whole_stale(layer: object, l: int, V: Tensor, R: Tensor, A: Tensor) -> Tensor:
-    """The previous chunk's input (after dropout for layer 0; else its rows and their gradient, bound through
-    its output's graph until the next output replaces it) and output."""
-    fi, fo = layer.in_features, layer.out_features  # type: ignore[attr-defined]
-    return F32 * R * fi * (2 if l > 0 else 1) + F32 * V * fo * 2
 
 
 # ------------------------------------------------------------------------------------------------ the schedule

@@ -5,9 +5,11 @@
 
 Graphs: a csbm synthetic (20K vertices, degree 10, 64 features), another (10K vertices, degree 30, 256 features)
 and a SNAP graph (ego-Twitter from ../shared/datasets/snap, features and labels synthesised by the loader; skipped
-when absent). Every engine of the registry is tried with the model it trains (``gcn``, or ``dgcn`` for an engine
-of decoupled models only); the offload engine under a device budget of a quarter of the in-memory estimate, so its
-chunks move (Eq. 4). An engine that cannot run the case, or predicts nothing, is skipped.
+when absent). Every engine of the registry but distributed (its ranks: benchmarks/whatif_distributed.py) is
+tried with the model it trains (``gcn``, or ``dgcn`` for an engine of decoupled models only; the sampled engines
+at their default batch size and fanouts, hybrid on the CPU alone); the offload engine under a device budget of a
+quarter of the in-memory estimate, so its chunks move (Eq. 4). An engine that cannot run the case, or predicts
+nothing, is skipped.
 
 Each case runs in its own process at one torch thread: the rates (``gnnscale.plan.rates``, cached), the prediction,
 the engine's set-up, ``--warmup`` untimed epochs, then ``--epochs`` timed ``train_epoch`` calls (median). Rounds
@@ -52,8 +54,8 @@ def one(spec: str, engine: str, epochs: int, warmup: int) -> dict[str, object]:
     if engine == "offload":
         config = replace(config, memory_budget=estimate_inmemory_bytes(g, config, None)["total"] // 4)
     device = torch.device("cpu")
-    if cls.mode != "full" or cls.not_supported_reasons(g, config, device):
-        return {"skipped": "cannot run"}
+    if cls.mode == "distributed" or cls.not_supported_reasons(g, config, device):
+        return {"skipped": "cannot run"}  # distributed: ranks, benchmarks/whatif_distributed.py
     r = rates(rt.torch_device(device))
     p = cls.predict_epoch(g, config, device, r)
     if p is None:
@@ -71,7 +73,17 @@ def one(spec: str, engine: str, epochs: int, warmup: int) -> dict[str, object]:
     if close is not None:
         close()
     return {"predicted_s": p.seconds, "measured_s": statistics.median(times), "terms": p.terms, "bytes": p.bytes,
-            "model": config.model, "budget": config.memory_budget}
+            "model": config.model, "budget": config.memory_budget, "machine": r.machine, "versions": r.versions,
+            "rates_measured": r.measured}
+
+
+def _commit() -> str:
+    """The checkout's commit, ``+dirty`` when it has uncommitted changes (a figure names a clean commit)."""
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                           text=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def main() -> int:
@@ -93,6 +105,7 @@ def main() -> int:
     rounds = 1 if args.quick else args.rounds
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.environ.get("PYTHONPATH", ".")}
     got: dict[tuple[str, str], list[dict[str, object]]] = {}
+    commit = _commit()
     for rnd in range(rounds):
         for spec in graphs:
             for engine in ENGINES:
@@ -104,7 +117,7 @@ def main() -> int:
                 rec = json.loads(out.stdout.strip().splitlines()[-1])
                 if "skipped" in rec:
                     continue
-                rec.update(graph=spec, engine=engine, round=rnd)
+                rec.update(graph=spec, engine=engine, round=rnd, commit=commit)
                 got.setdefault((spec, engine), []).append(rec)
                 if not args.no_save:
                     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

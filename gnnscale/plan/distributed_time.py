@@ -1,0 +1,284 @@
+"""HopGNN's traffic model: a distributed epoch's time and network bytes on ``N`` machines (``gnnscale plan
+--engine distributed --machines N --devices-per-machine G --network 25Gbit,latency=50us``).
+
+The model starts from the real partition of the user's graph into one part per rank (the project's partitioner:
+METIS by default, the saved plan reused) and replays the engine's iterations without running them: it cuts the
+epoch's global batches (``ranks x --batch-size`` seeds), samples every rank's mini-batch (model-centric) or every
+rank's micrographs per time step (HopGNN §5.1's schedule, :mod:`gnnscale.distributed.schedule`, with the
+configured merges) and counts, per rank and iteration:
+
+* remote feature rows: the sampled inputs another rank owns, each distinct row once per exchange (pre-gathering,
+  §5.2, de-duplicates a whole iteration's), with their 8-byte id requests;
+* model migrations: parameters and gradients (``2 x P x 4`` bytes) point to point after every step but the last;
+* the gradient all-reduce (a ring: ``2 (N-1)/N x P x 4`` bytes, ``2 (N-1)`` messages in turn);
+* the compute of the sampled blocks (:func:`work_seconds`: aggregation edges at the measured rate per width, dense
+  FLOPs, elementwise bytes; forward and backward) and the sampling (edges at the rate measured while replaying).
+
+Time of an iteration = the slowest rank's sampling and compute between synchronisations, times the core sharing of
+the ranks of one machine (``max(1, G / cores)``), plus every collective's ``messages x latency + bytes / rate``.
+The rate: with one machine, each rank's own (loopback, or the emulated network the validation sets); with more,
+each machine's link carries the bytes its ``G`` ranks send off the machine.
+
+Scale: the replay samples at most :data:`SIM_ITERATIONS` iterations (evenly spread over the epoch) and, beyond
+:data:`SIM_RANKS` ranks, an even subset of the ranks (the others are like them: their slowest stands for all);
+it scales the counts to the epoch's iterations. Predicting 64 machines takes seconds, with no processes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from gnnscale.config import TrainConfig
+from gnnscale.distributed.comm import ring_bytes, ring_rounds
+from gnnscale.distributed.schedule import build_schedule, home_groups
+from gnnscale.graph.block import Block
+from gnnscale.graph.graph import Graph
+from gnnscale.nn.stack import Stack
+from gnnscale.partition import load_or_partition
+from gnnscale.plan.epoch_time import Cluster, EpochTime
+from gnnscale.plan.rates import Rates
+from gnnscale.sample import CSRTopology, SampledAdjacency, sample_blocks, sample_key
+
+SIM_ITERATIONS = 3
+"""Iterations of the epoch the model replays (scaled to all of them)."""
+SIM_RANKS = 8
+"""Ranks the model replays at most (an even subset beyond)."""
+ELEMENTWISE_PASSES = 6
+"""Elementwise passes over each layer's output rows per training step (activation, dropout, bias, loss, and
+their backward), each reading and writing ``rows x width x 4`` bytes."""
+ID_BYTES = 8
+
+
+@dataclass
+class RankStep:
+    """What one rank does in one time step (model-centric: the one step) of an iteration."""
+
+    compute: float = 0.0
+    """Seconds of forward and backward (:func:`work_seconds`)."""
+    sample: float = 0.0
+    """Seconds of sampling."""
+    remote: int = 0
+    """Remote feature rows this step fetches (without pre-gathering)."""
+    src: Tensor | None = None
+    """The step's input rows' ids."""
+
+
+@dataclass
+class Replay:
+    """The counts of one strategy, per replayed iteration, per replayed rank, per step."""
+
+    steps: list[list[list[RankStep]]] = field(default_factory=list)
+    """``steps[i][r][k]``."""
+    pregathered: list[list[int]] = field(default_factory=list)
+    """``[i][r]``: remote rows of the iteration's one exchange (pre-gathering), else empty."""
+    iterations: int = 0
+    """Iterations in the whole epoch."""
+
+
+def work_seconds(blocks: list[Block], model: Stack, rates: Rates) -> float:
+    """Forward and backward seconds of ``model`` over ``blocks`` at ``rates``: per layer, the aggregation's edges
+    at the layer's input width (twice: forward and the transposed backward), the dense ``2 x rows x params`` FLOPs
+    (three times: forward, input and weight gradients) and :data:`ELEMENTWISE_PASSES` over the output rows.
+    (A local stand-in for the planner's shared work counting.)"""
+    seconds = 0.0
+    for block, layer in zip(blocks, model.block_layers, strict=False):
+        rows = int(block.indptr.numel()) - 1
+        width_in, width_out = int(layer.in_features), int(layer.out_features)
+        params = sum(p.numel() for p in layer.parameters())
+        seconds += 2 * block.num_edges / rates.aggregate_rate(width_in)
+        seconds += 3 * 2 * rows * params / rates.flops
+        seconds += ELEMENTWISE_PASSES * rows * width_out * 4 / rates.memory
+    return seconds
+
+
+def owner_of_parts(graph: Graph, ranks: int, config: TrainConfig) -> Tensor:
+    """``[N]``: every vertex's rank under the partition the engine would use (saved plans reused)."""
+    plan, _, _ = load_or_partition(graph, ranks, 1, config.partition_method, config.seed, config.plan_dir)
+    owner = torch.empty(plan.num_nodes, dtype=torch.int64)
+    for p in range(plan.partitions):
+        owner[plan.perm[int(plan.part_ptr[p]) : int(plan.part_ptr[p + 1])]] = p
+    return owner
+
+
+def _merges(config: TrainConfig, ranks: int) -> int:
+    """The merges the model prices: a fixed ``--merge N``, else none (``auto`` starts unmerged)."""
+    return min(int(config.merge), ranks - 1) if config.merge.isdigit() else 0
+
+
+class Replayer:
+    """Samples the engine's iterations for ``ranks`` ranks and counts their work (:class:`Replay`)."""
+
+    def __init__(self, graph: Graph, config: TrainConfig, model: Stack, rates: Rates, owner: Tensor, ranks: int,
+                 fanouts: tuple[int, ...], sample_rate: float | None = None):
+        self.graph, self.config, self.model, self.rates = graph, config, model, rates
+        self.owner, self.ranks, self.fanouts = owner, ranks, fanouts
+        self.topo = CSRTopology.from_graph(graph, model.adjacency)
+        self.adjacency = SampledAdjacency.from_graph(graph, model.adjacency, config.sample_norm)  # type: ignore[arg-type]
+        self.sample_rate = sample_rate
+        """Sampled edges per second (``None``: measured as the replay samples)."""
+        self._edges, self._sample_s = 0, 0.0
+        step = max(1, ranks // SIM_RANKS)
+        self.watched = list(range(0, ranks, step))[:SIM_RANKS]
+
+    def _blocks(self, seeds: Tensor, key: int) -> tuple[list[Block], float]:
+        t0 = time.perf_counter()
+        blocks = sample_blocks(self.topo, seeds, self.fanouts, key, self.adjacency)
+        edges = sum(b.num_edges for b in blocks)
+        self._sample_s += time.perf_counter() - t0
+        self._edges += edges
+        return blocks, float(edges)
+
+    def _step(self, seeds: Tensor, key: int, rank: int) -> RankStep:
+        if seeds.numel() == 0:
+            return RankStep(src=torch.empty(0, dtype=torch.int64))
+        blocks, edges = self._blocks(seeds, key)
+        src = blocks[0].src_ids
+        assert src is not None
+        return RankStep(compute=work_seconds(blocks, self.model, self.rates), sample=edges, src=src,
+                        remote=int((self.owner[src] != rank).sum()))
+
+    def replay(self, strategy: str, train_ids: Tensor) -> Replay:
+        """Count ``strategy``'s iterations (``sample`` holds sampled edges until :meth:`finish` prices them)."""
+        R, B = self.ranks, self.config.batch_size
+        gen = torch.Generator().manual_seed(self.config.seed)
+        order = train_ids[torch.randperm(train_ids.numel(), generator=gen)]
+        batches = list(torch.split(order, R * B))
+        picks = sorted({int(i * len(batches) / SIM_ITERATIONS) for i in range(min(SIM_ITERATIONS, len(batches)))})
+        key = sample_key(self.config.seed, 0)
+        out = Replay(iterations=len(batches))
+        for i in picks:
+            parts = list(torch.tensor_split(batches[i], R))
+            if strategy == "model-centric":
+                out.steps.append([[self._step(parts[r], key, r)] for r in self.watched])
+                continue
+            sched = build_schedule(home_groups(parts, self.owner, R), _merges(self.config, R))
+            per = [[self._step(sched.roots_on(r, k), key, r) for k in range(sched.steps)] for r in self.watched]
+            out.steps.append(per)
+            if self.config.pregather == "on":
+                out.pregathered.append([self._remote_of(steps, r) for r, steps in zip(self.watched, per, strict=True)])
+        return self.finish(out)
+
+    def _remote_of(self, steps: list[RankStep], rank: int) -> int:
+        """Distinct remote rows of a rank's whole iteration (one pre-gathering exchange)."""
+        srcs = [s.src for s in steps if s.src is not None]
+        ids = torch.unique(torch.cat(srcs)) if srcs else torch.empty(0, dtype=torch.int64)
+        return int((self.owner[ids] != rank).sum())
+
+    def finish(self, out: Replay) -> Replay:
+        """Price the sampled edges at the sampling rate (given, or measured as the replay sampled)."""
+        rate = self.sample_rate or (self._edges / self._sample_s if self._sample_s > 0 else math.inf)
+        for it in out.steps:
+            for steps in it:
+                for s in steps:
+                    s.sample = s.sample / rate
+        return out
+
+
+@dataclass(frozen=True)
+class Network:
+    """How collectives are priced: ``seconds = latency x messages + bytes x per_byte``."""
+
+    per_byte: float
+    latency: float
+
+    @classmethod
+    def of(cls, cluster: Cluster, rates: Rates, ranks: int) -> Network:
+        """One machine: each rank at the named (or measured loopback) rate. More machines: a fraction
+        ``(N - G) / (N - 1)`` of a rank's bytes leaves its machine, on a link its ``G`` ranks share; the rest goes
+        at the loopback rate."""
+        local = rates.network or rates.copy
+        latency = cluster.latency if cluster.latency is not None else rates.latency
+        if cluster.machines == 1:
+            return cls(1 / (cluster.network or local), latency)
+        link = cluster.network or local
+        g = ranks // cluster.machines
+        off = (ranks - g) / max(ranks - 1, 1)
+        return cls(max(g * off / link, (1 - off) / local), latency)
+
+    def seconds(self, nbytes: float, messages: int) -> tuple[float, float]:
+        """``(latency seconds, bandwidth seconds)`` of one collective."""
+        return self.latency * messages, nbytes * self.per_byte
+
+
+def cores_shared(cluster: Cluster, ranks: int, cores: int | None = None) -> float:
+    """How much slower a rank computes when the ``G`` ranks of a machine share its cores (one thread each)."""
+    g = ranks // cluster.machines
+    return max(1.0, g / (cores or os.cpu_count() or 1))
+
+
+@dataclass
+class Tally:
+    """One iteration's priced terms (seconds) and the network bytes every rank received (the comm layer's
+    ``received_bytes``, summed over ranks)."""
+
+    terms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("sample", "compute", "contention", "fetch", "migrate", "allreduce", "latency"), 0.0))
+    received: float = 0.0
+
+    def collective(self, net: Network, term: str, nbytes: float, messages: int) -> None:
+        lat, bw = net.seconds(nbytes, messages)
+        self.terms["latency"] += lat
+        self.terms[term] += bw
+
+
+def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net: Network, share: float,
+                    ranks: int, row_bytes: int, param_bytes: int) -> Tally:
+    """Replayed iteration ``i`` of ``replay`` priced: the slowest rank's work between synchronisations (times
+    ``share``), and each collective at ``net``."""
+    t, per, R = Tally(), replay.steps[i], ranks
+    n_steps = len(per[0])
+    mean_remote = 0.0
+
+    def exchange(rows: int, mean: float) -> None:
+        nonlocal mean_remote
+        mean_remote += mean
+        t.collective(net, "fetch", ID_BYTES * (R - 1), R - 1)  # the counts
+        t.collective(net, "fetch", ID_BYTES * rows, R - 1)  # the ids asked for
+        t.collective(net, "fetch", row_bytes * rows, R - 1)  # the rows
+
+    if strategy == "micrograph" and pregather:
+        t.terms["sample"] = max(sum(s.sample for s in steps) for steps in per)
+        exchange(max(replay.pregathered[i]), sum(replay.pregathered[i]) / len(per))
+    else:
+        t.terms["sample"] = sum(max(steps[k].sample for steps in per) for k in range(n_steps))
+        for k in range(n_steps):
+            exchange(max(steps[k].remote for steps in per), sum(steps[k].remote for steps in per) / len(per))
+    t.terms["compute"] = sum(max(steps[k].compute for steps in per) for k in range(n_steps))
+    t.terms["contention"] = (share - 1) * (t.terms["sample"] + t.terms["compute"])
+    migration = 2 * param_bytes
+    for _ in range(n_steps - 1):
+        t.collective(net, "migrate", migration, 1)
+    t.collective(net, "allreduce", ring_bytes(param_bytes, R), ring_rounds(R))
+    counts = ID_BYTES * (R - 1) * (1 if strategy == "micrograph" and pregather else n_steps)
+    t.received = R * (mean_remote * (row_bytes + ID_BYTES) + counts + (n_steps - 1) * migration + param_bytes)
+    return t
+
+
+def predict(graph: Graph, config: TrainConfig, model: Stack, rates: Rates, cluster: Cluster, fanouts: tuple[int, ...],
+            *, owner: Tensor | None = None, sample_rate: float | None = None, cores: int | None = None) -> EpochTime:
+    """The distributed engine's epoch under ``config.strategy`` on ``cluster`` (``machines x G`` ranks, ``G``
+    default 1) at ``rates``; ``owner`` (every vertex's rank), ``sample_rate`` (edges/s) and ``cores`` (per
+    machine) may be given (tests), else they come from the partitioner, the replay and this machine."""
+    ranks = cluster.machines * (cluster.devices_per_machine or 1)
+    owner = owner_of_parts(graph, ranks, config) if owner is None else owner
+    assert graph.train_mask is not None and graph.x is not None
+    train_ids = torch.nonzero(graph.train_mask).view(-1)
+    replay = Replayer(graph, config, model, rates, owner, ranks, fanouts, sample_rate).replay(config.strategy,
+                                                                                                train_ids)
+    net, share = Network.of(cluster, rates, ranks), cores_shared(cluster, ranks, cores)
+    row_bytes = graph.x.shape[1] * graph.x.element_size()
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    tallies = [price_iteration(replay, i, config.strategy, config.pregather == "on", net, share, ranks, row_bytes,
+                               param_bytes) for i in range(len(replay.steps))]
+    scale = replay.iterations / max(len(tallies), 1)
+    terms = {k: scale * sum(t.terms[k] for t in tallies) for k in tallies[0].terms} if tallies else {}
+    received = int(scale * sum(t.received for t in tallies))
+    how = "micrograph (HopGNN §5)" if config.strategy == "micrograph" else "model-centric (DistDGL)"
+    return EpochTime(sum(terms.values()), terms, {"network": received},
+                     f"HopGNN traffic model, {how}, {ranks} ranks on {cluster.machines} machine(s)")

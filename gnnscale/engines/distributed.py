@@ -121,6 +121,7 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     name = "distributed"
     predicts = False  # a job of ranks trains; a model it saved predicts with any other engine
     mode = "distributed"
+    plan_kind = "whatif"  # gnnscale plan --engine distributed --machines N: HopGNN's traffic model
     options = (SamplingOptions, DistributedOptions, PartitionOptions)
     also_reads = ("host_memory",)  # each rank reads its own rows from a converted directory's x.npy by preadv
 

@@ -64,17 +64,15 @@ from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
 from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
 from gnnscale.engines.distributed_norm import RankBatchNorm
-from gnnscale.engines.sampled import (SampledCounters, SampledLoop, backward_share, check_fanouts, default_fanouts,
-                                      forward, model_depth)
+from gnnscale.engines.distributed_predict import predict_distributed
+from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
 from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
 from gnnscale.engines.sampled_exchange import RankReducer, blocks_on, layerwise_across_ranks
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.stack import Stack
-from gnnscale.nn import build_model
 from gnnscale.partition.plan import PartitionPlan, graph_fingerprint, load_or_partition
-from gnnscale.plan import distributed_time
 from gnnscale.plan.epoch_time import HERE, Cluster, EpochTime
 from gnnscale.plan.rates import Rates
 from gnnscale.runtime.host import proc_kib
@@ -132,13 +130,9 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     @classmethod
     def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
                       model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
-        """HopGNN's traffic model (:mod:`gnnscale.plan.distributed_time`) for ``config.strategy``."""
+        """HopGNN's traffic model for ``config.strategy`` (:mod:`gnnscale.plan.distributed_time`)."""
         del device
-        assert graph.num_classes is not None
-        model = model or build_model(config.model, graph.num_features, config.hidden, graph.num_classes,
-                                     **config.model_kwargs())
-        fanouts = tuple(config.fanouts or default_fanouts(model_depth(config, model)))
-        return distributed_time.predict(graph, config, model, rates, cluster, fanouts)
+        return predict_distributed(graph, config, rates, model, cluster)
 
     def checkpoint_written(self) -> None:
         self.comm.barrier("iteration checkpoint")  # rank 0 has renamed the checkpoint into place

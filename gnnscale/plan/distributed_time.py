@@ -12,7 +12,9 @@ configured merges) and counts, per rank and iteration:
 * model migrations: parameters and gradients (``2 x P x 4`` bytes) point to point after every step but the last;
 * the gradient all-reduce (a ring: ``2 (N-1)/N x P x 4`` bytes, ``2 (N-1)`` messages in turn);
 * the compute of the sampled blocks (:func:`work_seconds`: aggregation edges at the measured rate per width, dense
-  FLOPs, elementwise bytes; forward and backward) and the sampling (edges at the rate measured while replaying).
+  FLOPs, elementwise bytes; forward and backward), fitted to this model on this machine (:class:`ComputeFit`: a
+  step's fixed cost and the ratio of real to counted work, timed on a few replayed steps), and the sampling (edges
+  at the rate measured while replaying).
 
 Time of an iteration = the slowest rank's sampling and compute between synchronisations, times the core sharing of
 the ranks of one machine (``max(1, G / cores)``), plus every collective's ``messages x latency + bytes / rate``.
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -53,6 +57,41 @@ ELEMENTWISE_PASSES = 6
 """Elementwise passes over each layer's output rows per training step (activation, dropout, bias, loss, and
 their backward), each reading and writing ``rows x width x 4`` bytes."""
 ID_BYTES = 8
+FIT_STEPS = 6
+"""Replayed steps timed for :class:`ComputeFit` (and one of a single root)."""
+
+StepFn = Callable[[list[Block], Tensor], None]
+"""Forward and backward of a model over sampled blocks and their seeds (the engine's; timed by the fit)."""
+
+
+@dataclass(frozen=True)
+class ComputeFit:
+    """Real seconds of a training step from its counted work ``w`` (:func:`work_seconds`): ``fixed + scale x w``
+    (``fixed``: a step's cost beyond its work -- Python, autograd, kernel launches; ``scale``: real over counted
+    seconds, for what the counts leave out, such as building a block's transpose for the backward)."""
+
+    fixed: float = 0.0
+    scale: float = 1.0
+
+    def seconds(self, work: float) -> float:
+        return self.fixed + self.scale * work if work > 0 else 0.0
+
+    @classmethod
+    def timed(cls, step: StepFn, samples: list[tuple[list[Block], Tensor, float]],
+              one: tuple[list[Block], Tensor, float] | None) -> ComputeFit:
+        """Time ``step`` on replayed steps (``(blocks, seeds, work)``, the best of two runs each) and on a
+        single-root step ``one`` (the fixed cost)."""
+        def best(blocks: list[Block], seeds: Tensor) -> float:
+            times = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                step(blocks, seeds)
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        fixed = best(one[0], one[1]) if one is not None else 0.0
+        ratios = [max(best(b, s) - fixed, 0.0) / w for b, s, w in samples if w > 0]
+        return cls(fixed, statistics.median(ratios) if ratios else 1.0)
 
 
 @dataclass
@@ -115,7 +154,7 @@ class Replayer:
     """Samples the engine's iterations for ``ranks`` ranks and counts their work (:class:`Replay`)."""
 
     def __init__(self, graph: Graph, config: TrainConfig, model: Stack, rates: Rates, owner: Tensor, ranks: int,
-                 fanouts: tuple[int, ...], sample_rate: float | None = None):
+                 fanouts: tuple[int, ...], sample_rate: float | None = None, fit: ComputeFit | StepFn | None = None):
         self.graph, self.config, self.model, self.rates = graph, config, model, rates
         self.owner, self.ranks, self.fanouts = owner, ranks, fanouts
         self.topo = CSRTopology.from_graph(graph, model.adjacency)
@@ -123,6 +162,10 @@ class Replayer:
         self.sample_rate = sample_rate
         """Sampled edges per second (``None``: measured as the replay samples)."""
         self._edges, self._sample_s = 0, 0.0
+        self.fit = fit
+        """How counted work becomes seconds: a :class:`ComputeFit`, or the engine's step to time one on replayed
+        steps (``None``: the counts as they are)."""
+        self._timed: list[tuple[list[Block], Tensor, float]] = []
         step = max(1, ranks // SIM_RANKS)
         self.watched = list(range(0, ranks, step))[:SIM_RANKS]
 
@@ -140,8 +183,10 @@ class Replayer:
         blocks, edges = self._blocks(seeds, key)
         src = blocks[0].src_ids
         assert src is not None
-        return RankStep(compute=work_seconds(blocks, self.model, self.rates), sample=edges, src=src,
-                        remote=int((self.owner[src] != rank).sum()))
+        work = work_seconds(blocks, self.model, self.rates)
+        if callable(self.fit) and len(self._timed) < FIT_STEPS:
+            self._timed.append((blocks, seeds, work))
+        return RankStep(compute=work, sample=edges, src=src, remote=int((self.owner[src] != rank).sum()))
 
     def replay(self, strategy: str, train_ids: Tensor) -> Replay:
         """Count ``strategy``'s iterations (``sample`` holds sampled edges until :meth:`finish` prices them)."""
@@ -173,10 +218,17 @@ class Replayer:
     def finish(self, out: Replay) -> Replay:
         """Price the sampled edges at the sampling rate (given, or measured as the replay sampled)."""
         rate = self.sample_rate or (self._edges / self._sample_s if self._sample_s > 0 else math.inf)
+        fit = self.fit if isinstance(self.fit, ComputeFit) else ComputeFit()
+        if callable(self.fit) and self._timed:
+            seeds = self._timed[0][1][:1]
+            one = self._blocks(seeds, 0)[0]
+            fit = ComputeFit.timed(self.fit, self._timed, (one, seeds, work_seconds(one, self.model, self.rates)))
+        self._timed.clear()
         for it in out.steps:
             for steps in it:
                 for s in steps:
                     s.sample = s.sample / rate
+                    s.compute = fit.seconds(s.compute)
         return out
 
 
@@ -261,15 +313,17 @@ def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net:
 
 
 def predict(graph: Graph, config: TrainConfig, model: Stack, rates: Rates, cluster: Cluster, fanouts: tuple[int, ...],
-            *, owner: Tensor | None = None, sample_rate: float | None = None, cores: int | None = None) -> EpochTime:
+            *, owner: Tensor | None = None, sample_rate: float | None = None, cores: int | None = None,
+            fit: ComputeFit | StepFn | None = None) -> EpochTime:
     """The distributed engine's epoch under ``config.strategy`` on ``cluster`` (``machines x G`` ranks, ``G``
-    default 1) at ``rates``; ``owner`` (every vertex's rank), ``sample_rate`` (edges/s) and ``cores`` (per
-    machine) may be given (tests), else they come from the partitioner, the replay and this machine."""
+    default 1) at ``rates``; ``owner`` (every vertex's rank), ``sample_rate`` (edges/s), ``cores`` (per
+    machine) and ``fit`` (:class:`ComputeFit`, or the step to time one with) may be given (tests), else they come
+    from the partitioner, the replay and this machine."""
     ranks = cluster.machines * (cluster.devices_per_machine or 1)
     owner = owner_of_parts(graph, ranks, config) if owner is None else owner
     assert graph.train_mask is not None and graph.x is not None
     train_ids = torch.nonzero(graph.train_mask).view(-1)
-    replay = Replayer(graph, config, model, rates, owner, ranks, fanouts, sample_rate).replay(config.strategy,
+    replay = Replayer(graph, config, model, rates, owner, ranks, fanouts, sample_rate, fit).replay(config.strategy,
                                                                                                 train_ids)
     net, share = Network.of(cluster, rates, ranks), cores_shared(cluster, ranks, cores)
     row_bytes = graph.x.shape[1] * graph.x.element_size()

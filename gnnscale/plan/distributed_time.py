@@ -102,8 +102,6 @@ class RankStep:
     """Seconds of forward and backward (:func:`work_seconds`)."""
     sample: float = 0.0
     """Seconds of sampling."""
-    remote: int = 0
-    """Remote feature rows this step fetches (without pre-gathering)."""
     src: Tensor | None = None
     """The step's input rows' ids."""
 
@@ -114,8 +112,9 @@ class Replay:
 
     steps: list[list[list[RankStep]]] = field(default_factory=list)
     """``steps[i][r][k]``."""
-    pregathered: list[list[int]] = field(default_factory=list)
-    """``[i][r]``: remote rows of the iteration's one exchange (pre-gathering), else empty."""
+    exchanges: list[list[list[tuple[int, int]]]] = field(default_factory=list)
+    """``[i][e][r]``: the rows rank ``r`` receives and serves in exchange ``e`` of iteration ``i`` (one per step;
+    with pre-gathering one per iteration)."""
     iterations: int = 0
     """Iterations in the whole epoch."""
 
@@ -186,7 +185,7 @@ class Replayer:
         work = work_seconds(blocks, self.model, self.rates)
         if callable(self.fit) and len(self._timed) < FIT_STEPS:
             self._timed.append((blocks, seeds, work))
-        return RankStep(compute=work, sample=edges, src=src, remote=int((self.owner[src] != rank).sum()))
+        return RankStep(compute=work, sample=edges, src=src)
 
     def replay(self, strategy: str, train_ids: Tensor) -> Replay:
         """Count ``strategy``'s iterations (``sample`` holds sampled edges until :meth:`finish` prices them)."""
@@ -200,20 +199,29 @@ class Replayer:
         for i in picks:
             parts = list(torch.tensor_split(batches[i], R))
             if strategy == "model-centric":
-                out.steps.append([[self._step(parts[r], key, r)] for r in self.watched])
-                continue
-            sched = build_schedule(home_groups(parts, self.owner, R), _merges(self.config, R))
-            per = [[self._step(sched.roots_on(r, k), key, r) for k in range(sched.steps)] for r in self.watched]
+                per = [[self._step(parts[r], key, r)] for r in self.watched]
+            else:
+                sched = build_schedule(home_groups(parts, self.owner, R), _merges(self.config, R))
+                per = [[self._step(sched.roots_on(r, k), key, r) for k in range(sched.steps)] for r in self.watched]
             out.steps.append(per)
-            if self.config.pregather == "on":
-                out.pregathered.append([self._remote_of(steps, r) for r, steps in zip(self.watched, per, strict=True)])
+            if strategy == "micrograph" and self.config.pregather == "on":
+                out.exchanges.append([self._exchange([steps for steps in per])])
+            else:
+                out.exchanges.append([self._exchange([[steps[k]] for steps in per]) for k in range(len(per[0]))])
         return self.finish(out)
 
-    def _remote_of(self, steps: list[RankStep], rank: int) -> int:
-        """Distinct remote rows of a rank's whole iteration (one pre-gathering exchange)."""
-        srcs = [s.src for s in steps if s.src is not None]
-        ids = torch.unique(torch.cat(srcs)) if srcs else torch.empty(0, dtype=torch.int64)
-        return int((self.owner[ids] != rank).sum())
+    def _exchange(self, per: list[list[RankStep]]) -> list[tuple[int, int]]:
+        """``(received, served)`` rows of every watched rank in one exchange of the inputs of its steps ``per[r]``
+        (each distinct remote row once); served rows are counted from the watched ranks' requests, scaled to all
+        ranks."""
+        asked = []
+        for r, steps in zip(self.watched, per, strict=True):
+            srcs = [s.src for s in steps if s.src is not None]
+            ids = torch.unique(torch.cat(srcs)) if srcs else torch.empty(0, dtype=torch.int64)
+            asked.append(ids[self.owner[ids] != r])
+        served = torch.bincount(self.owner[torch.cat(asked)], minlength=self.ranks).double()
+        served *= self.ranks / len(self.watched)
+        return [(int(a.numel()), int(served[r])) for r, a in zip(self.watched, asked, strict=True)]
 
     def finish(self, out: Replay) -> Replay:
         """Price the sampled edges at the sampling rate (given, or measured as the replay sampled)."""
@@ -286,28 +294,23 @@ def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net:
     t, per, R = Tally(), replay.steps[i], ranks
     n_steps = len(per[0])
     mean_remote = 0.0
-
-    def exchange(rows: int, mean: float) -> None:
-        nonlocal mean_remote
-        mean_remote += mean
+    for ex in replay.exchanges[i]:  # every rank's collective lasts as long as the busiest rank's
+        rows = max(max(recv, served) for recv, served in ex)
+        mean_remote += sum(recv for recv, _ in ex) / len(ex)
         t.collective(net, "fetch", ID_BYTES * (R - 1), R - 1)  # the counts
         t.collective(net, "fetch", ID_BYTES * rows, R - 1)  # the ids asked for
         t.collective(net, "fetch", row_bytes * rows, R - 1)  # the rows
-
     if strategy == "micrograph" and pregather:
         t.terms["sample"] = max(sum(s.sample for s in steps) for steps in per)
-        exchange(max(replay.pregathered[i]), sum(replay.pregathered[i]) / len(per))
     else:
         t.terms["sample"] = sum(max(steps[k].sample for steps in per) for k in range(n_steps))
-        for k in range(n_steps):
-            exchange(max(steps[k].remote for steps in per), sum(steps[k].remote for steps in per) / len(per))
     t.terms["compute"] = sum(max(steps[k].compute for steps in per) for k in range(n_steps))
     t.terms["contention"] = (share - 1) * (t.terms["sample"] + t.terms["compute"])
     migration = 2 * param_bytes
     for _ in range(n_steps - 1):
         t.collective(net, "migrate", migration, 1)
     t.collective(net, "allreduce", ring_bytes(param_bytes, R), ring_rounds(R))
-    counts = ID_BYTES * (R - 1) * (1 if strategy == "micrograph" and pregather else n_steps)
+    counts = ID_BYTES * (R - 1) * len(replay.exchanges[i])
     t.received = R * (mean_remote * (row_bytes + ID_BYTES) + counts + (n_steps - 1) * migration + param_bytes)
     return t
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +21,8 @@ from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.plan import distributed_time as dt
 from gnnscale.plan.epoch_time import Cluster
-from gnnscale.plan.rates import Rates
+from gnnscale.plan.network_rate import with_network
+from gnnscale.plan.rates import Rates, cache_file
 from gnnscale.units import parse_network
 
 RATES = Rates(gather=1e9, copy=1e9, aggregate=((16, 1e8), (64, 1e8), (256, 1e8)), flops=1e10, memory=1e9,
@@ -147,6 +148,23 @@ def test_compute_fit() -> None:
     one = ([], torch.tensor([0]), 0.0)
     timed = dt.ComputeFit.timed(lambda b, s: calls.append(len(s)), [([], torch.tensor([1, 2]), 1.0)], one)
     assert calls == [1, 1, 2, 2] and timed.fixed >= 0 and timed.scale >= 0
+
+
+def test_network_rate_is_measured_once_and_cached() -> None:
+    path = cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    unmeasured = replace(RATES, network=0.0, latency=0.0, machine="test-box", versions="v")
+    path.write_text(json.dumps({"test-box": {**asdict(unmeasured)}}))
+    calls: list[int] = []
+
+    def measure() -> tuple[float, float]:
+        calls.append(1)
+        return 5e9, 2e-5
+
+    got = with_network(unmeasured, measure)
+    assert (got.network, got.latency) == (5e9, 2e-5) and calls == [1]
+    assert json.loads(path.read_text())["test-box"]["network"] == 5e9
+    assert with_network(got, measure) is got and calls == [1]  # known: not measured again
 
 
 # --------------------------------------------------------------------------------------- the paced comm layer

@@ -15,6 +15,7 @@ from gnnscale.nn import build_model
 from gnnscale.nn.stack import Stack
 from gnnscale.plan import distributed_time
 from gnnscale.plan.epoch_time import Cluster, EpochTime
+from gnnscale.plan.network_rate import with_network
 from gnnscale.plan.rates import Rates
 
 if TYPE_CHECKING:
@@ -35,4 +36,6 @@ def predict_distributed(graph: Graph, config: TrainConfig, rates: Rates, model: 
         backward_share(forward(net, blocks, x[src] if src is not None else x, (config.seed, 0)), y[seeds], 1)
         net.zero_grad(set_to_none=True)
 
+    if cluster.network is None or cluster.latency is None:  # this machine's rate between processes stands in
+        rates = with_network(rates)
     return distributed_time.predict(graph, config, net, rates, cluster, fanouts, fit=step)

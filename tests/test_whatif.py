@@ -136,6 +136,20 @@ def test_remote_rows_grow_with_machines(tmp_path: Path) -> None:
     assert moved[0] < moved[1] < moved[2]
 
 
+def test_a_graph_too_big_for_metis_partitions_the_replayed_subgraph(tmp_path: Path) -> None:
+    """The sample: METIS of the subgraph the replay touches owns every vertex the replay asks about."""
+    cfg = _config("micrograph", plan_dir=str(tmp_path))
+    whole = dt.predict(GRAPH, cfg, MODEL, RATES, Cluster(machines=4), (5, 5), sample_rate=1e6, cores=64,
+                       fit=dt.ComputeFit())
+    sample = dt.predict(GRAPH, cfg, MODEL, RATES, Cluster(machines=4), (5, 5), sample_rate=1e6, cores=64,
+                        fit=dt.ComputeFit(), metis_max_edges=0)
+    assert "subgraph" in sample.model and "subgraph" not in whole.model
+    assert 0.5 < sample.bytes["network"] / whole.bytes["network"] < 2
+    touched = torch.tensor([0, 3, 5, 9])
+    owner = dt.sampled_owner(GRAPH, 2, cfg, touched)
+    assert set(owner[touched].tolist()) == {0, 1} and int((owner >= 0).sum()) == 4
+
+
 def test_many_machines_are_predicted_without_processes() -> None:
     e = _predict("micrograph", 64, network=3.125e9, latency=5e-5)
     assert e.terms["migrate"] > 0 and e.bytes["network"] > 0

@@ -21,6 +21,12 @@ the ranks of one machine (``max(1, G / cores)``), plus every collective's ``mess
 The rate: with one machine, each rank's own (loopback, or the emulated network the validation sets); with more,
 each machine's link carries the bytes its ``G`` ranks send off the machine.
 
+Partition: METIS over the whole graph up to :data:`METIS_MAX_EDGES` edges (the partition the engine would use, its
+saved plan reused). Beyond, a sample of it (:func:`sampled_owner`): METIS into ``N`` parts of the subgraph the
+replayed iterations touch (their seeds' sampled neighbourhoods, induced), which holds every vertex the replay asks
+an owner of; nothing needs scaling, as the counts are per iteration and the replay's iterations are the ones
+partitioned. Part sizes are balanced over the touched vertices, not the whole graph's.
+
 Scale: the replay samples at most :data:`SIM_ITERATIONS` iterations (evenly spread over the epoch) and, beyond
 :data:`SIM_RANKS` ranks, an even subset of the ranks (the others are like them: their slowest stands for all);
 it scales the counts to the epoch's iterations. Predicting 64 machines takes seconds, with no processes.
@@ -44,7 +50,7 @@ from gnnscale.distributed.schedule import build_schedule, home_groups
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.stack import Stack
-from gnnscale.partition import load_or_partition
+from gnnscale.partition import load_or_partition, partition_graph
 from gnnscale.plan.epoch_time import Cluster, EpochTime
 from gnnscale.plan.rates import Rates
 from gnnscale.sample import CSRTopology, SampledAdjacency, sample_blocks, sample_key
@@ -57,6 +63,8 @@ ELEMENTWISE_PASSES = 6
 """Elementwise passes over each layer's output rows per training step (activation, dropout, bias, loss, and
 their backward), each reading and writing ``rows x width x 4`` bytes."""
 ID_BYTES = 8
+METIS_MAX_EDGES = 50_000_000
+"""Beyond this many edges the model partitions a sample of the graph (:func:`sampled_owner`)."""
 FIT_STEPS = 6
 """Replayed steps timed for :class:`ComputeFit` (and one of a single root)."""
 
@@ -144,6 +152,25 @@ def owner_of_parts(graph: Graph, ranks: int, config: TrainConfig) -> Tensor:
     return owner
 
 
+def sampled_owner(graph: Graph, ranks: int, config: TrainConfig, touched: Tensor) -> Tensor:
+    """``[N]``: the ranks of ``touched`` (sorted unique ids) from METIS (``config.partition_method``) on their
+    induced subgraph; ``-1`` elsewhere."""
+    local = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
+    local[touched] = torch.arange(touched.numel())
+    start, end = graph.indptr[touched], graph.indptr[touched + 1]
+    deg = end - start
+    dst = torch.repeat_interleave(torch.arange(touched.numel()), deg)
+    pos = torch.repeat_interleave(start - torch.cumsum(deg, 0) + deg, deg) + torch.arange(int(deg.sum()))
+    src = local[graph.indices[pos].long()]
+    keep = src >= 0
+    sub = Graph.from_edge_index(torch.stack([src[keep], dst[keep]]), int(touched.numel()))
+    plan = partition_graph(sub, min(ranks, int(touched.numel())), 1, config.partition_method, config.seed)
+    parts = torch.repeat_interleave(torch.arange(plan.partitions), plan.part_ptr[1:] - plan.part_ptr[:-1])
+    owner = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
+    owner[touched[plan.perm]] = parts
+    return owner
+
+
 def _merges(config: TrainConfig, ranks: int) -> int:
     """The merges the model prices: a fixed ``--merge N``, else none (``auto`` starts unmerged)."""
     return min(int(config.merge), ranks - 1) if config.merge.isdigit() else 0
@@ -187,17 +214,28 @@ class Replayer:
             self._timed.append((blocks, seeds, work))
         return RankStep(compute=work, sample=edges, src=src)
 
-    def replay(self, strategy: str, train_ids: Tensor) -> Replay:
-        """Count ``strategy``'s iterations (``sample`` holds sampled edges until :meth:`finish` prices them)."""
-        R, B = self.ranks, self.config.batch_size
+    def batches(self, train_ids: Tensor) -> tuple[int, list[Tensor]]:
+        """The epoch's iteration count and the global batches the replay samples (evenly spread)."""
         gen = torch.Generator().manual_seed(self.config.seed)
         order = train_ids[torch.randperm(train_ids.numel(), generator=gen)]
-        batches = list(torch.split(order, R * B))
+        batches = list(torch.split(order, self.ranks * self.config.batch_size))
         picks = sorted({int(i * len(batches) / SIM_ITERATIONS) for i in range(min(SIM_ITERATIONS, len(batches)))})
+        return len(batches), [batches[i] for i in picks]
+
+    def touched(self, batches: list[Tensor]) -> Tensor:
+        """Every vertex the replay of ``batches`` samples (a vertex's sample is the same in any group)."""
+        seeds = torch.unique(torch.cat(batches))
+        src = sample_blocks(self.topo, seeds, self.fanouts, sample_key(self.config.seed, 0), self.adjacency)[0].src_ids
+        return torch.unique(src if src is not None else seeds)
+
+    def replay(self, strategy: str, iterations: int, batches: list[Tensor]) -> Replay:
+        """Count ``strategy``'s ``batches`` of an epoch of ``iterations`` (``sample`` holds sampled edges until
+        :meth:`finish` prices them)."""
+        R = self.ranks
         key = sample_key(self.config.seed, 0)
-        out = Replay(iterations=len(batches))
-        for i in picks:
-            parts = list(torch.tensor_split(batches[i], R))
+        out = Replay(iterations=iterations)
+        for batch in batches:
+            parts = list(torch.tensor_split(batch, R))
             if strategy == "model-centric":
                 per = [[self._step(parts[r], key, r)] for r in self.watched]
             else:
@@ -317,17 +355,22 @@ def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net:
 
 def predict(graph: Graph, config: TrainConfig, model: Stack, rates: Rates, cluster: Cluster, fanouts: tuple[int, ...],
             *, owner: Tensor | None = None, sample_rate: float | None = None, cores: int | None = None,
-            fit: ComputeFit | StepFn | None = None) -> EpochTime:
+            fit: ComputeFit | StepFn | None = None, metis_max_edges: int = METIS_MAX_EDGES) -> EpochTime:
     """The distributed engine's epoch under ``config.strategy`` on ``cluster`` (``machines x G`` ranks, ``G``
     default 1) at ``rates``; ``owner`` (every vertex's rank), ``sample_rate`` (edges/s), ``cores`` (per
     machine) and ``fit`` (:class:`ComputeFit`, or the step to time one with) may be given (tests), else they come
     from the partitioner, the replay and this machine."""
     ranks = cluster.machines * (cluster.devices_per_machine or 1)
-    owner = owner_of_parts(graph, ranks, config) if owner is None else owner
     assert graph.train_mask is not None and graph.x is not None
-    train_ids = torch.nonzero(graph.train_mask).view(-1)
-    replay = Replayer(graph, config, model, rates, owner, ranks, fanouts, sample_rate, fit).replay(config.strategy,
-                                                                                                train_ids)
+    replayer = Replayer(graph, config, model, rates, torch.empty(0, dtype=torch.int64), ranks, fanouts, sample_rate,
+                        fit)
+    iterations, batches = replayer.batches(torch.nonzero(graph.train_mask).view(-1))
+    sampled = owner is None and graph.num_edges > metis_max_edges
+    if owner is None:
+        owner = (sampled_owner(graph, ranks, config, replayer.touched(batches)) if sampled else
+                 owner_of_parts(graph, ranks, config))
+    replayer.owner = owner
+    replay = replayer.replay(config.strategy, iterations, batches)
     net, share = Network.of(cluster, rates, ranks), cores_shared(cluster, ranks, cores)
     row_bytes = graph.x.shape[1] * graph.x.element_size()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -337,5 +380,6 @@ def predict(graph: Graph, config: TrainConfig, model: Stack, rates: Rates, clust
     terms = {k: scale * sum(t.terms[k] for t in tallies) for k in tallies[0].terms} if tallies else {}
     received = int(scale * sum(t.received for t in tallies))
     how = "micrograph (HopGNN §5)" if config.strategy == "micrograph" else "model-centric (DistDGL)"
+    part = f"{config.partition_method} of the replay's subgraph" if sampled else config.partition_method
     return EpochTime(sum(terms.values()), terms, {"network": received},
-                     f"HopGNN traffic model, {how}, {ranks} ranks on {cluster.machines} machine(s)")
+                     f"HopGNN traffic model, {how}, {ranks} ranks on {cluster.machines} machine(s), {part} parts")

@@ -87,8 +87,8 @@ class ComputeFit:
     @classmethod
     def timed(cls, step: StepFn, samples: list[tuple[list[Block], Tensor, float]],
               one: tuple[list[Block], Tensor, float] | None) -> ComputeFit:
-        """Time ``step`` on replayed steps (``(blocks, seeds, work)``, the best of two runs each) and on a
-        single-root step ``one`` (the fixed cost)."""
+        """Time ``step`` on replayed steps (``(blocks, seeds, work)``, the best of two runs each, one thread as a
+        rank has) and on a single-root step ``one`` (the fixed cost)."""
         def best(blocks: list[Block], seeds: Tensor) -> float:
             times = []
             for _ in range(2):
@@ -97,8 +97,13 @@ class ComputeFit:
                 times.append(time.perf_counter() - t0)
             return min(times)
 
-        fixed = best(one[0], one[1]) if one is not None else 0.0
-        ratios = [max(best(b, s) - fixed, 0.0) / w for b, s, w in samples if w > 0]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a rank's (the launcher's OMP_NUM_THREADS=1)
+        try:
+            fixed = best(one[0], one[1]) if one is not None else 0.0
+            ratios = [max(best(b, s) - fixed, 0.0) / w for b, s, w in samples if w > 0]
+        finally:
+            torch.set_num_threads(threads)
         return cls(fixed, statistics.median(ratios) if ratios else 1.0)
 
 

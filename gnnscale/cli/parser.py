@@ -172,7 +172,8 @@ def _add_partition_args(pa: argparse.ArgumentParser, engine_default: str | None)
                          "memory estimate and replication factors (with --model, --layers, --hidden, --devices, "
                          "--t-devices, --subgraphs, --gpu-memory); hybrid: the performance model's initial split "
                          "and per-stage times (with --model, --layers, --hidden, --devices, --batch-size, "
-                         "--fanouts, --shares, --threads)")
+                         "--fanouts, --shares, --threads); distributed: the predicted epoch of both strategies "
+                         "(plan --machines N --devices-per-machine G --network RATE)")
     pa.add_argument("--model", choices=list(ALL_MODELS),
                     help="taskparallel: decoupled model (default dgcn); hybrid: layer type (default gcn)")
     _add_model_factory(pa, "plan, taskparallel, hybrid: price a model of your own instead of --model (the offload "

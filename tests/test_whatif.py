@@ -125,6 +125,23 @@ def test_machines_share_their_link() -> None:
     assert one.per_byte == pytest.approx(1 / 1e8) and one.latency == RATES.latency
 
 
+def test_one_machine_is_never_faster_than_its_loopback() -> None:
+    """Ranks of one machine talk over its loopback whatever network is named (an emulated one sleeps only the
+    difference): a collective takes the longer of the two."""
+    slow_loop = replace(RATES, network=1e6, latency=1e-3)
+    fast = dt.Network.of(Cluster(machines=1, devices_per_machine=4, network=1e9, latency=1e-6), slow_loop, 4)
+    assert fast.seconds(1000, 3) == pytest.approx((3e-3, 1e-3))  # the loopback's
+    assert fast.seconds(10**9, 1) == pytest.approx((1e-3, 1e3))  # the loopback's rate
+    slow = dt.Network.of(Cluster(machines=1, devices_per_machine=4, network=1e3, latency=1e-6), slow_loop, 4)
+    assert slow.seconds(1000, 3) == pytest.approx((3e-6, 1.0))  # the named network's
+    e = _predict("model-centric", 4, machines=1, network=1e12, latency=1e-9)
+    lo = dt.predict(GRAPH, _config(), MODEL, slow_loop, Cluster(machines=1, devices_per_machine=4, network=1e12,
+                    latency=1e-9), (5, 5), owner=torch.arange(GRAPH.num_nodes) % 4, sample_rate=1e6, cores=64,
+                    fit=dt.ComputeFit())
+    assert lo.terms["latency"] == pytest.approx(_iterations(4) * 5 * 3 * 1e-3)
+    assert lo.seconds > e.seconds
+
+
 def test_remote_rows_grow_with_machines(tmp_path: Path) -> None:
     """On the real (METIS or fallback) partition, smaller parts leave more of a batch's inputs remote."""
     cfg = _config("model-centric", plan_dir=str(tmp_path))

@@ -36,6 +36,6 @@ def predict_distributed(graph: Graph, config: TrainConfig, rates: Rates, model: 
         backward_share(forward(net, blocks, x[src] if src is not None else x, (config.seed, 0)), y[seeds], 1)
         net.zero_grad(set_to_none=True)
 
-    if cluster.network is None or cluster.latency is None:  # this machine's rate between processes stands in
-        rates = with_network(rates)
+    if cluster.network is None or cluster.latency is None or cluster.machines == 1:
+        rates = with_network(rates)  # this machine's rate between processes: the default, and one machine's floor
     return distributed_time.predict(graph, config, net, rates, cluster, fanouts, fit=step)

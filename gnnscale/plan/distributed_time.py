@@ -285,20 +285,24 @@ class Replayer:
 
 @dataclass(frozen=True)
 class Network:
-    """How collectives are priced: ``seconds = latency x messages + bytes x per_byte``."""
+    """How collectives are priced: ``seconds = latency x messages + bytes x per_byte``, and on one machine no
+    less than its loopback's (``floor``: the ranks' messages cross it whatever network is named; an emulated one
+    only sleeps the difference)."""
 
     per_byte: float
     latency: float
+    floor: Network | None = None
 
     @classmethod
     def of(cls, cluster: Cluster, rates: Rates, ranks: int) -> Network:
-        """One machine: each rank at the named (or measured loopback) rate. More machines: a fraction
-        ``(N - G) / (N - 1)`` of a rank's bytes leaves its machine, on a link its ``G`` ranks share; the rest goes
-        at the loopback rate."""
+        """One machine: each rank at the named (or measured loopback) rate, at least the loopback's time. More
+        machines: a fraction ``(N - G) / (N - 1)`` of a rank's bytes leaves its machine, on a link its ``G`` ranks
+        share; the rest goes at the loopback rate."""
         local = rates.network or rates.copy
         latency = cluster.latency if cluster.latency is not None else rates.latency
         if cluster.machines == 1:
-            return cls(1 / (cluster.network or local), latency)
+            loopback = cls(1 / local, rates.latency) if rates.network > 0 else None
+            return cls(1 / (cluster.network or local), latency, loopback)
         link = cluster.network or local
         g = ranks // cluster.machines
         off = (ranks - g) / max(ranks - 1, 1)
@@ -306,7 +310,11 @@ class Network:
 
     def seconds(self, nbytes: float, messages: int) -> tuple[float, float]:
         """``(latency seconds, bandwidth seconds)`` of one collective."""
-        return self.latency * messages, nbytes * self.per_byte
+        named = self.latency * messages, nbytes * self.per_byte
+        if self.floor is not None:
+            real = self.floor.seconds(nbytes, messages)
+            return real if sum(real) > sum(named) else named
+        return named
 
 
 def cores_shared(cluster: Cluster, ranks: int, cores: int | None = None) -> float:

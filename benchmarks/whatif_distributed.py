@@ -13,7 +13,8 @@ the traffic stays on loopback): every collective lasts at least ``latency x mess
 
 Measured: the median ``epoch_time_s`` (training only) of epochs 2..E (epoch 1 warms up). Predicted: the engine's
 ``predict_epoch`` for the same setup: one machine with ``K`` ranks sharing its cores (that is where they run), the
-emulated rate and latency, this machine's calibrated rates. The runs are interleaved (rounds over the whole grid),
+emulated rate and latency (each collective no faster than this machine's loopback, measured and cached by the
+prediction), this machine's calibrated rates. The runs are interleaved (rounds over the whole grid),
 one JSON line per (ranks, network, strategy) goes to ``--out`` with the environment, then a markdown table.
 """
 
@@ -81,8 +82,11 @@ def predict(args: argparse.Namespace, ranks: int, strategy: str, network: str) -
     t0 = time.perf_counter()
     e = DistributedEngine.predict_epoch(g, replace(config), torch.device("cpu"), r, cluster=cluster)
     assert e is not None
+    wall = time.perf_counter() - t0
+    loop = rates(torch.device("cpu"))  # with the loopback rate and latency the prediction measured and cached
     return {"predicted_s": e.seconds, "terms": e.terms, "predicted_network_bytes": e.bytes.get("network", 0),
-            "predict_wall_s": time.perf_counter() - t0}
+            "predict_wall_s": wall, "loopback_bytes_per_s": loop.network, "loopback_latency_s": loop.latency,
+            "model": e.model}
 
 
 def main(argv: list[str] | None = None) -> int:

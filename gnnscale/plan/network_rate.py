@@ -1,4 +1,5 @@
-"""This machine's rate and latency between two processes (torch.distributed gloo over loopback): what a prediction
+"""This machine's rate and latency between two processes (torch.distributed gloo all-to-alls over loopback, as the
+engine's exchanges run: a ping-pong of sends is several times faster than gloo's all-to-all): what a prediction
 of ranks on this machine uses when no ``--network`` names another (``Rates.network``, ``Rates.latency``).
 
 Measured only when a prediction needs it (a second or two, plus starting two processes), then kept beside the
@@ -22,9 +23,9 @@ from gnnscale.fsutil import atomic_file
 from gnnscale.plan.rates import Rates, cache_file
 
 PING_ROUNDS = 200
-"""Round trips of one element (the latency: half a round trip, the median)."""
+"""All-to-alls of one element per rank (the latency: the median)."""
 BULK_BYTES, BULK_ROUNDS = 1 << 24, 6
-"""Bytes and round trips of the bulk transfer (the rate: bytes over half a round trip, the best)."""
+"""Bytes and rounds of the bulk all-to-all (the rate: the bytes each rank sends over the time, the best)."""
 
 
 def _free_port() -> int:
@@ -40,23 +41,21 @@ def _child(rank: int, port: int, out: mp.SimpleQueue) -> None:  # type: ignore[t
                             timeout=timedelta(seconds=60))
     try:
         def rounds(t: torch.Tensor, n: int) -> list[float]:
+            """All-to-alls of ``t`` (half to each rank): what the engine's exchanges run."""
+            into = torch.empty_like(t)
             times = []
             for _ in range(n):
+                dist.barrier()
                 t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(t, 1)
-                    dist.recv(t, 1)
-                else:
-                    dist.recv(t, 0)
-                    dist.send(t, 0)
+                dist.all_to_all_single(into, t)
                 times.append(time.perf_counter() - t0)
             return times
 
-        small = sorted(rounds(torch.zeros(1), PING_ROUNDS))
+        small = sorted(rounds(torch.zeros(2), PING_ROUNDS))
         bulk = min(rounds(torch.zeros(BULK_BYTES // 4), BULK_ROUNDS))
         if rank == 0:
-            latency = small[len(small) // 2] / 2
-            out.put((BULK_BYTES / max(bulk / 2 - latency, 1e-9), latency))
+            latency = small[len(small) // 2]
+            out.put((BULK_BYTES / 2 / max(bulk - latency, 1e-9), latency))
     finally:
         dist.destroy_process_group()
 

@@ -14,7 +14,7 @@ import re
 
 from gnnscale.errors import ConfigError
 
-__all__ = ["format_bytes", "format_bytes_up", "parse_budget", "parse_bytes", "UNITS_HELP"]
+__all__ = ["format_bytes", "format_bytes_up", "parse_budget", "parse_bytes", "parse_network", "UNITS_HELP"]
 
 _SI = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _IEC = {"K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30,
@@ -69,3 +69,27 @@ def format_bytes_up(n: int) -> str:
             if tenths < 10240 or unit == "TiB":  # else 1024.0 MiB: shown as 1.0 GiB
                 return f"{tenths / 10:.1f} {unit}"
     raise AssertionError("unreachable")
+
+
+_RATES = {"BIT": 1 / 8, "KBIT": 1e3 / 8, "MBIT": 1e6 / 8, "GBIT": 1e9 / 8, "TBIT": 1e12 / 8,
+          "B/S": 1, "KB/S": 1e3, "MB/S": 1e6, "GB/S": 1e9, "TB/S": 1e12}
+_TIMES = {"NS": 1e-9, "US": 1e-6, "MS": 1e-3, "S": 1.0}
+NETWORK_HELP = "a rate in bits (25Gbit, 100Mbit) or bytes per second (3GB/s, 100MB/s), then ,latency=50us (us, ms, s)"
+
+
+def parse_network(text: str, flag: str = "--network") -> tuple[float, float | None]:
+    """``"25Gbit"``, ``"100Mbit,latency=200us"``, ``"3GB/s,latency=1ms"`` -> ``(bytes/s, latency seconds or
+    None)``. Bit rates are SI (``1Gbit`` = 10^9 bits/s), as links are sold."""
+    head, *rest = [part.strip() for part in text.split(",")]
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([A-Za-z/]+)", head)
+    unit = m.group(2).upper() if m else ""
+    if not m or unit not in _RATES or not float(m.group(1)) > 0:
+        raise ConfigError(f"{flag} {text!r}: {NETWORK_HELP}")
+    rate = float(m.group(1)) * _RATES[unit]
+    latency = None
+    for part in rest:
+        lm = re.fullmatch(r"latency\s*=\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]+)", part)
+        if not lm or lm.group(2).upper() not in _TIMES or latency is not None:
+            raise ConfigError(f"{flag} {text!r}: {NETWORK_HELP}")
+        latency = float(lm.group(1)) * _TIMES[lm.group(2).upper()]
+    return rate, latency

@@ -172,7 +172,8 @@ def _add_partition_args(pa: argparse.ArgumentParser, engine_default: str | None)
                          "memory estimate and replication factors (with --model, --layers, --hidden, --devices, "
                          "--t-devices, --subgraphs, --gpu-memory); hybrid: the performance model's initial split "
                          "and per-stage times (with --model, --layers, --hidden, --devices, --batch-size, "
-                         "--fanouts, --shares, --threads)")
+                         "--fanouts, --shares, --threads); distributed: the predicted epoch of both strategies "
+                         "(plan --machines N --devices-per-machine G --network RATE)")
     pa.add_argument("--model", choices=list(ALL_MODELS),
                     help="taskparallel: decoupled model (default dgcn); hybrid: layer type (default gcn)")
     _add_model_factory(pa, "plan, taskparallel, hybrid: price a model of your own instead of --model (the offload "
@@ -191,6 +192,18 @@ def _add_partition_args(pa: argparse.ArgumentParser, engine_default: str | None)
     pa.add_argument("--gpu-memory", "--memory-budget", dest="gpu_memory", metavar="GIB",
                     help="taskparallel: device memory budget (default: what is free)")
     pa.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+
+
+def _add_whatif_args(pl: argparse.ArgumentParser) -> None:
+    w = pl.add_argument_group("what-if past this machine (HopGNN's traffic model; offload and minibatch: G devices)")
+    w.add_argument("--machines", type=_int, metavar="N",
+                   help="distributed: predict an epoch on N machines (1 to 64), both strategies")
+    w.add_argument("--devices-per-machine", type=_int, metavar="G",
+                   help="distributed: ranks per machine, sharing its cores and link (default 1); offload, minibatch: "
+                        "devices sharing the host bus")
+    w.add_argument("--network", metavar="RATE[,latency=T]",
+                   help="each machine's link, e.g. 25Gbit,latency=50us or 3GB/s (default: this machine's measured "
+                        "rate between processes)")
 
 
 LIST_FLAGS = ("--fanouts", "--eval-fanouts")
@@ -373,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--device", default="auto", help="the training device (default auto)")
     _add_host_memory(pl)
     _add_recalibrate(pl)
+    _add_whatif_args(pl)
     pl.set_defaults(command="plan")
 
     i = sub.add_parser("info", help="print size, degree statistics and memory footprint of a dataset")

@@ -12,6 +12,7 @@ import torch
 
 from gnnscale import runtime as rt
 from gnnscale.cli.common import _device_list, _num_list
+from gnnscale.cli.whatif_cmd import check_whatif, cmd_whatif
 from gnnscale.config import TrainConfig
 from gnnscale.engines import ENGINES, Candidate, candidates, chosen, no_engine_error, requested_mode, why_chosen
 from gnnscale.engines.devices import resolve_devices
@@ -53,6 +54,7 @@ def _model_name(config: TrainConfig, own: Stack | None) -> str:
 def cmd_plan(args: argparse.Namespace) -> int:
     """``gnnscale plan``: every engine of the training mode with its estimate or the reasons against it, and the
     one ``--engine auto`` would choose; with ``--engine``, that engine's own plan (as ``gnnscale partition``)."""
+    check_whatif(args)
     if args.engine is not None:
         return cmd_partition(args)
     config = TrainConfig(model=args.model or "gcn", layers=args.layers, hidden=args.hidden, mode=args.mode,
@@ -113,6 +115,8 @@ def _candidate_dict(c: Candidate) -> dict[str, Any]:
 
 def cmd_partition(args: argparse.Namespace) -> int:
     kind = ENGINES[args.engine].plan_kind
+    if kind == "whatif":
+        return cmd_whatif(args)
     if kind == "tasks":
         return _partition_taskparallel(args)
     if kind == "pipeline":

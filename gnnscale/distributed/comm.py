@@ -10,6 +10,10 @@ caught by the timeout. Either way the survivors raise :class:`RankFailure` namin
 heartbeat in the job's store (a counter it raises every :data:`HEARTBEAT_S` seconds from a thread), and a rank
 that raised records its error there before it exits. A survivor names the ranks whose error it finds, or whose
 heartbeat stopped.
+
+Emulated network (validation of ``gnnscale plan --machines``): ``GNNSCALE_EMULATE_NETWORK="1Gbit,latency=100us"``
+paces the comm layer's sends (no network namespace; the traffic stays on loopback): every collective takes at
+least ``latency x messages + bytes / bandwidth`` (:class:`Pacer`), sleeping the difference.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from torch import Tensor
 from gnnscale import runtime as rt
 from gnnscale.distributed.job import launched
 from gnnscale.errors import ConfigError, RankFailure
+from gnnscale.units import parse_network
 
 _CURRENT: list[Comm] = []
 """The comm of this process's job, once set up (the CLI names failed peers through it)."""
@@ -58,6 +63,49 @@ SILENT_S = 2.0
 SETUP_TIMEOUT = timedelta(hours=2)
 """How long ranks wait for each other while the job is set up (rank 0 may be partitioning a large graph)."""
 _KEY = "gnnscale"
+EMULATE_ENV = "GNNSCALE_EMULATE_NETWORK"
+"""Environment variable naming an emulated network (``1Gbit,latency=100us``): :class:`Pacer`."""
+
+
+def ring_rounds(world: int) -> int:
+    """Messages in turn of a ring all-reduce over ``world`` ranks (reduce-scatter, then all-gather)."""
+    return 2 * (world - 1)
+
+
+def ring_bytes(nbytes: float, world: int) -> float:
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``."""
+    return 2 * (world - 1) / world * nbytes if world > 1 else 0.0
+
+
+@dataclass
+class Pacer:
+    """An emulated network for the comm layer: each collective lasts at least ``latency x rounds + bytes /
+    rate`` (``rounds``: the messages it sends in turn; ``bytes``: the larger of what this rank sent and
+    received), sleeping what the real one did not take. ``clock`` and ``sleep`` are injectable (tests)."""
+
+    rate: float
+    latency: float = 0.0
+    clock: Callable[[], float] = time.perf_counter
+    sleep: Callable[[float], None] = time.sleep
+    slept: float = 0.0
+
+    @classmethod
+    def from_env(cls) -> Pacer | None:
+        spec = os.environ.get(EMULATE_ENV)
+        if not spec:
+            return None
+        rate, latency = parse_network(spec, EMULATE_ENV)
+        return cls(rate, latency or 0.0)
+
+    def target(self, nbytes: float, rounds: int) -> float:
+        return self.latency * rounds + nbytes / self.rate
+
+    def finish(self, start: float, nbytes: float, rounds: int) -> None:
+        """A collective that began at ``start`` (``clock()``) is over: wait out the emulated network's time."""
+        left = self.target(nbytes, rounds) - (self.clock() - start)
+        if left > 0:
+            self.slept += left
+            self.sleep(left)
 
 
 
@@ -73,6 +121,8 @@ class Comm:
         ("collectives", "exchanges", "migrations", "sent_bytes", "received_bytes"), 0.0))
     _heartbeat: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    pacer: Pacer | None = None
+    """The emulated network (``$GNNSCALE_EMULATE_NETWORK``), or ``None``."""
 
     @classmethod
     def setup(cls, device: rt.Device, timeout_s: float) -> Comm:
@@ -89,7 +139,7 @@ class Comm:
                                   "--ranks R to start R ranks on this machine")
             backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=timeout)
-        comm = cls(dist.get_rank(), dist.get_world_size(), device, timeout)
+        comm = cls(dist.get_rank(), dist.get_world_size(), device, timeout, pacer=Pacer.from_env())
         for old in _CURRENT:  # an earlier engine of this process, on the same group: the new one beats for it
             old.stop_heartbeat()
         _CURRENT.clear()
@@ -186,10 +236,19 @@ class Comm:
                 dist.destroy_process_group()
 
     # ----------------------------------------------------------------------------------------- collectives
-    def _count(self, sent: int, received: int) -> None:
+    def _start(self) -> float:
+        return self.pacer.clock() if self.pacer is not None else 0.0
+
+    def _count(self, sent: int, received: int, start: float = 0.0, rounds: int | None = None,
+               paced: float | None = None) -> None:
+        """Count a collective; with an emulated network, pace it from ``start``: ``rounds`` messages in turn
+        (default ``world - 1``: one to each peer) and ``paced`` bytes (default the larger of sent and received)."""
         self.counters["collectives"] += 1
         self.counters["sent_bytes"] += sent
         self.counters["received_bytes"] += received
+        if self.pacer is not None and self.world > 1:
+            self.pacer.finish(start, max(sent, received) if paced is None else paced,
+                              self.world - 1 if rounds is None else rounds)
 
     @contextlib.contextmanager
     def _on_device(self, t: Tensor) -> Iterator[Tensor]:
@@ -202,18 +261,20 @@ class Comm:
         t.copy_(moved)
 
     def all_reduce(self, t: Tensor, op: str = "sum", what: str = "all-reduce") -> Tensor:
-        """``t`` reduced over ranks in place (``sum`` or ``max``)."""
+        """``t`` reduced over ranks in place (``sum`` or ``max``; paced as a ring)."""
+        start = self._start()
         with self.guard(what), self._on_device(t) as on:
             dist.all_reduce(on, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         nbytes = t.numel() * t.element_size()
-        self._count(nbytes, nbytes)
+        self._count(nbytes, nbytes, start, ring_rounds(self.world), ring_bytes(nbytes, self.world))
         return t
 
     def broadcast(self, t: Tensor, src: int = 0, what: str = "broadcast") -> Tensor:
+        start = self._start()
         with self.guard(what), self._on_device(t) as on:
             dist.broadcast(on, src)
         nbytes = t.numel() * t.element_size()
-        self._count(nbytes if self.rank == src else 0, 0 if self.rank == src else nbytes)
+        self._count(nbytes if self.rank == src else 0, 0 if self.rank == src else nbytes, start)
         return t
 
     def broadcast_object(self, obj: Any, src: int = 0, what: str = "broadcast") -> Any:
@@ -237,20 +298,23 @@ class Comm:
         for d in send.shape[1:]:
             width *= d
         out = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=send.device)
+        start = self._start()
         with self.guard(what):
             dist.all_to_all_single(out.view(-1), send.reshape(-1), [c * width for c in recv_counts],
                                    [c * width for c in send_counts])
         el = send.element_size() * width
-        self._count(el * (sum(send_counts) - send_counts[self.rank]), el * (sum(recv_counts) - recv_counts[self.rank]))
+        self._count(el * (sum(send_counts) - send_counts[self.rank]), el * (sum(recv_counts) - recv_counts[self.rank]),
+                    start)
         return out
 
     def all_to_all_counts(self, send_counts: list[int], what: str) -> list[int]:
         """How many rows each peer will send this rank, given how many it sends each (``send_counts[r]``)."""
         send = torch.tensor(send_counts, dtype=torch.int64, device=self.device)
         recv = torch.empty_like(send)
+        start = self._start()
         with self.guard(what):
             dist.all_to_all_single(recv, send)
-        self._count(8 * (self.world - 1), 8 * (self.world - 1))
+        self._count(8 * (self.world - 1), 8 * (self.world - 1), start)
         return [int(v) for v in recv.tolist()]
 
     def exchange(self, ids: Tensor, owner: Tensor, serve: Callable[[Tensor], Tensor], width: int,
@@ -266,9 +330,10 @@ class Comm:
         order = torch.argsort(dest, stable=True)
         send_counts = torch.bincount(dest, minlength=self.world)
         recv_counts = torch.empty_like(send_counts)
+        start = self._start()
         with self.guard(what):
             dist.all_to_all_single(recv_counts, send_counts)
-        self._count(8 * (self.world - 1), 8 * (self.world - 1))
+        self._count(8 * (self.world - 1), 8 * (self.world - 1), start)
         sc, rc = send_counts.tolist(), recv_counts.tolist()
         req = self.all_to_all(ids[order], sc, rc, what)
         rows = serve(req).to(dev, dtype)
@@ -281,7 +346,8 @@ class Comm:
         """Send ``send`` to rank ``to`` while receiving ``recv`` from rank ``frm`` (point to point)."""
         self.counters["migrations"] += 1
         ops = [dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, frm)]
+        start = self._start()
         with self.guard(what):
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
-        self._count(send.numel() * send.element_size(), recv.numel() * recv.element_size())
+        self._count(send.numel() * send.element_size(), recv.numel() * recv.element_size(), start, 1)

@@ -64,6 +64,7 @@ from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
 from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
 from gnnscale.engines.distributed_norm import RankBatchNorm
+from gnnscale.engines.distributed_predict import predict_distributed
 from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
 from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
 from gnnscale.engines.sampled_exchange import RankReducer, blocks_on, layerwise_across_ranks
@@ -72,6 +73,8 @@ from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.stack import Stack
 from gnnscale.partition.plan import PartitionPlan, graph_fingerprint, load_or_partition
+from gnnscale.plan.epoch_time import HERE, Cluster, EpochTime
+from gnnscale.plan.rates import Rates
 from gnnscale.runtime.host import proc_kib
 from gnnscale.sample import CSRTopology, sample_blocks, sample_key
 from gnnscale.store.features import FeatureSource, ReadStats
@@ -116,12 +119,20 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
     name = "distributed"
     predicts = False  # a job of ranks trains; a model it saved predicts with any other engine
     mode = "distributed"
+    plan_kind = "whatif"  # gnnscale plan --engine distributed --machines N: HopGNN's traffic model
     options = (SamplingOptions, DistributedOptions, PartitionOptions)
     also_reads = ("host_memory",)  # each rank reads its own rows from a converted directory's x.npy by preadv
 
     @classmethod
     def check_options(cls, config: TrainConfig) -> None:
         check_fanouts(config)
+
+    @classmethod
+    def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
+                      model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
+        """HopGNN's traffic model for ``config.strategy`` (:mod:`gnnscale.plan.distributed_time`)."""
+        del device
+        return predict_distributed(graph, config, rates, model, cluster)
 
     def checkpoint_written(self) -> None:
         self.comm.barrier("iteration checkpoint")  # rank 0 has renamed the checkpoint into place

@@ -19,10 +19,11 @@ from gnnscale.graph.datasets import load_dataset
 from gnnscale.partition.dedup import Throughput, comm_cost
 from gnnscale.plan import rates as rates_mod
 from gnnscale.plan.epoch_time import EpochTime
+from gnnscale.plan.locality import graph_aggregate_rate
 from gnnscale.plan.offload import plan_offload
 from gnnscale.plan.rates import Rates
 from gnnscale.plan.taskparallel import plan_taskparallel
-from gnnscale.plan.work import compute_terms, layer_work
+from gnnscale.plan.work import compute_terms, input_dropout_s, layer_work
 
 CPU = torch.device("cpu")
 RATES = Rates(gather=2e9, copy=1e9, aggregate=((16, 1e8), (64, 5e7), (256, 2e7)), flops=1e10, memory=4e9,
@@ -252,7 +253,28 @@ def test_small_arrays_run_at_the_cached_rates(graph) -> None:  # type: ignore[no
     work = layer_work(graph, TrainConfig(model="gcn", hidden=16))  # 600 vertices: everything fits the cache
     near, far = (compute_terms(work, x, num_classes=4, params=100) for x in (r, RATES))
     assert near["aggregate"] == pytest.approx(far["aggregate"] / 10)
-    assert near["elementwise"] == pytest.approx(far["elementwise"] * RATES.memory / 4e10)
+    # the input's dropout passes run from cache; the activations, dropout and loss write fresh tensors, whose pages
+    # are touched anew: the streamed rate at any size
+    inp = 600 * work[0].in_width
+    fresh_near = near["elementwise"] - input_dropout_s(inp, r)
+    assert fresh_near == pytest.approx(far["elementwise"] - input_dropout_s(inp, RATES))
+    assert input_dropout_s(inp, r) == pytest.approx(input_dropout_s(inp, RATES) * RATES.memory / 4e10)
+
+
+def test_a_graphs_own_aggregation_rate_prices_its_layers_on_a_cpu() -> None:
+    g = load_dataset("csbm:nodes=20000,avg_degree=10,features=16", seed=0)  # 200K edges: probed
+    own = graph_aggregate_rate(g, 16)
+    assert own > 0 and graph_aggregate_rate(g, 16) == own  # measured once per graph and width
+    work = layer_work(g, TrainConfig(model="gcn", hidden=16))
+    assert all(w.own_rate == graph_aggregate_rate(g, w.agg_width) for w in work if w.edges)
+    cpu = replace(RATES, machine="cpu:x86_64x2")
+    on_cpu = compute_terms(work, cpu, num_classes=4, params=100)["aggregate"]
+    assert on_cpu == pytest.approx(sum(w.edges / w.own_rate for w in work if w.edges))
+    accel = replace(RATES, machine="NVIDIA H200#0")  # an accelerator's rates: the probe (on the CPU) does not apply
+    assert compute_terms(work, accel, num_classes=4, params=100)["aggregate"] == pytest.approx(
+        sum(w.edges / RATES.aggregate_rate(w.agg_width, 4 * w.rows * w.agg_width) for w in work if w.edges))
+    small = load_dataset("csbm:nodes=600,avg_degree=5,features=16", seed=0)
+    assert graph_aggregate_rate(small, 16) == 0.0  # too few edges to tell: the calibrated rate
 
 
 def test_input_dropout_is_priced_at_the_dropout_rate(graph) -> None:  # type: ignore[no-untyped-def]

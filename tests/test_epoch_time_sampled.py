@@ -90,6 +90,13 @@ def test_minibatch_on_a_cpu_shares_its_cores_and_copies_nothing() -> None:
     assert e.terms["copy"] == e.terms["bus"] == 0.0
     assert e.seconds == pytest.approx(5 * 2 * (feed + train) / 1 + 5 * step + feed)  # two trainers on one core
     assert set(e.bytes) == {"host"}
+    # one trainer on two cores: its feed thread holds the interpreter lock, so feed and training add up
+    one = se.Store(Placement(stored=((0, 1),), source=((0, 0),)), hot_features=4, row_bytes=8)
+    e1 = se.minibatch_epoch(PROBE, one, RATES, accelerator=False, num_train=40, batch=8, parameters=100, cores=2,
+                            cluster=HERE)
+    rows = se.tier_rows(PROBE, one, 0)
+    feed1 = 0.01 + (rows["host"] + rows["local"]) * 8 / RATES.gather
+    assert e1.seconds == pytest.approx(5 * (feed1 + train) + 5 * work.ADAM_PASSES * 100 * 4 / RATES.memory + feed1)
 
 
 def test_hybrid_epoch_is_eq6_of_the_counted_stages_with_eq13_sync() -> None:

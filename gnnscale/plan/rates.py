@@ -55,9 +55,10 @@ class Rates:
     """Measured rates of one machine and device (bytes, edges and FLOPs per second)."""
 
     gather: float
-    """Bytes/s of scattered host rows gathered into a buffer (a feature or chunk load's read side)."""
+    """Bytes/s of scattered host rows gathered into a buffer (a feature or chunk load's read side; on a CPU into a
+    reused buffer, by sorted ids, as chunk loads run)."""
     copy: float
-    """Bytes/s from host memory to the device (on a CPU: a copy within host memory)."""
+    """Bytes/s from host memory to the device (on a CPU: the same gather, within host memory)."""
     aggregate: tuple[tuple[int, float], ...]
     """``(width, edges/s)`` of the library's sparse aggregation (:func:`gnnscale.nn.ops.spmm`) on the device."""
     flops: float
@@ -88,6 +89,11 @@ class Rates:
     """``gnnscale X, torch Y, python Z``: a cache entry of other versions is measured again."""
     threads: int = 0
     """``torch.get_num_threads()`` when measured: an entry of another thread count is measured again."""
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether these are a CPU's rates (a graph's own aggregation, probed on the CPU, then applies)."""
+        return self.machine.startswith("cpu:")
 
     def memory_rate(self, nbytes: float) -> float:
         """Bytes/s of a streaming pass over an array of ``nbytes``: :attr:`memory_cached` up to
@@ -195,7 +201,8 @@ def measure(device: torch.device) -> Rates:
         _TABLES.clear()
     small = torch.empty(CACHED_BYTES // 8, device=device)  # 4 MiB read and 4 MiB written
     memory_cached = _typical(lambda: small.clone(), 2 * small.numel() * 4, device)
-    return Rates(gather=tp.hd if not rt.is_accelerator(device) else tp.ru, copy=tp.hd, aggregate=aggregate,
+    gather = _gather_rate(device) if not rt.is_accelerator(device) else tp.ru
+    return Rates(gather=gather, copy=gather if not rt.is_accelerator(device) else tp.hd, aggregate=aggregate,
                  flops=flops, memory=memory, disk=disk_rate(), memory_cached=memory_cached,
                  aggregate_cached=cached, dropout=_dropout_rate(device),
                  counted_op=_counted_op(),
@@ -260,6 +267,16 @@ def _dropout_rate(device: torch.device) -> float:
     x = torch.randn(CAL_DST, 64, generator=torch.Generator().manual_seed(4)).to(device)
     ids = torch.arange(CAL_DST, device=device)
     return _typical(lambda: keyed_dropout(x, 0.5, 12345, ids), x.numel(), device)
+
+
+def _gather_rate(device: torch.device) -> float:
+    """Bytes/s of a CPU chunk load: half the rows of a 64 MiB table of 64 float32 features, by sorted ids (a
+    chunk's deduplicated sources), into a buffer reused from load to load (the engines' row buffers)."""
+    gen = torch.Generator().manual_seed(5)
+    table = torch.randn(CAL_TABLE // 256, 64, generator=gen)
+    ids = torch.sort(torch.randperm(table.shape[0], generator=gen)[: table.shape[0] // 2]).values
+    out = torch.empty(ids.numel(), 64)
+    return _typical(lambda: torch.index_select(table, 0, ids, out=out), out.numel() * 4, device)
 
 
 def _dense_rate(device: torch.device) -> float:

@@ -3,13 +3,14 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/predict_epoch.py --rounds 3
     .venv/bin/python benchmarks/predict_epoch.py --quick --no-save      # a smoke run on one small graph
 
-Graphs: a csbm synthetic (20K vertices, degree 10, 64 features), another (10K vertices, degree 30, 256 features)
-and a SNAP graph (ego-Twitter from ../shared/datasets/snap, features and labels synthesised by the loader; skipped
-when absent). Every engine of the registry but distributed (its ranks: benchmarks/whatif_distributed.py) is
-tried with the model it trains (``gcn``, or ``dgcn`` for an engine of decoupled models only; the sampled engines
-at their default batch size and fanouts, hybrid on the CPU alone); the offload engine under a device budget of a
-quarter of the in-memory estimate, so its chunks move (Eq. 4). An engine that cannot run the case, or predicts
-nothing, is skipped.
+Graphs: a csbm synthetic (200K vertices, degree 10, 64 features), another (100K vertices, degree 30, 256
+features) and a SNAP graph (web-cnr-2000 from ../shared/datasets/snap: 325K vertices, 3.2M arcs; 64 features and
+labels synthesised by the loader; skipped when absent). Epochs of 0.1-1 s: a graph of a few thousand vertices
+trains in milliseconds, where the fixed cost of each op (not a term of the models) is most of the epoch.
+Every engine of the registry but distributed (its ranks: benchmarks/whatif_distributed.py) is tried with the model
+it trains (``gcn``, or ``dgcn`` for an engine of decoupled models only; the sampled engines at their default batch
+size and fanouts, hybrid on the CPU alone); the offload engine under a device budget of a quarter of the in-memory
+estimate, so its chunks move (Eq. 4). An engine that cannot run the case, or predicts nothing, is skipped.
 
 Each case runs in its own process at one torch thread: the rates (``gnnscale.plan.rates``, cached), the prediction,
 the engine's set-up, ``--warmup`` untimed epochs, then ``--epochs`` timed ``train_epoch`` calls (median). Rounds
@@ -29,8 +30,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-SNAP = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "snap" / "ego-twitter.txt.gz"
-GRAPHS = ["csbm:nodes=20000,avg_degree=10,features=64", "csbm:nodes=10000,avg_degree=30,features=256",
+SNAP = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "snap" / "web-cnr-2000.txt.gz"
+GRAPHS = ["csbm:nodes=200000,avg_degree=10,features=64", "csbm:nodes=100000,avg_degree=30,features=256",
           f"edgelist:{SNAP}"]
 QUICK = ["csbm:nodes=4000,avg_degree=10,features=64"]
 

@@ -29,13 +29,13 @@ from gnnscale.distributed.job import PEER_FAILED, launched
 from gnnscale.distributed.launch import run_ranks
 from gnnscale.engines import requested_mode
 from gnnscale.engines.devices import rank_device
-from gnnscale.engines.distributed import load_rank_plan
 from gnnscale.errors import ConfigError, GnnscaleError, RankFailure
 from gnnscale.graph import io
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
 from gnnscale.nn.factory import build_from_factory
+from gnnscale.partition.plan import PartitionPlan
 from gnnscale.train import TrainResult, train
 from gnnscale.trainable import as_graph, check_trainable
 
@@ -126,7 +126,7 @@ def launch(
                           " call gnnscale.train for the others")
     rank_device(device, ranks, 0)  # one GPU per rank: said before any rank starts
     if config.plan is not None:
-        load_rank_plan(config.plan, ranks)
+        PartitionPlan.load_for_ranks(config.plan, ranks)
     with tempfile.TemporaryDirectory(prefix="gnnscale-launch-") as tmp:
         if isinstance(dataset, (str, os.PathLike)):
             spec = os.fspath(dataset)

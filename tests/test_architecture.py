@@ -199,3 +199,14 @@ def test_only_the_runtime_names_the_accelerator_api() -> None:
     naming = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
                     if re.search(r"torch\.(cuda|accelerator)\b", p.read_text()))
     assert len(naming) <= 2 and all(n.startswith("runtime/") for n in naming), naming
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """A module a newcomer reads in one sitting: none of the package's is over :data:`MAX_MODULE_LINES` lines (a
+    growing one is split by what it holds, as ``plan/offload_moments.py`` left ``plan/offload_memory.py``)."""
+    over = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not over, over

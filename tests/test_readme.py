@@ -29,8 +29,9 @@ DATASETS = ROOT.parent / "shared" / "datasets"
 TEXT = README.read_text()
 MAX_LINES = 300
 """The README's length at most: what it is, the two commands, the quick starts, the engines, links to docs/."""
-MOVED = ("cli", "long-runs", "engines", "models", "datasets", "disk", "results")
-"""The docs/ pages that hold what the README held before it was cut to a glance (docs/NAME.md)."""
+MOVED = ("cli", "long-runs", "engines", "models", "datasets", "disk", "results", "predict")
+"""The docs/ pages that hold what the README held before it was cut to a glance (docs/NAME.md), and the guides
+written since that the README links the same way (predict)."""
 PAGES = {"README.md": TEXT} | {f"docs/{name}.md": (ROOT / "docs" / f"{name}.md").read_text() for name in MOVED}
 """Every page whose commands are checked: the README and the pages of :data:`MOVED`."""
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")

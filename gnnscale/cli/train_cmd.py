@@ -24,10 +24,10 @@ from gnnscale.distributed.job import launched
 from gnnscale.distributed.launch import run_ranks
 from gnnscale.engines import requested_mode
 from gnnscale.engines.devices import rank_device, resolve_devices
-from gnnscale.engines.distributed import load_rank_plan
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import check_output, write_output
 from gnnscale.graph.datasets import load_dataset
+from gnnscale.partition.plan import PartitionPlan
 from gnnscale.plan.rates import rates
 from gnnscale.saved_model import save_model
 from gnnscale.train import TrainResult, train
@@ -76,7 +76,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                   "to start R ranks on this machine")
             rank_device(args.device, args.ranks, 0)  # one GPU per rank: say so before any rank starts
             if args.plan is not None:
-                load_rank_plan(args.plan, args.ranks)
+                PartitionPlan.load_for_ranks(args.plan, args.ranks)
             with job_locks(metrics=args.metrics, checkpoint=args.checkpoint):  # a bad path fails here, before any
                 return run_ranks(args.entry, args.argv, args.ranks)  # rank starts; args.entry: main, run by the ranks
         rank = int(os.environ["RANK"])

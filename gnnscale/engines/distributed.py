@@ -92,27 +92,6 @@ RANK_COUNTERS = tuple(k for k in SUMMED if k not in ("iterations", "sync_s", "ne
 """What the rank's trainer counts (the loop counts ``iterations`` and ``sync_s``)."""
 
 
-def owner_of(plan: PartitionPlan) -> Tensor:
-    """``[N]`` int64: the partition (rank) of every vertex under ``plan``."""
-    owner = torch.empty(plan.num_nodes, dtype=torch.int64)
-    for p in range(plan.partitions):
-        owner[plan.perm[int(plan.part_ptr[p]) : int(plan.part_ptr[p + 1])]] = p
-    return owner
-
-
-def load_rank_plan(path: str, ranks: int) -> PartitionPlan:
-    """The partition plan of ``--plan``, which must exist and have one part per rank (its graph is checked by
-    the engine)."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--plan {path}: no such file (write one with gnnscale partition --partitions {ranks} "
-                          "--dataset ...)")
-    plan = PartitionPlan.load(path)
-    if plan.partitions != ranks:
-        raise ConfigError(f"--plan {path} has {plan.partitions} partitions for {ranks} ranks; partition the graph "
-                          "into one part per rank")
-    return plan
-
-
 class DistributedEngine(IterationCheckpoints, SampledEngine):
     """One rank of a distributed job: its part of the features, a model replica, and the strategy's iteration."""
 
@@ -199,16 +178,16 @@ class DistributedEngine(IterationCheckpoints, SampledEngine):
         """Every vertex's rank: from ``--plan``, or rank 0 partitions (reusing a saved plan) and broadcasts."""
         cfg, g = self.config, self.graph
         if cfg.plan is not None:
-            plan = load_rank_plan(cfg.plan, self.world)
+            plan = PartitionPlan.load_for_ranks(cfg.plan, self.world)
             if plan.num_nodes != g.num_nodes or plan.graph_key != graph_fingerprint(g):
                 raise ConfigError(f"--plan {cfg.plan} was made for another graph ({plan.num_nodes:,} vertices), not "
                                   f"{g.name} ({g.num_nodes:,}); partition this graph")
-            return owner_of(plan), cfg.plan
+            return plan.owners(), cfg.plan
         owner = torch.empty(g.num_nodes, dtype=torch.int64)
         path = None
         if self.rank == 0:
             plan, where, _ = load_or_partition(g, self.world, 1, cfg.partition_method, cfg.seed, cfg.plan_dir)
-            owner = owner_of(plan)
+            owner = plan.owners()
             path = None if where is None else str(where)
         self.comm.barrier("partitioning", SETUP_TIMEOUT)  # the others wait for rank 0's partitioner
         self.comm.broadcast(owner, 0, "partition")

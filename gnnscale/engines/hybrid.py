@@ -27,11 +27,9 @@ the three stages before training (:mod:`gnnscale.engines.sampled_stages`) on a p
 on a thread each (:meth:`HybridEngine._propagate`), :class:`Replicas` with the master on the CPU as the
 synchronizer, and DRM looking at every step.
 
-Further ``cpu:N`` devices (``--devices cpu:0,cpu:1``) stand in for accelerators on a machine without one: they
-take an accelerator's place in the pipeline (transfer stage, the ``Accel`` stage of Algorithm 1), which is how the
-CPU tests and benchmarks run this code. Every device call is :mod:`gnnscale.runtime`'s, so an accelerator trainer
-also runs on the runtime's sim device (``devices=("cpu", "sim:0")``, in tests), whose copies read NaN until they
-are waited for (``tests/test_hybrid_sim.py``).
+``cpu:N`` devices (``--devices cpu:0,cpu:1``) stand in for accelerators on a machine without one (the CPU tests and
+benchmarks); every device call is :mod:`gnnscale.runtime`'s, so a trainer also runs on the sim device
+(``--devices cpu,sim:0``), whose copies read NaN until waited for (``tests/test_hybrid_sim.py``).
 """
 
 from __future__ import annotations
@@ -86,13 +84,11 @@ from gnnscale.store.features import FeatureSource
 from gnnscale.store.global_store import GlobalMemoryStore, directory_reason
 
 DRM_TOLERANCE = 0.1
-"""DRM leaves the work split alone while the trainers' times are within this fraction of each other: measured
-times are noisy, and moving seeds back and forth costs more than it gains."""
+"""DRM leaves the split alone while the trainers' times are within this fraction of each other (noise)."""
 COST_SAMPLES = 4
 """Iterations each trainer's cost model (``seconds = a + b * seeds``, what *balance work* splits by) is fitted
-over: about one decision's worth (DRM decides at most every few iterations, the pipeline's depth), so the model
-follows the split it measures (a share's sampled neighbourhood grows less than its seeds: seconds per seed
-measured at an old split mislead) while one noisy iteration does not decide alone."""
+over: about one DRM decision's worth, so it follows the split it measures (seconds per seed measured at an old
+split mislead: a share's neighbourhood grows less than its seeds) while one noisy iteration does not decide."""
 CALIBRATION_RUNS = 8
 """Pipelined iterations that calibrate the model at set-up (their mean is kept: an epoch sums its iterations)."""
 CALIBRATION_WARMUP = 2

@@ -272,6 +272,26 @@ class PartitionPlan:
                      meta=np.array(json.dumps(meta)))
         return path
 
+    def owners(self) -> Tensor:
+        """``[N]`` int64: the partition of every vertex (a distributed rank's, with one part per rank)."""
+        owner = torch.empty(self.num_nodes, dtype=torch.int64)
+        for p in range(self.partitions):
+            owner[self.perm[int(self.part_ptr[p]) : int(self.part_ptr[p + 1])]] = p
+        return owner
+
+    @classmethod
+    def load_for_ranks(cls, path: str, ranks: int) -> PartitionPlan:
+        """The plan of ``--plan``, which must exist and have one part per rank (its graph is checked by the
+        engine that reads it)."""
+        if not os.path.isfile(path):
+            raise ConfigError(f"--plan {path}: no such file (write one with gnnscale partition --partitions {ranks} "
+                              "--dataset ...)")
+        plan = cls.load(path)
+        if plan.partitions != ranks:
+            raise ConfigError(f"--plan {path} has {plan.partitions} partitions for {ranks} ranks; partition the "
+                              "graph into one part per rank")
+        return plan
+
     @classmethod
     def load(cls, path: str | Path) -> PartitionPlan:
         """Read a plan written by :meth:`save`; a damaged or foreign file raises ConfigError."""

@@ -155,3 +155,20 @@ def test_hybrid_trainer_threads_are_the_cpu_trainers_alone() -> None:
     one, two = Threads(1, 1, 1), Threads(1, 1, 2)
     assert perf.trainer_time(1, SHAPE, two) == pytest.approx(perf.trainer_time(1, SHAPE, one))
     assert perf.trainer_time(0, SHAPE, two) < perf.trainer_time(0, SHAPE, one)
+
+
+def test_a_blocks_aggregation_reads_its_source_rows_and_backward_builds_its_transpose() -> None:
+    layers = se.batch_layers(SHAPE)
+    assert [w.src_rows for w in layers] == [30, 10]  # the batch's input rows, then layer 1's outputs
+    cached = dataclasses.replace(RATES, aggregate_cached=((2, 64e6), (64, 2e6)), memory_cached=8e9)
+    wide = BatchShape(dims=(2, 64, 2), edges=(40, 10), vertices=(10, 4), input_vertices=10_000_000)
+    # 10M input rows are past the cache: layer 1's aggregation at the streamed rate, though its 10 rows are not
+    assert se.block_work(wide, cached)["aggregate"] > se.block_work(SHAPE, cached)["aggregate"]
+    assert se.batch_layers(wide)[0].aggregate_s(cached) == pytest.approx(40 / RATES.aggregate_rate(2))
+    probe = se.SampledProbe(TABLE, 4, RANKS, transpose_s=0.25)
+    base = se.minibatch_epoch(PROBE, STORE, RATES, accelerator=False, num_train=40, batch=8, parameters=100,
+                              cores=1, cluster=HERE)
+    more = se.minibatch_epoch(probe, STORE, RATES, accelerator=False, num_train=40, batch=8, parameters=100,
+                              cores=1, cluster=HERE)
+    assert more.terms["transpose"] == pytest.approx(5 * 0.25)
+    assert more.seconds - base.seconds == pytest.approx(5 * 2 * 0.25)  # two trainers on one core, 5 batches

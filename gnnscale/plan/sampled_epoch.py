@@ -12,6 +12,8 @@ per batch (:func:`~gnnscale.plan.work.optimizer_s`).
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +43,10 @@ class SampledProbe:
     table: SamplingTable
     share: int
     input_ranks: tuple[Tensor, ...]
+    transpose_s: float = 0.0
+    """Seconds per batch of ``share`` seeds to build the transposed adjacency of the blocks whose sources need a
+    gradient (every block but the first), which backward's aggregation reads (:meth:`Block.adj_t`), measured on
+    the same batches."""
 
     def rows(self, hot: int, parts: int) -> tuple[float, list[float]]:
         """Mean input rows per batch of ``share`` seeds: ``(all, hot rows per logical partition)``, a hot row
@@ -63,23 +69,29 @@ def probe(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims: tuple[int
     table = measure_sampling(topo, ids, fanouts, dims, batch, max_threads, key, adjacency)
     gen = torch.Generator().manual_seed(key + 1)
     order = torch.randperm(ids.numel(), generator=gen)
-    ranks = []
+    ranks, transpose = [], []
     for b in range(PROBE_BATCHES if share > 0 else 0):
         seeds = ids[order[(b * share) % max(1, ids.numel() - share + 1):][:share]]
-        src = sample_blocks(topo, seeds, fanouts, key, adjacency)[0].src_ids
+        blocks = sample_blocks(topo, seeds, fanouts, key, adjacency)
+        src = blocks[0].src_ids
         assert src is not None
         ranks.append(src if rank is None else rank[src])
-    return SampledProbe(table, share, tuple(ranks))
+        t0 = time.perf_counter()
+        for block in blocks[1:]:
+            block.adj_t()
+        transpose.append(time.perf_counter() - t0)
+    return SampledProbe(table, share, tuple(ranks), statistics.median(transpose) if transpose else 0.0)
 
 
 # ------------------------------------------------------------------------------------------------ work
 def batch_layers(shape: BatchShape) -> list[LayerWork]:
     """A sampled batch's layers as :mod:`gnnscale.plan.work` counts them: layer ``l`` aggregates ``edges[l - 1]``
-    edges at its input width into ``vertices[l - 1]`` rows and updates them (its input needs a gradient from
-    layer 2 on)."""
+    edges at its input width from its source rows (the batch's input rows, then the previous layer's) into
+    ``vertices[l - 1]`` rows and updates them (its input needs a gradient from layer 2 on)."""
     return [LayerWork(rows=shape.vertices[l - 1], in_width=shape.dims[l - 1], out_width=shape.dims[l],
                       edges=shape.edges[l - 1], agg_width=shape.dims[l - 1],
-                      weights=shape.dims[l - 1] * shape.dims[l], source_grad=l > 1)
+                      weights=shape.dims[l - 1] * shape.dims[l], source_grad=l > 1,
+                      src_rows=shape.input_vertices if l == 1 else shape.vertices[l - 2])
             for l in range(1, len(shape.dims))]
 
 
@@ -140,10 +152,10 @@ def minibatch_epoch(p: SampledProbe, store: Store, rates: Rates, *, accelerator:
            "gather_device": r["local"] * row / local_rate,
            "gather_peer": r["peer"] * row / (rates.copy if accelerator else rates.gather),
            "copy": r["host"] * row / rates.copy if accelerator else 0.0,
-           **block_work(shape, rates)}
+           **block_work(shape, rates), "transpose": p.transpose_s}
     per["bus"] = (on_bus - 1) * per["copy"]  # the other devices' copies on the same host bus
     feed = per["sample"] + per["gather_host"] + per["gather_device"] + per["gather_peer"] + per["copy"] + per["bus"]
-    train = per["aggregate"] + per["update"] + per["elementwise"]
+    train = per["aggregate"] + per["update"] + per["elementwise"] + per["transpose"]
     step = optimizer_s(parameters, rates)
     sync = 2 * (G - 1) * parameters * S_FEAT / (rates.copy if accelerator else rates.memory)
     # on a CPU the feed thread's sampling and gathers are many small torch calls that hold the interpreter lock:

@@ -63,6 +63,9 @@ class LayerWork:
     """Whether its input needs a gradient (not at layer 0: the input features)."""
     projects: bool = False
     """Whether it projects before aggregating (the aggregation then needs its backward at layer 0 too)."""
+    src_rows: int = 0
+    """Rows of the table it aggregates from (``0``: ``rows``, the whole graph's; a sampled block's input side is
+    wider than its destinations)."""
     own_rate: float = 0.0
     """Edges/s of its aggregation measured on the graph's own rows on the CPU (:mod:`gnnscale.plan.locality`;
     ``0``: the calibrated rate of random neighbours)."""
@@ -78,7 +81,7 @@ class LayerWork:
             return 0.0
         if self.own_rate > 0 and rates.on_cpu:
             return self.edges / self.own_rate
-        return self.edges / rates.aggregate_rate(self.agg_width, 4 * self.rows * self.agg_width)
+        return self.edges / rates.aggregate_rate(self.agg_width, 4 * (self.src_rows or self.rows) * self.agg_width)
 
     def dense_s(self, rates: Rates) -> float:
         """Seconds of the forward dense update (each weight matrix once over the rows)."""

@@ -6,6 +6,7 @@ rates; the engines' predictions on a seeded graph move the right way when a rate
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import torch
 from gnnscale.config import TrainConfig
 from gnnscale.engines.hybrid import HybridEngine
 from gnnscale.engines.minibatch import MiniBatchEngine
-from gnnscale.engines.sampled_predict import _store
+from gnnscale.engines.sampled_predict import _store, predict_hybrid
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.plan import sampled_epoch as se
 from gnnscale.plan import work
@@ -172,3 +173,19 @@ def test_a_blocks_aggregation_reads_its_source_rows_and_backward_builds_its_tran
                               cores=1, cluster=HERE)
     assert more.terms["transpose"] == pytest.approx(5 * 0.25)
     assert more.seconds - base.seconds == pytest.approx(5 * 2 * 0.25)  # two trainers on one core, 5 batches
+
+
+def test_hybrid_on_the_cpu_alone_prices_its_stages_on_one_interpreter(graph, monkeypatch, sims) -> None:  # type: ignore[no-untyped-def]
+    seen: list[int] = []
+    real = se.hybrid_model
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(args[4] if len(args) > 4 else kwargs["cores"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(se, "hybrid_model", spy)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    cfg = TrainConfig(engine="hybrid", batch_size=128, fanouts=(4, 4), hidden=16, threads=(1, 1, 1))
+    predict_hybrid(graph, cfg, [torch.device("cpu"), torch.device("cpu:1")], RATES, model=None)
+    predict_hybrid(graph, cfg, [torch.device("cpu"), sims[0]], RATES, model=None, cpu_rates=RATES)
+    assert seen == [1, 8]  # threads of one process on the CPU alone; beside an accelerator, the machine's cores

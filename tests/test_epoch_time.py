@@ -150,7 +150,7 @@ def test_taskparallel_one_device_adds_t_p_and_traffic(graph) -> None:  # type: i
     assert p is not None
     t = p.terms
     assert p.seconds == pytest.approx(t["t_tasks"] + t["p_tasks"] + t["features"] + t["handoff"])
-    assert t["features"] == pytest.approx(2 * 4 * graph.num_nodes * 32 / RATES.gather)
+    assert t["features"] == pytest.approx(2 * 4 * graph.num_nodes * 32 / RATES.copy)  # read as a chunk load is
     work = layer_work(graph, cfg)
     props = [w for w in work if w.edges]
     assert len(props) == 2

@@ -189,3 +189,12 @@ def test_hybrid_on_the_cpu_alone_prices_its_stages_on_one_interpreter(graph, mon
     predict_hybrid(graph, cfg, [torch.device("cpu"), torch.device("cpu:1")], RATES, model=None)
     predict_hybrid(graph, cfg, [torch.device("cpu"), sims[0]], RATES, model=None, cpu_rates=RATES)
     assert seen == [1, 8]  # threads of one process on the CPU alone; beside an accelerator, the machine's cores
+
+
+def test_a_layer_that_projects_first_multiplies_every_source_row() -> None:
+    plain, first = se.batch_layers(SHAPE), se.batch_layers(SHAPE, (True, False))
+    assert (first[0].rows, first[0].agg_width, first[0].projects) == (30, 64, True)  # 30 sources, 64 wide
+    assert (plain[0].rows, plain[0].agg_width) == (10, 2)
+    assert first[1] == plain[1]
+    w = se.block_work(SHAPE, RATES, (True, False))["update"] - se.block_work(SHAPE, RATES)["update"]
+    assert w == pytest.approx(2 * 2 * (30 - 10) * 2 * 64 / RATES.flops)  # forward and weight gradient, 20 rows more

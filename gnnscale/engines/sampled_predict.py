@@ -87,7 +87,7 @@ def _probe(graph: Graph, config: TrainConfig, m: Stack, dims: tuple[int, ...], f
     adjacency = SampledAdjacency.from_graph(graph, m.adjacency, config.sample_norm)  # type: ignore[arg-type]
     size = min(config.batch_size, ids.numel())
     return se.probe(topo, ids, fanouts, dims, size, min(share, ids.numel()), rank, sample_key(config.seed, 0),
-                    adjacency, max_threads)
+                    adjacency, max_threads, tuple(layer.projects_first for layer in m.block_layers))
 
 
 def predict_minibatch(graph: Graph, config: TrainConfig, devices: list[rt.Device], rates: Rates, *,
@@ -115,7 +115,7 @@ def predict_hybrid(graph: Graph, config: TrainConfig, devices: list[rt.Device], 
     # trainers and stages all on the CPU are threads of one Python process: their many small calls hold the
     # interpreter lock and barely overlap (measured on ego-Twitter: 0.22 s an epoch, its sampling 0.12 s plus its
     # training 0.10 s), so Eq. 6's busy core-seconds are over one core; beside an accelerator, the machine's
-    perf = se.hybrid_model(p.table, cpu, rates, accel, cores if any(accel) else 1)
+    perf = se.hybrid_model(p.table, cpu, rates, accel, cores if any(accel) else 1, p.projects)
     threads = Threads(*config.threads) if config.threads else default_threads(cores)
     return se.hybrid_epoch(perf, num_train=ids.numel(), batch=config.batch_size,
                            split=list(config.shares) if config.shares else None, threads=threads,

@@ -162,7 +162,7 @@ def task_terms(graph: Graph, config: TrainConfig, rates: Rates, model: Stack | N
     C = graph.num_classes or 1
     redrop = input_dropout_s(V * F, rates)  # the recomputed T forward drops the features out again
     return {"t_tasks": t_total + terms["elementwise"] + redrop + terms["optimizer"], "p_tasks": p_total,
-            "features": 2 * 4 * V * F / rates.gather, "handoff": 2 * 4 * V * C / rates.copy}
+            "features": 2 * 4 * V * F / rates.copy, "handoff": 2 * 4 * V * C / rates.copy}
 
 
 def predict_taskparallel(graph: Graph, config: TrainConfig, device: rt.Device, rates: Rates, plan: TaskPlan, *,

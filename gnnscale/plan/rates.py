@@ -55,10 +55,10 @@ class Rates:
     """Measured rates of one machine and device (bytes, edges and FLOPs per second)."""
 
     gather: float
-    """Bytes/s of scattered host rows gathered into a buffer (a feature or chunk load's read side; on a CPU into a
-    reused buffer, by sorted ids, as chunk loads run)."""
+    """Bytes/s of scattered host rows gathered into a new buffer (a sampled batch's input rows)."""
     copy: float
-    """Bytes/s from host memory to the device (on a CPU: the same gather, within host memory)."""
+    """Bytes/s from host memory to the device (on a CPU: a chunk load, rows by sorted ids into a buffer reused from
+    load to load, as the full-graph engines' row buffers are)."""
     aggregate: tuple[tuple[int, float], ...]
     """``(width, edges/s)`` of the library's sparse aggregation (:func:`gnnscale.nn.ops.spmm`) on the device."""
     flops: float
@@ -201,8 +201,8 @@ def measure(device: torch.device) -> Rates:
         _TABLES.clear()
     small = torch.empty(CACHED_BYTES // 8, device=device)  # 4 MiB read and 4 MiB written
     memory_cached = _typical(lambda: small.clone(), 2 * small.numel() * 4, device)
-    gather = _gather_rate(device) if not rt.is_accelerator(device) else tp.ru
-    return Rates(gather=gather, copy=gather if not rt.is_accelerator(device) else tp.hd, aggregate=aggregate,
+    accel = rt.is_accelerator(device)
+    return Rates(gather=tp.ru if accel else tp.hd, copy=tp.hd if accel else _load_rate(device), aggregate=aggregate,
                  flops=flops, memory=memory, disk=disk_rate(), memory_cached=memory_cached,
                  aggregate_cached=cached, dropout=_dropout_rate(device),
                  counted_op=_counted_op(),
@@ -269,7 +269,7 @@ def _dropout_rate(device: torch.device) -> float:
     return _typical(lambda: keyed_dropout(x, 0.5, 12345, ids), x.numel(), device)
 
 
-def _gather_rate(device: torch.device) -> float:
+def _load_rate(device: torch.device) -> float:
     """Bytes/s of a CPU chunk load: half the rows of a 64 MiB table of 64 float32 features, by sorted ids (a
     chunk's deduplicated sources), into a buffer reused from load to load (the engines' row buffers)."""
     gen = torch.Generator().manual_seed(5)

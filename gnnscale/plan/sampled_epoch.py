@@ -43,6 +43,8 @@ class SampledProbe:
     table: SamplingTable
     share: int
     input_ranks: tuple[Tensor, ...]
+    projects: tuple[bool, ...] = ()
+    """Per layer, whether it projects before aggregating (its update runs over the block's source rows)."""
     transpose_s: float = 0.0
     """Seconds per batch of ``share`` seeds to build the transposed adjacency of the blocks whose sources need a
     gradient (every block but the first), which backward's aggregation reads (:meth:`Block.adj_t`), measured on
@@ -62,7 +64,7 @@ class SampledProbe:
 
 def probe(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims: tuple[int, ...], batch: int, share: int,
           rank: Tensor | None, key: int = 0, adjacency: SampledAdjacency | None = None,
-          max_threads: int = 1) -> SampledProbe:
+          max_threads: int = 1, projects: tuple[bool, ...] = ()) -> SampledProbe:
     """Measure :class:`SampledProbe` on the real graph: §V's sampling table up to ``batch`` seeds
     (:func:`~gnnscale.plan.hybrid_measure.measure_sampling`), and the ranks (``rank``: vertex to hotness rank;
     ``None``: the vertex ids) of the input rows of a few batches of ``share`` seeds (``0``: none)."""
@@ -80,27 +82,35 @@ def probe(topo: Topology, ids: Tensor, fanouts: tuple[int, ...], dims: tuple[int
         for block in blocks[1:]:
             block.adj_t()
         transpose.append(time.perf_counter() - t0)
-    return SampledProbe(table, share, tuple(ranks), statistics.median(transpose) if transpose else 0.0)
+    return SampledProbe(table, share, tuple(ranks), projects, statistics.median(transpose) if transpose else 0.0)
 
 
 # ------------------------------------------------------------------------------------------------ work
-def batch_layers(shape: BatchShape) -> list[LayerWork]:
+def batch_layers(shape: BatchShape, projects: tuple[bool, ...] = ()) -> list[LayerWork]:
     """A sampled batch's layers as :mod:`gnnscale.plan.work` counts them: layer ``l`` aggregates ``edges[l - 1]``
-    edges at its input width from its source rows (the batch's input rows, then the previous layer's) into
-    ``vertices[l - 1]`` rows and updates them (its input needs a gradient from layer 2 on)."""
-    return [LayerWork(rows=shape.vertices[l - 1], in_width=shape.dims[l - 1], out_width=shape.dims[l],
-                      edges=shape.edges[l - 1], agg_width=shape.dims[l - 1],
-                      weights=shape.dims[l - 1] * shape.dims[l], source_grad=l > 1,
-                      src_rows=shape.input_vertices if l == 1 else shape.vertices[l - 2])
-            for l in range(1, len(shape.dims))]
+    edges from its source rows (the batch's input rows, then the previous layer's) into ``vertices[l - 1]`` rows
+    and updates them (its input needs a gradient from layer 2 on). A layer that projects first (``projects[l -
+    1]``: :attr:`BlockLayer.projects_first <gnnscale.nn.base.BlockLayer.projects_first>`) multiplies every
+    source row by its weights and aggregates at its output width: a block's sources far outnumber its
+    destinations."""
+    out = []
+    for l in range(1, len(shape.dims)):
+        src = shape.input_vertices if l == 1 else shape.vertices[l - 2]
+        first = l - 1 < len(projects) and projects[l - 1]
+        out.append(LayerWork(rows=src if first else shape.vertices[l - 1], in_width=shape.dims[l - 1],
+                             out_width=shape.dims[l], edges=shape.edges[l - 1],
+                             agg_width=shape.dims[l] if first else shape.dims[l - 1],
+                             weights=shape.dims[l - 1] * shape.dims[l], source_grad=l > 1, projects=first,
+                             src_rows=src))
+    return out
 
 
-def block_work(shape: BatchShape, rates: Rates) -> dict[str, float]:
-    """Seconds of one sampled batch's forward and backward (``shape``: its blocks' counts), priced as every
-    engine's work is (:func:`gnnscale.plan.work.compute_terms`): ``aggregate`` (forward and backward),
-    ``update`` (forward, input and weight gradients) and ``elementwise`` (input dropout over the batch's input
-    rows, activations, loss)."""
-    t = compute_terms(batch_layers(shape), rates, num_classes=shape.dims[-1], params=0,
+def block_work(shape: BatchShape, rates: Rates, projects: tuple[bool, ...] = ()) -> dict[str, float]:
+    """Seconds of one sampled batch's forward and backward (``shape``: its blocks' counts; ``projects``: which
+    layers project first), priced as every engine's work is (:func:`gnnscale.plan.work.compute_terms`):
+    ``aggregate`` (forward and backward), ``update`` (forward, input and weight gradients) and ``elementwise``
+    (input dropout over the batch's input rows, activations, loss)."""
+    t = compute_terms(batch_layers(shape, projects), rates, num_classes=shape.dims[-1], params=0,
                       input_rows=shape.input_vertices)
     return {"aggregate": t["aggregate"] + t["aggregate_backward"], "update": t["update"] + t["update_backward"],
             "elementwise": t["elementwise"] + t["attention"]}
@@ -152,7 +162,7 @@ def minibatch_epoch(p: SampledProbe, store: Store, rates: Rates, *, accelerator:
            "gather_device": r["local"] * row / local_rate,
            "gather_peer": r["peer"] * row / (rates.copy if accelerator else rates.gather),
            "copy": r["host"] * row / rates.copy if accelerator else 0.0,
-           **block_work(shape, rates), "transpose": p.transpose_s}
+           **block_work(shape, rates, p.projects), "transpose": p.transpose_s}
     per["bus"] = (on_bus - 1) * per["copy"]  # the other devices' copies on the same host bus
     feed = per["sample"] + per["gather_host"] + per["gather_device"] + per["gather_peer"] + per["copy"] + per["bus"]
     train = per["aggregate"] + per["update"] + per["elementwise"] + per["transpose"]
@@ -184,7 +194,8 @@ def device_rates(rates: Rates, width: int, accelerator: bool) -> DeviceRates:
                        macs=rates.flops / 2, link=rates.copy, per_thread=not accelerator)
 
 
-def hybrid_model(table: SamplingTable, cpu: Rates, accel: Rates, accelerators: list[bool], cores: int) -> HybridModel:
+def hybrid_model(table: SamplingTable, cpu: Rates, accel: Rates, accelerators: list[bool], cores: int,
+                 projects: tuple[bool, ...] = ()) -> HybridModel:
     """HyScale-GNN's model of trainers on the CPU (``accelerators[g]`` false, one of them) and accelerators, at
     plan time: §V's sampling table measured on the real graph, every share sampled by the CPU sampler (no device
     sampler's table before set-up), Eq. 10 scaled to the counted work of a batch (:func:`block_work`: Eq. 10
@@ -196,7 +207,8 @@ def hybrid_model(table: SamplingTable, cpu: Rates, accel: Rates, accelerators: l
                        gpu_sampled=[False] * len(accelerators), cores=cores)
     size = table.sizes[-1] / len(accelerators)
     shapes = [table.shape(size, dims) for _ in accelerators]
-    counted = [sum(block_work(s, accel if a else cpu).values()) for s, a in zip(shapes, accelerators, strict=True)]
+    counted = [sum(block_work(s, accel if a else cpu, projects).values())
+               for s, a in zip(shapes, accelerators, strict=True)]
     perf.calibrate(counted, shapes, Threads(1, 1, 1))
     return perf
 

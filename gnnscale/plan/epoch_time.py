@@ -38,15 +38,17 @@ HERE = Cluster()
 
 @dataclass
 class EpochTime:
-    """One engine's predicted training epoch (forward, backward and optimiser step over the training vertices)."""
+    """One engine's predicted training epoch (forward, backward and optimiser step over the training vertices).
+
+    Its ``bytes`` are the bytes moved per epoch per tier of :data:`TIERS` (a tier the engine does not touch is
+    absent)."""
 
     seconds: float
     """The predicted wall time of one epoch."""
     terms: dict[str, float] = field(default_factory=dict)
     """Named seconds the prediction combines (``aggregate``, ``update``, ``h2d``, ``network``, ...): how they
     combine (a sum, a pipeline's maximum) is the engine's model; each is reported as it is."""
-    bytes: dict[str, int] = field(default_factory=dict)
-    """Bytes moved per epoch per tier of :data:`TIERS` (a tier the engine does not touch is absent)."""
+    bytes: dict[str, int] = field(default_factory=dict)  # per tier (documented above: no second "bytes" target)
     model: str = ""
     """Which model priced it, in a few words (``HongTu Eq. 4 + compute``)."""
 

@@ -75,7 +75,7 @@ TINY = (1, 2, 1)
 
 
 @dataclass(frozen=True)
-class Rates:
+class ByteRates:
     """Bytes ``per_dst * V + per_src * R + per_edge * E + fixed``: the bound of the cone's three edges alone,
     linear (no rate below zero)."""
 
@@ -107,7 +107,7 @@ class Bound:
         self.peaks, self.fixed = peaks.double(), float(fixed)
         self._index, self._inverse = _triples()
         rays = torch.linalg.solve(torch.tensor(PROBES[:3], dtype=torch.float64), self.peaks[:3]).clamp(min=0)
-        self.rates = Rates(float(rays[0]), float(rays[1]), float(rays[2]), self.fixed)
+        self.rates = ByteRates(float(rays[0]), float(rays[1]), float(rays[2]), self.fixed)
 
     def __call__(self, V: Tensor, R: Tensor, E: Tensor) -> Tensor:
         """Bytes at ``[K]`` (float64) sizes: the least sum of probes' peaks over the triples whose multiples sum

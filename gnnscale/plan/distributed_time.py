@@ -70,6 +70,73 @@ FIT_STEPS = 6
 
 StepFn = Callable[[list[Block], Tensor], None]
 """Forward and backward of a model over sampled blocks and their seeds (the engine's; timed by the fit)."""
+ExchangeFn = Callable[[Tensor, list[Tensor], Tensor], None]
+"""Rank 0's local work of one exchange (the engine's, without its collectives): every vertex's rank, the input ids
+of its steps (each step's unique ids) and the ids its peers asked it for (timed by :class:`ExchangeFit`)."""
+SyncFn = Callable[[int], None]
+"""A rank's local work around its collectives: ``0``, an iteration's (flattening the gradients, the optimiser's
+step); ``1``, a model migration's (flattening and unflattening a model and its gradients) (timed by
+:class:`SyncFit`)."""
+FIT_EXCHANGES = 4
+"""Replayed exchanges timed for :class:`ExchangeFit` (rank 0's)."""
+
+
+def _best(fn: Callable[[], None], runs: int = 3) -> float:
+    """The fastest of ``runs`` timed calls of ``fn``."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+@dataclass(frozen=True)
+class ExchangeFit:
+    """Real seconds of an exchange's local work on a rank, beyond its collectives: ``fixed + per_row x rows``
+    (``rows``: those it receives and serves). The engine looks up the ids' owners, de-duplicates and sorts them,
+    serves its peers' requests from its part and stitches the rows it received back in order; none of it overlaps
+    the network (the emulated one sleeps only inside the collectives)."""
+
+    fixed: float = 0.0
+    per_row: float = 0.0
+
+    def seconds(self, rows: float) -> float:
+        return self.fixed + self.per_row * rows
+
+    @classmethod
+    def timed(cls, work: ExchangeFn, owner: Tensor, samples: list[tuple[list[Tensor], Tensor, int]]) -> ExchangeFit:
+        """Time ``work`` on replayed exchanges (``(step inputs, served ids, rows received and served)``, the best
+        of three each, one thread) and on an empty one (the fixed cost)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            empty = torch.empty(0, dtype=torch.int64)
+            fixed = _best(lambda: work(owner, [empty], empty))
+            ratios = [max(_best(lambda s=s, v=v: work(owner, s, v)) - fixed, 0.0) / n  # type: ignore[misc]
+                      for s, v, n in samples if n > 0]
+        finally:
+            torch.set_num_threads(threads)
+        return cls(fixed, statistics.median(ratios) if ratios else 0.0)
+
+
+@dataclass(frozen=True)
+class SyncFit:
+    """Real seconds of a rank's local work around the gradient all-reduce and the model migrations: ``iteration``
+    (flattening the gradients for the all-reduce, the optimiser's step) and ``migration`` (a model and its
+    gradients flattened to be sent and unflattened when received)."""
+
+    iteration: float = 0.0
+    migration: float = 0.0
+
+    @classmethod
+    def timed(cls, work: SyncFn) -> SyncFit:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return cls(_best(lambda: work(0), 5), _best(lambda: work(1), 5))
+        finally:
+            torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)
@@ -130,6 +197,10 @@ class Replay:
     with pre-gathering one per iteration)."""
     iterations: int = 0
     """Iterations in the whole epoch."""
+    exchange: ExchangeFit = field(default_factory=ExchangeFit)
+    """How an exchange's local work is priced."""
+    sync: SyncFit = field(default_factory=SyncFit)
+    """How the local work around the all-reduce and the migrations is priced."""
 
 
 def work_seconds(blocks: list[Block], model: Stack, rates: Rates) -> float:
@@ -185,7 +256,8 @@ class Replayer:
     """Samples the engine's iterations for ``ranks`` ranks and counts their work (:class:`Replay`)."""
 
     def __init__(self, graph: Graph, config: TrainConfig, model: Stack, rates: Rates, owner: Tensor, ranks: int,
-                 fanouts: tuple[int, ...], sample_rate: float | None = None, fit: ComputeFit | StepFn | None = None):
+                 fanouts: tuple[int, ...], sample_rate: float | None = None, fit: ComputeFit | StepFn | None = None,
+                 exchange: ExchangeFit | ExchangeFn | None = None, sync: SyncFit | SyncFn | None = None):
         self.graph, self.config, self.model, self.rates = graph, config, model, rates
         self.owner, self.ranks, self.fanouts = owner, ranks, fanouts
         self.topo = CSRTopology.from_graph(graph, model.adjacency)
@@ -197,6 +269,10 @@ class Replayer:
         """How counted work becomes seconds: a :class:`ComputeFit`, or the engine's step to time one on replayed
         steps (``None``: the counts as they are)."""
         self._timed: list[tuple[list[Block], Tensor, float]] = []
+        self.exchange, self.sync = exchange, sync
+        """The exchanges' and synchronisations' local work: fits, or the engine's work to time them on (``None``:
+        left out)."""
+        self._exchanges: list[tuple[list[Tensor], Tensor, int]] = []
         step = max(1, ranks // SIM_RANKS)
         self.watched = list(range(0, ranks, step))[:SIM_RANKS]
 
@@ -262,7 +338,13 @@ class Replayer:
             srcs = [s.src for s in steps if s.src is not None]
             ids = torch.unique(torch.cat(srcs)) if srcs else torch.empty(0, dtype=torch.int64)
             asked.append(ids[self.owner[ids] != r])
-        served = torch.bincount(self.owner[torch.cat(asked)], minlength=self.ranks).double()
+        every = torch.cat(asked)
+        if callable(self.exchange) and len(self._exchanges) < FIT_EXCHANGES:
+            first = self.watched[0]
+            srcs = [s.src for s in per[0] if s.src is not None]
+            wanted = every[self.owner[every] == first]
+            self._exchanges.append((srcs, wanted, int(asked[0].numel() + wanted.numel())))
+        served = torch.bincount(self.owner[every], minlength=self.ranks).double()
         served *= self.ranks / len(self.watched)
         return [(int(a.numel()), int(served[r])) for r, a in zip(self.watched, asked, strict=True)]
 
@@ -275,6 +357,15 @@ class Replayer:
             one = self._blocks(seeds, 0)[0]
             fit = ComputeFit.timed(self.fit, self._timed, (one, seeds, work_seconds(one, self.model, self.rates)))
         self._timed.clear()
+        if isinstance(self.exchange, ExchangeFit):
+            out.exchange = self.exchange
+        elif callable(self.exchange):
+            out.exchange = ExchangeFit.timed(self.exchange, self.owner, self._exchanges)
+        self._exchanges.clear()
+        if isinstance(self.sync, SyncFit):
+            out.sync = self.sync
+        elif callable(self.sync):
+            out.sync = SyncFit.timed(self.sync)
         for it in out.steps:
             for steps in it:
                 for s in steps:
@@ -329,7 +420,7 @@ class Tally:
     ``received_bytes``, summed over ranks)."""
 
     terms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("sample", "compute", "contention", "fetch", "migrate", "allreduce", "latency"), 0.0))
+        ("sample", "compute", "exchange", "sync", "contention", "fetch", "migrate", "allreduce", "latency"), 0.0))
     received: float = 0.0
 
     def collective(self, net: Network, term: str, nbytes: float, messages: int) -> None:
@@ -348,6 +439,7 @@ def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net:
     for ex in replay.exchanges[i]:  # every rank's collective lasts as long as the busiest rank's
         rows = max(max(recv, served) for recv, served in ex)
         mean_remote += sum(recv for recv, _ in ex) / len(ex)
+        t.terms["exchange"] += max(replay.exchange.seconds(recv + served) for recv, served in ex)
         t.collective(net, "fetch", ID_BYTES * (R - 1), R - 1)  # the counts
         t.collective(net, "fetch", ID_BYTES * rows, R - 1)  # the ids asked for
         t.collective(net, "fetch", row_bytes * rows, R - 1)  # the rows
@@ -356,7 +448,8 @@ def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net:
     else:
         t.terms["sample"] = sum(max(steps[k].sample for steps in per) for k in range(n_steps))
     t.terms["compute"] = sum(max(steps[k].compute for steps in per) for k in range(n_steps))
-    t.terms["contention"] = (share - 1) * (t.terms["sample"] + t.terms["compute"])
+    t.terms["sync"] = replay.sync.iteration + (n_steps - 1) * replay.sync.migration
+    t.terms["contention"] = (share - 1) * sum(t.terms[k] for k in ("sample", "compute", "exchange", "sync"))
     migration = 2 * param_bytes
     for _ in range(n_steps - 1):
         t.collective(net, "migrate", migration, 1)
@@ -368,7 +461,8 @@ def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net:
 
 def predict(graph: Graph, config: TrainConfig, model: Stack, rates: Rates, cluster: Cluster, fanouts: tuple[int, ...],
             *, owner: Tensor | None = None, sample_rate: float | None = None, cores: int | None = None,
-            fit: ComputeFit | StepFn | None = None, metis_max_edges: int = METIS_MAX_EDGES) -> EpochTime:
+            fit: ComputeFit | StepFn | None = None, exchange: ExchangeFit | ExchangeFn | None = None,
+            sync: SyncFit | SyncFn | None = None, metis_max_edges: int = METIS_MAX_EDGES) -> EpochTime:
     """The distributed engine's epoch under ``config.strategy`` on ``cluster`` (``machines x G`` ranks, ``G``
     default 1) at ``rates``; ``owner`` (every vertex's rank), ``sample_rate`` (edges/s), ``cores`` (per
     machine) and ``fit`` (:class:`ComputeFit`, or the step to time one with) may be given (tests), else they come
@@ -376,7 +470,7 @@ def predict(graph: Graph, config: TrainConfig, model: Stack, rates: Rates, clust
     ranks = cluster.machines * (cluster.devices_per_machine or 1)
     assert graph.train_mask is not None and graph.x is not None
     replayer = Replayer(graph, config, model, rates, torch.empty(0, dtype=torch.int64), ranks, fanouts, sample_rate,
-                        fit)
+                        fit, exchange, sync)
     iterations, batches = replayer.batches(torch.nonzero(graph.train_mask).view(-1))
     sampled = owner is None and graph.num_edges > metis_max_edges
     if owner is None:

@@ -18,7 +18,7 @@ from gnnscale.nn import build_model
 from gnnscale.nn.stack import Stack
 from gnnscale.plan import distributed_time
 from gnnscale.plan.epoch_time import Cluster, EpochTime
-from gnnscale.plan.network_rate import with_network
+from gnnscale.plan.network_rate import sync_cost, with_network
 from gnnscale.plan.rates import Rates
 from gnnscale.store.partitioned import PartitionedFeatures
 
@@ -127,5 +127,7 @@ def predict_distributed(graph: Graph, config: TrainConfig, rates: Rates, model: 
     if cluster.network is None or cluster.latency is None or cluster.machines == 1:
         rates = with_network(rates)  # this machine's rate between processes: the default, and one machine's floor
     ranks = cluster.machines * (cluster.devices_per_machine or 1)
+    wait = sync_cost(rates, max(2, cluster.devices_per_machine or 1))  # the ranks of one machine
     return distributed_time.predict(graph, config, net, rates, cluster, fanouts, fit=step,
-                                    exchange=exchange_work(graph, config, ranks), sync=sync_work(net, config))
+                                    exchange=exchange_work(graph, config, ranks), sync=sync_work(net, config),
+                                    wait=wait)

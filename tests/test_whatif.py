@@ -22,7 +22,7 @@ from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.plan import distributed_time as dt
 from gnnscale.plan.epoch_time import Cluster
-from gnnscale.plan.network_rate import with_network
+from gnnscale.plan.network_rate import sync_cost, with_network
 from gnnscale.plan.rates import Rates, cache_file
 from gnnscale.units import parse_network
 
@@ -46,13 +46,14 @@ N_TRAIN = int(GRAPH.train_mask.sum())  # type: ignore[union-attr]
 def _predict(strategy: str = "model-centric", ranks: int = 4, *, cores: int = 64, network: float = 1e8,
              latency: float = 0.0, machines: int | None = None, owner: torch.Tensor | None = None,
              config: TrainConfig | None = None, exchange: dt.ExchangeFit | dt.ExchangeFn | None = None,
-             sync: dt.SyncFit | dt.SyncFn | None = None) -> dt.EpochTime:
+             sync: dt.SyncFit | dt.SyncFn | None = None, wait: float = 0.0) -> dt.EpochTime:
     cluster = (Cluster(machines=ranks, network=network, latency=latency) if machines is None else
                Cluster(machines=machines, devices_per_machine=ranks // machines, network=network, latency=latency))
     if owner is None:
         owner = torch.arange(GRAPH.num_nodes) % ranks
     return dt.predict(GRAPH, config or _config(strategy), MODEL, RATES, cluster, (5, 5), owner=owner,
-                      sample_rate=1e6, cores=cores, fit=dt.ComputeFit(), exchange=exchange, sync=sync)
+                      sample_rate=1e6, cores=cores, fit=dt.ComputeFit(), exchange=exchange, sync=sync,
+                      wait=wait)
 
 
 def _iterations(ranks: int) -> int:
@@ -265,6 +266,32 @@ def test_local_exchange_serves_and_stitches() -> None:
     sync = sync_work(MODEL, _config())
     sync(0)
     sync(1)
+
+
+@pytest.mark.parametrize("strategy, collectives", [("model-centric", 3 + 1), ("micrograph", 3 + 3 + 1)])
+def test_every_collective_waits_for_the_ranks(strategy: str, collectives: int) -> None:
+    """Each collective (an exchange's three all-to-alls, every migration, the all-reduce) costs ``wait``."""
+    R = 4
+    base, e = _predict(strategy, R), _predict(strategy, R, wait=1e-3)
+    assert base.terms["wait"] == 0
+    assert e.terms["wait"] == pytest.approx(_iterations(R) * collectives * 1e-3)
+    assert e.seconds - base.seconds == pytest.approx(e.terms["wait"])
+
+
+def test_sync_cost_is_measured_once_per_rank_count() -> None:
+    path = cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    r = replace(RATES, machine="m", versions="v")
+    path.write_text(json.dumps({"m": {"versions": "v"}}))
+    calls: list[int] = []
+
+    def fake(ranks: int) -> float:
+        calls.append(ranks)
+        return 1e-3 * ranks
+
+    assert sync_cost(r, 3, fake) == 3e-3 and sync_cost(r, 3, fake) == 3e-3 and sync_cost(r, 2, fake) == 2e-3
+    assert calls == [3, 2] and sync_cost(r, 1, fake) == 0.0
+    assert json.loads(path.read_text())["m"]["sync_cost"] == {"3": 3e-3, "2": 2e-3}
 
 
 def test_network_rate_is_measured_once_and_cached() -> None:

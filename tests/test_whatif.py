@@ -16,12 +16,13 @@ import torch
 from gnnscale.cli.main import main
 from gnnscale.config import TrainConfig
 from gnnscale.distributed.comm import Comm, Pacer, ring_bytes, ring_rounds
+from gnnscale.engines.distributed_predict import LocalExchange, exchange_work, sync_work
 from gnnscale.errors import ConfigError
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.plan import distributed_time as dt
 from gnnscale.plan.epoch_time import Cluster
-from gnnscale.plan.network_rate import with_network
+from gnnscale.plan.network_rate import sync_cost, with_network
 from gnnscale.plan.rates import Rates, cache_file
 from gnnscale.units import parse_network
 
@@ -44,13 +45,15 @@ N_TRAIN = int(GRAPH.train_mask.sum())  # type: ignore[union-attr]
 
 def _predict(strategy: str = "model-centric", ranks: int = 4, *, cores: int = 64, network: float = 1e8,
              latency: float = 0.0, machines: int | None = None, owner: torch.Tensor | None = None,
-             config: TrainConfig | None = None) -> dt.EpochTime:
+             config: TrainConfig | None = None, exchange: dt.ExchangeFit | dt.ExchangeFn | None = None,
+             sync: dt.SyncFit | dt.SyncFn | None = None, wait: float = 0.0) -> dt.EpochTime:
     cluster = (Cluster(machines=ranks, network=network, latency=latency) if machines is None else
                Cluster(machines=machines, devices_per_machine=ranks // machines, network=network, latency=latency))
     if owner is None:
         owner = torch.arange(GRAPH.num_nodes) % ranks
     return dt.predict(GRAPH, config or _config(strategy), MODEL, RATES, cluster, (5, 5), owner=owner,
-                      sample_rate=1e6, cores=cores, fit=dt.ComputeFit())
+                      sample_rate=1e6, cores=cores, fit=dt.ComputeFit(), exchange=exchange, sync=sync,
+                      wait=wait)
 
 
 def _iterations(ranks: int) -> int:
@@ -179,6 +182,116 @@ def test_compute_fit() -> None:
     one = ([], torch.tensor([0]), 0.0)
     timed = dt.ComputeFit.timed(lambda b, s: calls.append(len(s)), [([], torch.tensor([1, 2]), 1.0)], one)
     assert calls == [1, 1, 2, 2] and timed.fixed >= 0 and timed.scale >= 0
+
+
+@pytest.mark.parametrize("strategy, exchanges", [("model-centric", 1), ("micrograph", 1)])
+def test_exchange_local_work_term(strategy: str, exchanges: int) -> None:
+    """Each exchange costs its busiest rank ``fixed + per_row x (received + served rows)``, added to the epoch."""
+    R = 4
+    base = _predict(strategy, R)
+    fixed = _predict(strategy, R, exchange=dt.ExchangeFit(fixed=1e-3))
+    assert base.terms["exchange"] == 0
+    assert fixed.terms["exchange"] == pytest.approx(_iterations(R) * exchanges * 1e-3)
+    assert fixed.seconds - base.seconds == pytest.approx(fixed.terms["exchange"])
+    one, two = (_predict(strategy, R, exchange=dt.ExchangeFit(per_row=r)) for r in (1e-6, 2e-6))
+    assert one.terms["exchange"] > 0 and two.terms["exchange"] == pytest.approx(2 * one.terms["exchange"])
+    assert two.seconds - one.seconds == pytest.approx(one.terms["exchange"])
+    # at least every received row of the busiest rank: the epoch's bytes bound it from below
+    received_rows = base.bytes["network"] / R / (GRAPH.x.shape[1] * 4 + dt.ID_BYTES)  # type: ignore[union-attr]
+    assert one.terms["exchange"] >= 0.5 * received_rows * 1e-6
+
+
+def test_pregather_off_prices_an_exchange_per_step() -> None:
+    R = 4
+    e = _predict(config=_config("micrograph", pregather="off"), ranks=R, exchange=dt.ExchangeFit(fixed=1e-3))
+    assert e.terms["exchange"] == pytest.approx(_iterations(R) * R * 1e-3)
+
+
+@pytest.mark.parametrize("strategy, migrations", [("model-centric", 0), ("micrograph", 3)])
+def test_sync_local_work_term(strategy: str, migrations: int) -> None:
+    """Every iteration costs the all-reduce's and optimiser's local work, every migration its own."""
+    R = 4
+    base = _predict(strategy, R)
+    e = _predict(strategy, R, sync=dt.SyncFit(iteration=2e-3, migration=1e-3))
+    assert base.terms["sync"] == 0
+    assert e.terms["sync"] == pytest.approx(_iterations(R) * (2e-3 + migrations * 1e-3))
+    assert e.seconds - base.seconds == pytest.approx(e.terms["sync"])
+
+
+def test_shared_cores_slow_the_local_work_too() -> None:
+    e = _predict("micrograph", 4, machines=1, cores=2, exchange=dt.ExchangeFit(1e-3, 1e-6),
+                 sync=dt.SyncFit(1e-3, 1e-3))
+    c = e.terms
+    assert c["exchange"] > 0 and c["sync"] > 0
+    assert c["contention"] == pytest.approx(c["sample"] + c["compute"] + c["exchange"] + c["sync"])
+
+
+def test_exchange_and_sync_fits_time_the_given_work() -> None:
+    calls: list[tuple[int, int]] = []
+    owner = torch.tensor([0, 1, 0, 1])
+    sample = ([torch.tensor([1, 2, 3])], torch.tensor([0, 2]), 4)
+    fit = dt.ExchangeFit.timed(lambda o, s, v: calls.append((len(s), v.numel())), owner, [sample])
+    assert calls == [(1, 0)] * 3 + [(1, 2)] * 3 and fit.fixed >= 0 and fit.per_row >= 0
+    assert dt.ExchangeFit(0.5, 0.25).seconds(4) == 1.5
+    kinds: list[int] = []
+    sync = dt.SyncFit.timed(kinds.append)
+    assert kinds == [0] * 5 + [1] * 5 and sync.iteration >= 0 and sync.migration >= 0
+
+
+def test_the_replay_times_rank_0s_exchanges() -> None:
+    """The replay hands the exchange work rank 0's step inputs and the ids its peers asked it for (all its own)."""
+    seen: list[tuple[list[torch.Tensor], torch.Tensor]] = []
+    owner = torch.arange(GRAPH.num_nodes) % 4
+    e = _predict("micrograph", 4, owner=owner, exchange=lambda o, s, v: seen.append((s, v)),
+                 sync=lambda k: None)
+    assert seen and all(bool((owner[v] == 0).all()) for _, v in seen if v.numel())
+    assert any(v.numel() for _, v in seen) and all(s for s, _ in seen)
+    assert e.terms["exchange"] >= 0
+
+
+def test_local_exchange_serves_and_stitches() -> None:
+    """The engine's exchange without collectives runs through the rank's feature source (every step's rows)."""
+    work = exchange_work(GRAPH, _config("model-centric"), 2)
+    owner = torch.arange(GRAPH.num_nodes) % 2
+    work(owner, [torch.arange(10)], torch.tensor([0, 2, 4]))
+    work(owner, [torch.empty(0, dtype=torch.int64)], torch.empty(0, dtype=torch.int64))
+    pre = exchange_work(GRAPH, _config("micrograph"), 2)
+    pre(owner, [torch.arange(6), torch.arange(4, 12)], torch.tensor([8]))
+    loc = LocalExchange(2)
+    loc.served = torch.tensor([0, 2])
+    served: list[torch.Tensor] = []
+    out = loc.exchange(torch.tensor([1, 3]), owner, lambda r: served.append(r) or torch.zeros(r.numel(), 8), 8,
+                       torch.float32)
+    assert out.shape == (2, 8) and served[0].tolist() == [0, 2]
+    sync = sync_work(MODEL, _config())
+    sync(0)
+    sync(1)
+
+
+@pytest.mark.parametrize("strategy, collectives", [("model-centric", 3 + 1), ("micrograph", 3 + 3 + 1)])
+def test_every_collective_waits_for_the_ranks(strategy: str, collectives: int) -> None:
+    """Each collective (an exchange's three all-to-alls, every migration, the all-reduce) costs ``wait``."""
+    R = 4
+    base, e = _predict(strategy, R), _predict(strategy, R, wait=1e-3)
+    assert base.terms["wait"] == 0
+    assert e.terms["wait"] == pytest.approx(_iterations(R) * collectives * 1e-3)
+    assert e.seconds - base.seconds == pytest.approx(e.terms["wait"])
+
+
+def test_sync_cost_is_measured_once_per_rank_count() -> None:
+    path = cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    r = replace(RATES, machine="m", versions="v")
+    path.write_text(json.dumps({"m": {"versions": "v"}}))
+    calls: list[int] = []
+
+    def fake(ranks: int) -> float:
+        calls.append(ranks)
+        return 1e-3 * ranks
+
+    assert sync_cost(r, 3, fake) == 3e-3 and sync_cost(r, 3, fake) == 3e-3 and sync_cost(r, 2, fake) == 2e-3
+    assert calls == [3, 2] and sync_cost(r, 1, fake) == 0.0
+    assert json.loads(path.read_text())["m"]["sync_cost"] == {"3": 3e-3, "2": 2e-3}
 
 
 def test_network_rate_is_measured_once_and_cached() -> None:

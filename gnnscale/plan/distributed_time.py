@@ -14,10 +14,21 @@ configured merges) and counts, per rank and iteration:
 * the compute of the sampled blocks (:func:`work_seconds`: aggregation edges at the measured rate per width, dense
   FLOPs, elementwise bytes; forward and backward), fitted to this model on this machine (:class:`ComputeFit`: a
   step's fixed cost and the ratio of real to counted work, timed on a few replayed steps), and the sampling (edges
-  at the rate measured while replaying).
+  at the rate measured while replaying);
+* the exchanges' local work (``exchange``: owners looked up, ids de-duplicated and sorted, the peers' requests
+  served, the received rows stitched back; :class:`ExchangeFit`, a fixed cost and a price per received and served
+  row, timed on rank 0's replayed exchanges run through the engine's feature source without the collectives):
+  it does not overlap the network (about a tenth of a 1 Gbit epoch of 2 ranks on this 2-core machine);
+* every collective's synchronisation (``wait``: the last rank's arrival, the jitter of the ranks' work between
+  collectives, and being scheduled again; measured once per rank count on this machine, ranks of bursts of
+  work and small all-to-alls: :func:`gnnscale.plan.network_rate.sync_cost`);
+* the synchronisations' local work (``sync``: the gradients flattened for the all-reduce and the optimiser's
+  step every iteration, a model and its gradients flattened and unflattened every migration; :class:`SyncFit`,
+  timed on the engine's model).
 
-Time of an iteration = the slowest rank's sampling and compute between synchronisations, times the core sharing of
-the ranks of one machine (``max(1, G / cores)``), plus every collective's ``messages x latency + bytes / rate``.
+Time of an iteration = the slowest rank's sampling, compute and local exchange and sync work between
+synchronisations, times the core sharing of the ranks of one machine (``max(1, G / cores)``), plus every
+collective's ``messages x latency + bytes / rate``.
 The rate: with one machine, each rank's own (loopback, or the emulated network the validation sets); with more,
 each machine's link carries the bytes its ``G`` ranks send off the machine.
 
@@ -36,9 +47,7 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +60,16 @@ from gnnscale.graph.block import Block
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.stack import Stack
 from gnnscale.partition import load_or_partition, partition_graph
+from gnnscale.plan.distributed_fit import (
+    FIT_EXCHANGES,
+    FIT_STEPS,
+    ComputeFit,
+    ExchangeFit,
+    ExchangeFn,
+    StepFn,
+    SyncFit,
+    SyncFn,
+)
 from gnnscale.plan.epoch_time import Cluster, EpochTime
 from gnnscale.plan.rates import Rates
 from gnnscale.sample import CSRTopology, SampledAdjacency, sample_blocks, sample_key
@@ -65,46 +84,6 @@ their backward), each reading and writing ``rows x width x 4`` bytes."""
 ID_BYTES = 8
 METIS_MAX_EDGES = 50_000_000
 """Beyond this many edges the model partitions a sample of the graph (:func:`sampled_owner`)."""
-FIT_STEPS = 6
-"""Replayed steps timed for :class:`ComputeFit` (and one of a single root)."""
-
-StepFn = Callable[[list[Block], Tensor], None]
-"""Forward and backward of a model over sampled blocks and their seeds (the engine's; timed by the fit)."""
-
-
-@dataclass(frozen=True)
-class ComputeFit:
-    """Real seconds of a training step from its counted work ``w`` (:func:`work_seconds`): ``fixed + scale x w``
-    (``fixed``: a step's cost beyond its work -- Python, autograd, kernel launches; ``scale``: real over counted
-    seconds, for what the counts leave out, such as building a block's transpose for the backward)."""
-
-    fixed: float = 0.0
-    scale: float = 1.0
-
-    def seconds(self, work: float) -> float:
-        return self.fixed + self.scale * work if work > 0 else 0.0
-
-    @classmethod
-    def timed(cls, step: StepFn, samples: list[tuple[list[Block], Tensor, float]],
-              one: tuple[list[Block], Tensor, float] | None) -> ComputeFit:
-        """Time ``step`` on replayed steps (``(blocks, seeds, work)``, the best of two runs each, one thread as a
-        rank has) and on a single-root step ``one`` (the fixed cost)."""
-        def best(blocks: list[Block], seeds: Tensor) -> float:
-            times = []
-            for _ in range(2):
-                t0 = time.perf_counter()
-                step(blocks, seeds)
-                times.append(time.perf_counter() - t0)
-            return min(times)
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # a rank's (the launcher's OMP_NUM_THREADS=1)
-        try:
-            fixed = best(one[0], one[1]) if one is not None else 0.0
-            ratios = [max(best(b, s) - fixed, 0.0) / w for b, s, w in samples if w > 0]
-        finally:
-            torch.set_num_threads(threads)
-        return cls(fixed, statistics.median(ratios) if ratios else 1.0)
 
 
 @dataclass
@@ -130,6 +109,10 @@ class Replay:
     with pre-gathering one per iteration)."""
     iterations: int = 0
     """Iterations in the whole epoch."""
+    exchange: ExchangeFit = field(default_factory=ExchangeFit)
+    """How an exchange's local work is priced."""
+    sync: SyncFit = field(default_factory=SyncFit)
+    """How the local work around the all-reduce and the migrations is priced."""
 
 
 def work_seconds(blocks: list[Block], model: Stack, rates: Rates) -> float:
@@ -185,7 +168,8 @@ class Replayer:
     """Samples the engine's iterations for ``ranks`` ranks and counts their work (:class:`Replay`)."""
 
     def __init__(self, graph: Graph, config: TrainConfig, model: Stack, rates: Rates, owner: Tensor, ranks: int,
-                 fanouts: tuple[int, ...], sample_rate: float | None = None, fit: ComputeFit | StepFn | None = None):
+                 fanouts: tuple[int, ...], sample_rate: float | None = None, fit: ComputeFit | StepFn | None = None,
+                 exchange: ExchangeFit | ExchangeFn | None = None, sync: SyncFit | SyncFn | None = None):
         self.graph, self.config, self.model, self.rates = graph, config, model, rates
         self.owner, self.ranks, self.fanouts = owner, ranks, fanouts
         self.topo = CSRTopology.from_graph(graph, model.adjacency)
@@ -197,6 +181,10 @@ class Replayer:
         """How counted work becomes seconds: a :class:`ComputeFit`, or the engine's step to time one on replayed
         steps (``None``: the counts as they are)."""
         self._timed: list[tuple[list[Block], Tensor, float]] = []
+        self.exchange, self.sync = exchange, sync
+        """The exchanges' and synchronisations' local work: fits, or the engine's work to time them on (``None``:
+        left out)."""
+        self._exchanges: list[tuple[list[Tensor], Tensor, int]] = []
         step = max(1, ranks // SIM_RANKS)
         self.watched = list(range(0, ranks, step))[:SIM_RANKS]
 
@@ -262,7 +250,13 @@ class Replayer:
             srcs = [s.src for s in steps if s.src is not None]
             ids = torch.unique(torch.cat(srcs)) if srcs else torch.empty(0, dtype=torch.int64)
             asked.append(ids[self.owner[ids] != r])
-        served = torch.bincount(self.owner[torch.cat(asked)], minlength=self.ranks).double()
+        every = torch.cat(asked)
+        if callable(self.exchange) and len(self._exchanges) < FIT_EXCHANGES:
+            first = self.watched[0]
+            srcs = [s.src for s in per[0] if s.src is not None]
+            wanted = every[self.owner[every] == first]
+            self._exchanges.append((srcs, wanted, int(asked[0].numel() + wanted.numel())))
+        served = torch.bincount(self.owner[every], minlength=self.ranks).double()
         served *= self.ranks / len(self.watched)
         return [(int(a.numel()), int(served[r])) for r, a in zip(self.watched, asked, strict=True)]
 
@@ -275,6 +269,15 @@ class Replayer:
             one = self._blocks(seeds, 0)[0]
             fit = ComputeFit.timed(self.fit, self._timed, (one, seeds, work_seconds(one, self.model, self.rates)))
         self._timed.clear()
+        if isinstance(self.exchange, ExchangeFit):
+            out.exchange = self.exchange
+        elif callable(self.exchange):
+            out.exchange = ExchangeFit.timed(self.exchange, self.owner, self._exchanges)
+        self._exchanges.clear()
+        if isinstance(self.sync, SyncFit):
+            out.sync = self.sync
+        elif callable(self.sync):
+            out.sync = SyncFit.timed(self.sync)
         for it in out.steps:
             for steps in it:
                 for s in steps:
@@ -329,7 +332,8 @@ class Tally:
     ``received_bytes``, summed over ranks)."""
 
     terms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("sample", "compute", "contention", "fetch", "migrate", "allreduce", "latency"), 0.0))
+        ("sample", "compute", "exchange", "sync", "contention", "fetch", "migrate", "allreduce", "latency", "wait"),
+        0.0))
     received: float = 0.0
 
     def collective(self, net: Network, term: str, nbytes: float, messages: int) -> None:
@@ -339,15 +343,17 @@ class Tally:
 
 
 def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net: Network, share: float,
-                    ranks: int, row_bytes: int, param_bytes: int) -> Tally:
+                    ranks: int, row_bytes: int, param_bytes: int, wait: float = 0.0) -> Tally:
     """Replayed iteration ``i`` of ``replay`` priced: the slowest rank's work between synchronisations (times
-    ``share``), and each collective at ``net``."""
+    ``share``), and each collective at ``net`` plus ``wait`` (the ranks' synchronisation: the last one's arrival,
+    being scheduled again)."""
     t, per, R = Tally(), replay.steps[i], ranks
     n_steps = len(per[0])
     mean_remote = 0.0
     for ex in replay.exchanges[i]:  # every rank's collective lasts as long as the busiest rank's
         rows = max(max(recv, served) for recv, served in ex)
         mean_remote += sum(recv for recv, _ in ex) / len(ex)
+        t.terms["exchange"] += max(replay.exchange.seconds(recv + served) for recv, served in ex)
         t.collective(net, "fetch", ID_BYTES * (R - 1), R - 1)  # the counts
         t.collective(net, "fetch", ID_BYTES * rows, R - 1)  # the ids asked for
         t.collective(net, "fetch", row_bytes * rows, R - 1)  # the rows
@@ -356,11 +362,13 @@ def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net:
     else:
         t.terms["sample"] = sum(max(steps[k].sample for steps in per) for k in range(n_steps))
     t.terms["compute"] = sum(max(steps[k].compute for steps in per) for k in range(n_steps))
-    t.terms["contention"] = (share - 1) * (t.terms["sample"] + t.terms["compute"])
+    t.terms["sync"] = replay.sync.iteration + (n_steps - 1) * replay.sync.migration
+    t.terms["contention"] = (share - 1) * sum(t.terms[k] for k in ("sample", "compute", "exchange", "sync"))
     migration = 2 * param_bytes
     for _ in range(n_steps - 1):
         t.collective(net, "migrate", migration, 1)
     t.collective(net, "allreduce", ring_bytes(param_bytes, R), ring_rounds(R))
+    t.terms["wait"] = wait * (3 * len(replay.exchanges[i]) + n_steps - 1 + 1)
     counts = ID_BYTES * (R - 1) * len(replay.exchanges[i])
     t.received = R * (mean_remote * (row_bytes + ID_BYTES) + counts + (n_steps - 1) * migration + param_bytes)
     return t
@@ -368,15 +376,20 @@ def price_iteration(replay: Replay, i: int, strategy: str, pregather: bool, net:
 
 def predict(graph: Graph, config: TrainConfig, model: Stack, rates: Rates, cluster: Cluster, fanouts: tuple[int, ...],
             *, owner: Tensor | None = None, sample_rate: float | None = None, cores: int | None = None,
-            fit: ComputeFit | StepFn | None = None, metis_max_edges: int = METIS_MAX_EDGES) -> EpochTime:
+            fit: ComputeFit | StepFn | None = None, exchange: ExchangeFit | ExchangeFn | None = None,
+            sync: SyncFit | SyncFn | None = None, wait: float = 0.0,
+            metis_max_edges: int = METIS_MAX_EDGES) -> EpochTime:
     """The distributed engine's epoch under ``config.strategy`` on ``cluster`` (``machines x G`` ranks, ``G``
     default 1) at ``rates``; ``owner`` (every vertex's rank), ``sample_rate`` (edges/s), ``cores`` (per
-    machine) and ``fit`` (:class:`ComputeFit`, or the step to time one with) may be given (tests), else they come
-    from the partitioner, the replay and this machine."""
+    machine), ``fit`` (:class:`ComputeFit`, or the step to time one with), ``exchange`` (:class:`ExchangeFit`, or
+    the engine's exchange work to time one with) and ``sync`` (:class:`SyncFit`, or the work to time) may be given
+    (tests), else they come from the partitioner, the replay and this machine (``None``: those terms left out);
+    ``wait``: the seconds every collective costs the ranks of a machine to synchronise
+    (:func:`gnnscale.plan.network_rate.sync_cost`)."""
     ranks = cluster.machines * (cluster.devices_per_machine or 1)
     assert graph.train_mask is not None and graph.x is not None
     replayer = Replayer(graph, config, model, rates, torch.empty(0, dtype=torch.int64), ranks, fanouts, sample_rate,
-                        fit)
+                        fit, exchange, sync)
     iterations, batches = replayer.batches(torch.nonzero(graph.train_mask).view(-1))
     sampled = owner is None and graph.num_edges > metis_max_edges
     if owner is None:
@@ -388,7 +401,7 @@ def predict(graph: Graph, config: TrainConfig, model: Stack, rates: Rates, clust
     row_bytes = graph.x.shape[1] * graph.x.element_size()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     tallies = [price_iteration(replay, i, config.strategy, config.pregather == "on", net, share, ranks, row_bytes,
-                               param_bytes) for i in range(len(replay.steps))]
+                               param_bytes, wait) for i in range(len(replay.steps))]
     scale = replay.iterations / max(len(tallies), 1)
     terms = {k: scale * sum(t.terms[k] for t in tallies) for k in tallies[0].terms} if tallies else {}
     received = int(scale * sum(t.received for t in tallies))

@@ -9,6 +9,7 @@ machine's other rates in the cache (:func:`gnnscale.plan.rates.cache_file`).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -93,3 +94,83 @@ def with_network(rates: Rates, measure: Callable[[], tuple[float, float]] = meas
     except (OSError, ValueError):
         pass  # not cached: measured again next time
     return replace(rates, network=rate, latency=latency)
+
+
+SYNC_ROUNDS, SYNC_WORK = 60, 50
+"""Rounds of the synchronisation measurement, and the ``128 x 128`` matrix products of each round's work."""
+
+
+def _sync_child(rank: int, world: int, port: int, out: mp.SimpleQueue) -> None:  # type: ignore[type-arg]
+    """One of ``world`` processes: rounds of a burst of work then a small all-to-all (an engine's step and
+    exchange); rank 0 reports the mean round."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    try:
+        a, t = torch.randn(128, 128), torch.zeros(2 * world)
+        into = torch.empty_like(t)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(SYNC_ROUNDS):
+            for _ in range(SYNC_WORK):
+                a @ a
+            dist.all_to_all_single(into, t)
+        if rank == 0:
+            out.put((time.perf_counter() - t0) / SYNC_ROUNDS)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_sync(ranks: int) -> float:
+    """Seconds each collective of ``ranks`` processes of this machine costs beyond their work (run alone, times
+    their share of the cores): the wait for the last rank to arrive (their work's jitter, which their sharing of
+    the cores makes larger), to be scheduled again when the data comes, and the small all-to-all itself."""
+    a = torch.randn(128, 128)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(SYNC_WORK):
+                a @ a
+            alone.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_sync_child, args=(r, ranks, port, out), daemon=True) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    if out.empty():
+        raise RuntimeError("measuring the synchronisation cost failed (gloo over loopback)")
+    share = max(1.0, ranks / (os.cpu_count() or 1))
+    return max(float(out.get()) - share * min(alone), 0.0)
+
+
+def sync_cost(rates: Rates, ranks: int, measure: Callable[[int], float] = measure_sync) -> float:
+    """:func:`measure_sync` of ``ranks`` processes on this machine, measured once and cached beside the machine's
+    rates (``sync_cost`` by rank count)."""
+    if ranks < 2:
+        return 0.0
+    path = cache_file()
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = None
+    entry = saved.get(rates.machine) if isinstance(saved, dict) else None
+    known = entry.get("sync_cost", {}) if isinstance(entry, dict) else {}
+    if isinstance(known, dict) and str(ranks) in known:
+        return float(known[str(ranks)])
+    cost = measure(ranks)
+    if isinstance(entry, dict) and entry.get("versions") == rates.versions:
+        entry["sync_cost"] = {**(known if isinstance(known, dict) else {}), str(ranks): cost}
+        try:
+            with atomic_file(path) as fh:
+                fh.write(json.dumps(saved, indent=1).encode())
+        except OSError:
+            pass  # not cached: measured again next time
+    return cost

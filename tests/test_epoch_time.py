@@ -224,10 +224,18 @@ def test_rates_are_measured_again_at_another_thread_count(tmp_path, monkeypatch)
         assert rates_mod.rates(CPU).threads == before + 1 and len(calls) == 2
         rates_mod.rates(CPU, recalibrate=True)
         assert len(calls) == 3
+        path = tmp_path / "rates.json"
+        saved = json.loads(path.read_text())
+        # each thread count keeps its own entry, and what was measured beside it (a what-if's sync cost)
+        assert sorted(e["threads"] for e in saved.values()) == [before, before + 1]
+        key = next(k for k, e in saved.items() if e["threads"] == before + 1)
+        assert key.endswith(f"@{before + 1}t")
+        saved[key]["sync_cost"] = {"2": 1e-3}
+        path.write_text(json.dumps(saved))
+        assert rates_mod.rates(CPU).threads == before + 1 and len(calls) == 3  # still cached, sync cost and all
     finally:
         torch.set_num_threads(before)
-    saved = json.loads((tmp_path / "rates.json").read_text())
-    assert [e["threads"] for e in saved.values()] == [before + 1]
+    assert rates_mod.rates(CPU).threads == before and len(calls) == 3  # its own entry, kept
 
 
 def test_plan_prints_and_train_says_the_prediction(fixed, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -23,7 +23,7 @@ from gnnscale.nn import build_model
 from gnnscale.plan import distributed_time as dt
 from gnnscale.plan.epoch_time import Cluster
 from gnnscale.plan.network_rate import sync_cost, with_network
-from gnnscale.plan.rates import Rates, cache_file
+from gnnscale.plan.rates import Rates, cache_file, cache_key
 from gnnscale.units import parse_network
 
 RATES = Rates(gather=1e9, copy=1e9, aggregate=((16, 1e8), (64, 1e8), (256, 1e8)), flops=1e10, memory=1e9,
@@ -282,7 +282,8 @@ def test_sync_cost_is_measured_once_per_rank_count() -> None:
     path = cache_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     r = replace(RATES, machine="m", versions="v")
-    path.write_text(json.dumps({"m": {"versions": "v"}}))
+    key = cache_key("m", r.threads)  # the entry of the machine at the thread count its rates were measured
+    path.write_text(json.dumps({key: {"versions": "v"}}))
     calls: list[int] = []
 
     def fake(ranks: int) -> float:
@@ -291,14 +292,15 @@ def test_sync_cost_is_measured_once_per_rank_count() -> None:
 
     assert sync_cost(r, 3, fake) == 3e-3 and sync_cost(r, 3, fake) == 3e-3 and sync_cost(r, 2, fake) == 2e-3
     assert calls == [3, 2] and sync_cost(r, 1, fake) == 0.0
-    assert json.loads(path.read_text())["m"]["sync_cost"] == {"3": 3e-3, "2": 2e-3}
+    assert json.loads(path.read_text())[key]["sync_cost"] == {"3": 3e-3, "2": 2e-3}
 
 
 def test_network_rate_is_measured_once_and_cached() -> None:
     path = cache_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     unmeasured = replace(RATES, network=0.0, latency=0.0, machine="test-box", versions="v")
-    path.write_text(json.dumps({"test-box": {**asdict(unmeasured)}}))
+    key = cache_key("test-box", unmeasured.threads)
+    path.write_text(json.dumps({key: {**asdict(unmeasured)}}))
     calls: list[int] = []
 
     def measure() -> tuple[float, float]:
@@ -307,7 +309,7 @@ def test_network_rate_is_measured_once_and_cached() -> None:
 
     got = with_network(unmeasured, measure)
     assert (got.network, got.latency) == (5e9, 2e-5) and calls == [1]
-    assert json.loads(path.read_text())["test-box"]["network"] == 5e9
+    assert json.loads(path.read_text())[key]["network"] == 5e9
     assert with_network(got, measure) is got and calls == [1]  # known: not measured again
 
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gnnscale.fsutil import atomic_file
-from gnnscale.plan.rates import Rates, cache_file
+from gnnscale.plan.rates import Rates, cache_file, cache_key
 
 PING_ROUNDS = 200
 """All-to-alls of one element per rank (the latency: the median)."""
@@ -86,7 +86,7 @@ def with_network(rates: Rates, measure: Callable[[], tuple[float, float]] = meas
     path = cache_file()
     try:
         saved = json.loads(path.read_text())
-        entry = saved.get(rates.machine) if isinstance(saved, dict) else None
+        entry = saved.get(cache_key(rates.machine, rates.threads)) if isinstance(saved, dict) else None
         if isinstance(entry, dict) and entry.get("versions") == rates.versions:
             entry.update(network=rate, latency=latency)
             with atomic_file(path) as fh:
@@ -161,7 +161,7 @@ def sync_cost(rates: Rates, ranks: int, measure: Callable[[int], float] = measur
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         saved = None
-    entry = saved.get(rates.machine) if isinstance(saved, dict) else None
+    entry = saved.get(cache_key(rates.machine, rates.threads)) if isinstance(saved, dict) else None
     known = entry.get("sync_cost", {}) if isinstance(entry, dict) else {}
     if isinstance(known, dict) and str(ranks) in known:
         return float(known[str(ranks)])

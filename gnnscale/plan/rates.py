@@ -18,7 +18,7 @@ import tempfile
 import time
 from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,9 @@ def _width_rate(table: tuple[tuple[int, float], ...], width: int) -> float:
     return 1 / (c * width)
 
 
+_FIELDS = {f.name for f in fields(Rates)}
+
+
 def versions() -> str:
     return f"gnnscale {__version__}, torch {torch.__version__}, python {platform.python_version()}"
 
@@ -139,11 +142,18 @@ def cache_file() -> Path:
     return throughput.cache_file().parent / "rates.json"
 
 
+def cache_key(machine: str, threads: int) -> str:
+    """The cache entry of a machine's rates at a torch thread count (a what-if's ranks measure at one thread, a
+    ``plan`` at the machine's: each keeps its own entry, with what is measured beside it: the network, the
+    synchronisation cost)."""
+    return f"{machine}@{threads}t"
+
+
 def rates(device: torch.device, *, recalibrate: bool = False) -> Rates:
     """The cached rates of ``device`` (a sim device: the host's), measured (about two seconds) when missing, of
     other versions or another torch thread count, or with ``recalibrate``."""
     dev = rt.torch_device(device)
-    key = throughput._name(dev)
+    key = cache_key(throughput._name(dev), torch.get_num_threads())
     path = cache_file()
     try:
         saved = json.loads(path.read_text())
@@ -154,9 +164,10 @@ def rates(device: torch.device, *, recalibrate: bool = False) -> Rates:
     if not recalibrate and isinstance(entry, dict) and entry.get("versions") == versions() \
             and entry.get("threads") == torch.get_num_threads():
         try:
+            known = {k: v for k, v in entry.items() if k in _FIELDS}  # beside them: the network's, sync_cost
             for k in ("aggregate", "aggregate_cached"):
-                entry[k] = tuple(tuple(p) for p in entry.get(k, ()))
-            return Rates(**entry)
+                known[k] = tuple(tuple(p) for p in known.get(k, ()))
+            return Rates(**known)
         except (TypeError, KeyError, ValueError):
             pass  # an entry of another shape: measure again
     fresh = measure_apart(dev)

@@ -1,12 +1,12 @@
 """The sparse aggregation's rate on a graph's own rows: what the calibration's random neighbours cannot say.
 
-The rates' aggregation (:attr:`~gnnscale.plan.rates.Rates.aggregate`) is measured over uniformly random
-in-neighbours of a 64 MiB table. A real graph reads its own table (smaller or larger than the cache) in its own
-order: a web crawl or a social graph in crawl order reads neighbours close together and runs faster; a graph whose
-table fits the cache runs at the cached rate. :func:`graph_aggregate_rate` times the library's aggregation
-(:func:`~gnnscale.nn.ops.spmm`) over a slice of the graph's own destination rows with their own neighbours, at the
-layer's width over a ``[V, width]`` table: edges per second, once per graph and width (about 10-50 ms), for the
-full-graph layers on a CPU (:class:`~gnnscale.plan.work.LayerWork`).
+The rates' aggregation (:attr:`~gnnscale.plan.rates.Rates.aggregate`) is measured over uniformly random in-
+neighbours of a 64 MiB table. A real graph reads its own table (smaller or larger than the cache) in its own order:
+a web crawl or a social graph in crawl order reads neighbours close together and runs faster; a graph whose table
+fits the cache runs at the cached rate. :func:`graph_aggregate_rate` times the library's aggregation
+(:func:`~gnnscale.nn.ops.spmm`) over slices of the graph's own destination rows (spread over the vertex order) with
+their own neighbours, at the layer's width over a ``[V, width]`` table: edges per second, once per graph and width
+(about 10-50 ms), for the full-graph layers on a CPU (:class:`~gnnscale.plan.work.LayerWork`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from gnnscale.graph.graph import Graph
 from gnnscale.nn.ops import spmm
 
 PROBE_EDGES = 1 << 18
-"""Edges of the probed slice of destination rows (from the middle of the edge order)."""
+"""Edges probed in all, in :data:`SLICES` slices of destination rows spread over the edge order."""
+SLICES = 8
 MAX_TABLE = 512 << 20
 """Bytes of the probe's ``[V, width]`` source table past which it is not probed (``0``: the calibrated rate)."""
 
@@ -42,20 +43,26 @@ def graph_aggregate_rate(graph: Graph, width: int) -> float:
 
 
 def _measure(graph: Graph, width: int) -> float:
+    """Edges/s over :data:`SLICES` slices of destination rows spread over the vertex order (a graph's locality
+    varies along it), :data:`PROBE_EDGES` edges in all, into one ``[V, width]`` table."""
     indptr = graph.indptr
-    V = graph.num_nodes
-    start = int(torch.searchsorted(indptr, torch.tensor(int(indptr[-1]) // 2)).item())
-    start = max(0, min(start, V - 1))
-    stop = int(torch.searchsorted(indptr, indptr[start] + PROBE_EDGES).item())
-    stop = max(start + 1, min(stop, V))
-    ptr = (indptr[start:stop + 1] - indptr[start]).to(torch.int64)
-    own = graph.indices[int(indptr[start]):int(indptr[stop])].to(torch.int64)
+    V, E = graph.num_nodes, int(indptr[-1])
     x = torch.randn(V, width, generator=torch.Generator().manual_seed(0))
-    out = torch.empty(stop - start, width)
-    block = Block(indptr=ptr, indices=own, num_src=V)
-    times = []
-    for _ in range(4):
-        t0 = time.perf_counter()
-        spmm(block, x, out)
-        times.append(time.perf_counter() - t0)
-    return own.numel() / max(statistics.median(times[1:]), 1e-9)
+    edges, seconds = 0, 0.0
+    for k in range(SLICES):
+        start = int(torch.searchsorted(indptr, torch.tensor((2 * k + 1) * E // (2 * SLICES))).item())
+        start = max(0, min(start, V - 1))
+        stop = int(torch.searchsorted(indptr, indptr[start] + PROBE_EDGES // SLICES).item())
+        stop = max(start + 1, min(stop, V))
+        ptr = (indptr[start:stop + 1] - indptr[start]).to(torch.int64)
+        own = graph.indices[int(indptr[start]):int(indptr[stop])].to(torch.int64)
+        out = torch.empty(stop - start, width)
+        block = Block(indptr=ptr, indices=own, num_src=V)
+        times = []
+        for _ in range(4):
+            t0 = time.perf_counter()
+            spmm(block, x, out)
+            times.append(time.perf_counter() - t0)
+        edges += own.numel()
+        seconds += statistics.median(times[1:])
+    return edges / max(seconds, 1e-9)

@@ -134,10 +134,7 @@ def work_seconds(blocks: list[Block], model: Stack, rates: Rates) -> float:
 def owner_of_parts(graph: Graph, ranks: int, config: TrainConfig) -> Tensor:
     """``[N]``: every vertex's rank under the partition the engine would use (saved plans reused)."""
     plan, _, _ = load_or_partition(graph, ranks, 1, config.partition_method, config.seed, config.plan_dir)
-    owner = torch.empty(plan.num_nodes, dtype=torch.int64)
-    for p in range(plan.partitions):
-        owner[plan.perm[int(plan.part_ptr[p]) : int(plan.part_ptr[p + 1])]] = p
-    return owner
+    return plan.owners()
 
 
 def sampled_owner(graph: Graph, ranks: int, config: TrainConfig, touched: Tensor) -> Tensor:

@@ -8,7 +8,6 @@ machine's other rates in the cache (:func:`gnnscale.plan.rates.cache_file`).
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -20,8 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gnnscale.fsutil import atomic_file
 from gnnscale.plan.rates import Rates, cache_file, cache_key
+from gnnscale.plan.throughput import read_cache, save_cache
 
 PING_ROUNDS = 200
 """All-to-alls of one element per rank (the latency: the median)."""
@@ -84,15 +83,11 @@ def with_network(rates: Rates, measure: Callable[[], tuple[float, float]] = meas
         return rates
     rate, latency = measure()
     path = cache_file()
-    try:
-        saved = json.loads(path.read_text())
-        entry = saved.get(cache_key(rates.machine, rates.threads)) if isinstance(saved, dict) else None
-        if isinstance(entry, dict) and entry.get("versions") == rates.versions:
-            entry.update(network=rate, latency=latency)
-            with atomic_file(path) as fh:
-                fh.write(json.dumps(saved, indent=1).encode())
-    except (OSError, ValueError):
-        pass  # not cached: measured again next time
+    saved = read_cache(path)
+    entry = saved.get(cache_key(rates.machine, rates.threads))
+    if isinstance(entry, dict) and entry.get("versions") == rates.versions:
+        entry.update(network=rate, latency=latency)
+        save_cache(path, saved)  # unwritable: measured again next time
     return replace(rates, network=rate, latency=latency)
 
 
@@ -157,20 +152,13 @@ def sync_cost(rates: Rates, ranks: int, measure: Callable[[int], float] = measur
     if ranks < 2:
         return 0.0
     path = cache_file()
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = None
-    entry = saved.get(cache_key(rates.machine, rates.threads)) if isinstance(saved, dict) else None
+    saved = read_cache(path)
+    entry = saved.get(cache_key(rates.machine, rates.threads))
     known = entry.get("sync_cost", {}) if isinstance(entry, dict) else {}
     if isinstance(known, dict) and str(ranks) in known:
         return float(known[str(ranks)])
     cost = measure(ranks)
     if isinstance(entry, dict) and entry.get("versions") == rates.versions:
         entry["sync_cost"] = {**(known if isinstance(known, dict) else {}), str(ranks): cost}
-        try:
-            with atomic_file(path) as fh:
-                fh.write(json.dumps(saved, indent=1).encode())
-        except OSError:
-            pass  # not cached: measured again next time
+        save_cache(path, saved)  # unwritable: measured again next time
     return cost

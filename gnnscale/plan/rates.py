@@ -27,7 +27,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gnnscale import runtime as rt
-from gnnscale.fsutil import atomic_file
 from gnnscale.graph.block import Block
 from gnnscale.nn.ops import keyed_dropout, spmm
 from gnnscale.plan import throughput
@@ -155,11 +154,7 @@ def rates(device: torch.device, *, recalibrate: bool = False) -> Rates:
     dev = rt.torch_device(device)
     key = cache_key(throughput._name(dev), torch.get_num_threads())
     path = cache_file()
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    saved = saved if isinstance(saved, dict) else {}
+    saved = throughput.read_cache(path)
     entry = saved.get(key)
     if not recalibrate and isinstance(entry, dict) and entry.get("versions") == versions() \
             and entry.get("threads") == torch.get_num_threads():
@@ -172,12 +167,7 @@ def rates(device: torch.device, *, recalibrate: bool = False) -> Rates:
             pass  # an entry of another shape: measure again
     fresh = measure_apart(dev)
     saved[key] = asdict(fresh)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path) as fh:
-            fh.write(json.dumps(saved, indent=1).encode())
-    except OSError:
-        pass  # an unwritable cache only costs a measurement next time
+    throughput.save_cache(path, saved)
     return fresh
 
 

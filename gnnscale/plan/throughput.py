@@ -14,6 +14,7 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -107,25 +108,31 @@ def compute_rates(device: torch.device) -> tuple[float, float]:
     return entry["flops"], entry["bandwidth"]
 
 
-def cached(key: str, fields: tuple[str, ...], measure: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """``fields`` of the entry ``key`` of the throughput cache; measured by ``measure`` (and saved) when the
-    entry is missing or any field is not a positive number."""
-    path = cache_file()
+def read_cache(path: Path) -> dict[str, Any]:
+    """A cache file's entries (``{}`` when it is missing, unreadable or not a JSON object)."""
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         saved = {}
-    saved = saved if isinstance(saved, dict) else {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def cached(key: str, fields: tuple[str, ...], measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``fields`` of the entry ``key`` of the throughput cache; measured by ``measure`` (and saved) when the
+    entry is missing or any field is not a positive number."""
+    path = cache_file()
+    saved = read_cache(path)
     entry = saved.get(key)
     if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) and entry[k] > 0 for k in fields):
         return {k: float(entry[k]) for k in fields}
     fresh = {k: float(v) for k, v in measure().items()}
     saved[key] = fresh
-    _save(path, saved)
+    save_cache(path, saved)
     return fresh
 
 
-def _save(path: Path, saved: dict[str, object]) -> None:
+def save_cache(path: Path, saved: dict[str, Any]) -> None:
+    """Write a cache file's entries at once (an unwritable cache only costs a measurement next time)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(path) as fh:

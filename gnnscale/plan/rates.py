@@ -251,16 +251,7 @@ def _counted_op(repeats: int = 50) -> float:
 def _typical(fn: Callable[[], object], amount: float, device: torch.device, runs: int = 5) -> float:
     """``amount`` per second of ``fn``: the median of ``runs`` after a warm-up, not the best (an epoch's ops
     allocate their outputs afresh, and often fault their pages in: the best run would be the rare one without)."""
-    times = []
-    for _ in range(runs + 1):
-        if rt.is_accelerator(device):
-            rt.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if rt.is_accelerator(device):
-            rt.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return amount / max(statistics.median(times[1:]), 1e-9)
+    return amount / max(statistics.median(throughput.timed_runs(fn, device, runs)), 1e-9)
 
 
 def _dropout_rate(device: torch.device) -> float:

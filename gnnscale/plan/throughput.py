@@ -38,18 +38,23 @@ def _name(device: torch.device) -> str:
     return f"cpu:{platform.processor() or platform.machine()}x{os.cpu_count()}"
 
 
-def _rate(fn: Callable[[], object], nbytes: int, device: torch.device) -> float:
-    """Bytes per second of ``fn`` (best of a few runs, after one warm-up)."""
-    best = float("inf")
-    for _ in range(REPEATS + 1):
+def timed_runs(fn: Callable[[], object], device: torch.device, runs: int) -> list[float]:
+    """Seconds of ``runs`` calls of ``fn`` after one warm-up, each waited for on an accelerator."""
+    times = []
+    for _ in range(runs + 1):
         if rt.is_accelerator(device):
             rt.synchronize(device)
         t0 = time.perf_counter()
         fn()
         if rt.is_accelerator(device):
             rt.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / max(best, 1e-9)
+        times.append(time.perf_counter() - t0)
+    return times[1:]
+
+
+def _rate(fn: Callable[[], object], nbytes: int, device: torch.device) -> float:
+    """Bytes per second of ``fn`` (best of a few runs, after one warm-up)."""
+    return nbytes / max(min(timed_runs(fn, device, REPEATS)), 1e-9)
 
 
 def measure(devices: list[torch.device]) -> Throughput:

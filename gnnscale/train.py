@@ -126,28 +126,19 @@ def train(
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         on_epoch: called with each epoch's record (progress bars, metrics files).
         on_start: called before the first epoch with the engine, the engines ``auto`` rejected (and why) and the
-            seconds each preparation step took (``prepare_s`` this function's part, ``ready_s`` with the caller's
-            ``load_s``): the CLI prints the plan there.
-        timings: seconds of steps the caller ran before (``load_s``, a part of the summary's ``wall_s``),
-            reported with the engine's own. The summary's ``timings`` split the wall time into parts that sum to
-            it (``engines.schema.WALL_PARTS``, docs/metrics.md).
-        checkpoint: a folder for ``checkpoint.pt`` (:mod:`gnnscale.checkpoint`), written every
-            ``checkpoint_every`` epochs and after the last one.
-        checkpoint_iterations: also every this many iterations within an epoch (engines that checkpoint mid-epoch:
-            the distributed one); 0: at epoch ends only; ``None``: :data:`ITERATION_CHECKPOINTS` for those engines,
-            0 for the others.
-        resume: go on from the checkpoint in ``checkpoint`` when there is one (the epochs it holds are not
-            trained again, and ``on_epoch`` is not called for them); a config that changes the model is refused.
-        on_resume: called with the checkpoint's epoch records before the first new epoch (a metrics file
-            continues from them).
+            seconds each preparation step took (``prepare_s``, ``ready_s``): the CLI prints the plan there.
+        timings: seconds of steps the caller ran before (``load_s``), reported with the engine's own; the summary's
+            ``timings`` split the wall time into parts that sum to it (docs/metrics.md).
+        checkpoint: a folder for ``checkpoint.pt`` (:mod:`gnnscale.checkpoint`), written every ``checkpoint_every``
+            epochs, after the last one, and every ``checkpoint_iterations`` iterations within an epoch where the
+            engine checkpoints mid-epoch (0: epoch ends only; ``None``: :data:`ITERATION_CHECKPOINTS` there).
+        resume: go on from the checkpoint in ``checkpoint`` when there is one (its epochs are not trained again);
+            a config that changes the model is refused. ``on_resume`` gets the checkpoint's epoch records first.
         on_stop: called when training stops before its last epoch (Ctrl-C, SIGTERM, an error) with what it has
-            (the model as it stands, the finished epochs' records, the best weights so far; ``summary`` holds
-            ``interrupted``, ``epochs_done`` and ``best_epoch``) and the exception, which is raised again after.
-        model: a model of your own to train instead of ``config.model``: a :class:`~gnnscale.nn.Stack` (of PyG
-            convs or gnnscale layers) or a PyG ``BasicGNN`` (converted over its parameters,
-            :func:`~gnnscale.nn.as_stack`). It is trained in place (``result.model`` is the Stack that holds its
-            parameters); the config's model fields (``model``, ``hidden``, ``layers``, ...) are then ignored,
-            with a warning naming those set. docs/own-model.md says what a layer must satisfy.
+            (``summary`` holds ``interrupted``, ``epochs_done`` and ``best_epoch``) and the exception, raised again.
+        model: a model of your own instead of ``config.model``: a :class:`~gnnscale.nn.Stack` (of PyG convs or
+            gnnscale layers) or a PyG ``BasicGNN`` (:func:`~gnnscale.nn.as_stack`), trained in place; the config's
+            model fields are then ignored, with a warning. docs/own-model.md says what a layer must satisfy.
 
     Raises:
         GnnscaleError: bad config, unusable graph, or no engine fits; the message says which.

@@ -46,7 +46,8 @@ def resolve(repo: Path, rev: str) -> str:
 
 def changed_paths(repo: Path) -> list[str]:
     """Uncommitted changes under gnnscale/ or benchmarks/ (records under benchmarks/results/ and caches aside)."""
-    out = git(repo, "status", "--porcelain", "--", "gnnscale", "benchmarks")
+    out = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "gnnscale", "benchmarks"],
+                         capture_output=True, text=True, check=True).stdout  # not stripped: " M path"
     paths = [ln[3:] for ln in out.splitlines() if ln.strip()]
     return [p for p in paths if not p.startswith("benchmarks/results/") and "cache" not in p]
 

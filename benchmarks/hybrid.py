@@ -1,10 +1,10 @@
 """The hybrid engine (HyScale-GNN): the performance model against measured epochs, and DRM against a sweep of
 static splits, with one trainer made slower.
 
-    .venv/bin/python benchmarks/hybrid.py --threads 1
-    .venv/bin/python benchmarks/hybrid.py --threads 1 --parts model --datasets csbm:nodes=50000,features=128
-    PYTHONPATH=. python3 benchmarks/hybrid.py --model-devices 'cpu;cpu,cuda:0' --drm-devices cpu,cuda:0 \
-        --slowdown 1 --datasets csbm:nodes=500000,avg_degree=20,features=100,classes=47 --hidden 256
+    python -m benchmarks hybrid
+    python -m benchmarks hybrid --parts model --datasets csbm:nodes=50000,features=128
+    python -m benchmarks hybrid --model-devices 'cpu;cpu,cuda:0' --drm-devices cpu,cuda:0 --slowdown 1 \\
+        --datasets csbm:nodes=500000,avg_degree=20,features=100,classes=47 --hidden 256
 
 **Model** (``--parts model``): per dataset (``--datasets``, default ego-twitter symmetrised and a csbm graph) and per
 device list (``--model-devices``, default ``cpu`` and ``cpu,cpu:1``: the CPU trainer alone, and beside a CPU
@@ -12,7 +12,7 @@ stand-in for an accelerator), the engine is built with ``--drm off`` and the spl
 trains ``--warmup`` untimed epochs, then ``--epochs`` timed ones (``HybridEngine.train_epoch``, no evaluation). The
 table gives, per stage (SC, Load, Tran, TC, TA, sync) and per iteration, the predicted seconds (Eqs. 6-13, the
 sampling table, Eq. 10 calibrated by one measured forward/backward) against the mean measured ones, and the
-predicted epoch time against the median measured one, with the error. In the same run the mini-batch engine
+predicted epoch time against the median measured one, with the error. In the same case the mini-batch engine
 (one trainer, same batch and fanouts) trains the same epochs: the ratio of epoch times is reported.
 
 **DRM** (``--parts drm``): devices ``cpu,cpu:1`` on the csbm graph, the CPU trainer made ``--slowdown`` times
@@ -24,7 +24,10 @@ the DRM run's epoch times (the last one, fully settled, against the best static 
 first epoch's iterations after the tenth (their mean seconds times the iterations of an epoch) against the best
 static split's epoch.
 
-Results are appended to ``--out`` (default benchmarks/results/hybrid.jsonl) with the environment.
+Cases: one per dataset of the model part (a ``"kind": "model"`` record per device list) and one DRM case (one
+``"kind": "drm"`` record). One harness round by default: the DRM case interleaves its own ``--repeats`` rounds of
+the sweep and DRM in one process (its summary needs them all), and the model part compares prediction and
+measurement within a process.
 """
 
 from __future__ import annotations
@@ -32,34 +35,36 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-try:
-    from offload import _list, append_records, environment
-except ImportError:  # run as a module
-    from benchmarks.offload import _list, append_records, environment
-
+from benchmarks.harness import Case, fmt, latest_session, split_list
+from benchmarks.harness.graphs import device_name, load_graph
+from benchmarks.harness.records import provenance, table
 from gnnscale.config import TrainConfig
 from gnnscale.engines.hybrid import HybridEngine
 from gnnscale.engines.minibatch import MiniBatchEngine
-from gnnscale.errors import GnnscaleError
-from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
-from gnnscale.train import check_trainable
 
+TITLE = "Hybrid CPU + accelerator training (issue #16, HyScale-GNN), CPU"
+ROUNDS = 1
 EGO_TWITTER = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "snap" / "ego-twitter.txt.gz"
 CSBM = "csbm:nodes=50000,features=128,avg_degree=15,train=0.5"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "hybrid.jsonl"
+QUICK_CSBM = "csbm:nodes=2000,features=16,train=0.5"
 STAGES = ("SC", "Load", "Tran", "TC", "TA", "sync", "iteration")
 SETTLE_AFTER = 10
 """DRM should have settled after this many iterations (the issue's bound)."""
+DEFAULTS = {"hidden": 128, "batch_size": 1024, "fanouts": "15,10", "warmup": 1, "epochs": 3,
+            "sweep": "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", "drm_epochs": 3, "repeats": 2}
+QUICK = {"hidden": 16, "batch_size": 64, "fanouts": "5,5", "warmup": 0, "epochs": 1, "sweep": "0.2,0.5",
+         "drm_epochs": 2, "repeats": 1}
+"""The flags' values unless given: by default, and under ``--quick``."""
 
 
 def _engine(cls: type, g: Graph, cfg: TrainConfig) -> Any:
@@ -80,14 +85,14 @@ def _epochs(engine: Any, warmup: int, epochs: int) -> tuple[list[float], list[di
     return times, recs
 
 
-def model_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+def model_part(g: Graph, spec: str, args: Any) -> list[dict[str, Any]]:
     rows = []
     base = {"model": args.model, "hidden": args.hidden, "batch_size": args.batch_size,
-            "fanouts": tuple(int(f) for f in _list(args.fanouts)), "seed": args.seed}
+            "fanouts": tuple(int(f) for f in split_list(args.fanouts)), "seed": args.seed}
     mb = _engine(MiniBatchEngine, g, TrainConfig(engine="minibatch", **base))
     mb_times, _ = _epochs(mb, args.warmup, args.epochs)
     for devs in args.model_devices.split(";"):
-        cfg = TrainConfig(engine="hybrid", devices=tuple(_list(devs)), drm="off", **base)
+        cfg = TrainConfig(engine="hybrid", devices=tuple(split_list(devs)), drm="off", **base)
         eng = _engine(HybridEngine, g, cfg)
         times, recs = _epochs(eng, args.warmup, args.epochs)
         n = int(eng.train_ids.numel())
@@ -104,19 +109,10 @@ def model_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, 
                "mteps": statistics.median(r["mteps"] for r in recs), "accel_bytes": recs[-1]["accel_bytes"],
                "trainer_seeds": recs[-1]["trainer_seeds"]}
         rows.append(row)
-        print(f"\n{spec} on {devs}: split {', '.join(f'{s:.3f}' for s in eng.split)}, threads "
-              f"{','.join(map(str, eng.threads.as_tuple()))}, Eq. 10 calibration "
-              f"{', '.join(f'{c:.1f}' for c in eng.perf.calibration)}")
-        print("| stage | predicted s | measured s |\n|---|---|---|")
-        for k in STAGES:
-            print(f"| {k} | {pred.get(k, 0.0):.4f} | {meas.get(k, 0.0):.4f} |")
-        print(f"| epoch | {pred_epoch:.3f} | {measured_epoch:.3f} (error {100 * row['error']:+.1f}%) |")
-        print(f"{row['mteps']:.2f} MTEPS; mini-batch engine, same batches: {row['minibatch_epoch_s']:.3f} s per epoch "
-              f"(hybrid/minibatch {row['hybrid_over_minibatch']:.2f}x)")
     return rows
 
 
-def _drm_run(g: Graph, base: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def _drm_run(g: Graph, base: dict[str, Any], args: Any) -> dict[str, Any]:
     """One DRM run from an equal split: its epoch times, decisions, where and when it settled."""
     eng = _engine(HybridEngine, g, TrainConfig(engine="hybrid", drm="on", shares=(0.5, 0.5), **base))
     eng.slowdown = [args.slowdown, 1.0]
@@ -141,29 +137,23 @@ def _drm_run(g: Graph, base: dict[str, Any], args: argparse.Namespace) -> dict[s
             "paced_epoch_after_settle_s": statistics.mean(after) * len(first) if after else None}
 
 
-def drm_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+def drm_part(g: Graph, spec: str, args: Any) -> list[dict[str, Any]]:
     """``--repeats`` rounds of the static sweep and a DRM run, interleaved (the 2-core box drifts by 10-20%
     between minutes); per split the median over rounds, DRM's settled epochs (its epochs after the first) too."""
     base = {"model": args.model, "hidden": args.hidden, "batch_size": args.batch_size,
-            "fanouts": tuple(int(f) for f in _list(args.fanouts)), "seed": args.seed,
-            "devices": tuple(_list(args.drm_devices))}
-    shares = [float(x) for x in _list(args.sweep)]
+            "fanouts": tuple(int(f) for f in split_list(args.fanouts)), "seed": args.seed,
+            "devices": tuple(split_list(args.drm_devices))}
+    shares = [float(x) for x in split_list(args.sweep)]
     sweeps: dict[float, list[float]] = {x: [] for x in shares}
     runs = []
-    for r in range(args.repeats):
+    for _ in range(args.repeats):
         for share in shares:
             eng = _engine(HybridEngine, g, TrainConfig(engine="hybrid", drm="off", shares=(share, 1 - share),
                                                        **base))
             eng.slowdown = [args.slowdown, 1.0]
             times, _ = _epochs(eng, args.warmup, args.epochs)
             sweeps[share].append(statistics.median(times))
-            print(f"round {r + 1}: static split {share:.2f}/{1 - share:.2f}: {sweeps[share][-1]:.3f} s per epoch",
-                  flush=True)
         runs.append(_drm_run(g, base, args))
-        d = runs[-1]
-        print(f"round {r + 1}: DRM from 0.50: decisions {[(i, s) for i, _, s in d['decisions']]}; settled by "
-              f"iteration {d['settled_iteration']} at CPU share {d['final_share']:.3f}; epochs "
-              f"{', '.join(f'{t:.3f}' for t in d['epoch_times'])} s", flush=True)
     sweep = {x: statistics.median(v) for x, v in sweeps.items()}
     best = min(sweep, key=lambda x: sweep[x])
     drm_s = statistics.median(d["settled_epochs_s"] for d in runs)
@@ -179,67 +169,114 @@ def drm_part(g: Graph, spec: str, args: argparse.Namespace) -> list[dict[str, An
            "drm_final_share": statistics.median(d["final_share"] for d in runs),
            "settled_iteration": statistics.median(d["settled_iteration"] for d in runs),
            "drm_epoch_times": runs[-1]["epoch_times"], "drm_last_over_best": drm_s / sweep[best]}
-    print(f"\nDRM on {args.drm_devices}, CPU trainer {args.slowdown}x slower, median of {args.repeats} round(s):")
-    print("| CPU share | " + " | ".join(f"{x:.2f}" for x in shares) + " | DRM |")
-    print("|---" * (len(shares) + 2) + "|")
-    print("| s per epoch | " + " | ".join(f"{sweep[x]:.3f}" for x in shares) + f" | {drm_s:.3f} |")
-    print(f"best static {best:.2f} at {sweep[best]:.3f} s; DRM settled (epochs 2..) {drm_s:.3f} s = "
-          f"{row['drm_over_best']:.3f}x; settled by iterations {row['settled_iterations']} at CPU shares "
-          f"{', '.join(f'{x:.3f}' for x in row['final_shares'])}; epoch 1 after iteration {SETTLE_AFTER} at an "
-          f"epoch's pace: {row['paced_over_best']:.3f}x the best static")
     return [row]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_sets = ([f"edgelist:{EGO_TWITTER}:symmetrize=1"] if EGO_TWITTER.exists() else []) + [CSBM]
-    ap.add_argument("--datasets", default=";".join(default_sets), help="';'-separated dataset specs of the model part")
-    ap.add_argument("--drm-dataset", default=CSBM, help="the DRM part's dataset")
+# ------------------------------------------------------------------------------------------------ cases
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--datasets", default=None,
+                    help=f"';'-separated dataset specs of the model part (default: ego-twitter symmetrised if "
+                         f"present, and {CSBM}; --quick {QUICK_CSBM})")
+    ap.add_argument("--drm-dataset", default=None, help=f"the DRM part's dataset (default {CSBM})")
     ap.add_argument("--parts", default="model,drm", help="model, drm or both")
     ap.add_argument("--model-devices", default="cpu;cpu,cpu:1", help="';'-separated device lists (model part)")
     ap.add_argument("--model", default="sage")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=1024)
-    ap.add_argument("--fanouts", default="15,10")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--epochs", type=int, default=3, help="timed epochs per configuration (median)")
-    ap.add_argument("--sweep", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="static CPU shares")
+    ap.add_argument("--hidden", type=int, default=None, help=f"default {DEFAULTS['hidden']}")
+    ap.add_argument("--batch-size", type=int, default=None, help=f"default {DEFAULTS['batch_size']}")
+    ap.add_argument("--fanouts", default=None, help=f"default {DEFAULTS['fanouts']}")
+    ap.add_argument("--warmup", type=int, default=None, help=f"default {DEFAULTS['warmup']}")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help=f"timed epochs per configuration (median; default {DEFAULTS['epochs']})")
+    ap.add_argument("--sweep", default=None, help=f"static CPU shares (default {DEFAULTS['sweep']})")
     ap.add_argument("--drm-devices", default="cpu,cpu:1", help="the DRM part's two devices, the CPU trainer first")
     ap.add_argument("--slowdown", type=float, default=3.0,
                     help="how much slower the CPU trainer is made (1: as it is, e.g. beside a real GPU)")
-    ap.add_argument("--drm-epochs", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=2, help="rounds of the DRM part (sweep and DRM interleaved)")
+    ap.add_argument("--drm-epochs", type=int, default=None, help=f"default {DEFAULTS['drm_epochs']}")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help=f"rounds of the DRM part (sweep and DRM interleaved; default {DEFAULTS['repeats']})")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch.set_num_threads before anything runs (default: torch's; 1 on a shared CPU box)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--no-save", action="store_true")
-    args = ap.parse_args(argv)
+
+
+def resolved(args: argparse.Namespace, defaults: dict[str, Any], quick: dict[str, Any]) -> dict[str, Any]:
+    """The flags named in ``defaults`` as given, else their ``quick`` value under ``--quick`` (when it has one),
+    else their default (such flags default to None)."""
+    return {k: getattr(args, k) if getattr(args, k) is not None else quick.get(k, v) if args.quick else v
+            for k, v in defaults.items()}
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    """A model case per ``--datasets`` spec and a DRM case (``--parts``)."""
+    params = resolved(args, DEFAULTS, QUICK)
+    params.update(model=args.model, seed=args.seed, model_devices=args.model_devices, drm_devices=args.drm_devices,
+                  slowdown=args.slowdown)
+    if args.datasets is not None:
+        specs = args.datasets.split(";")
+    elif args.quick:
+        specs = [QUICK_CSBM]
+    else:
+        specs = ([f"edgelist:{EGO_TWITTER}:symmetrize=1"] if EGO_TWITTER.exists() else []) + [CSBM]
+    parts = split_list(args.parts)
+    out = [Case(f"model {spec}", {**params, "part": "model", "dataset": spec}) for spec in specs
+           if "model" in parts]
+    if "drm" in parts:
+        drm = args.drm_dataset or (QUICK_CSBM if args.quick else CSBM)
+        out.append(Case(f"drm {drm}", {**params, "part": "drm", "dataset": drm}))
+    return out
+
+
+def run(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model part on one dataset, or the DRM part."""
     os.environ.setdefault("GNNSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="gnnscale-bench-"))
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    parts = _list(args.parts)
-    common = environment(torch.device("cpu"))
-    print(f"device {common['device_name']}; torch {torch.__version__}, gnnscale {common['gnnscale_rev']}; "
-          f"{args.model}, hidden {args.hidden}, batch {args.batch_size}, fanouts {args.fanouts}")
-    records: list[dict[str, Any]] = []
-    try:
-        if "model" in parts:
-            for spec in args.datasets.split(";"):
-                g = load_dataset(spec, None, seed=args.seed)
-                check_trainable(g)
-                records += model_part(g, spec, args)
-        if "drm" in parts:
-            g = load_dataset(args.drm_dataset, None, seed=args.seed)
-            check_trainable(g)
-            records += drm_part(g, args.drm_dataset, args)
-    except GnnscaleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not args.no_save:
-        append_records(args.out, [{**common, **r} for r in records])
-    return 0
+    g, _ = load_graph(params["dataset"], None, params["seed"])
+    part = model_part if params["part"] == "model" else drm_part
+    rows = part(g, params["dataset"], SimpleNamespace(**params))
+    return [{"device": "cpu", "device_name": device_name(), **r} for r in rows]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def describe(r: dict[str, Any]) -> str:
+    if r["kind"] == "model":
+        return (f"{r['devices']}: epoch predicted {r['predicted_epoch_s']:.3f} s, measured "
+                f"{r['measured_epoch_s']:.3f} s ({100 * r['error']:+.1f}%)")
+    return (f"best static {r['best_static_share']} at {r['best_static_epoch_s']:.3f} s; DRM "
+            f"{r['drm_settled_epoch_s']:.3f} s ({r['drm_over_best']:.2f}x)")
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+def _stage(r: dict[str, Any], k: str) -> str:
+    p, m = r["predicted"].get(k, 0.0), r["measured"].get(k, 0.0)
+    return "-" if not p and not m else f"{p:.4f} / {m:.4f}"
+
+
+def _model_table(recs: list[dict[str, Any]]) -> str:
+    rows = [[f"{r['graph']} ({r['nodes']:,} vertices)", r["devices"], " / ".join(f"{s:.3f}" for s in r["split"]),
+             *[_stage(r, k) for k in ("SC", "Load", "Tran", "TC", "TA", "iteration")],
+             f"{r['predicted_epoch_s']:.3f} / {r['measured_epoch_s']:.3f}", f"{100 * r['error']:+.1f}%",
+             fmt(r.get("mteps"), ".2f"), f"{r['hybrid_over_minibatch']:.2f}x"] for r in recs]
+    return table(["graph", "trainers", "split", "SC pred / meas", "Load", "Tran", "TC", "TA", "iteration",
+                  "epoch pred / meas", "error", "MTEPS", "hybrid / minibatch"], rows)
+
+
+def _drm_text(r: dict[str, Any]) -> str:
+    shares = sorted(r["sweep"], key=float)
+    sweep = table(["CPU share", *[f"{float(x):.2f}" for x in shares], "DRM (epochs 2..)"],
+                  [["s per epoch", *[f"{r['sweep'][x]:.3f}" for x in shares], f"{r['drm_settled_epoch_s']:.3f}"]])
+    first = ", ".join(f"{step}: {share:.3f}" for step, _, share in r["drm_runs"][0]["decisions"])
+    return (f"DRM on `{r['devices']}` (`{r['dataset']}`), the CPU trainer {r['slowdown']:g}x slower: static splits "
+            f"(`--drm off`) against DRM from 0.5/0.5, medians over {r['repeats']} interleaved round(s).\n\n{sweep}\n\n"
+            f"Best static split {float(r['best_static_share']):.2f} at {r['best_static_epoch_s']:.3f} s; DRM "
+            f"{r['drm_settled_epoch_s']:.3f} s = {r['drm_over_best']:.2f}x; settled by iterations "
+            f"{r['settled_iterations']} at CPU shares {', '.join(f'{x:.3f}' for x in r['final_shares'])}; epoch 1 "
+            f"after iteration {SETTLE_AFTER} at an epoch's pace {r['paced_over_best']:.2f}x the best static split. "
+            f"Round 1's applied decisions (iteration: CPU share): {first or '-'}.\n")
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    """The latest run: the model table (predicted against measured, per stage and per epoch) and DRM's sweep."""
+    recs = latest_session(records, lambda r: r.get("kind") in ("model", "drm"))
+    model = [r for r in recs if r["kind"] == "model"]
+    text = f"{provenance(recs)}\n\n"
+    if model:
+        text += ("Performance model (`--drm off`, the model's own split): predicted per stage (seconds per "
+                 "iteration) against the mean measured, and the predicted epoch against the median measured one; "
+                 f"the mini-batch engine trains the same batches.\n\n{_model_table(model)}\n\n")
+    return text + "".join(_drm_text(r) for r in recs if r["kind"] == "drm")

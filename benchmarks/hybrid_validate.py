@@ -1,12 +1,13 @@
 """The hybrid engine's performance model (HyScale-GNN, Lin et al. §V) validated away from its calibration point.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/hybrid_validate.py --threads 1 --rounds 3
-    .venv/bin/python benchmarks/hybrid_validate.py --quick --no-save       # a smoke run on small graphs
+    python -m benchmarks hybrid_validate
+    python -m benchmarks hybrid_validate --quick --no-save       # a smoke run on small graphs
 
 The engine calibrates its model at set-up (``HybridEngine._calibrate``): 8 pipelined iterations at an *equal*
 split and the configured threads scale Eq. 10 per trainer and Eq. 6 (the pipeline factor). A prediction at that
 point mostly returns the calibration; this benchmark asks the model about points it did not measure, and times
-them. Per round (rounds interleaved; one torch thread unless the thread count is the variable):
+them. Per round (``--rounds``, default 3, interleaved; one torch thread unless the thread count is
+the variable):
 
 * **reference** (``--reference``, fanouts ``--ref-fanouts``): an engine per device list (``cpu`` alone, and
   ``cpu,cpu:1``: beside a CPU stand-in for an accelerator), built once with ``--drm off``; then, on that same
@@ -29,9 +30,11 @@ error is predicted epoch seconds (``HybridModel.epoch_time``) over the median me
 (positive: the model is slow). Also per iteration (Eq. 6 against the mean wall time between iterations after the
 first), per stage (the engine's measured means), and uncalibrated (Eq. 10 and Eq. 6 factors 1).
 
-Records (``--out``, default benchmarks/results/hybrid_validate.jsonl): one ``"kind": "validate"`` line per point
-and round, then one ``"kind": "validate_summary"``: per configuration the median and range of the signed error over
-the rounds; over every run away from the calibration point the median, 90th percentile and worst absolute error.
+Cases: one per device list (its reference engine and its fanout and size engines: a transferred prediction needs
+the reference's calibration of the same round, in the same process). Records: one ``"kind": "validate"`` line per
+point and round; :func:`summarize` (in :func:`render`) gives per configuration the median and range of the signed
+error over the rounds, and over every run away from the calibration point the median, 90th percentile and worst
+absolute error (records before the harness also carry it as a ``"kind": "validate_summary"`` line).
 """
 
 from __future__ import annotations
@@ -40,37 +43,34 @@ import argparse
 import dataclasses
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-# this checkout's gnnscale, not the one the venv was installed from (a clean worktree run with another's venv)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-try:
-    from offload import _list, append_records, environment
-except ImportError:  # run as a module
-    from benchmarks.offload import _list, append_records, environment
-
+from benchmarks.harness import Case, latest_session, split_list
+from benchmarks.harness.graphs import device_name, load_graph
+from benchmarks.harness.records import provenance, table
+from benchmarks.hybrid import _engine, resolved
 from gnnscale.config import TrainConfig
 from gnnscale.engines.hybrid import HybridEngine
-from gnnscale.errors import GnnscaleError
-from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
-from gnnscale.nn import build_model
 from gnnscale.plan.hybrid import HybridModel, Threads
-from gnnscale.train import check_trainable
 
+TITLE = "Hybrid's model away from its calibration point, after the fixes (issue #47), CPU"
+ROUNDS = 3
 REFERENCE = "csbm:nodes=50000,features=128,avg_degree=15,train=0.5"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "hybrid_validate.jsonl"
 BOUND = 0.25
 """The model's claimed accuracy: predicted epoch within 25% of the measured one."""
 AWAY = ("split", "threads", "fanouts (transferred)", "size (transferred)")
 """The axes whose predictions the calibration did not measure."""
+DEFAULTS = {"reference": REFERENCE, "sizes": "20000,100000", "fanouts_list": "5,5;10,10;25,10",
+            "splits": "0.1,0.3,0.7,0.9", "warmup": 1, "epochs": 2, "hidden": 128, "batch_size": 1024}
+QUICK = {"reference": "csbm:nodes=3000,features=16,avg_degree=8,train=0.5", "sizes": "2000", "fanouts_list": "5,5",
+         "splits": "0.3", "warmup": 0, "epochs": 1, "hidden": 16, "batch_size": 256}
+"""The flags' values unless given: by default, and under ``--quick`` (small graphs, one epoch: a smoke run)."""
 
 
 # ------------------------------------------------------------------------------------------------ statistics
@@ -129,13 +129,6 @@ def summarize(rows: list[dict[str, Any]], bound: float = BOUND) -> dict[str, Any
             "holds_every_run": bool(away_rows) and away["within_bound"] == 1.0}
 
 
-# ------------------------------------------------------------------------------------------------ runs
-def _engine(g: Graph, cfg: TrainConfig) -> HybridEngine:
-    assert g.num_classes is not None
-    model = build_model(cfg.model, g.num_features, cfg.hidden, g.num_classes, layers=cfg.layers,
-                        dropout=cfg.dropout, heads=cfg.heads, seed=cfg.seed)
-    return HybridEngine(g, model, cfg, torch.device("cpu"))
-
 
 def _uncalibrated(perf: HybridModel) -> HybridModel:
     return dataclasses.replace(perf, calibration=[1.0] * len(perf.rates), pipeline_factor=1.0)
@@ -172,16 +165,16 @@ def predict(perf: HybridModel, n: int, batch: int, split: list[float], threads: 
 
 
 def build_and_run(g: Graph, spec: str, fanouts: tuple[int, ...], devices: str,
-                  points: list[tuple[str, str, list[float] | None, Threads]], args: argparse.Namespace,
-                  reference: HybridModel | None, rnd: int) -> tuple[list[dict[str, Any]], HybridModel]:
+                  points: list[tuple[str, str, list[float] | None, Threads]], args: Any,
+                  reference: HybridModel | None) -> tuple[list[dict[str, Any]], HybridModel]:
     """One engine (``--drm off``, calibrated at set-up), then each of ``points`` (label, axis, split or None for
     the engine's calibration split, threads) trained and predicted; with ``reference``, also the prediction of
     the reference's calibration transferred (its own axis: ``<axis> (transferred)``)."""
-    devs = tuple(_list(devices))
+    devs = tuple(split_list(devices))
     cfg = TrainConfig(engine="hybrid", devices=devs, drm="off", model=args.model, hidden=args.hidden,
                       batch_size=args.batch_size, fanouts=fanouts, seed=args.seed)
     t0 = time.perf_counter()
-    eng = _engine(g, cfg)
+    eng = _engine(HybridEngine, g, cfg)
     setup_s = time.perf_counter() - t0
     calib_split = [1 / len(devs)] * len(devs)
     calib_threads = eng.threads
@@ -196,7 +189,7 @@ def build_and_run(g: Graph, spec: str, fanouts: tuple[int, ...], devices: str,
         for how, ax, perf in models:
             p = predict(perf, n, args.batch_size, split, threads)
             u = predict(_uncalibrated(perf), n, args.batch_size, split, threads)
-            row = {"kind": "validate", "round": rnd, "label": f"{label}{' [transferred]' if how != 'own' else ''}",
+            row = {"kind": "validate", "label": f"{label}{' [transferred]' if how != 'own' else ''}",
                    "axis": ax, "calibration_source": how, "dataset": spec, "graph": g.name, "nodes": g.num_nodes,
                    "edges": g.num_edges, "train_vertices": n, "fanouts": list(fanouts), "devices": devices,
                    "split": list(split), "threads": list(threads.as_tuple()),
@@ -209,9 +202,6 @@ def build_and_run(g: Graph, spec: str, fanouts: tuple[int, ...], devices: str,
                    "uncalibrated_error": u["epoch_s"] / meas["measured_epoch_s"] - 1,
                    "setup_s": setup_s, "warmup": args.warmup, "epochs": args.epochs}
             rows.append(row)
-            print(f"round {rnd}: {row['label']:<52} pred {p['epoch_s']:7.3f} s  meas {meas['measured_epoch_s']:7.3f}"
-                  f" s  error {100 * row['error']:+6.1f}%  (per iteration {100 * row['iteration_error']:+6.1f}%, "
-                  f"uncalibrated {100 * row['uncalibrated_error']:+6.1f}%)", flush=True)
     eng.trainer_pool.shutdown()
     return rows, eng.perf
 
@@ -226,120 +216,119 @@ def _threads(text: str) -> list[Threads]:
     return [Threads(*(int(x) for x in t.split(","))) for t in text.split(";") if t.strip()]
 
 
-def plan_builds(args: argparse.Namespace) -> list[dict[str, Any]]:
+def plan_builds(args: Any) -> list[dict[str, Any]]:
     """The engines of one round and their points; ``ref`` marks the reference engines (built first, their
     calibration transferred to the others of the same devices)."""
-    ref_f = tuple(int(f) for f in _list(args.ref_fanouts))
+    ref_f = tuple(int(f) for f in split_list(args.ref_fanouts))
     base = Threads(1, 1, 1)
     builds = []
     for devices in args.device_lists.split(";"):
-        two = len(_list(devices)) > 1
+        two = len(split_list(devices)) > 1
         pts: list[tuple[str, str, list[float] | None, Threads]] = [(f"{devices} calibration point", "calibration",
                                                                     None, base)]
         if two:
-            pts += [(f"{devices} split {s:.1f}", "split", [s, 1 - s], base) for s in map(float, _list(args.splits))]
+            pts += [(f"{devices} split {s:.1f}", "split", [s, 1 - s], base)
+                    for s in map(float, split_list(args.splits))]
         pts += [(f"{devices} threads {','.join(map(str, t.as_tuple()))}", "threads", None, t)
                 for t in _threads(args.thread_sets) if t != base and (two or t.sampler == 1)]
         builds.append({"ref": True, "spec": args.reference, "fanouts": ref_f, "devices": devices, "points": pts})
     for devices in args.device_lists.split(";"):
         for f in args.fanouts_list.split(";") if args.fanouts_list else []:
-            fan = tuple(int(x) for x in _list(f))
+            fan = tuple(int(x) for x in split_list(f))
             builds.append({"ref": False, "spec": args.reference, "fanouts": fan, "devices": devices,
                            "points": [(f"{devices} fanouts {f}", "fanouts", None, base)]})
-        for nodes in map(int, _list(args.sizes)):
+        for nodes in map(int, split_list(args.sizes)):
             builds.append({"ref": False, "spec": _size_spec(args.reference, nodes), "fanouts": ref_f,
                            "devices": devices, "points": [(f"{devices} csbm {nodes // 1000}K", "size", None, base)]})
     return builds
 
 
-def print_summary(s: dict[str, Any]) -> None:
-    def pct(x: float) -> str:
-        return f"{100 * x:+.1f}%"
-
-    print("\n| configuration | axis | runs | signed error median [min, max] | per iteration median | "
-          "uncalibrated median | epoch pred / meas (medians) |")
-    print("|---|---|---|---|---|---|---|")
-    for k, c in s["per_config"].items():
-        print(f"| {k} | {c['axis']} | {c['n']} | {pct(c['median'])} [{pct(c['min'])}, {pct(c['max'])}] | "
-              f"{pct(c['iteration']['median'])} | {pct(c['uncalibrated_median'])} | "
-              f"{c['predicted_epoch_s_median']:.3f} / {c['measured_epoch_s_median']:.3f} s |")
-    print("\n| runs | n | median abs | 90th pct abs | worst abs | within 25% |\n|---|---|---|---|---|---|")
-    for a, st in s["per_axis"].items():
-        if st["n"]:
-            print(f"| {a} | {st['n']} | {100 * st['median_abs']:.1f}% | {100 * st['p90_abs']:.1f}% | "
-                  f"{100 * st['worst_abs']:.1f}% | {100 * st['within_bound']:.0f}% |")
-    a = s["away"]
-    if a["n"]:
-        print(f"| all away from calibration | {a['n']} | {100 * a['median_abs']:.1f}% | {100 * a['p90_abs']:.1f}% | "
-              f"{100 * a['worst_abs']:.1f}% | {100 * a['within_bound']:.0f}% |")
-        print(f"\nwithin {100 * s['bound']:.0f}% away from the calibration point: configuration medians "
-              f"{'hold' if s['holds_config_medians'] else 'do NOT hold'}; every run "
-              f"{'holds' if s['holds_every_run'] else 'does NOT hold'}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reference", default=REFERENCE, help="the reference graph (a csbm spec: --sizes vary nodes)")
+# ------------------------------------------------------------------------------------------------ cases
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--reference", default=None,
+                    help=f"the reference graph (a csbm spec: --sizes vary nodes; default {REFERENCE})")
     ap.add_argument("--ref-fanouts", default="15,10")
-    ap.add_argument("--device-lists", default="cpu;cpu,cpu:1", help="';'-separated device lists")
-    ap.add_argument("--splits", default="0.1,0.3,0.7,0.9", help="static CPU shares (two-trainer engines)")
+    ap.add_argument("--device-lists", default="cpu;cpu,cpu:1", help="';'-separated device lists (a case each)")
+    ap.add_argument("--splits", default=None, help="static CPU shares (two-trainer engines; default 0.1,0.3,0.7,0.9)")
     ap.add_argument("--thread-sets", default="1,1,2;2,1,1",
                     help="';'-separated sampler,loader,trainer threads, set on the reference engines after set-up")
-    ap.add_argument("--fanouts-list", default="5,5;10,10;25,10", help="';'-separated fanouts (reference graph)")
-    ap.add_argument("--sizes", default="20000,100000", help="other csbm sizes (nodes; reference's other options)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per point (median)")
+    ap.add_argument("--fanouts-list", default=None,
+                    help="';'-separated fanouts (reference graph; default 5,5;10,10;25,10)")
+    ap.add_argument("--sizes", default=None, help="other csbm sizes (nodes; reference's other options; "
+                                                  "default 20000,100000)")
+    ap.add_argument("--warmup", type=int, default=None, help="default 1 (--quick 0)")
+    ap.add_argument("--epochs", type=int, default=None, help="timed epochs per point (median; default 2)")
     ap.add_argument("--model", default="sage")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=None, help="default 128 (--quick 16)")
+    ap.add_argument("--batch-size", type=int, default=None, help="default 1024 (--quick 256)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before anything runs")
-    ap.add_argument("--quick", action="store_true", help="small graphs, one round, one epoch: a smoke run")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--no-save", action="store_true")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.reference = "csbm:nodes=3000,features=16,avg_degree=8,train=0.5"
-        args.sizes, args.fanouts_list, args.splits = "2000", "5,5", "0.3"
-        args.rounds, args.warmup, args.epochs, args.hidden, args.batch_size = 1, 0, 1, 16, 256
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    """One case per device list: its reference engine, then its fanout and size engines."""
+    params = {**resolved(args, DEFAULTS, QUICK), "ref_fanouts": args.ref_fanouts, "thread_sets": args.thread_sets,
+              "model": args.model, "seed": args.seed}
+    return [Case(devices, {**params, "device_lists": devices}) for devices in args.device_lists.split(";")]
+
+
+def run(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every point of one device list's engines, the reference first (its calibration transferred to the others)."""
     os.environ.setdefault("GNNSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="gnnscale-bench-"))
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    common = environment(torch.device("cpu"))
-    print(f"device {common['device_name']}; torch {torch.__version__}, gnnscale {common['gnnscale_rev']}; "
-          f"{args.model}, hidden {args.hidden}, batch {args.batch_size}; {args.rounds} round(s), warm-up "
-          f"{args.warmup}, {args.epochs} timed epoch(s) per point")
+    args = SimpleNamespace(**params)
     builds = plan_builds(args)
-    t_start = time.perf_counter()
+    graphs = {spec: load_graph(spec, None, args.seed)[0] for spec in dict.fromkeys(b["spec"] for b in builds)}
     rows: list[dict[str, Any]] = []
-    graphs: dict[str, Graph] = {}
-    try:
-        for spec in dict.fromkeys(b["spec"] for b in builds):
-            graphs[spec] = load_dataset(spec, None, seed=args.seed)
-            check_trainable(graphs[spec])
-        for rnd in range(1, args.rounds + 1):
-            refs: dict[str, HybridModel] = {}
-            for b in builds:
-                out, perf = build_and_run(graphs[b["spec"]], b["spec"], b["fanouts"], b["devices"], b["points"],
-                                          args, None if b["ref"] else refs[b["devices"]], rnd)
-                if b["ref"]:
-                    refs[b["devices"]] = perf
-                rows += out
-            print(f"round {rnd} done at {time.perf_counter() - t_start:.0f} s", flush=True)
-    except GnnscaleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    summary = summarize(rows)
-    print_summary(summary)
-    extra = {"rounds": args.rounds, "torch_threads": torch.get_num_threads(), "cores": os.cpu_count(),
-             "model": args.model, "hidden": args.hidden, "batch_size": args.batch_size}
-    if not args.no_save:
-        append_records(args.out, [{**common, **extra, **r} for r in rows]
-                       + [{**common, **extra, "kind": "validate_summary", "wall_s": time.perf_counter() - t_start,
-                           **summary}])
-    return 0
+    ref: HybridModel | None = None
+    for b in builds:
+        out, perf = build_and_run(graphs[b["spec"]], b["spec"], b["fanouts"], b["devices"], b["points"], args,
+                                  None if b["ref"] else ref)
+        if b["ref"]:
+            ref = perf
+        rows += out
+    extra = {"torch_threads": torch.get_num_threads(), "cores": os.cpu_count(), "model": args.model,
+             "hidden": args.hidden, "batch_size": args.batch_size, "device": "cpu", "device_name": device_name()}
+    return [{**extra, **r} for r in rows]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def describe(r: dict[str, Any]) -> str:
+    return (f"{r['label']}: predicted {r['predicted_epoch_s']:.3f} s, measured {r['measured_epoch_s']:.3f} s "
+            f"({100 * r['error']:+.1f}%)")
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def _config_table(s: dict[str, Any]) -> str:
+    rows = [[k, c["axis"], c["n"], f"{_pct(c['median'])} [{_pct(c['min'])}, {_pct(c['max'])}]",
+             _pct(c["iteration"]["median"]), _pct(c["uncalibrated_median"]),
+             f"{c['predicted_epoch_s_median']:.3f} / {c['measured_epoch_s_median']:.3f} s"]
+            for k, c in s["per_config"].items()]
+    return table(["configuration", "axis", "runs", "signed error median [min, max]", "per iteration median",
+                  "uncalibrated median", "epoch pred / meas (medians)"], rows)
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    """The latest run's errors per axis, over every run away from the calibration point, and per configuration."""
+    rows = latest_session(records, lambda r: r.get("kind") == "validate")
+    if not rows:
+        return "No records.\n"
+    s = summarize(rows)
+
+    def line(name: str, st: dict[str, Any]) -> list[Any]:
+        return [name, st["n"], f"{100 * st['median_abs']:.1f}%", f"{100 * st['p90_abs']:.1f}%",
+                f"{100 * st['worst_abs']:.1f}%", f"{100 * st['within_bound']:.0f}%"]
+
+    axes = [line(a, st) for a, st in s["per_axis"].items() if st["n"]]
+    if s["away"]["n"]:
+        axes.append(line("all away from calibration", s["away"]))
+    head = ["runs", "n", "median abs", "90th pct abs", "worst abs", f"within {100 * BOUND:.0f}%"]
+    verdict = (f"Within {100 * BOUND:.0f}% away from the calibration point: configuration medians "
+               f"{'hold' if s['holds_config_medians'] else 'do NOT hold'}; every run "
+               f"{'holds' if s['holds_every_run'] else 'does NOT hold'}.")
+    return (f"{provenance(rows)}\n\nThe hybrid engine's predicted epoch (`HybridModel.epoch_time`) against the "
+            "median measured one, signed error = predicted / measured - 1, per point and round, away from the "
+            f"calibration point (splits, threads, transferred calibrations) and at it; the latest run.\n\n"
+            f"{table(head, axes)}\n\n{verdict}\n\n<details><summary>Per configuration</summary>\n\n"
+            f"{_config_table(s)}\n\n</details>\n")

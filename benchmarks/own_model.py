@@ -1,8 +1,8 @@
 """Your own model under offload (issue #45): a Stack of PyG convs, in-memory against offload with 8 chunks.
 
-    .venv/bin/python benchmarks/own_model.py                       # csbm 100K; GraphConv and GAT; 5 rounds
-    .venv/bin/python benchmarks/own_model.py --models graphconv --rounds 3 --breakdown
-    .venv/bin/python benchmarks/own_model.py --quick --no-save     # a tiny graph, one round: does it run
+    python -m benchmarks own_model                          # csbm 100K; GraphConv and GAT; 5 rounds
+    python -m benchmarks own_model --models graphconv --rounds 3 --breakdown
+    python -m benchmarks own_model --quick --no-save        # a tiny graph, one round: does it run
 
 The model is what a user writes: ``gnnscale.nn.Stack([GraphConv(F, H), GraphConv(H, C)], dropout=0.5)`` of PyG's
 ``GraphConv`` (converted to gnnscale's ``GraphConvLayer`` over the same parameters: the engines cache its
@@ -12,21 +12,20 @@ built under ``--seed`` and trained by the engine ``gnnscale.train`` picks for it
 model=...)``), constructed as ``train`` constructs it: ``inmemory``, and ``offload`` with ``partitions=1,
 chunks=--chunks`` (8).
 
-Timing: one torch thread (``--threads``); per run ``--warmup`` untimed epochs, then ``--epochs`` timed ones
-(``engine.train_epoch``: forward, backward, optimiser step; no evaluation). ``--rounds`` interleaved rounds: each
-round runs every model's engines, in-memory first in odd rounds and offload first in even ones. Per (model,
-engine) the median over every timed epoch of every round; the ratio ``offload / inmemory`` of those medians, and
-the range of the per-round ratios. On the CPU the offload engine counts its live "device" bytes with a
+Cases: one per (model, engine), the two engines of a model one group (the harness runs them in its own processes
+with one thread, in-memory first in odd rounds and offload first in even ones). Per run ``--warmup`` untimed
+epochs, then ``--epochs`` timed ones (``engine.train_epoch``: forward, backward, optimiser step; no evaluation);
+one ``"kind": "run"`` record each. :func:`summarize` (in :func:`render`) takes per (model, engine) the median over
+every timed epoch of every round, the ratio ``offload / inmemory`` of those medians, the range of the per-round
+ratios, and compares every run's losses with the in-memory run of its round (``loss_max_abs_diff``: the engines
+are exact, so rounding only). On the CPU the offload engine counts its live "device" bytes with a
 ``TorchDispatchMode`` (Python on every tensor op); as in ``benchmarks/offload.py`` it runs in the warm-up epochs
-only (``--count-timed``: in every epoch, as ``gnnscale train`` runs it). Losses: every run's epochs are compared
-with the in-memory run of its round (``loss_max_abs_diff``: the engines are exact, so rounding only).
+only (``--count-timed``: in every epoch, as ``gnnscale train`` runs it).
 
-``--breakdown``: after the rounds, one more run per (model, engine) under ``torch.profiler`` (3 epochs), its ops'
-self time per epoch summed into dense products, sparse products (gnnscale's fused CPU kernels included, which the
-profiler sees through a ``record_function`` around them), keyed dropout, other ops, and what no op accounts for
-(Python, the engine's own loop).
-
-One JSON line per run, and per model one summary line, appended to ``--out``.
+``--breakdown``: one more case per (model, engine) under ``torch.profiler`` (3 epochs; ``"kind": "breakdown"``),
+its ops' self time per epoch summed into dense products, sparse products (gnnscale's fused CPU kernels included,
+which the profiler sees through a ``record_function`` around them), keyed dropout, other ops, and what no op
+accounts for (Python, the engine's own loop).
 """
 
 from __future__ import annotations
@@ -35,31 +34,27 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-try:  # run as a script (its folder is on sys.path) or imported as benchmarks.own_model
-    from offload import append_records, environment
-except ImportError:  # pragma: no cover
-    from benchmarks.offload import append_records, environment
-
+from benchmarks.harness import Case, Row, fmt, split_list
+from benchmarks.harness.graphs import device_name, load_graph
+from benchmarks.harness.records import provenance, session_of, table
 from gnnscale.config import TrainConfig
 from gnnscale.engines import select_engine
 from gnnscale.errors import GnnscaleError
-from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import Stack, as_stack
 from gnnscale.runtime import cpu_kernels
-from gnnscale.train import check_trainable
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "own_model.jsonl"
+TITLE = "Your own model: PyG GraphConv under offload (issue #45), CPU"
+ROUNDS = 5
 DEFAULT_DATASET = "csbm:nodes=100000,avg_degree=10,features=128,classes=16"
 QUICK_DATASET = "csbm:nodes=600,avg_degree=8,features=16,classes=4"
 ENGINES = ("inmemory", "offload")
@@ -86,7 +81,7 @@ def gat_stack(features: int, hidden: int, classes: int, heads: int, dropout: flo
 MODELS: dict[str, Callable[[int, int, int, int, float], Stack]] = {"graphconv": graphconv_stack, "gat": gat_stack}
 
 
-def make_engine(g: Graph, name: str, engine: str, args: argparse.Namespace) -> Any:
+def make_engine(g: Graph, name: str, engine: str, args: Any) -> Any:
     """The engine ``gnnscale.train(g, cfg, model=m)`` would run, built as it builds it, with the model made under
     ``args.seed``."""
     assert g.num_classes is not None
@@ -99,7 +94,7 @@ def make_engine(g: Graph, name: str, engine: str, args: argparse.Namespace) -> A
     return cls(g, model, cfg, torch.device("cpu"))
 
 
-def run(g: Graph, name: str, engine: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_engine(g: Graph, name: str, engine: str, args: Any) -> dict[str, Any]:
     """Set-up, ``args.warmup`` untimed and ``args.epochs`` timed epochs of one (model, engine)."""
     t0 = time.perf_counter()
     try:
@@ -156,7 +151,7 @@ def _kernels_seen() -> Iterator[None]:
             setattr(cpu_kernels, k, fn)
 
 
-def breakdown(g: Graph, name: str, engine: str, args: argparse.Namespace, epochs: int = 3) -> dict[str, float]:
+def breakdown(g: Graph, name: str, engine: str, args: Any, epochs: int = 3) -> dict[str, float]:
     """Milliseconds per epoch by category (see the module docstring), of ``epochs`` profiled epochs after
     ``args.warmup`` untimed ones; ``wall`` is the profiled epochs' own time (the profiler adds a little)."""
     eng = make_engine(g, name, engine, args)
@@ -178,19 +173,79 @@ def breakdown(g: Graph, name: str, engine: str, args: argparse.Namespace, epochs
     return {k: round(v, 2) for k, v in out.items()}
 
 
+
+# ------------------------------------------------------------------------------------------------ cases
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--dataset", default=None, metavar="SPEC",
+                    help=f"dataset spec (default {DEFAULT_DATASET}; --quick {QUICK_DATASET})")
+    ap.add_argument("--root", default=None, help="folder of dataset files")
+    ap.add_argument("--models", default="graphconv,gat", help=f"comma list of {', '.join(MODELS)}")
+    ap.add_argument("--hidden", type=int, default=None, help="default 64 (--quick 8)")
+    ap.add_argument("--heads", type=int, default=4, help="GAT's hidden heads")
+    ap.add_argument("--dropout", type=float, default=0.5, help="between the layers (keyed)")
+    ap.add_argument("--chunks", type=int, default=8, help="offload: chunks of the one partition")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=None, help="timed epochs per run (default 5, --quick 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--count-timed", action="store_true",
+                    help="keep the offload engine's CPU live-bytes counter on in the timed epochs")
+    ap.add_argument("--breakdown", action="store_true", help="profile one more run per case (see above)")
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    """Per model, its two engines (one group), and with ``--breakdown`` a profiled case per engine."""
+    models = split_list(args.models)
+    if not models or any(m not in MODELS for m in models):
+        raise SystemExit(f"error: --models: choose from {', '.join(MODELS)}, got {args.models!r}")
+    params = {"dataset": args.dataset or (QUICK_DATASET if args.quick else DEFAULT_DATASET), "root": args.root,
+              "hidden": args.hidden or (8 if args.quick else 64), "heads": args.heads, "dropout": args.dropout,
+              "chunks": args.chunks, "warmup": args.warmup, "epochs": args.epochs or (2 if args.quick else 5),
+              "seed": args.seed, "count_timed": args.count_timed}
+    if params["epochs"] < 1 or args.warmup < 0 or args.chunks < 1:
+        raise SystemExit("error: --epochs and --chunks must be >= 1, --warmup >= 0")
+    out = [Case(f"{m} {e}", {**params, "model": m, "engine": e}, group=m) for m in models for e in ENGINES]
+    if args.breakdown:
+        out += [Case(f"{m} {e} breakdown", {**params, "model": m, "engine": e, "breakdown": True})
+                for m in models for e in ENGINES]
+    return out
+
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """One (model, engine): a ``run`` record, or with ``breakdown`` a ``breakdown`` record."""
+    os.environ.setdefault("GNNSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="gnnscale-bench-"))  # partition plans
+    g, _ = load_graph(params["dataset"], params["root"], params["seed"])
+    args = SimpleNamespace(**params)
+    case = {"dataset": params["dataset"], "nodes": g.num_nodes, "edges": g.num_edges, "features": g.num_features,
+            "classes": g.num_classes, "hidden": args.hidden, "heads": args.heads, "dropout": args.dropout,
+            "chunks_requested": args.chunks, "partitions": 1, "warmup": args.warmup, "epochs": args.epochs,
+            "seed": args.seed, "count_timed": args.count_timed, "device": "cpu", "device_name": device_name(),
+            "model": args.model, "engine": args.engine}
+    if params.get("breakdown"):
+        return {**case, "kind": "breakdown", "breakdown_ms_per_epoch": breakdown(g, args.model, args.engine, args)}
+    return {**case, "kind": "run", **run_engine(g, args.model, args.engine, args)}
+
+
+def describe(r: dict[str, Any]) -> str:
+    if r["kind"] == "breakdown":
+        return ", ".join(f"{k} {v:.1f}" for k, v in r["breakdown_ms_per_epoch"].items()) + " ms per epoch"
+    return f"median {r['median_epoch_s']:.3f} s" if r.get("status") == "ok" else str(r.get("reason"))
+
+
 # ------------------------------------------------------------------------------------------------ summary
 def summarize(name: str, runs: list[dict[str, Any]], case: dict[str, Any]) -> dict[str, Any]:
-    """The model's summary record: per engine the median over all timed epochs of all rounds; the ratio."""
+    """The model's summary: per engine the median over all timed epochs of all rounds; the ratio; the per-round
+    ratios; the largest loss difference of a run from the in-memory run of its round."""
     ok = [r for r in runs if r["status"] == "ok"]
     med = {e: statistics.median([t for r in ok if r["engine"] == e for t in r["epoch_times_s"]]) for e in ENGINES
            if any(r["engine"] == e for r in ok)}
-    per_round = []
+    per_round, diffs = [], []
     for rnd in sorted({r["round"] for r in ok}):
-        pair = {r["engine"]: r["median_epoch_s"] for r in ok if r["round"] == rnd}
+        pair = {r["engine"]: r for r in ok if r["round"] == rnd}
         if len(pair) == 2:
-            per_round.append(pair["offload"] / pair["inmemory"])
+            per_round.append(pair["offload"]["median_epoch_s"] / pair["inmemory"]["median_epoch_s"])
+            diffs += [max(abs(a - b) for a, b in zip(r["losses"], pair["inmemory"]["losses"], strict=True))
+                      for r in pair.values()]
     ratio = med["offload"] / med["inmemory"] if len(med) == 2 else None
-    diffs = [r["loss_max_abs_diff"] for r in ok if r.get("loss_max_abs_diff") is not None]
     return {**case, "kind": "summary", "model": name, "median_epoch_s": med, "ratio": ratio,
             "per_round_ratios": per_round, "loss_max_abs_diff": max(diffs) if diffs else None,
             "bound": BOUND if name == "graphconv" else None,
@@ -198,103 +253,79 @@ def summarize(name: str, runs: list[dict[str, Any]], case: dict[str, Any]) -> di
             "runs_ok": len(ok), "runs": len(runs)}
 
 
-def print_summary(s: dict[str, Any]) -> None:
-    med = s["median_epoch_s"]
-    rounds = s["per_round_ratios"]
-    spread = f" (rounds {min(rounds):.2f}-{max(rounds):.2f})" if rounds else ""
-    ratio = "-" if s["ratio"] is None else f"{s['ratio']:.2f}"
-    verdict = "" if s["within_bound"] is None else f"; within {BOUND}x: {'yes' if s['within_bound'] else 'NO'}"
-    print(f"  {s['model']:<10} inmemory {med.get('inmemory', float('nan')):.3f} s, offload "
-          f"{med.get('offload', float('nan')):.3f} s: offload/inmemory {ratio}{spread}{verdict}; losses differ by "
-          f"at most {s['loss_max_abs_diff']}")
+def summaries(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Per run of the benchmark (session) and model, in order: its summary and its run records."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") == "run":
+            groups.setdefault((session_of(r), r["model"]), []).append(r)
+    return [(summarize(model, rs, {k: rs[0].get(k) for k in ("dataset", "rounds", "count_timed", "gnnscale_rev")}),
+             rs) for (_, model), rs in groups.items()]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default=None, metavar="SPEC", help=f"dataset spec (default {DEFAULT_DATASET})")
-    ap.add_argument("--root", default=None, help="folder of dataset files")
-    ap.add_argument("--models", default="graphconv,gat", help=f"comma list of {', '.join(MODELS)}")
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4, help="GAT's hidden heads")
-    ap.add_argument("--dropout", type=float, default=0.5, help="between the layers (keyed)")
-    ap.add_argument("--chunks", type=int, default=8, help="offload: chunks of the one partition")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--epochs", type=int, default=5, help="timed epochs per run")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    ap.add_argument("--count-timed", action="store_true",
-                    help="keep the offload engine's CPU live-bytes counter on in the timed epochs")
-    ap.add_argument("--breakdown", action="store_true", help="profile one more run per case (see above)")
-    ap.add_argument("--quick", action="store_true",
-                    help=f"a smoke run: {QUICK_DATASET}, hidden 8, 1 round, 1 warm-up and 2 timed epochs")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
-    ap.add_argument("--no-save", action="store_true", help="print only")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.dataset = args.dataset or QUICK_DATASET
-        args.hidden, args.rounds, args.warmup, args.epochs = 8, 1, 1, 2
-    args.dataset = args.dataset or DEFAULT_DATASET
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models or any(m not in MODELS for m in models):
-        print(f"error: --models: choose from {', '.join(MODELS)}, got {args.models!r}", file=sys.stderr)
-        return 2
-    if args.rounds < 1 or args.epochs < 1 or args.warmup < 0 or args.threads < 1 or args.chunks < 1:
-        print("error: --rounds, --epochs, --threads and --chunks must be >= 1, --warmup >= 0", file=sys.stderr)
-        return 2
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
-        return _bench(args, models)
-    finally:
-        torch.set_num_threads(threads)  # as it was (a test calls main in its own process)
+def _rev(r: dict[str, Any]) -> str:
+    return str(r.get("gnnscale_rev") or "").removesuffix("-dirty")
 
 
-def _bench(args: argparse.Namespace, models: list[str]) -> int:
-    os.environ.setdefault("GNNSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="gnnscale-bench-"))  # partition plans
-    try:
-        g = load_dataset(args.dataset, args.root, seed=args.seed)
-        check_trainable(g)
-    except GnnscaleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    env = environment(torch.device("cpu"))
-    case = {**env, "dataset": args.dataset, "nodes": g.num_nodes, "edges": g.num_edges,
-            "features": g.num_features, "classes": g.num_classes, "hidden": args.hidden, "heads": args.heads,
-            "dropout": args.dropout, "chunks_requested": args.chunks, "partitions": 1, "warmup": args.warmup,
-            "epochs": args.epochs, "rounds": args.rounds, "threads": torch.get_num_threads(), "seed": args.seed,
-            "count_timed": args.count_timed}
-    print(f"{args.dataset}: {g.num_nodes:,} nodes, {g.num_edges:,} edges; {env['device_name']}; torch "
-          f"{env['torch']}, PyG {env['pyg']}, gnnscale {env['gnnscale_rev']}; {args.rounds} round(s) of "
-          f"{args.warmup} + {args.epochs} epochs")
-    records: list[dict[str, Any]] = []
-    for rnd in range(1, args.rounds + 1):
-        for name in models:
-            order = ENGINES if rnd % 2 else ENGINES[::-1]
-            done = {}
-            for engine in order:
-                r = run(g, name, engine, args)
-                done[engine] = r
-                print(f"  round {rnd} {name:<10} {engine:<9} " + (f"median {r['median_epoch_s']:.3f} s"
-                      if r["status"] == "ok" else r["reason"]), flush=True)
-            ref = done["inmemory"]
-            for engine, r in done.items():
-                if r["status"] == "ok" and ref["status"] == "ok":
-                    r["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"], strict=True))
-                records.append({**case, "kind": "run", "model": name, "engine": engine, "round": rnd, **r})
-    print(f"\nmedian over all timed epochs of {args.rounds} round(s):")
-    for name in models:
-        s = summarize(name, [r for r in records if r["kind"] == "run" and r["model"] == name], case)
-        if args.breakdown:
-            s["breakdown_ms_per_epoch"] = {e: breakdown(g, name, e, args) for e in ENGINES}
-        records.append(s)
-        print_summary(s)
-        for engine, parts in s.get("breakdown_ms_per_epoch", {}).items():
-            print(f"    {engine:<9} ms/epoch: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
-    if not args.no_save:
-        append_records(args.out, records)
-    return 0
+def render(records: list[dict[str, Any]]) -> str:
+    """The latest commit's runs, the latest per (dataset, model, rounds, --count-timed); the latest breakdown."""
+    runs = [r for r in records if r.get("kind") == "run"]
+    last = _rev(runs[-1]) if runs else None
+    latest: dict[tuple[Any, ...], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    for s, rs in summaries([r for r in runs if _rev(r) == last]):
+        latest[(s["dataset"], s["model"], s["rounds"], s["count_timed"])] = (s, rs)
+    rows, shown = [], []
+    for (spec, model, rounds, counted), (s, rs) in latest.items():
+        med, per = s["median_epoch_s"], s["per_round_ratios"]
+        rows.append([f"`{spec}`", model + (" (`--count-timed`)" if counted else ""), rounds,
+                     fmt(med.get("inmemory")), fmt(med.get("offload")), fmt(s["ratio"], ".2f"),
+                     f"{min(per):.2f}-{max(per):.2f}" if per else "-", fmt(s["loss_max_abs_diff"], ".1e")])
+        shown += rs
+    head = ["graph", "model", "rounds", "inmemory (s)", "offload, 8 chunks (s)", "offload / inmemory", "per round",
+            "losses, max abs diff"]
+    text = (f"{provenance(shown)}\n\nA PyG GraphConv stack (and GAT, the generic `PyGConv` path) under offload "
+            f"with 8 chunks against in-memory (bound {BOUND}x for GraphConv), median over every timed epoch of "
+            "every round; the latest commit's runs, the latest per graph, model, rounds and `--count-timed`.\n\n"
+            f"{table(head, rows)}\n")
+    return text + _render_breakdown(records)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _breakdowns(records: list[dict[str, Any]]) -> tuple[dict[tuple[str, str], dict[str, float]], list[dict]]:
+    """The latest profiler breakdown per (model, engine): records of ``"kind": "breakdown"``, or before the
+    harness a summary's ``breakdown_ms_per_epoch``."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    src: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        if r.get("kind") == "breakdown":
+            out[(r["model"], r["engine"])], src[(r["model"], r["engine"])] = r["breakdown_ms_per_epoch"], r
+        elif r.get("kind") == "summary" and r.get("breakdown_ms_per_epoch"):
+            for e, parts in r["breakdown_ms_per_epoch"].items():
+                out[(r["model"], e)], src[(r["model"], e)] = parts, r
+    return out, list({id(r): r for r in src.values()}.values())
+
+
+def _render_breakdown(records: list[dict[str, Any]]) -> str:
+    parts, src = _breakdowns(records)
+    if not parts:
+        return ""
+    rows = []
+    for model in dict.fromkeys(m for m, _ in parts):
+        mem, off = parts.get((model, "inmemory"), {}), parts.get((model, "offload"), {})
+        cats = [k for k in dict.fromkeys([*mem, *off]) if k != "wall"] + ["wall"]
+        rows += [[model, c, fmt(mem.get(c), ".1f"), fmt(off.get(c), ".1f"),
+                  fmt(off[c] - mem[c] if c in mem and c in off else None, "+.0f")] for c in cats]
+    return (f"\nWhere the time goes (`--breakdown`, the latest: ops' self time per epoch under torch.profiler, "
+            f"3 epochs).\n\n{provenance(src)}\n\n"
+            f"{table(['model', 'ms per epoch', 'inmemory', 'offload', 'difference'], rows)}\n")
+
+
+def headline(records: list[dict[str, Any]]) -> list[Row]:
+    """The GraphConv stack's ratio from its latest run (on the default graph, without ``--count-timed``, if any)."""
+    conv = [(s, rs) for s, rs in summaries(records) if s["model"] == "graphconv" and s["ratio"] is not None]
+    best = [x for x in conv if x[0]["dataset"] == DEFAULT_DATASET and not x[0]["count_timed"]] or conv
+    if not best:
+        return []
+    s, rs = best[-1]
+    return [Row("your own model (PyG GraphConv) under offload: equal to in-memory, epoch time ratio",
+                f"{s['ratio']:.2f}x in-memory's epoch, losses within {fmt(s['loss_max_abs_diff'], '.1e')} "
+                f"(`{s['dataset']}`, {s['rounds']} rounds)", tuple(rs))]

@@ -1,21 +1,17 @@
 """benchmarks/hybrid_validate.py: its statistics (percentile, signed and absolute error summaries, which runs count
-as away from the calibration point), its plan of engines and points, and one tiny smoke run writing its records
-(no timing asserts)."""
+as away from the calibration point), its cases and plan of engines and points, one tiny run of its case function
+(in this process; no timing asserts), and render() on the real records."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import hybrid_validate as bench  # noqa: E402
+from benchmarks import hybrid_validate as bench
+from benchmarks.harness.cli import parser
+from benchmarks.harness.records import RESULTS_DIR, read_records, session_of
 
 
 def test_percentile_is_linear_between_order_statistics() -> None:
@@ -64,25 +60,53 @@ def test_plan_builds_puts_references_first_and_sizes_keep_the_spec() -> None:
     assert {b["spec"] for b in builds[2:]} == {args.reference, "csbm:nodes=20000,features=128,train=0.5"}
 
 
-def test_quick_run_writes_point_and_summary_records(tmp_path: Path) -> None:
+def test_cases_of_the_default_and_quick_arguments() -> None:
+    ap = parser("hybrid_validate", bench)
+    default = bench.cases(ap.parse_args([]))
+    assert [c.name for c in default] == ["cpu", "cpu,cpu:1"] and bench.ROUNDS == 3
+    p = default[1].params
+    assert (p["reference"], p["sizes"], p["fanouts_list"], p["epochs"], p["hidden"]) == (
+        bench.REFERENCE, "20000,100000", "5,5;10,10;25,10", 2, 128)
+    quick = bench.cases(ap.parse_args(["--quick", "--device-lists", "cpu,cpu:1", "--hidden", "32"]))
+    assert len(quick) == 1 and quick[0].params["device_lists"] == "cpu,cpu:1"
+    q = quick[0].params
+    assert (q["reference"], q["sizes"], q["splits"], q["warmup"], q["epochs"], q["hidden"]) == (
+        bench.QUICK["reference"], "2000", "0.3", 0, 1, 32)
+
+
+def test_render_summarizes_the_latest_run_of_the_records() -> None:
+    recs = read_records(RESULTS_DIR / "hybrid_validate.jsonl")
+    text = bench.render(recs)
+    last = [r for r in recs if session_of(r) == session_of(recs[-1])]
+    stored = next(r for r in last if r["kind"] == "validate_summary")  # what the run itself summarized
+    away = stored["away"]
+    assert (f"| all away from calibration | {away['n']} | {100 * away['median_abs']:.1f}% | "
+            f"{100 * away['p90_abs']:.1f}% | {100 * away['worst_abs']:.1f}% |") in text
+    c = stored["per_config"]["cpu,cpu:1 split 0.9"]
+    assert f"| cpu,cpu:1 split 0.9 | split | 3 | {100 * c['median']:+.1f}% [" in text
+    assert str(recs[-1]["gnnscale_rev"]) in text
+
+
+def test_quick_run_writes_point_records() -> None:
     before = torch.get_num_threads()
-    out = tmp_path / "v.jsonl"
+    torch.set_num_threads(1)
     try:
-        assert bench.main(["--quick", "--threads", "1", "--device-lists", "cpu,cpu:1", "--thread-sets", "1,1,1",
-                           "--out", str(out)]) == 0
+        (case,) = bench.cases(parser("hybrid_validate", bench).parse_args(
+            ["--quick", "--device-lists", "cpu,cpu:1", "--thread-sets", "1,1,1"]))
+        points = bench.run(case.params)
     finally:
         torch.set_num_threads(before)
-    recs = [json.loads(line) for line in out.read_text().splitlines()]
-    points = [r for r in recs if r["kind"] == "validate"]
-    assert recs[-1]["kind"] == "validate_summary" and recs[-1]["rounds"] == 1
+    assert all(r["kind"] == "validate" for r in points)
     # the calibration point, split 0.3, fanouts 5,5 and csbm 2K, own and transferred
     assert sorted(r["axis"] for r in points) == ["calibration", "fanouts", "fanouts (transferred)", "size",
                                                  "size (transferred)", "split"]
     for r in points:
         assert r["measured_epoch_s"] > 0 and r["predicted_epoch_s"] > 0
         assert r["error"] == pytest.approx(r["predicted_epoch_s"] / r["measured_epoch_s"] - 1)
-        assert r["gnnscale_rev"] is not None and "device_name" in r
+        assert "device_name" in r
     own = next(r for r in points if r["axis"] == "fanouts")
     moved = next(r for r in points if r["axis"] == "fanouts (transferred)")
     ref = next(r for r in points if r["axis"] == "calibration")
     assert moved["calibration"] == ref["calibration"] and moved["calibration"] != own["calibration"]
+    s = bench.summarize(points)
+    assert s["away"]["n"] == 3 and "cpu,cpu:1 split 0.3" in bench.render(points)

@@ -129,8 +129,8 @@ def cases(args: argparse.Namespace) -> list[Case]:
     if config["epochs"] < 1:
         raise SystemExit("error: need --epochs >= 1")
     env = cache_env(args, "distributed")
-    return [Case(f"{spec} R={r} {name}", {"dataset": spec, "ranks": r, "strategy": name, "config": config,
-                                                   "timeout": args.timeout},
+    return [Case(f"{spec} R={r} {name}",
+                 {"dataset": spec, "ranks": r, "strategy": name, "config": config, "timeout": args.timeout},
                  group=f"{spec} R={r}", env=env, timeout=args.timeout + 600)
             for spec in specs for r in ranks for name in RUNS]
 
@@ -197,6 +197,8 @@ def train_run(cmd: list[str], env: dict[str, str], metrics: Path, timeout: float
 
 def run(params: dict[str, Any]) -> dict[str, Any]:
     """One training of a (dataset, R) comparison, with the dataset's facts."""
+    from benchmarks.harness.graphs import device_name
+
     spec, ranks, name, config = params["dataset"], params["ranks"], params["strategy"], params["config"]
     facts = {"dataset": spec, **dataset_facts(spec, config["seed"])}
     with tempfile.TemporaryDirectory(prefix="gnnscale-bench-dist-") as work:
@@ -210,7 +212,9 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
     res.pop("stderr_tail", None)
     res["summary"] = {k: res["summary"].get(k) for k in ("engine_detail", "timings", "total_time_s")}
     return {"kind": "distributed-run", **facts, "ranks": ranks, "strategy": name, "config": config,
-            "device": config["device"], "run": res}
+            "device": config["device"], "device_name": device_name(config["device"]), "run": res}
+
+
 def digest(res: dict[str, Any]) -> dict[str, Any]:
     """One run's figures over its epochs."""
     ep = res["epochs"]

@@ -35,6 +35,7 @@ from typing import Any
 from benchmarks.distributed import cache_env, train_run
 from benchmarks.harness import Case, Row, latest_session
 from benchmarks.harness.records import provenance, table
+from benchmarks.predict_epoch import error_summary
 
 TITLE = ("What-if past one box: the distributed engine's prediction against runs of 2-4 ranks (issue #47), CPU")
 ROUNDS = 2
@@ -160,8 +161,7 @@ def render(records: list[dict[str, Any]]) -> str:
         return "No measured cell.\n"
     rows = [[c["ranks"], network_label(c["network"]), c["strategy"], f"{c['measured_s']:.3f}",
              f"{c['predicted_s']:.3f}", f"{100 * c['error']:+.0f}%"] for c in cs]
-    within = sum(abs(c["error"]) <= BOUND for c in cs)
-    worst = max(cs, key=lambda c: abs(c["error"]))["error"]
+    e = error_summary([c["error"] for c in cs], BOUND)
     nbytes = [abs(c["bytes_error"]) for c in cs if c["bytes_error"] is not None]
     r0 = cs[0]["records"][0]
     return (f"{provenance(latest_session(records, lambda r: r.get('measured_s') is not None)).rstrip()}\n\n"
@@ -169,7 +169,7 @@ def render(records: list[dict[str, Any]]) -> str:
             f"this machine under an emulated network (`{r0['dataset']}`, batch {r0['batch_size']} per rank, "
             f"`--merge off`; measured: the median of the timed epochs of every round).\n\n"
             f"{table(['ranks', 'network', 'strategy', 'measured s', 'predicted s', 'error'], rows)}\n\n"
-            f"**{within} of {len(cs)} within {100 * BOUND:.0f}%** (worst {100 * worst:+.0f}%); the network bytes "
+            f"**{e['within']} of {e['n']} within {e['bound']}** (worst {100 * e['worst']:+.0f}%); the network bytes "
             f"the model counts are within {100 * max(nbytes, default=0):.0f}% of the engine's `network_bytes` in "
             f"every cell.\n")
 
@@ -178,10 +178,9 @@ def headline(records: list[dict[str, Any]]) -> list[Row]:
     cs = cells(records)
     if not cs:
         return []
-    within = sum(abs(c["error"]) <= BOUND for c in cs)
-    worst = max(cs, key=lambda c: abs(c["error"]))["error"]
+    e = error_summary([c["error"] for c in cs], BOUND)
     ranks = sorted({c["ranks"] for c in cs})
     return [Row("what-if past one box (distributed prediction against measured ranks)",
-                f"{within} of {len(cs)} cells within {100 * BOUND:.0f}% ({ranks[0]}-{ranks[-1]} ranks, "
-                f"{len({c['network'] for c in cs})} emulated networks), worst {100 * worst:+.0f}%",
+                f"{e['within']} of {e['n']} cells within {e['bound']} ({ranks[0]}-{ranks[-1]} ranks, "
+                f"{len({c['network'] for c in cs})} emulated networks), worst {100 * e['worst']:+.0f}%",
                 tuple(r for c in cs for r in c["records"]))]

@@ -1,6 +1,7 @@
-"""The distributed engine (HopGNN): model-centric (DistDGL) against micrograph training, network and remote feature
-bytes, local hit rate, epoch time and accuracy, per dataset and rank count, with the single-process mini-batch
-engine as the reference.
+"""The distributed engine (HopGNN): micrograph against model-centric training, network bytes and accuracy.
+
+Model-centric (DistDGL) against micrograph training: network and remote feature bytes, local hit rate, epoch time
+and accuracy, per dataset and rank count, with the single-process mini-batch engine as the reference.
 
     python -m benchmarks distributed
     python -m benchmarks distributed --ranks 2 --epochs 5 \\
@@ -376,6 +377,13 @@ def config_of(row: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
+def graph_of(row: dict[str, Any]) -> str:
+    """A file's graph by its name (its path differs between runs), a generated one by its spec."""
+    if str(row.get("dataset", "")).startswith(("npz:", "edgelist:")) or not row.get("dataset"):
+        return GRAPH_NAMES.get(row["graph"], row["graph"])
+    return str(row["dataset"])
+
+
 def _setting(row: dict[str, Any]) -> tuple[Any, ...]:
     c = config_of(row)
     return (c["model"], c["seed"], c["epochs"], c["batch_size"], c["pregather"], c["merge"])
@@ -386,7 +394,7 @@ def select(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     latest: dict[tuple[Any, ...], int] = {}
     all_rows = rows(records)
     for i, r in enumerate(all_rows):
-        latest[(r["graph"], r["ranks"], *_setting(r))] = i
+        latest[(graph_of(r), r["ranks"], *_setting(r))] = i
     return [all_rows[i] for i in sorted(latest.values())]
 
 
@@ -436,7 +444,7 @@ def communication_row(r: dict[str, Any]) -> list[str]:
         return d["network_bytes_per_epoch"] - d["remote_bytes_per_epoch"] - d["migration_bytes_per_epoch"]
 
     ratio = "-" if net is None else f"**{net:.3f}**" if net <= REMOTE_BOUND else f"{net:.3f}"
-    return [GRAPH_NAMES.get(r["graph"], r["graph"]), str(r["ranks"]), _label(r),
+    return [graph_of(r), str(r["ranks"]), _label(r),
             _mib(mc.get("network_bytes_per_epoch")), _mib(mg.get("network_bytes_per_epoch")), ratio, per_s,
             _mib(mc.get("remote_bytes_per_epoch")), _mib(mg.get("remote_bytes_per_epoch")),
             _small(r.get("remote_ratio")), _mib(mg.get("migration_bytes_per_epoch")), _mib(rest(mc)),
@@ -447,11 +455,11 @@ def communication_row(r: dict[str, Any]) -> list[str]:
 def accuracy_rows(sel: list[dict[str, Any]]) -> list[list[str]]:
     """Per (graph, R, batch, epochs): the final test accuracy of each strategy and merge setting, and mb's."""
     long = [r for r in sel if config_of(r)["epochs"] >= ACCURACY_EPOCHS] or sel
-    keys = list(dict.fromkeys((r["graph"], r["ranks"], config_of(r)["batch_size"], config_of(r)["epochs"])
+    keys = list(dict.fromkeys((graph_of(r), r["ranks"], config_of(r)["batch_size"], config_of(r)["epochs"])
                               for r in long))
     out = []
     for graph, ranks, batch, epochs in keys:
-        rs = [r for r in long if (r["graph"], r["ranks"], config_of(r)["batch_size"], config_of(r)["epochs"])
+        rs = [r for r in long if (graph_of(r), r["ranks"], config_of(r)["batch_size"], config_of(r)["epochs"])
               == (graph, ranks, batch, epochs)]
 
         def acc(name: str, merge: str | None = None, rs: list[dict[str, Any]] = rs) -> str:
@@ -463,7 +471,7 @@ def accuracy_rows(sel: list[dict[str, Any]]) -> list[list[str]]:
         diffs = [f"{r['acc_diff_points']:+.2f}" for r in rs if r.get("acc_diff_points") is not None]
         loss = [d.get("loss_diff_vs_minibatch") for r in rs for d in _digests(r)[:2]]
         loss = [x for x in loss if x is not None]
-        out.append([GRAPH_NAMES.get(graph, graph), str(ranks), f"{batch} ({ranks * batch})", str(epochs),
+        out.append([graph, str(ranks), f"{batch} ({ranks * batch})", str(epochs),
                     acc("model-centric"), acc("micrograph", "auto"), acc("micrograph", "off"), acc("minibatch"),
                     ", ".join(dict.fromkeys(diffs)) or "-", f"{max(loss):.1e}".replace("e-0", "e-") if loss else "-"])
     return out

@@ -1,9 +1,10 @@
-"""The distributed what-if validated: HopGNN's traffic model (``gnnscale plan --engine distributed --machines N``,
-:mod:`gnnscale.plan.distributed_time`) against measured runs of 2, 3 and 4 ranks on this machine under emulated
-networks.
+"""The distributed what-if validated: the predicted epoch of 2-4 ranks against measured runs, emulated networks.
+
+HopGNN's traffic model (``gnnscale plan --engine distributed --machines N``, :mod:`gnnscale.plan.distributed_time`)
+against measured runs of 2, 3 and 4 ranks on this machine under emulated networks.
 
     python -m benchmarks whatif_distributed            # 2,3,4 ranks x 1Gbit, 100Mbit x both strategies, 2 rounds
-    python -m benchmarks whatif_distributed --quick    # 2 ranks, one network, a small graph, 3 epochs
+    python -m benchmarks whatif_distributed --quick    # micrograph, 2 ranks, one network, a small graph, 3 epochs
 
 The network is emulated by pacing the comm layer's sends (``GNNSCALE_EMULATE_NETWORK``, no network namespace;
 the traffic stays on loopback): every collective lasts at least ``latency x messages + bytes / rate``. One case
@@ -49,6 +50,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--networks", default=None,
                     help=f"';'-separated emulated networks (default {NETWORKS}; --quick: the second)")
     ap.add_argument("--dataset", default=None, help="default csbm:nodes=20000 (--quick: csbm:nodes=5000)")
+    ap.add_argument("--strategies", default=None, help="comma list (default micrograph,model-centric; --quick: "
+                                                       "micrograph)")
     ap.add_argument("--model", default="sage")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=None, help="default 4 (--quick: 3); the first is not timed")
@@ -66,8 +69,9 @@ def cases(args: argparse.Namespace) -> list[Case]:
     if base["epochs"] < 2:
         raise SystemExit("error: need --epochs >= 2 (the first is not timed)")
     env = cache_env(args, "whatif_distributed")
+    strategies = [s.strip() for s in (args.strategies or ("micrograph" if q else ",".join(STRATEGIES))).split(",")]
     return [Case(f"{k} ranks, {net}, {s}", {**base, "ranks": k, "network": net, "strategy": s}, group="grid",
-                 env=env, timeout=args.timeout + 600) for k in ranks for net in nets for s in STRATEGIES]
+                 env=env, timeout=args.timeout + 600) for k in ranks for net in nets for s in strategies if s]
 
 
 def measure(params: dict[str, Any]) -> dict[str, Any]:

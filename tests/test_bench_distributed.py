@@ -79,8 +79,8 @@ def test_whatif_cases_and_render_from_its_records() -> None:
     assert {(c.params["ranks"], c.params["network"]) for c in full} == {
         (k, n) for k in (2, 3, 4) for n in ("1Gbit,latency=100us", "100Mbit,latency=100us")}
     quick = whatif_distributed.cases(_args("whatif_distributed", whatif_distributed, "--quick"))
-    assert [(c.params["ranks"], c.params["network"], c.params["epochs"]) for c in quick] == [
-        (2, "100Mbit,latency=100us", 3)] * 2
+    assert [(c.params["ranks"], c.params["network"], c.params["strategy"], c.params["epochs"]) for c in quick] == [
+        (2, "100Mbit,latency=100us", "micrograph", 3)]
     recs = read_records(RESULTS_DIR / "whatif_distributed.jsonl")
     text = whatif_distributed.render(recs)
     last = recs[-1]  # 4 ranks, 100 Mbit, model-centric of the latest run (23ff567)

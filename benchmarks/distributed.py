@@ -1,19 +1,20 @@
-"""The distributed engine (HopGNN): model-centric (DistDGL) against micrograph training, remote feature bytes,
-local hit rate, epoch time and accuracy, per dataset and rank count, with the single-process mini-batch engine as
-the reference.
+"""The distributed engine (HopGNN): micrograph against model-centric training, network bytes and accuracy.
 
-    .venv/bin/python benchmarks/distributed.py
-    .venv/bin/python benchmarks/distributed.py --dry-run
-    .venv/bin/python benchmarks/distributed.py --ranks 2 --epochs 5 \\
+Model-centric (DistDGL) against micrograph training: network and remote feature bytes, local hit rate, epoch time
+and accuracy, per dataset and rank count, with the single-process mini-batch engine as the reference.
+
+    python -m benchmarks distributed
+    python -m benchmarks distributed --ranks 2 --epochs 5 \\
         --datasets 'edgelist:../shared/datasets/snap/web-cnr-2000.txt.gz:symmetrize=1'
-    .venv/bin/python benchmarks/distributed.py --ranks 2,3,4 --batch-size 512 --datasets csbm:nodes=100000
-    .venv/bin/python benchmarks/distributed.py --merge off
+    python -m benchmarks distributed --ranks 2,3,4 --batch-size 512 --datasets csbm:nodes=100000
+    python -m benchmarks distributed --merge off
+    python -m benchmarks distributed --ranks 2,4 --batch-size 25 --epochs 25 --datasets npz:...   # accuracy
 
 Per dataset (``--datasets``, ';'-separated specs; default Amazon Computers, the gnn-benchmark npz with its
 standard 20-per-class split, and web-cnr-2000 symmetrised, whose features and labels the edge-list reader
-synthesises: accuracy there is chance, about 1/16) and per rank count (``--ranks``, default ``2,4``), one run of
-each, by subprocess, the same ``--epochs`` (default 3), ``--seed`` (0), ``--model`` (sage) and ``--batch-size``
-(per rank; gnnscale's default unless given)::
+synthesises: accuracy there is chance, about 1/16) and per rank count (``--ranks``, default ``2,4``), three cases,
+one group (their order rotates per round), each launching one training with the same ``--epochs`` (default 3),
+``--seed`` (0), ``--model`` (sage) and ``--batch-size`` (per rank; gnnscale's default unless given)::
 
     python -m gnnscale train --engine distributed --ranks R --strategy model-centric --metrics FILE --quiet ...
     python -m gnnscale train --engine distributed --ranks R --strategy micrograph --metrics FILE --quiet ...
@@ -22,34 +23,28 @@ each, by subprocess, the same ``--epochs`` (default 3), ``--seed`` (0), ``--mode
 The micrograph run keeps the engine's defaults unless ``--pregather``/``--merge`` say otherwise (``--pregather on
 --merge auto``: epoch 1 is warm-up, epoch 2 the baseline, then one time step more is merged each epoch while
 epochs get at least 5% faster; at ``R`` = 2 one merge leaves one time step, in which every model trains all its
-roots where it is: model-centric's traffic).
-The mini-batch run trains the same global batches on one process
+roots where it is: model-centric's traffic). The mini-batch run trains the same global batches on one process
 (``R x B`` seeds per step; the distributed engine's iteration equals its step, so its losses are the reference).
-Every child gets ``OMP_NUM_THREADS=--omp-threads`` (default 1: R ranks share the machine's cores) and
-``--device cpu`` unless ``--device`` says otherwise; partition plans go to a temporary ``GNNSCALE_CACHE_DIR`` (the
-first strategy partitions with METIS, the second reuses the plan; neither is in the epoch time).
+Every training process gets ``OMP_NUM_THREADS`` = the harness's ``--threads`` (default 1: R ranks share the
+machine's cores) and ``--device cpu`` unless ``--device`` says otherwise; partition plans go to one
+``GNNSCALE_CACHE_DIR`` (``--cache-dir``; the first strategy partitions with METIS, the others reuse the plan;
+neither is in the epoch time).
 
-Reported per (dataset, R), from rank 0's ``--metrics`` records (counters summed over ranks):
+Each case records its run (``run``: command, per-epoch records of rank 0's ``--metrics``, counters summed over
+ranks, and ``digest``: the figures over its epochs) with the dataset's size and its whole feature matrix's bytes
+(``N x F x 4``). The render pairs the three runs of a (dataset, R) as one row (:func:`compare`; the records written
+before the harness are such rows already):
 
-* the headline: total network bytes per epoch (``network_bytes``: every byte the ranks received in training, as
-  the comm layer counted it -- feature rows and their id requests, model migrations, gradient all-reduces) of
-  each strategy and their ratio micrograph / model-centric;
-* beside it, remote feature bytes per epoch (``remote_bytes``, the mean over epochs) of each strategy and their ratio
-  micrograph / model-centric (the issue's bound: <= 0.4); the miss rate ``1 - local_hit_rate`` (input rows
-  fetched from other ranks, pooled over the epochs; model-centric should be about ``1 - 1/R``, micrograph much
-  lower on METIS parts); the ratio per epoch too (merging raises it from epoch 3 on); micrograph's migration
-  bytes per epoch and time steps per iteration (per epoch: merging lowers them);
-* the median epoch time (``epoch_time_s``: training only, no evaluation) of each, their ratio, and each against
-  the mini-batch engine's; the final test accuracy of each and micrograph - model-centric in points (the issue's
-  bound: within 0.5), and the largest per-epoch loss difference between the three (they compute the same steps);
-* per rank the feature bytes it holds (``rank_feature_bytes``) against the whole matrix (``N x F x 4`` bytes,
-  from the dataset loaded here): the largest share times R (1.00: exactly 1/R), the largest fetched-row cache
-  (``rank_cache_peak_bytes``) and the resident memory at the last epoch's end (``rank_rss_bytes``; every rank
-  parses the whole input file and keeps the whole topology, so RSS is far above the feature share).
+* total network bytes per epoch (``network_bytes``: every byte the ranks received in training, as the comm layer
+  counted it -- feature rows and their id requests, model migrations, gradient all-reduces) of each strategy and
+  their ratio micrograph / model-centric (the issue's bound: <= 0.4); the remote feature bytes (``remote_bytes``),
+  migration bytes and the rest; the miss rate ``1 - local_hit_rate`` (pooled over the epochs; model-centric
+  should be about ``1 - 1/R``, micrograph much lower on METIS parts); micrograph's time steps per iteration;
+* the final test accuracy of each and micrograph - model-centric in points (the issue's bound: within 0.5), and
+  the largest per-epoch loss difference to the mini-batch engine (they compute the same steps);
+* per rank the feature bytes it holds (``rank_feature_bytes``), its fetched-row cache peak and RSS (in the records).
 
-A run that fails is recorded with its command, exit status and the end of its stderr, and the others go on (the
-exit status is then 1). One JSON line per (dataset, R) is appended to ``--out`` (default
-benchmarks/results/distributed.jsonl) with the environment.
+A training that fails makes its case fail (the harness records the error; the exit status is then 1).
 """
 
 from __future__ import annotations
@@ -67,34 +62,78 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import torch
-
-try:
-    from offload import append_records, environment
-except ImportError:  # run as a module
-    from benchmarks.offload import append_records, environment
-
+from benchmarks.harness import Case
+from benchmarks.harness.records import provenance, session_of, table
 from gnnscale.config import TrainConfig
-from gnnscale.errors import GnnscaleError
-from gnnscale.graph.datasets import load_dataset
 
+TITLE = "Distributed training (HopGNN): micrograph vs model-centric, CPU"
+ROUNDS = 1  # each case trains for several epochs; one round is what the records before the harness hold
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "datasets"
 AMAZON = SHARED / "gnn-benchmark" / "amazon_electronics_computers.npz"
 WEB_CNR = SHARED / "snap" / "web-cnr-2000.txt.gz"
 DEFAULT_DATASETS = f"npz:{AMAZON};edgelist:{WEB_CNR}:symmetrize=1"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "distributed.jsonl"
+QUICK_DATASET = "csbm:nodes=2000,avg_degree=10,features=32"
 STRATEGIES = ("model-centric", "micrograph")
+RUNS = (*STRATEGIES, "minibatch")
 REMOTE_BOUND = 0.4
 """micrograph / model-centric bytes must be at most this (the issue's bound; checked on the total network bytes)."""
 DEFAULT_BATCH = next(int(f.default) for f in fields(TrainConfig) if f.name == "batch_size")  # type: ignore[call-overload]
 """gnnscale's default --batch-size (the distributed runs' per-rank batch when --batch-size is not given)."""
 ACC_POINTS = 0.5
 """micrograph's final test accuracy must be within this many points of model-centric's (the issue's bound)."""
+ACCURACY_EPOCHS = 10
+"""The accuracy table shows the runs of at least this many epochs (all runs when there are none)."""
+GRAPH_NAMES = {"amazon_electronics_computers": "Amazon Computers"}
 
 
-def _ints(text: str) -> list[int]:
-    return [int(s) for s in text.split(",") if s.strip()]
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--datasets", default=None,
+                    help=f"';'-separated dataset specs (default {DEFAULT_DATASETS}; --quick: {QUICK_DATASET})")
+    ap.add_argument("--ranks", default=None, help="rank counts (comma list; default 2,4; --quick: 2)")
+    ap.add_argument("--epochs", type=int, default=None, help="epochs per training (default 3; --quick: 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default="sage")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help=f"seeds per rank (the mini-batch reference: R times this; default {DEFAULT_BATCH}; "
+                         "--quick: 64)")
+    ap.add_argument("--pregather", choices=["on", "off"], default="on", help="the micrograph run's --pregather")
+    ap.add_argument("--merge", default="auto", help="the micrograph run's --merge: off, auto (default) or K")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds one training run may take")
+    ap.add_argument("--cache-dir", default=None,
+                    help="GNNSCALE_CACHE_DIR of the trainings (default: $GNNSCALE_CACHE_DIR, else a folder of the "
+                         "system's temporary directory named after the benchmark)")
+
+
+def cache_env(args: argparse.Namespace, name: str) -> dict[str, str]:
+    """The ``GNNSCALE_CACHE_DIR`` every case of a benchmark shares (so they partition once), unless one is set."""
+    if args.cache_dir:
+        return {"GNNSCALE_CACHE_DIR": str(args.cache_dir)}
+    if os.environ.get("GNNSCALE_CACHE_DIR"):
+        return {}
+    return {"GNNSCALE_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"gnnscale-bench-{name}-cache")}
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    q = args.quick
+    specs = [s.strip() for s in (args.datasets or (QUICK_DATASET if q else DEFAULT_DATASETS)).split(";") if s.strip()]
+    ranks = [int(s) for s in (args.ranks or ("2" if q else "2,4")).split(",") if s.strip()]
+    if not specs or not ranks or min(ranks) < 1:
+        raise SystemExit("error: need at least one dataset and rank counts >= 1")
+    missing = [str(f) for f in map(_file_of, specs) if f is not None and not f.exists()]
+    if missing:
+        raise SystemExit(f"error: dataset file(s) missing: {', '.join(missing)} (pass --datasets)")
+    config = {"epochs": args.epochs or (2 if q else 3), "seed": args.seed, "model": args.model,
+              "batch_size": args.batch_size or (64 if q else None), "pregather": args.pregather,
+              "merge": args.merge, "device": args.device}
+    if config["epochs"] < 1:
+        raise SystemExit("error: need --epochs >= 1")
+    env = cache_env(args, "distributed")
+    return [Case(f"{spec} R={r} {name}",
+                 {"dataset": spec, "ranks": r, "strategy": name, "config": config, "timeout": args.timeout},
+                 group=f"{spec} R={r}", env=env, timeout=args.timeout + 600)
+            for spec in specs for r in ranks for name in RUNS]
 
 
 def _file_of(spec: str) -> Path | None:
@@ -107,6 +146,8 @@ def _file_of(spec: str) -> Path | None:
 
 def dataset_facts(spec: str, seed: int) -> dict[str, Any]:
     """The graph's size and its whole feature matrix's bytes (``N x F x 4``), loaded as the children load it."""
+    from gnnscale.graph.datasets import load_dataset
+
     g = load_dataset(spec, None, seed=seed)
     assert g.x is not None
     n, f = g.num_nodes, int(g.x.shape[1])
@@ -117,24 +158,25 @@ def dataset_facts(spec: str, seed: int) -> dict[str, Any]:
     return facts
 
 
-def command(args: argparse.Namespace, spec: str, ranks: int, strategy: str | None, metrics: Path) -> list[str]:
-    """The ``gnnscale train`` command of one run: ``strategy`` None is the mini-batch reference."""
-    cmd = [sys.executable, "-m", "gnnscale", "train", "--dataset", spec, "--model", args.model,
-           "--epochs", str(args.epochs), "--seed", str(args.seed), "--device", args.device,
+def command(config: dict[str, Any], spec: str, ranks: int, strategy: str | None, metrics: Path) -> list[str]:
+    """The ``gnnscale train`` command of one run: ``strategy`` None (or ``minibatch``) is the mini-batch
+    reference."""
+    cmd = [sys.executable, "-m", "gnnscale", "train", "--dataset", spec, "--model", config["model"],
+           "--epochs", str(config["epochs"]), "--seed", str(config["seed"]), "--device", config["device"],
            "--metrics", str(metrics), "--quiet"]
-    if strategy is None:
-        batch = ranks * (args.batch_size if args.batch_size is not None else DEFAULT_BATCH)
-        return cmd + ["--engine", "minibatch", "--batch-size", str(batch)]
+    batch = config.get("batch_size")
+    if strategy in (None, "minibatch"):
+        return cmd + ["--engine", "minibatch", "--batch-size", str(ranks * (batch or DEFAULT_BATCH))]
     cmd += ["--engine", "distributed", "--ranks", str(ranks), "--strategy", strategy]
     if strategy == "micrograph":
-        cmd += ["--pregather", args.pregather, "--merge", args.merge]
-    if args.batch_size is not None:
-        cmd += ["--batch-size", str(args.batch_size)]
+        cmd += ["--pregather", config["pregather"], "--merge", config["merge"]]
+    if batch is not None:
+        cmd += ["--batch-size", str(batch)]
     return cmd
 
 
-def run(cmd: list[str], env: dict[str, str], metrics: Path, timeout: float) -> dict[str, Any]:
-    """Run one training; its epoch records and summary, or why it failed."""
+def train_run(cmd: list[str], env: dict[str, str], metrics: Path, timeout: float) -> dict[str, Any]:
+    """Run one ``gnnscale train ... --metrics FILE``: its epoch records and summary, or why it failed."""
     metrics.unlink(missing_ok=True)
     t0 = time.perf_counter()
     try:
@@ -152,6 +194,26 @@ def run(cmd: list[str], env: dict[str, str], metrics: Path, timeout: float) -> d
     epochs = [r for r in recs if not r.get("summary")]
     summary: dict[str, Any] = next((r for r in recs if r.get("summary")), {})
     return {**out, "ok": True, "epochs": epochs, "summary": summary, "stderr_tail": p.stderr[-1000:]}
+
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """One training of a (dataset, R) comparison, with the dataset's facts."""
+    from benchmarks.harness.graphs import device_name
+
+    spec, ranks, name, config = params["dataset"], params["ranks"], params["strategy"], params["config"]
+    facts = {"dataset": spec, **dataset_facts(spec, config["seed"])}
+    with tempfile.TemporaryDirectory(prefix="gnnscale-bench-dist-") as work:
+        metrics = Path(work) / f"{facts['graph']}-{ranks}-{name}.jsonl"
+        res = train_run(command(config, spec, ranks, name, metrics), dict(os.environ), metrics,
+                        float(params["timeout"]))
+    if not res["ok"]:
+        raise RuntimeError(f"{res['error']}: {res['command']}\n{res.get('stderr_tail', '')[-1500:]}")
+    res["digest"] = digest(res)
+    res.pop("stdout", None)
+    res.pop("stderr_tail", None)
+    res["summary"] = {k: res["summary"].get(k) for k in ("engine_detail", "timings", "total_time_s")}
+    return {"kind": "distributed-run", **facts, "ranks": ranks, "strategy": name, "config": config,
+            "device": config["device"], "device_name": device_name(config["device"]), "run": res}
 
 
 def digest(res: dict[str, Any]) -> dict[str, Any]:
@@ -252,164 +314,182 @@ def compare(facts: dict[str, Any], ranks: int, runs: dict[str, dict[str, Any]]) 
     return row
 
 
-def _f(v: float | None, spec: str, scale: float = 1.0) -> str:
-    return "-" if v is None else format(v / scale, spec)
+def describe(r: dict[str, Any]) -> str:
+    d = r["run"]["digest"]
+    net = "" if "network_bytes_per_epoch" not in d else (
+        f", network {d['network_bytes_per_epoch'] / 2**20:.2f} MiB/epoch, miss rate {d['miss_rate']:.3f}, "
+        f"steps {d['time_steps']}")
+    return (f"{r['strategy']}: epochs {', '.join(f'{t:.3f}' for t in d['epoch_times'])} s, test acc "
+            f"{d['final_test_acc']:.4f}{net}")
 
 
-def print_tables(rows: list[dict[str, Any]]) -> None:
-    def get(r: dict[str, Any], run: str) -> dict[str, Any]:
-        x = r["runs"][run]
+_PROVENANCE = ("date", "command", "gnnscale_rev", "host_cpu", "device_name", "torch", "pyg", "session", "env")
+
+
+def pair(group: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row of one (dataset, R) comparison from its three run records (:func:`compare`); None when none ran."""
+    done = [r for r in group if r.get("ok") and r.get("run")]
+    if not done:
+        return None
+    first = done[0]
+    facts = {k: first[k] for k in ("dataset", "graph", "nodes", "edges", "features", "classes", "train_vertices",
+                                   "feature_dtype", "whole_feature_bytes")}
+    runs: dict[str, dict[str, Any]] = {}
+    for name in RUNS:
+        rec = next((r for r in group if r.get("strategy") == name), None)
+        if rec is not None and rec.get("ok") and rec.get("run"):
+            runs[name] = json.loads(json.dumps(rec["run"]))  # compare() annotates the digests: a copy
+        else:
+            runs[name] = {"ok": False, "error": (rec or {}).get("error", "not run"), "command": name}
+    row = compare(facts, first["ranks"], runs)
+    return {**{k: first.get(k) for k in _PROVENANCE}, "kind": "distributed", "config": first["config"], **row}
+
+
+def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (dataset, R) comparison, in file order: the records written before the harness are rows; the
+    harness's run records are paired per (session, round, dataset, R)."""
+    out: list[dict[str, Any]] = []
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") == "distributed" and "runs" in r:
+            out.append(r)
+        elif r.get("benchmark") == "distributed" and r.get("strategy") in RUNS:
+            key = (session_of(r), r.get("round"), r.get("dataset"), r.get("ranks"))
+            if key not in groups:
+                groups[key] = []
+                out.append({"_group": key})
+            groups[key].append(r)
+    paired = [pair(groups[r["_group"]]) if "_group" in r else r for r in out]
+    return [r for r in paired if r is not None]
+
+
+def config_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The micrograph run's settings (``config`` of a harness row; parsed from the command of an older one)."""
+    if row.get("config"):
+        c = dict(row["config"])
+    else:
+        argv = shlex.split(row["runs"]["micrograph"]["command"])
+        flags = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+        c = {"epochs": int(flags["--epochs"]), "seed": int(flags.get("--seed", 0)), "model": flags["--model"],
+             "batch_size": int(flags["--batch-size"]) if "--batch-size" in flags else None,
+             "pregather": flags.get("--pregather", "on"), "merge": flags.get("--merge", "auto")}
+    c["batch_size"] = c.get("batch_size") or DEFAULT_BATCH
+    return c
+
+
+def graph_of(row: dict[str, Any]) -> str:
+    """A file's graph by its name (its path differs between runs), a generated one by its spec."""
+    if str(row.get("dataset", "")).startswith(("npz:", "edgelist:")) or not row.get("dataset"):
+        return GRAPH_NAMES.get(row["graph"], row["graph"])
+    return str(row["dataset"])
+
+
+def _setting(row: dict[str, Any]) -> tuple[Any, ...]:
+    c = config_of(row)
+    return (c["model"], c["seed"], c["epochs"], c["batch_size"], c["pregather"], c["merge"])
+
+
+def select(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The latest row per (graph, R, setting: model, seed, epochs, batch, pregather, merge), in file order."""
+    latest: dict[tuple[Any, ...], int] = {}
+    all_rows = rows(records)
+    for i, r in enumerate(all_rows):
+        latest[(graph_of(r), r["ranks"], *_setting(r))] = i
+    return [all_rows[i] for i in sorted(latest.values())]
+
+
+def _digests(r: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    def get(name: str) -> dict[str, Any]:
+        x = r["runs"][name]
         return x.get("digest", {}) if x["ok"] else {}
-
-    mib = 2**20
-    print("\nCommunication (per epoch, summed over ranks, mean over epochs; MC = model-centric, MG = micrograph; miss "
-          "rate = 1 - local_hit_rate, pooled over epochs):\n")
-    print("| dataset | R | iterations/epoch | network MiB MC | network MiB MG | network MG/MC (<= 0.4) "
-          "| remote feature MiB MC | remote feature MiB MG | feature MG/MC | feature MG/MC per epoch "
-          "| miss rate MC | miss rate MG | migration MiB MG | time steps/iteration MG (per epoch) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
-    for r in rows:
-        mc, mg = get(r, "model-centric"), get(r, "micrograph")
-        steps = ", ".join(f"{t:.2f}" for t in mg.get("time_steps", [])) or "-"
-        ok = "" if r.get("network_ratio") is None else (" ok" if r["network_ok"] else " **FAIL**")
-        print(f"| {r['graph']} | {r['ranks']} | {mc.get('batches', mg.get('batches', '-'))} "
-              f"| {_f(mc.get('network_bytes_per_epoch'), '.2f', mib)} "
-              f"| {_f(mg.get('network_bytes_per_epoch'), '.2f', mib)} "
-              f"| {_f(r.get('network_ratio'), '.4f')}{ok} "
-              f"| {_f(mc.get('remote_bytes_per_epoch'), '.2f', mib)} "
-              f"| {_f(mg.get('remote_bytes_per_epoch'), '.3f', mib)} "
-              f"| {_f(r.get('remote_ratio'), '.4f')} "
-              f"| {', '.join(_f(x, '.3f') for x in r.get('remote_ratio_by_epoch', [])) or '-'} "
-              f"| {_f(mc.get('miss_rate'), '.3f')} "
-              f"| {_f(mg.get('miss_rate'), '.4f')} | {_f(mg.get('migration_bytes_per_epoch'), '.2f', mib)} | {steps} |")
-    print("\nTime and accuracy (median epoch s, training only; mb = mini-batch engine, one process, batch R x B; "
-          "test accuracy after the last epoch):\n")
-    print("| dataset | R | epoch s MC | epoch s MG | epoch s mb | MG/MC | MC/mb | MG/mb | test acc MC | test acc MG "
-          "| test acc mb | MG - MC (points, within 0.5) | max loss diff MC, MG vs mb |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        mc, mg, mb = get(r, "model-centric"), get(r, "micrograph"), get(r, "minibatch")
-        ok = "" if r.get("acc_diff_points") is None else (" ok" if r["acc_ok"] else " **FAIL**")
-        loss = f"{_f(mc.get('loss_diff_vs_minibatch'), '.1e')}, {_f(mg.get('loss_diff_vs_minibatch'), '.1e')}"
-        print(f"| {r['graph']} | {r['ranks']} | {_f(mc.get('median_epoch_s'), '.3f')} "
-              f"| {_f(mg.get('median_epoch_s'), '.3f')} | {_f(mb.get('median_epoch_s'), '.3f')} "
-              f"| {_f(r.get('epoch_ratio'), '.2f')} | {_f(mc.get('over_minibatch'), '.2f')} "
-              f"| {_f(mg.get('over_minibatch'), '.2f')} | {_f(mc.get('final_test_acc'), '.4f')} "
-              f"| {_f(mg.get('final_test_acc'), '.4f')} | {_f(mb.get('final_test_acc'), '.4f')} "
-              f"| {_f(r.get('acc_diff_points'), '+.2f')}{ok} | {loss} |")
-    print("\nMemory per rank (features: N x F x 4 bytes in all; share x R = 1.00 is exactly 1/R; RSS at the last "
-          "epoch's end):\n")
-    print("| dataset | R | whole features MiB | per-rank features MiB | max share x R | cache peak MiB MC "
-          "| cache peak MiB MG | RSS MiB MC | RSS MiB MG |")
-    print("|---|---:|---:|---|---:|---|---|---|---|")
-    for r in rows:
-        mc, mg = get(r, "model-centric"), get(r, "micrograph")
-        d = mc or mg
-
-        def lst(v: list[int] | None) -> str:
-            return "-" if not v else ", ".join(f"{b / mib:.1f}" for b in v)
-
-        print(f"| {r['graph']} | {r['ranks']} | {r['whole_feature_bytes'] / mib:.2f} "
-              f"| {lst(d.get('rank_feature_bytes'))} | {_f(d.get('max_feature_share_x_r'), '.4f')} "
-              f"| {lst(mc.get('rank_cache_peak_bytes'))} | {lst(mg.get('rank_cache_peak_bytes'))} "
-              f"| {lst(mc.get('rank_rss_bytes'))} | {lst(mg.get('rank_rss_bytes'))} |")
-    notes = [(r["graph"], r["ranks"], n) for r in rows for n in r["notes"]]
-    if notes:
-        print("\nNotes:")
-        for g, k, n in notes:
-            print(f"- {g}, R={k}: {n}")
+    return get("model-centric"), get("micrograph"), get("minibatch")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--datasets", default=DEFAULT_DATASETS, help="';'-separated dataset specs")
-    ap.add_argument("--ranks", default="2,4", help="rank counts (comma list)")
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--model", default="sage")
-    ap.add_argument("--batch-size", type=int, default=None,
-                    help=f"seeds per rank (the mini-batch reference: R times this; default {DEFAULT_BATCH})")
-    ap.add_argument("--pregather", choices=["on", "off"], default="on", help="the micrograph run's --pregather")
-    ap.add_argument("--merge", default="auto", help="the micrograph run's --merge: off, auto (default) or K")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--omp-threads", type=int, default=1, help="OMP_NUM_THREADS of every child process")
-    ap.add_argument("--timeout", type=float, default=1200, help="seconds one training run may take")
-    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--no-save", action="store_true")
-    args = ap.parse_args(argv)
-    specs = [s.strip() for s in args.datasets.split(";") if s.strip()]
-    rank_counts = _ints(args.ranks)
-    if args.epochs < 1 or not rank_counts or min(rank_counts) < 1 or not specs:
-        print("error: need --epochs >= 1, at least one dataset and rank counts >= 1", file=sys.stderr)
-        return 2
-    work = Path(tempfile.mkdtemp(prefix="gnnscale-bench-dist-"))
-    os.environ.setdefault("GNNSCALE_CACHE_DIR", str(work / "cache"))
-    os.environ["OMP_NUM_THREADS"] = str(args.omp_threads)
-    env = dict(os.environ)
-    plan = [(spec, r, s) for spec in specs for r in rank_counts for s in (*STRATEGIES, None)]
-    if args.dry_run:
-        print(f"# OMP_NUM_THREADS={args.omp_threads} GNNSCALE_CACHE_DIR={os.environ['GNNSCALE_CACHE_DIR']}")
-        for spec, r, s in plan:
-            print(shlex.join(command(args, spec, r, s, work / "metrics.jsonl")))
-        return 0
-    missing = [str(f) for f in map(_file_of, specs) if f is not None and not f.exists()]
-    if missing:
-        print(f"error: dataset file(s) missing: {', '.join(missing)} (pass --datasets)", file=sys.stderr)
-        return 2
-    torch.set_num_threads(args.omp_threads)
-    common = environment(torch.device(args.device))
-    print(f"device {common['device_name']}; torch {torch.__version__}, gnnscale {common['gnnscale_rev']}; "
-          f"{args.model}, {args.epochs} epochs, seed {args.seed}, batch {args.batch_size or 'default'} per rank; "
-          f"micrograph: pregather {args.pregather}, merge {args.merge}; "
-          f"OMP_NUM_THREADS={args.omp_threads}; load average {os.getloadavg()[0]:.2f}")
-    rows: list[dict[str, Any]] = []
-    t_all = time.perf_counter()
-    for spec in specs:
-        try:
-            facts = {"dataset": spec, **dataset_facts(spec, args.seed)}
-        except GnnscaleError as exc:
-            print(f"error: {spec}: {exc}", file=sys.stderr)
-            return 2
-        print(f"\n{facts['graph']}: {facts['nodes']:,} vertices, {facts['edges']:,} edges, {facts['features']} "
-              f"features, {facts['train_vertices']:,} training vertices", flush=True)
-        for r in rank_counts:
-            runs: dict[str, dict[str, Any]] = {}
-            for s in (*STRATEGIES, None):
-                name = s or "minibatch"
-                metrics = work / f"{facts['graph']}-{r}-{name}.jsonl"
-                res = run(command(args, spec, r, s, metrics), env, metrics, args.timeout)
-                if res["ok"]:
-                    try:
-                        res["digest"] = digest(res)
-                    except (KeyError, ValueError, statistics.StatisticsError) as exc:
-                        res.update(ok=False, error=f"unexpected metrics: {exc!r}")
-                runs[name] = res
-                if res["ok"]:
-                    d = res["digest"]
-                    extra = ("" if "remote_bytes_per_epoch" not in d else
-                             f", network {d['network_bytes_per_epoch'] / 2**20:.2f} MiB/epoch, remote features "
-                             f"{d['remote_bytes_per_epoch'] / 2**20:.2f} MiB/epoch, miss rate "
-                             f"{d['miss_rate']:.3f}, steps {d['time_steps']}")
-                    print(f"  R={r} {name}: {res['wall_s']:.1f} s wall (ready {d['ready_s']:.1f} s), epochs "
-                          f"{', '.join(f'{t:.3f}' for t in d['epoch_times'])} s, test acc "
-                          f"{d['final_test_acc']:.4f}{extra}", flush=True)
-                else:
-                    print(f"  R={r} {name}: FAILED ({res['error']}) after {res['wall_s']:.1f} s\n"
-                          f"    {res['command']}\n    stderr: {res['stderr_tail'][-1500:]}", flush=True)
-            rows.append(compare(facts, r, runs))
-    print(f"\n{len(plan)} runs in {time.perf_counter() - t_all:.0f} s; load average {os.getloadavg()[0]:.2f}")
-    print_tables(rows)
-    if not args.no_save:
-        for row in rows:  # the children's output only for failures; their epoch records are kept
-            for res in row["runs"].values():
-                if res["ok"]:
-                    res.pop("stdout", None)
-                    res.pop("stderr_tail", None)
-                    res["summary"] = {k: res["summary"].get(k) for k in ("engine_detail", "timings", "total_time_s")}
-        append_records(args.out, [{**common, "kind": "distributed", **r} for r in rows])
-    return 0 if all(res["ok"] for row in rows for res in row["runs"].values()) else 1
+def _mib(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v / 2**20, spec)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _small(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4f}" if v < 0.1 else f"{v:.3f}"
+
+
+def _steps(values: list[float]) -> str:
+    """``[2, 2, 1, 1, 1]`` -> ``2, 2, then 1``; ``[2, 2, 2]`` -> ``2``."""
+    if not values:
+        return "-"
+    v = [f"{x:g}" for x in values]
+    if len(set(v)) == 1:
+        return v[0]
+    k = len(v)
+    while k > 1 and v[k - 2] == v[-1]:
+        k -= 1
+    return ", ".join(v[:k - 1] + [f"then {v[-1]}"]) if len(v) - k >= 1 else ", ".join(v)
+
+
+def _label(r: dict[str, Any]) -> str:
+    c = config_of(r)
+    return f"merge {c['merge']}, {c['epochs']} epochs, batch {c['batch_size']}"
+
+
+def communication_row(r: dict[str, Any]) -> list[str]:
+    mc, mg, _ = _digests(r)
+    net = r.get("network_ratio")
+    per = [g / m for g, m in zip(mg.get("network_bytes", []), mc.get("network_bytes", []), strict=False) if m]
+    per_s = (", ".join(f"{x:.3f}" for x in per) if len(per) <= 5 else
+             f"{statistics.median(per):.3f} [{min(per):.3f} - {max(per):.3f}]") if per else "-"
+
+    def rest(d: dict[str, Any]) -> float | None:
+        if "network_bytes_per_epoch" not in d:
+            return None
+        return d["network_bytes_per_epoch"] - d["remote_bytes_per_epoch"] - d["migration_bytes_per_epoch"]
+
+    ratio = "-" if net is None else f"**{net:.3f}**" if net <= REMOTE_BOUND else f"{net:.3f}"
+    return [graph_of(r), str(r["ranks"]), _label(r),
+            _mib(mc.get("network_bytes_per_epoch")), _mib(mg.get("network_bytes_per_epoch")), ratio, per_s,
+            _mib(mc.get("remote_bytes_per_epoch")), _mib(mg.get("remote_bytes_per_epoch")),
+            _small(r.get("remote_ratio")), _mib(mg.get("migration_bytes_per_epoch")), _mib(rest(mc)),
+            _mib(rest(mg)), _small(mc.get("miss_rate")), _small(mg.get("miss_rate")),
+            _steps(mg.get("time_steps", []))]
+
+
+def accuracy_rows(sel: list[dict[str, Any]]) -> list[list[str]]:
+    """Per (graph, R, batch, epochs): the final test accuracy of each strategy and merge setting, and mb's."""
+    long = [r for r in sel if config_of(r)["epochs"] >= ACCURACY_EPOCHS] or sel
+    keys = list(dict.fromkeys((graph_of(r), r["ranks"], config_of(r)["batch_size"], config_of(r)["epochs"])
+                              for r in long))
+    out = []
+    for graph, ranks, batch, epochs in keys:
+        rs = [r for r in long if (graph_of(r), r["ranks"], config_of(r)["batch_size"], config_of(r)["epochs"])
+              == (graph, ranks, batch, epochs)]
+
+        def acc(name: str, merge: str | None = None, rs: list[dict[str, Any]] = rs) -> str:
+            vals = [_digests(r)[RUNS.index(name)].get("final_test_acc") for r in rs
+                    if merge is None or config_of(r)["merge"] == merge]
+            vals = [v for v in vals if v is not None]
+            return f"{vals[-1]:.4f}" if vals else "-"
+
+        diffs = [f"{r['acc_diff_points']:+.2f}" for r in rs if r.get("acc_diff_points") is not None]
+        loss = [d.get("loss_diff_vs_minibatch") for r in rs for d in _digests(r)[:2]]
+        loss = [x for x in loss if x is not None]
+        out.append([graph, str(ranks), f"{batch} ({ranks * batch})", str(epochs),
+                    acc("model-centric"), acc("micrograph", "auto"), acc("micrograph", "off"), acc("minibatch"),
+                    ", ".join(dict.fromkeys(diffs)) or "-", f"{max(loss):.1e}".replace("e-0", "e-") if loss else "-"])
+    return out
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    sel = select(records)
+    if not sel:
+        return "No comparison ran.\n"
+    comm = table(["graph", "R", "run (micrograph merge, epochs, batch per rank)", "network MiB MC",
+                  "network MiB MG", f"**MG / MC, total** (<= {REMOTE_BOUND})", "per epoch", "feature MiB MC",
+                  "feature MiB MG", "feature MG / MC", "migration MiB MG", "rest MiB MC", "rest MiB MG", "miss MC",
+                  "miss MG", "MG time steps per iteration"], map(communication_row, sel))
+    acc = table(["graph", "R", "batch per rank (global)", "epochs", "MC", "MG, merge auto", "MG, merge off", "mb",
+                 "MG - MC (points)", "largest loss difference to mb"], accuracy_rows(sel))
+    return (f"{provenance(sel)}\n\nThe latest comparison per (graph, R, setting). **Total network bytes per epoch** "
+            f"(summed over ranks, mean over epochs; MC = model-centric, MG = micrograph; *feature*: remote feature "
+            f"rows; *rest*: network - feature - migration; *per epoch*: each epoch's ratio, or over more than 5 "
+            f"their median [min - max]; miss = 1 - local hit rate):\n\n{comm}\n\n**Accuracy** (test accuracy after "
+            f"the last epoch; the runs of at least {ACCURACY_EPOCHS} epochs when there are any; mb = the mini-batch "
+            f"engine on the same global batches):\n\n{acc}\n")

@@ -1,5 +1,4 @@
-"""The offload engine (HongTu) against the in-memory engine and PyG: epoch time vs chunk count, memory budget,
-deduplication mode and chunker.
+"""The offload engine (HongTu) against the in-memory engine and PyG, by chunk count, budget, dedup mode and chunker.
 
     python -m benchmarks offload --device cpu
     python -m benchmarks offload --device cpu --dataset csbm:nodes=100000,avg_degree=10,features=100 \\

@@ -90,7 +90,7 @@ def _step(pw: Any, workload: str, data: Path, epochs: int) -> tuple[Any, dict[st
     system, kind, model = {"minibatch": ("gnnscale", "minibatch", "sage"),
                            "offload": ("gnnscale-offload", "full", "gcn")}.get(workload, ("gnnscale", "full", workload))
     run = pw.gnnscale_run(a, meta, ap_mod.Namespace(system=system, workload=kind, model=model, epochs=epochs,
-                                                    chunks=8))
+                                                    chunks=8, host_allocator="auto"))
 
     def step(epoch: int) -> int:
         run["step"](epoch)

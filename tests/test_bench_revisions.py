@@ -30,7 +30,8 @@ def test_default_and_quick_cases() -> None:
     assert (p["dataset"], p["epochs"], p["bound"], p["side"]) == (bench.DEFAULT_DATASET, 6, 0.05, "base")
     assert bench.ROUNDS == 5
     q = _cases("--quick")
-    assert len(q) == 6 and q[0].params["dataset"] == bench.QUICK_DATASET and q[0].params["epochs"] == 2
+    assert [c.name for c in q] == ["inmemory base", "inmemory head", "offload base", "offload head"]
+    assert q[0].params["dataset"] == bench.QUICK_DATASET and q[0].params["epochs"] == 2
     cs = _cases("--base", "abc", "--head", "def", "--engines", "offload, minibatch")
     assert [(c.name, c.rev) for c in cs] == [("offload base", "abc"), ("offload head", "def"),
                                              ("minibatch base", "abc"), ("minibatch head", "def")]

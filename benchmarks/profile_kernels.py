@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Case, latest_session, split_list
+from benchmarks.harness.graphs import device_name
 from benchmarks.harness.records import fmt, provenance, table
 
 TITLE = "Profile of gnnscale's hot kernels on the peers workloads (issue #30 point 2)"
@@ -125,6 +126,7 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
     import gnnscale
 
     rec: dict[str, Any] = {"workload": params["workload"], "revision": params["revision"], "nodes": meta["nodes"],
+                           "device": "cpu", "device_name": device_name(),
                            "times_s": times, "gnnscale": str(Path(gnnscale.__file__).parent),
                            "median_s": float(np.median(times)), "median_cpu_s": float(np.median(cpu)),
                            "train_peak_bytes": None if base is None or peak is None else peak - base}
@@ -161,9 +163,12 @@ def render(records: list[dict[str, Any]]) -> str:
         peak = _median(rs, "train_peak_bytes")
         rows.append([w, rev, rs[0]["nodes"], len(rs), fmt(_median(rs, "median_s")), fmt(_median(rs, "median_cpu_s")),
                      fmt(None if peak is None else peak / 2**30), fmt(_median(rs, "mteps"), ".2f")])
-    profiles = [f"`{r['workload']}` [{r['revision']}], the last round's profile (top ops by self CPU time):\n\n"
-                f"```\n{r['table'].strip()}\n```" for r in {(r["workload"], r["revision"]): r for r in recs}.values()
-                if r.get("table")]
+    profiles = []
+    for r in {(r["workload"], r["revision"]): r for r in recs}.values():  # the last round's of each
+        if r.get("table"):
+            ops = "\n".join(ln.rstrip() for ln in r["table"].strip().splitlines())
+            profiles.append(f"`{r['workload']}` [{r['revision']}], the last round's profile (top ops by self CPU "
+                            f"time):\n\n```\n{ops}\n```")
     head = ["workload", "revision", "nodes", "rounds", "median epoch (s)", "median CPU (s)", "train peak (GiB)",
             "M sampled edges/s"]
     return "\n\n".join([provenance(recs), "The latest run: per workload and revision, the median over rounds of "

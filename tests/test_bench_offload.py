@@ -168,6 +168,7 @@ def test_profile_kernels_cases_and_section() -> None:
     with pytest.raises(SystemExit):
         _cases("profile_kernels", profile_kernels, "--workloads", "gcn,dgl")
     recs = [{"session": "q", "workload": "gcn", "revision": rev, "nodes": 5000, "median_s": t, "median_cpu_s": t,
-             "train_peak_bytes": 2**30, "table": f"op table {rev}"} for rev, t in (("this", 0.5), ("this", 0.7))]
+             "train_peak_bytes": 2**30, "table": f"op table {rev}  \n  ops  "}
+            for rev, t in (("this", 0.5), ("this", 0.7))]
     text = profile_kernels.render(recs)
-    assert "| gcn | this | 5000 | 2 | 0.600 | 0.600 | 1.000 | - |" in text and "op table this" in text
+    assert "| gcn | this | 5000 | 2 | 0.600 | 0.600 | 1.000 | - |" in text and "op table this\n  ops\n```" in text

@@ -1,12 +1,13 @@
 """Host -> GPU row gathers: bulk copy vs CPU index_select + staging vs the zero-copy (UVA) Triton kernel.
 
-    PYTHONPATH=. python3 benchmarks/gather.py
-    PYTHONPATH=. python3 benchmarks/gather.py --rows-total 4000000 --rows 500000 --features 128 --reps 5
-    PYTHONPATH=. python3 benchmarks/gather.py --uva-configs 32x128x4,64x128x8,16x256x4 --out /tmp/g.jsonl
+    python -m benchmarks gather
+    python -m benchmarks gather --rows-total 4000000 --rows 500000 --features 128 --reps 5
+    python -m benchmarks gather --uva-configs 32x128x4,64x128x8,16x256x4 --out /tmp/g.jsonl
+    python -m benchmarks gather --quick
 
-A pinned host tensor ``[--rows-total, F]`` float32 (F from ``--features``) and ``--rows`` distinct random row ids,
-once in random order and once sorted ascending (what the offload engine passes). Methods, all writing one
-``[rows, F]`` device buffer:
+One case per feature width F (``--features``): a pinned host tensor ``[--rows-total, F]`` float32 and ``--rows``
+distinct random row ids, once in random order and once sorted ascending (what the offload engine passes).
+Methods, all writing one ``[rows, F]`` device buffer:
 
 * ``bulk``: ``out.copy_(host[:rows], non_blocking=True)``, the same payload as one contiguous pinned copy: the
   PCIe ceiling the gathers are measured against (no ids, so no order).
@@ -19,31 +20,30 @@ once in random order and once sorted ascending (what the offload engine passes).
 Each (method, order) runs ``--warmup`` untimed then ``--reps`` timed repetitions between CUDA events on the current
 stream (so CPU work inside the pipelined path counts); the table gives the median time and the payload rate
 ``rows * F * 4 bytes / time`` in GB/s (10^9). Every result is checked bit for bit against ``host[rows]`` once.
-One JSON line per (F, method, order, config) is appended to ``--out``. Without CUDA it prints why and exits 0.
+One record per (F, method, order, config). Without CUDA a case records that it was skipped, and why.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from benchmarks.harness import Case, latest_session, split_list
+from benchmarks.harness.graphs import device_name
+from benchmarks.harness.records import provenance, table
 from gnnscale.store import gather_rows, triton_available
 from gnnscale.store.gather import _gather_uva, _uva_blocks
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gather.jsonl"
+TITLE = "Host -> GPU row gathers: bulk copy, index_select + staging, the UVA Triton kernel"
+ROUNDS = 1  # each case already times --reps repetitions (the GPU check's time is short)
+DEFAULTS = {"rows_total": 16_000_000, "rows": 2_000_000, "features": "100,128,256", "reps": 10}
+QUICK = {"rows_total": 1_000_000, "rows": 100_000, "features": "100", "reps": 3}
 _FILL_CHUNK = 1 << 16  # rows per chunk when filling the host tensor
 _MASK30 = (1 << 30) - 1
 
@@ -107,38 +107,35 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
     return configs
 
 
-def environment() -> dict[str, Any]:
-    """What the numbers depend on: date, GPU, host, versions and the gnnscale git revision."""
-    rev = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        cmd = ["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"]
-        rev = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    triton_version = None
-    if triton_available():
-        import triton
-
-        triton_version = triton.__version__
-    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "device": "cuda",
-            "device_name": torch.cuda.get_device_name(), "host": f"{platform.processor() or 'cpu'} "
-            f"({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)", "torch": torch.__version__,
-            "cuda": torch.version.cuda, "triton": triton_version, "gnnscale_rev": rev}
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--rows-total", type=int, default=DEFAULTS["rows_total"], help="rows of the pinned host tensor")
+    ap.add_argument("--rows", type=int, default=DEFAULTS["rows"], help="distinct rows gathered per call")
+    ap.add_argument("--features", default=DEFAULTS["features"], help="comma-separated feature widths F (float32)")
+    ap.add_argument("--reps", type=int, default=DEFAULTS["reps"], help="timed repetitions (median reported)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (Triton compiles here)")
+    ap.add_argument("--pieces", type=int, default=8, help="pipeline pieces of the index_select path")
+    ap.add_argument("--uva-configs", default="", help="extra uva tilings BLOCK_RxBLOCK_FxWARPS, comma-separated")
+    ap.add_argument("--seed", type=int, default=0)
 
 
-def bench_width(f: int, args: argparse.Namespace, orders: dict[str, Tensor], configs: list[tuple[int, int, int]],
-                dev: torch.device, common: dict[str, Any]) -> list[dict[str, Any]]:
-    """Time every (method, order) for feature width ``f``; print a table, return one record per case."""
-    host = make_host(args.rows_total, f)  # [N, F] pinned
-    out = torch.empty(args.rows, f, dtype=torch.float32, device=dev)  # [rows, F]
-    payload = args.rows * f * 4
-    print(f"\nF={f}: host {host.numel() * 4 / 2**30:.1f} GiB pinned, payload {payload / 2**20:.0f} MiB")
-    print(f"  {'method':<28}{'order':<8}{'median ms':>11}{'GB/s':>9}{'min ms':>9}{'max ms':>9}  check")
+def cases(args: argparse.Namespace) -> list[Case]:
+    s = {k: QUICK[k] if args.quick and getattr(args, k) == v else getattr(args, k) for k, v in DEFAULTS.items()}
+    if not 0 < s["rows"] <= s["rows_total"]:
+        raise SystemExit("error: --rows must be in [1, --rows-total]")
+    common = {"rows_total": s["rows_total"], "rows": s["rows"], "reps": s["reps"], "warmup": args.warmup,
+              "pieces": args.pieces, "configs": parse_configs(args.uva_configs), "seed": args.seed}
+    return [Case(f"F={f}", {**common, "features": int(f)}) for f in split_list(s["features"])]
 
-    # (label, order, extra record fields, call, ids or None for the bulk copy)
+
+def _methods(p: dict[str, Any], host: Tensor, out: Tensor, orders: dict[str, Tensor], dev: torch.device
+             ) -> list[tuple[str, str, dict[str, Any], Callable[[], object], Tensor | None]]:
+    """(label, order, extra record fields, call, ids or None for the bulk copy) of every timed method."""
+    rows, f = p["rows"], host.shape[1]
     cases: list[tuple[str, str, dict[str, Any], Callable[[], object], Tensor | None]] = []
-    cases.append(("bulk", "-", {}, lambda: out.copy_(host[: args.rows], non_blocking=True), None))
-    pipe = PipelinedIndexSelect(host, args.rows, args.pieces)
+    cases.append(("bulk", "-", {}, lambda: out.copy_(host[:rows], non_blocking=True), None))
+    pipe = PipelinedIndexSelect(host, rows, p["pieces"])
     for order, idx in orders.items():
-        cases.append((f"index_select/{args.pieces}", order, {"pieces": args.pieces},
+        cases.append((f"index_select/{p['pieces']}", order, {"pieces": p["pieces"]},
                       lambda idx=idx: pipe(idx, out), idx))
     if triton_available():
         r0, f0 = _uva_blocks(f)
@@ -146,74 +143,76 @@ def bench_width(f: int, args: argparse.Namespace, orders: dict[str, Tensor], con
             idx_dev = idx.to(dev)
             cases.append((f"uva {r0}x{f0}x4", order, {"block_r": r0, "block_f": f0, "num_warps": 4},
                           lambda i=idx_dev: gather_rows(host, i, out, method="uva"), idx))
-            for r, bf, w in configs:
+            for r, bf, w in p["configs"]:
                 cases.append((f"uva {r}x{bf}x{w}", order, {"block_r": r, "block_f": bf, "num_warps": w},
                               lambda i=idx_dev, r=r, bf=bf, w=w: _gather_uva(host, i, out, r, bf, w), idx))
+    return cases
 
+
+def run(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Time every (method, order) for one feature width: one record each (one ``skipped`` record without CUDA)."""
+    f = params["features"]
+    if not torch.cuda.is_available():
+        return [{"features": f, "status": "skipped", "reason": "no CUDA: this measures host -> GPU gathers"}]
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator().manual_seed(params["seed"])
+    perm = torch.randperm(params["rows_total"], generator=g)[: params["rows"]]  # [rows] int64, distinct
+    orders = {"random": perm, "sorted": perm.sort().values}
+    host = make_host(params["rows_total"], f)  # [N, F] pinned
+    out = torch.empty(params["rows"], f, dtype=torch.float32, device=dev)  # [rows, F]
+    payload = params["rows"] * f * 4
+    triton = None
+    if triton_available():
+        import triton as _triton
+        triton = _triton.__version__
+    common = {"device": "cuda", "device_name": device_name("cuda"), "cuda": torch.version.cuda, "triton": triton,
+              "bench": "gather", "features": f, "rows": params["rows"], "rows_total": params["rows_total"],
+              "dtype": "float32", "payload_bytes": payload, "reps": params["reps"], "warmup": params["warmup"]}
     records = []
-    for label, order, extra, fn, idx in cases:
+    for label, order, extra, fn, idx in _methods(params, host, out, orders, dev):
         out.fill_(float("nan"))
-        ms = time_cuda(fn, args.reps, args.warmup)
-        ref = host[: args.rows] if idx is None else host.index_select(0, idx)  # [rows, F]
+        ms = time_cuda(fn, params["reps"], params["warmup"])
+        ref = host[: params["rows"]] if idx is None else host.index_select(0, idx)  # [rows, F]
         ok = torch.equal(out.cpu().view(torch.int32), ref.view(torch.int32))  # bit-exact
         med = statistics.median(ms)
-        gbps = payload / (med / 1e3) / 1e9
-        print(f"  {label:<28}{order:<8}{med:>11.2f}{gbps:>9.2f}{min(ms):>9.2f}{max(ms):>9.2f}  "
-              f"{'ok' if ok else 'MISMATCH'}")
-        records.append({**common, "bench": "gather", "method": label.split()[0].split("/")[0], "label": label,
-                        "order": order, "features": f, "rows": args.rows, "rows_total": args.rows_total,
-                        "dtype": "float32", "payload_bytes": payload, "median_ms": med, "gbps": gbps,
-                        "times_ms": ms, "reps": args.reps, "warmup": args.warmup, "correct": ok, **extra})
+        records.append({**common, "method": label.split()[0].split("/")[0], "label": label, "order": order,
+                        "median_ms": med, "gbps": payload / (med / 1e3) / 1e9, "times_ms": ms, "correct": ok,
+                        "status": "ok", **extra})
+    del host
+    torch.cuda.empty_cache()
+    with contextlib.suppress(AttributeError):  # give the cached pinned blocks back (a private torch API)
+        torch._C._host_emptyCache()
     return records
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows-total", type=int, default=16_000_000, help="rows of the pinned host tensor")
-    ap.add_argument("--rows", type=int, default=2_000_000, help="distinct rows gathered per call")
-    ap.add_argument("--features", default="100,128,256", help="comma-separated feature widths F (float32)")
-    ap.add_argument("--reps", type=int, default=10, help="timed repetitions (median reported)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (Triton compiles here)")
-    ap.add_argument("--pieces", type=int, default=8, help="pipeline pieces of the index_select path")
-    ap.add_argument("--uva-configs", default="", help="extra uva tilings BLOCK_RxBLOCK_FxWARPS, comma-separated")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
-    ap.add_argument("--no-save", action="store_true", help="print the table only")
-    args = ap.parse_args(argv)
-
-    if not torch.cuda.is_available():
-        print("benchmarks/gather.py needs CUDA: it measures host -> GPU gathers; no GPU here, nothing to do.")
-        return 0
-    if not 0 < args.rows <= args.rows_total:
-        raise SystemExit("--rows must be in [1, --rows-total]")
-    features = [int(f) for f in args.features.split(",") if f.strip()]
-    configs = parse_configs(args.uva_configs)
-    dev = torch.device("cuda", torch.cuda.current_device())
-    common = environment()
-    print(f"{common['device_name']}, host {common['host']}; torch {common['torch']} (CUDA {common['cuda']}), "
-          f"triton {common['triton']}, gnnscale {common['gnnscale_rev']}")
-    print(f"gather {args.rows:,} of {args.rows_total:,} pinned float32 rows; median of {args.reps} after "
-          f"{args.warmup} warm-up; GB/s = payload rows*F*4 / time")
-    if not triton_available():
-        print("triton is not importable: the uva rows are skipped (pip install triton)")
-
-    g = torch.Generator().manual_seed(args.seed)
-    perm = torch.randperm(args.rows_total, generator=g)[: args.rows]  # [rows] int64, distinct
-    orders = {"random": perm, "sorted": perm.sort().values}
-    records: list[dict[str, Any]] = []
-    for f in features:
-        records += bench_width(f, args, orders, configs, dev, common)
-        torch.cuda.empty_cache()
-        with contextlib.suppress(AttributeError):  # give the cached pinned blocks back (a private torch API)
-            torch._C._host_emptyCache()
-
-    if not args.no_save and records:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in records)
-        print(f"\nappended {len(records)} records to {args.out}")
-    return 0 if all(r["correct"] for r in records) else 1
+def describe(r: dict[str, Any]) -> str:
+    if r.get("status") == "skipped":
+        return f"F={r['features']}: skipped ({r['reason']})"
+    return f"F={r['features']} {r['label']} {r['order']}: {r['median_ms']:.2f} ms, {r['gbps']:.2f} GB/s"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _method(r: dict[str, Any]) -> str:
+    label = r["label"]
+    if r["method"] == "bulk":
+        return "bulk copy"
+    if r["method"] == "index_select":
+        return f"`index_select`, {r.get('pieces', label.split('/')[-1])} pieces, then copy"
+    return f"UVA Triton kernel {label.split()[-1]}"
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    recs = latest_session(records, lambda r: r.get("median_ms") is not None or r.get("status") == "skipped")
+    # the last round's record of each (F, method, order)
+    timed = list({(r["features"], r["label"], r["order"]): r for r in recs if r.get("median_ms") is not None}.values())
+    if not timed:
+        why = next((r["reason"] for r in recs if r.get("reason")), "no record")
+        return f"{provenance(recs)}\n\nNot measured: {why}.\n"
+    bulk = {r["features"]: r["gbps"] for r in timed if r["method"] == "bulk"}
+    rows = [[r["features"], _method(r), r["order"], f"{r['median_ms']:.2f}", f"{r['gbps']:.2f}",
+             f"{r['gbps'] / bulk[r['features']]:.2f}" if r["features"] in bulk else "-",
+             "ok" if r.get("correct") else "**MISMATCH**"] for r in timed]
+    r0 = timed[0]
+    return (f"{provenance(recs)}\n\nThe latest run: {r0['rows']:,} of {r0['rows_total']:,} pinned float32 rows per "
+            f"gather, median of {r0['reps']} after {r0['warmup']} warm-up; GB/s = payload rows x F x 4 / time; / bulk: "
+            f"against the bulk copy of the same width.\n\n"
+            f"{table(['F', 'method', 'ids', 'median ms', 'GB/s', '/ bulk', 'check'], rows)}\n")

@@ -1,18 +1,15 @@
-"""The offload engine (HongTu) against the in-memory engine and PyG: epoch time vs chunk count, memory budget,
-deduplication mode and chunker.
+"""The offload engine (HongTu) against the in-memory engine and PyG, by chunk count, budget, dedup mode and chunker.
 
-    .venv/bin/python benchmarks/offload.py --device cpu
-    .venv/bin/python benchmarks/offload.py --device cpu --threads 1 --dataset kronecker:scale=16,edgefactor=16 \\
-        --models gcn --layers 2 --hidden 64 --partitions 4 --chunks 8 --dedup none,reuse,full \\
-        --chunker range,metis --epochs 3 --warmup 1
-    .venv/bin/python benchmarks/offload.py --dataset csbm:nodes=100000,avg_degree=10,features=100 \\
+    python -m benchmarks offload --device cpu
+    python -m benchmarks offload --device cpu --dataset csbm:nodes=100000,avg_degree=10,features=100 \\
         --models gcn,gat --hidden 64 --chunks 1,4,16,64 --gpu-memory 64MB,256MB --epochs 4 --warmup 1
-    PYTHONPATH=. python3 benchmarks/offload.py --device cuda \\
+    python -m benchmarks offload --device cuda \\
         --dataset csbm:nodes=2450000,avg_degree=50,features=100,classes=47 --models gcn --hidden 256 \\
         --chunks '' --gpu-memory 6
+    python -m benchmarks offload --quick
 
-One graph (``--dataset``, any :func:`gnnscale.load_dataset` spec) and, per model, these implementations on one
-device in one run:
+One graph (``--dataset``, any :func:`gnnscale.load_dataset` spec) and, per model, these implementations, each a
+case of its own (its own process; the cases of one model form one group, so they rotate within a round):
 
 * ``offload`` once per ``--chunks`` value (chunks per partition forced; the budget is the device's free memory),
   then once per ``--gpu-memory`` budget (GiB when a plain number, else a size such as ``64MB``; the planner picks
@@ -21,21 +18,21 @@ device in one run:
   ``auto``; default ``range``), with one ``--reorganize`` setting (``auto``, ``on`` or ``off``) for all
   (``TrainConfig.dedup``/``chunker``/``reorganize``, HongTu §5-6);
 * ``inmemory``, the reference engine, unless ``--skip-inmemory``;
-* ``pyg`` / ``pyg-sparse`` (``--pyg edge_index,sparse``): the plain PyG model of ``inmemory_vs_pyg.py``
+* ``pyg`` / ``pyg-sparse`` (``--pyg edge_index,sparse``): the plain PyG model of ``benchmarks.inmemory_vs_pyg``
   (``GCNConv(cached=True)``, ``SAGEConv(aggr="mean")`` or ``GATConv``) on ``edge_index`` / on the ``adj_t`` of
   ``ToSparseTensor``, unless ``--skip-pyg``; ratios are taken against the faster of the two that ran.
 
 Each runs ``--warmup`` untimed, then ``--epochs`` timed training epochs (one forward, backward and optimiser step
 over the whole graph, no evaluation); the table gives the median epoch time, the achieved host -> device rate
 ``h2d_bytes / median epoch time`` (GB/s, 10^9; the engine's own byte count of one epoch), peak memory and the
-ratios ``offload / inmemory`` and ``offload / pyg`` (< 1: offload is faster). A configuration that cannot run
-(CUDA out of memory, the planner or engine selector refusing it) is recorded with its reason instead of aborting.
+ratios ``offload / inmemory`` and ``offload / pyg`` (< 1: offload is faster), computed when rendering from the
+records of one run. A configuration that cannot run (CUDA out of memory, the planner or engine selector refusing
+it) is recorded with its reason instead of aborting.
 
 Communication volume (offload rows): ``dedup`` and ``chunker`` are those the plan used (``auto`` resolved),
-``reorganized`` whether Algorithm 4 reordered the chunks; ``h2d/|V|`` is the rows actually loaded host -> device per
-layer pass over the vertex count (``rows_h2d / layer_passes / |V|``, the engine's own count), ``ori/|V|`` the same
-for HongTu's ``V_ori`` (every chunk loading all its rows, what ``--dedup none`` moves) and ``h2d/ori`` their ratio
-(< 1: rows saved by reuse / inter-partition sharing). Every line also keeps the epoch's other row counters
+``reorganized`` whether Algorithm 4 reordered the chunks; ``rows_h2d / layer_passes / |V|`` is the rows actually
+loaded host -> device per layer pass over the vertex count, ``rows_ori`` the same for HongTu's ``V_ori`` (every
+chunk loading all its rows, what ``--dedup none`` moves). Every record also keeps the epoch's other row counters
 (``rows_p2p``, ``rows_reused``, ``rows_d2d`` and the ``_bytes`` variants) and the plan's ``volume``.
 
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` for every implementation. On CPU the offload engine's
@@ -44,57 +41,49 @@ increase of the process's peak RSS; the two are not comparable, so ``host_peak_r
 every implementation, host buffers included) is recorded as well. The counter runs Python on every tensor op
 (+40% epoch time at 64 chunks), so it is on in the warm-up epochs only (``--count-timed``: always).
 
-CPU timings: ``--threads 1`` keeps them stable on a shared machine (two OpenMP threads competing with another busy
-process can be 100x slower); glibc's ``MALLOC_*`` settings change them too (large tensors are mmap'ed and
-page-faulted afresh each time). ``OMP_*``/``MKL_*``/``MALLOC_*`` variables are recorded in each line's ``env``.
-
-One JSON line per (model, implementation, configuration) is appended to ``--out``.
+CPU timings: glibc's ``MALLOC_*`` settings change them (large tensors are mmap'ed and page-faulted afresh each
+time); the harness records ``OMP_*``/``MKL_*``/``MALLOC_*`` in each record's ``env``. One record per (model,
+implementation, configuration). The deduplication study of HongTu §5-6 is ``python -m benchmarks offload_dedup``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch_geometric
 
-try:  # run as a script (its folder is on sys.path) or imported as benchmarks.offload
-    from inmemory_vs_pyg import SPARSE_ADJ, end_peak, free_memory, make_pyg, start_peak, sync
-    from inmemory_vs_pyg import environment as base_environment
-except ImportError:  # pragma: no cover
-    from benchmarks.inmemory_vs_pyg import SPARSE_ADJ, end_peak, free_memory, make_pyg, start_peak, sync
-    from benchmarks.inmemory_vs_pyg import environment as base_environment
-
+from benchmarks.harness import Case, Row, latest_session, split_list
+from benchmarks.harness.graphs import device_name, load_graph
+from benchmarks.harness.records import fmt, provenance, session_of, table
+from benchmarks.inmemory_vs_pyg import SPARSE_ADJ, end_peak, free_memory, make_pyg, start_peak, sync
 from gnnscale.engines import InMemoryEngine, OffloadEngine, select_engine
 from gnnscale.engines.devices import resolve_device
 from gnnscale.errors import GnnscaleError
-from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
-from gnnscale.train import TrainConfig, check_trainable
+from gnnscale.train import TrainConfig
 from gnnscale.units import parse_budget
 
+TITLE = "Offload engine (HongTu) against the in-memory engine and PyG"
+ROUNDS = 1  # every configuration of a model is a case; one round of them is the run the tables quote
 Step = Callable[[int], dict[str, Any]]  # one training epoch -> {"loss": ..., engine counters}
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "offload.jsonl"
 DEFAULT_DATASET = "csbm:nodes=100000,avg_degree=10,features=100"
+QUICK_DATASET = "csbm:nodes=3000,avg_degree=10,features=32"
 PYG_VARIANTS = {"edge_index": "pyg", "sparse": "pyg-sparse"}
 PRODUCTS_LIKE = "csbm:nodes=2449029,avg_degree=50,features=100,classes=47,communities=256,p_intra=0.9"  # issue #11
 GB = 1e9
-_ENV_PREFIXES = ("OMP_", "MKL_", "MALLOC_", "CUDA_VISIBLE", "PYTORCH_CUDA_ALLOC")  # recorded: they move timings
+CONV = {"gcn": "GCNConv", "sage": "SAGEConv", "gat": "GATConv"}
+CONFIG_KEYS = ("impl", "chunks_requested", "budget_spec", "dedup_requested", "chunker_requested")
+"""What makes two records of one run the same configuration (with the model and hidden width)."""
 
 
 # ------------------------------------------------------------------------------------------------ implementations
@@ -217,226 +206,242 @@ def row_volumes(r: dict[str, Any], num_nodes: int) -> dict[str, float | None]:
             "h2d_over_ori": r["rows_h2d"] / r["rows_ori"] if r["rows_ori"] else None}
 
 
-# ------------------------------------------------------------------------------------------------ environment
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "cpu"
+# ------------------------------------------------------------------------------------------------ cases
+DEFAULTS: dict[str, Any] = {
+    "device": "auto", "dataset": DEFAULT_DATASET, "models": "gcn", "layers": 2, "hidden": 256, "heads": 4,
+    "dropout": 0.5, "chunks": "1,4,16,64", "gpu_memory": "", "dedup": "full", "chunker": "range",
+    "reorganize": "auto", "partitions": 1, "partition_method": "metis", "gather": "auto", "warmup": 1, "epochs": 5,
+    "seed": 0, "pyg": "edge_index,sparse"}
+QUICK: dict[str, Any] = {"dataset": QUICK_DATASET, "hidden": 16, "chunks": "4", "epochs": 2, "pyg": "sparse"}
+"""--quick: these values for the flags left at their defaults (3 cases of a few seconds each)."""
+MODEL_KEYS = ("model", "layers", "hidden", "heads", "dropout", "partitions", "partition_method", "reorganize",
+              "warmup", "epochs", "seed")
 
 
-def environment(dev: torch.device) -> dict[str, Any]:
-    """What the numbers depend on: ``inmemory_vs_pyg.environment`` plus the CPU model, command and env vars."""
-    env = base_environment(dev)
-    if dev.type == "cpu":
-        env["device_name"] = f"{cpu_model()} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
-    return {**env, "host_cpu": f"{cpu_model()} ({os.cpu_count()} cores)",
-            "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-            "env": {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}}
-
-
-def _list(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def _mib(b: int | None) -> float | None:
-    return None if b is None else b / 2**20
-
-
-def _label(r: dict[str, Any]) -> str:
-    """An offload configuration: budget or forced chunks, dedup mode and chunker as requested."""
-    what = r.get("budget_spec") or f"chunks {r.get('chunks_requested')}"
-    return f"{what}, dedup {r.get('dedup_requested')}, chunker {r.get('chunker_requested')}"
-
-
-def print_table(rows: list[dict[str, Any]], pyg_ref: str | None) -> None:
-    print(f"  {'impl':<11}{'chunks':>7}{'budget':>9}{'dedup':>7}{'chunker':>8}{'reorg':>6}{'median (s)':>11}"
-          f"{'h2d/|V|':>8}{'ori/|V|':>8}{'h2d/ori':>8}{'H2D GB/ep':>10}{'H2D GB/s':>9}{'peak MiB':>9}"
-          f"{'RSS MiB':>8}{'/inmem':>7}{'/pyg':>6}{'loss':>8}")
-    for r in rows:
-        budget = "-" if r.get("budget_spec") is None else r["budget_spec"]
-        chunks = r.get("chunks", r.get("chunks_requested"))
-        offload = r["impl"] == "offload"
-        dedup = r.get("dedup", r.get("dedup_requested")) if offload else "-"
-        chunker = r.get("chunker", r.get("chunker_requested")) if offload else "-"
-        reorg = ("yes" if r["reorganized"] else "no") if "reorganized" in r else "-"
-        head = (f"  {r['impl']:<11}{_fmt(chunks, 'd') if chunks is not None else '-':>7}{budget:>9}{dedup:>7}"
-                f"{chunker:>8}{reorg:>6}")
-        if r["status"] != "ok":
-            print(f"{head}  {r['status']}: {r['reason'][:110]}")
-            continue
-        h2d = None if r["h2d_bytes"] is None else r["h2d_bytes"] / GB
-        print(f"{head}{r['median_epoch_s']:>11.3f}{_fmt(r.get('rows_h2d_per_pass_V'), '.3f'):>8}"
-              f"{_fmt(r.get('rows_ori_per_pass_V'), '.3f'):>8}{_fmt(r.get('h2d_over_ori'), '.3f'):>8}"
-              f"{_fmt(h2d, '.3f'):>10}{_fmt(r['h2d_GBps'], '.2f'):>9}"
-              f"{_fmt(_mib(r['peak_bytes']), '.0f'):>9}{_fmt(_mib(r['host_peak_rss_bytes']), '.0f'):>8}"
-              f"{_fmt(r.get('ratio_vs_inmemory'), '.2f'):>7}{_fmt(r.get('ratio_vs_pyg'), '.2f'):>6}"
-              f"{r['final_loss']:>8.4f}")
-    kinds = sorted({r["peak_kind"] for r in rows if r["status"] == "ok"})
-    print(f"  peak: {'; '.join(kinds)}. RSS: increase of the host's peak RSS. /inmem, /pyg: epoch time over "
-          f"inmemory's and {pyg_ref or 'PyG'}'s (< 1: faster). h2d/|V|, ori/|V|: rows loaded host -> device, and "
-          f"HongTu's V_ori, per layer pass over |V|")
-    details = [r for r in rows if r["impl"] == "offload" and r.get("engine_detail")]
-    for r in details:  # the planner's line, without the plan file's path; alpha: rows gathered per vertex
-        alpha = f"; replication alpha {r['alpha']:.2f}" if "alpha" in r else ""
-        print(f"    {_label(r)}: {r['engine_detail'].split('; partition plan')[0]}{alpha}")
-
-
-# ------------------------------------------------------------------------------------------------ main
-def append_records(out: Path, records: list[dict[str, Any]]) -> None:
-    """Append ``records`` to the JSON Lines file ``out`` (its folder created if needed)."""
-    if not records:
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    print(f"\nappended {len(records)} records to {out}")
-
-
-def prepare(args: argparse.Namespace) -> tuple[Graph, float]:
-    """Apply ``--threads``, then build and check ``--dataset``: the graph and the seconds it took."""
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError("--threads must be >= 1")
-        torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    g = load_dataset(args.dataset, args.root, seed=args.seed)
-    check_trainable(g)
-    return g, time.perf_counter() - t0
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
-    ap.add_argument("--dataset", default=DEFAULT_DATASET, metavar="SPEC",
-                    help=f"dataset spec (default {DEFAULT_DATASET}; ogbn-products-sized: {PRODUCTS_LIKE})")
+def add_flags(ap: argparse.ArgumentParser, d: dict[str, Any]) -> None:
+    """The offload benchmark's flags with the defaults ``d`` (offload_dedup has its own)."""
+    ap.add_argument("--device", default=d["device"], help="auto (cuda if available), cpu, cuda or cuda:N")
+    ap.add_argument("--dataset", default=d["dataset"], metavar="SPEC",
+                    help=f"dataset spec (default {d['dataset']}; ogbn-products-sized: {PRODUCTS_LIKE})")
     ap.add_argument("--root", default=None, help="folder of dataset files (planetoid, ogb, npz)")
-    ap.add_argument("--models", default="gcn", help="comma-separated subset of gcn,sage,gat")
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=4, help="GAT hidden heads")
-    ap.add_argument("--dropout", type=float, default=0.5)
-    ap.add_argument("--chunks", default="1,4,16,64", help="chunk counts per partition to sweep ('' for none)")
-    ap.add_argument("--gpu-memory", default="", metavar="BUDGETS",
+    ap.add_argument("--models", default=d["models"], help="comma-separated subset of gcn,sage,gat")
+    ap.add_argument("--layers", type=int, default=d["layers"])
+    ap.add_argument("--hidden", type=int, default=d["hidden"])
+    ap.add_argument("--heads", type=int, default=d["heads"], help="GAT hidden heads")
+    ap.add_argument("--dropout", type=float, default=d["dropout"])
+    ap.add_argument("--chunks", default=d["chunks"], help="chunk counts per partition to sweep ('' for none)")
+    ap.add_argument("--gpu-memory", default=d["gpu_memory"], metavar="BUDGETS",
                     help="memory budgets to sweep with planner-chosen chunks: GiB (6) or sizes (64MB); '' for none")
-    ap.add_argument("--dedup", default="full", metavar="MODES",
-                    help="offload communication dedup modes to sweep: comma list of none, reuse, full (default full)")
-    ap.add_argument("--chunker", default="range", metavar="CHUNKERS",
-                    help="offload chunkers to sweep: comma list of range, metis, auto (default range)")
-    ap.add_argument("--reorganize", default="auto", help="offload chunk reorganisation (Algorithm 4): auto, on, off")
-    ap.add_argument("--partitions", type=int, default=1)
-    ap.add_argument("--partition-method", default="metis", help="metis, random or range (level-1 partitions)")
-    ap.add_argument("--gather", default="auto", help="auto, index_select or uva (offload row gathers)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed epochs before the timed ones")
-    ap.add_argument("--epochs", type=int, default=5, help="timed epochs (the median is reported)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dedup", default=d["dedup"], metavar="MODES",
+                    help="offload communication dedup modes to sweep: comma list of none, reuse, full")
+    ap.add_argument("--chunker", default=d["chunker"], metavar="CHUNKERS",
+                    help="offload chunkers to sweep: comma list of range, metis, auto")
+    ap.add_argument("--reorganize", default=d["reorganize"], help="chunk reorganisation (Algorithm 4): auto, on, off")
+    ap.add_argument("--partitions", type=int, default=d["partitions"])
+    ap.add_argument("--partition-method", default=d["partition_method"], help="metis, random or range")
+    ap.add_argument("--gather", default=d["gather"], help="auto, index_select or uva (offload row gathers)")
+    ap.add_argument("--warmup", type=int, default=d["warmup"], help="untimed epochs before the timed ones")
+    ap.add_argument("--epochs", type=int, default=d["epochs"], help="timed epochs (the median is reported)")
+    ap.add_argument("--seed", type=int, default=d["seed"])
     ap.add_argument("--skip-inmemory", action="store_true", help="no in-memory engine baseline")
     ap.add_argument("--skip-pyg", action="store_true", help="no PyG baseline")
-    ap.add_argument("--pyg", default="edge_index,sparse", metavar="VARIANTS",
-                    help="PyG baselines: edge_index (message passing over edge_index, impl 'pyg') and/or sparse "
-                         "(adj_t from ToSparseTensor, impl 'pyg-sparse'); ratios use the fastest one that ran")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    ap.add_argument("--pyg", default=d["pyg"], metavar="VARIANTS",
+                    help="PyG baselines: edge_index (impl 'pyg') and/or sparse (adj_t, impl 'pyg-sparse')")
     ap.add_argument("--count-timed", action="store_true",
-                    help="CPU: keep the offload engine's live-bytes counter on in the timed epochs too (by default "
-                         "it runs in the warmup epochs only, or in every epoch when --warmup is 0)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
-    ap.add_argument("--no-save", action="store_true", help="print the table only")
-    args = ap.parse_args(argv)
+                    help="CPU: keep the offload engine's live-bytes counter on in the timed epochs too")
 
-    os.environ.setdefault("GNNSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="gnnscale-bench-"))  # partition plans
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    add_flags(ap, DEFAULTS)
+
+
+def settings(args: argparse.Namespace, defaults: dict[str, Any], quick: dict[str, Any]) -> dict[str, Any]:
+    """The flags' values, with ``quick``'s for those left at ``defaults`` under --quick; checked."""
+    s = {k: quick[k] if args.quick and k in quick and getattr(args, k) == defaults[k] else getattr(args, k)
+         for k in defaults}
+    s.update(root=args.root, skip_inmemory=args.skip_inmemory, count_timed=args.count_timed,
+             pyg=[] if args.skip_pyg else split_list(s["pyg"]))
     try:
-        dev = resolve_device(args.device)
-        chunk_list = [int(c) for c in _list(args.chunks)]
-        budgets = [(b, parse_budget(b)) for b in _list(args.gpu_memory)]
-        models = _list(args.models)
-        dedups, chunkers = _list(args.dedup), _list(args.chunker)
+        dedups, chunkers = split_list(s["dedup"]), split_list(s["chunker"])
         if not dedups or not chunkers:
             raise ValueError("--dedup and --chunker need at least one value each")
-        for d, c in ((d, c) for d in dedups for c in chunkers):  # reject bad values before building the graph
-            TrainConfig(dedup=d, chunker=c, reorganize=args.reorganize)
-        if args.warmup < 0 or args.epochs < 1:
+        for dd in dedups:
+            for ch in chunkers:
+                TrainConfig(dedup=dd, chunker=ch, reorganize=s["reorganize"])
+        if s["warmup"] < 0 or s["epochs"] < 1:
             raise ValueError("--warmup must be >= 0 and --epochs >= 1")
-        pyg_variants = [] if args.skip_pyg else _list(args.pyg)
-        if any(v not in PYG_VARIANTS for v in pyg_variants):
+        if any(v not in PYG_VARIANTS for v in s["pyg"]):
             raise ValueError(f"--pyg: choose from {', '.join(PYG_VARIANTS)}, got {args.pyg!r}")
-        g, load_s = prepare(args)
+        for b in split_list(s["gpu_memory"]):
+            parse_budget(b)
+        for m in split_list(s["models"]):
+            TrainConfig(model=m, layers=s["layers"], hidden=s["hidden"], partitions=s["partitions"])
     except (GnnscaleError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    common = environment(dev)
-    ds = {"dataset": g.meta.get("spec", args.dataset), "graph": g.name, "nodes": g.num_nodes,
+        raise SystemExit(f"error: {exc}") from None
+    return {**s, "dedup": dedups, "chunker": chunkers}
+
+
+def model_cases(s: dict[str, Any], chunks: list[int], prefix: str = "") -> list[Case]:
+    """Per model, one group: an offload case per (chunks or budget, dedup, chunker), in-memory, the PyG variants."""
+    common = {k: s[k] for k in ("dataset", "root", "device", "layers", "hidden", "heads", "dropout", "partitions",
+                                "partition_method", "gather", "reorganize", "warmup", "epochs", "seed",
+                                "count_timed")}
+    none = {"chunks_requested": None, "budget_spec": None, "dedup_requested": None, "chunker_requested": None}
+    out = []
+    for model in split_list(s["models"]):
+        configs = [*(({"chunks_requested": c, "budget_spec": None}, f"chunks {c}") for c in chunks),
+                   *(({"chunks_requested": None, "budget_spec": b}, b) for b in split_list(s["gpu_memory"]))]
+        impls = [({"impl": "offload", **cfg, "dedup_requested": dd, "chunker_requested": ch},
+                  f"offload {what} {dd}/{ch}") for cfg, what in configs for dd in s["dedup"] for ch in s["chunker"]]
+        impls += [] if s["skip_inmemory"] else [({"impl": "inmemory", **none}, "inmemory")]
+        impls += [({"impl": PYG_VARIANTS[v], **none}, PYG_VARIANTS[v]) for v in s["pyg"]]
+        group = f"{prefix}{model}"
+        out += [Case(f"{group} {label}", {**common, "model": model, **p}, group=group) for p, label in impls]
+    return out
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    s = settings(args, DEFAULTS, QUICK)
+    return model_cases(s, [int(c) for c in split_list(s["chunks"])])
+
+
+# ------------------------------------------------------------------------------------------------ one case
+def _maker(g: Graph, params: dict[str, Any], dev: torch.device) -> Callable[[], tuple[Step, dict[str, Any]]]:
+    base = TrainConfig(**{k: params[k] for k in MODEL_KEYS if k not in ("warmup",)}, gather=params["gather"])
+    impl = params["impl"]
+    if impl == "inmemory":
+        cfg = TrainConfig(**{**asdict(base), "engine": "inmemory"})
+        return lambda: make_engine(g, cfg, dev)
+    if impl != "offload":
+        return lambda: make_pyg_step(g, base, dev, impl == "pyg-sparse")
+    fields: dict[str, Any] = ({"chunks": params["chunks_requested"]} if params["budget_spec"] is None else
+                              {"chunks": None, "memory_budget": parse_budget(params["budget_spec"])})
+    cfg = TrainConfig(**{**asdict(base), "engine": "offload", **fields, "dedup": params["dedup_requested"],
+                         "chunker": params["chunker_requested"]})
+    count = None if params["count_timed"] or params["warmup"] == 0 else params["warmup"]
+    return lambda: make_engine(g, cfg, dev, count)
+
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """One implementation and configuration: ``bench``'s record with the graph's and the configuration's fields."""
+    os.environ.setdefault("GNNSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="gnnscale-bench-"))  # partition plans
+    dev = resolve_device(params["device"])
+    g, load_s = load_graph(params["dataset"], params["root"], params["seed"])
+    r = bench(params["impl"], _maker(g, params, dev), dev, params["warmup"], params["epochs"])
+    if r["status"] == "ok" and params["impl"] == "offload":
+        r.update(row_volumes(r, g.num_nodes))
+    ds = {"dataset": g.meta.get("spec", params["dataset"]), "graph": g.name, "nodes": g.num_nodes,
           "edges": g.num_edges, "avg_in_degree": g.num_edges / max(g.num_nodes, 1), "features": g.num_features,
-          "classes": g.num_classes}
-    print(f"{ds['dataset']}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {g.num_features} features, "
-          f"{g.num_classes} classes (built in {load_s:.1f} s)")
-    print(f"device {common['device_name']}; torch {torch.__version__}, PyG {torch_geometric.__version__}, "
-          f"gnnscale {common['gnnscale_rev']}; warmup {args.warmup}, median of {args.epochs} timed epochs")
-    count_epochs = None if args.count_timed or args.warmup == 0 else args.warmup
-    records: list[dict[str, Any]] = []
-    for model in models:
-        try:
-            base = TrainConfig(model=model, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                               dropout=args.dropout, epochs=args.epochs, seed=args.seed, partitions=args.partitions,
-                               partition_method=args.partition_method, gather=args.gather,
-                               reorganize=args.reorganize)
-        except GnnscaleError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        case = {**ds, "model": model, "layers": base.layers, "hidden": base.hidden, "heads": base.heads,
-                "dropout": base.dropout, "partitions": base.partitions, "partition_method": base.partition_method,
-                "reorganize": base.reorganize, "warmup": args.warmup, "epochs": args.epochs, "seed": args.seed}
-        plans: list[tuple[str, dict[str, Any], Callable[[], tuple[Step, dict[str, Any]]]]] = []
-
-        configs: list[tuple[dict[str, Any], dict[str, Any]]] = [  # (TrainConfig fields, record fields)
-            *(({"chunks": c}, {"chunks_requested": c, "budget_spec": None}) for c in chunk_list),
-            *(({"chunks": None, "memory_budget": nbytes}, {"chunks_requested": None, "budget_spec": spec})
-              for spec, nbytes in budgets)]
-        for fields, extra in configs:
-            for d in dedups:
-                for ch in chunkers:
-                    cfg_o = TrainConfig(**{**asdict(base), "engine": "offload", **fields, "dedup": d, "chunker": ch})
-                    plans.append(("offload", {**extra, "dedup_requested": d, "chunker_requested": ch},
-                                  lambda cfg=cfg_o: make_engine(g, cfg, dev, count_epochs)))
-        if not args.skip_inmemory:
-            cfg_i = TrainConfig(**{**asdict(base), "engine": "inmemory"})
-            plans.append(("inmemory", {}, lambda cfg=cfg_i: make_engine(g, cfg, dev)))
-        for variant in pyg_variants:
-            sparse = variant == "sparse"
-            plans.append((PYG_VARIANTS[variant], {}, lambda cfg=base, sp=sparse: make_pyg_step(g, cfg, dev, sp)))
-
-        print(f"\n{model}: layers {base.layers}, hidden {base.hidden}, dropout {base.dropout}"
-              + (f", heads {base.heads}" if model == "gat" else ""))
-        rows = []
-        for impl, extra, make in plans:
-            label = f"{impl} ({_label(extra)})" if impl == "offload" else impl
-            print(f"  running {label} ...", file=sys.stderr, flush=True)
-            r = {**extra, **bench(impl, make, dev, args.warmup, args.epochs)}
-            if r["status"] == "ok" and impl == "offload":
-                r.update(row_volumes(r, g.num_nodes))
-            rows.append(r)
-            done = f"median {r['median_epoch_s']:.3f} s" if r["status"] == "ok" else r["status"]
-            print(f"  done {label}: {done}", file=sys.stderr, flush=True)  # kept in a log if the run is cut off
-        ok = [r for r in rows if r["status"] == "ok"]
-        ref = {"inmemory": next((r for r in ok if r["impl"] == "inmemory"), None),
-               "pyg": min((r for r in ok if r["impl"].startswith("pyg")), key=lambda r: r["median_epoch_s"],
-                          default=None)}
-        for r in ok:
-            for name, base_row in ref.items():
-                if base_row is not None:
-                    r[f"ratio_vs_{name}"] = r["median_epoch_s"] / base_row["median_epoch_s"]
-        pyg_ref = None if ref["pyg"] is None else ref["pyg"]["impl"]
-        for r in rows:
-            records.append({**common, **case, **r, "engine": r["impl"], "pyg_baseline": pyg_ref})
-        print_table(rows, pyg_ref)
-    if not args.no_save:
-        append_records(args.out, records)
-    return 0
+          "classes": g.num_classes, "load_s": load_s}
+    mine = {k: params[k] for k in (*MODEL_KEYS, *CONFIG_KEYS[1:])}
+    return {"device": str(dev), "device_name": device_name(str(dev)), **ds, **mine, **r, "engine": params["impl"]}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def describe(r: dict[str, Any]) -> str:
+    if r.get("status") != "ok":
+        return f"{r.get('impl')}: {r.get('status')}: {str(r.get('reason'))[:100]}"
+    return f"{r['impl']}: median {r['median_epoch_s']:.3f} s, loss {r['final_loss']:.4f}"
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+def runs(records: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> list[list[dict[str, Any]]]:
+    """The records grouped by (run, ``key``) in first-seen order; in each, the last record per configuration."""
+    groups: dict[Any, dict[tuple[Any, ...], dict[str, Any]]] = {}
+    for r in records:
+        if r.get("impl") is not None:
+            groups.setdefault((session_of(r), key(r)), {})[tuple(r.get(k) for k in CONFIG_KEYS)] = r
+    return [list(g.values()) for g in groups.values()]
+
+
+def ratios(rows: list[dict[str, Any]]) -> tuple[dict[int, tuple[float | None, float | None]], str | None]:
+    """``{id(row): (epoch time / in-memory's, / the faster PyG variant's)}`` and that variant's name."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    inmem = next((r for r in ok if r["impl"] == "inmemory"), None)
+    pyg = min((r for r in ok if r["impl"].startswith("pyg")), key=lambda r: r["median_epoch_s"], default=None)
+    out = {id(r): tuple(None if b is None else r["median_epoch_s"] / b["median_epoch_s"] for b in (inmem, pyg))
+           for r in ok}
+    return out, None if pyg is None else pyg["impl"]  # type: ignore[return-value]
+
+
+def impl_label(r: dict[str, Any]) -> str:
+    impl, conv = r["impl"], CONV.get(r.get("model", ""), r.get("model", ""))
+    if impl == "offload":
+        dd, ch = r.get("dedup_requested"), r.get("chunker_requested")
+        return "offload" if dd in (None, "full") and ch in (None, "range") else f"offload ({dd}, {ch})"
+    return {"inmemory": "gnnscale inmemory", "pyg": f"PyG `{conv}`, edge_index",
+            "pyg-sparse": f"PyG `{conv}`, sparse `adj_t`"}.get(impl, impl)
+
+
+def mib(n: int | None) -> str:
+    return fmt(None if n is None else n / 2**20, ".0f", "")
+
+
+def device_peak(r: dict[str, Any]) -> int | None:
+    """The device-side peak: CUDA's, or offload's live count on CPU (not the RSS of in-memory and PyG there)."""
+    return None if "RSS" in str(r.get("peak_kind")) else r.get("peak_bytes")
+
+
+def failure(r: dict[str, Any]) -> str | None:
+    if r.get("status") == "ok":
+        return None
+    why = r.get("reason") if r.get("status") else r.get("error")
+    return f"{r.get('status') or 'failed'}: {str(why)[:80]}"
+
+
+def _row(r: dict[str, Any], rat: tuple[float | None, float | None] | None) -> list[str]:
+    off = r["impl"] == "offload"
+    head = [impl_label(r), str(r.get("chunks", r.get("chunks_requested")) or "") if off else "",
+            ("(forced)" if r.get("budget_spec") is None else r["budget_spec"]) if off else "",
+            fmt(r.get("alpha"), ".2f", "")]
+    if failure(r):
+        return [*head, failure(r) or "", *[""] * 7]
+    h2d = r.get("h2d_bytes")
+    return [*head, f"{r['median_epoch_s']:.3f}", fmt(None if h2d is None else h2d / GB, ".2f", ""),
+            fmt(r.get("h2d_GBps"), ".2f", ""), mib(device_peak(r)), mib(r.get("plan_estimate_bytes")),
+            mib(r.get("host_peak_rss_bytes")), *(fmt(x, ".2f", "") for x in (rat or (None, None)))]
+
+
+def caption(rows: list[dict[str, Any]]) -> str:
+    """What one table is: model, width, graph, device, commit and date of its run."""
+    r = rows[0]
+    heads = f" ({r.get('heads')} heads)" if r.get("model") == "gat" else ""
+    nodes = f" ({r['nodes']:,} nodes, {r['edges']:,} edges)" if r.get("nodes") else ""
+    return (f"{str(r.get('model')).upper()}, hidden {r.get('hidden')}{heads}, `{r.get('dataset')}`{nodes} on "
+            f"{r.get('device_name')}: commit {r.get('gnnscale_rev')}, {str(r.get('date'))[:10]}, "
+            f"{r.get('warmup')} warm-up, median of {r.get('epochs')} epochs")
+
+
+HEADER = ["implementation", "chunks", "budget", "alpha", "median epoch (s)", "H2D (GB)", "H2D GB/s",
+          "device peak (MiB)", "estimate (MiB)", "host RSS (MiB)", "/ inmemory", "/ PyG"]
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    groups = runs(records, lambda r: (r.get("model"), r.get("hidden")))
+    parts = [provenance([r for g in groups for r in g]),
+             "One table per run and model, in the order they ran (a run repeated under one command and commit: "
+             "the last record of each configuration). Ratios: epoch time over in-memory's and the faster PyG "
+             "variant's in the same run (< 1: offload faster); device peak: CUDA's, or on CPU offload's own count "
+             "of live device-side bytes; host RSS: the increase of the process's peak RSS."]
+    for rows in groups:
+        rat, _ = ratios(rows)
+        parts.append(f"{caption(rows)}:\n\n{table(HEADER, [_row(r, rat.get(id(r))) for r in rows])}")
+    return "\n\n".join(parts) + "\n"
+
+
+def headline(records: list[dict[str, Any]]) -> list[Row]:
+    """Offload against in-memory: the first offload configuration of the latest run's first model."""
+    recs = latest_session(records, lambda r: r.get("impl") is not None)
+    rows = runs(recs, lambda r: (r.get("model"), r.get("hidden")))[:1]
+    if not rows:
+        return []
+    rat, _ = ratios(rows[0])
+    off = next((r for r in rows[0] if r["impl"] == "offload" and id(r) in rat), None)
+    inmem = next((r for r in rows[0] if r["impl"] == "inmemory"), None)
+    if off is None or rat[id(off)][0] is None or inmem is None:
+        return []
+    what = f"chunks {off.get('chunks')}" if off.get("budget_spec") is None else f"budget {off['budget_spec']}"
+    figure = (f"{rat[id(off)][0]:.2f}x in-memory's epoch ({off['median_epoch_s']:.3f} s against "
+              f"{inmem['median_epoch_s']:.3f} s), {fmt((off.get('h2d_bytes') or 0) / GB, '.2f')} GB host->device "
+              f"per epoch: {str(off.get('model')).upper()} hidden {off.get('hidden')}, offload {what}, "
+              f"`{off.get('dataset')}`, {off.get('device_name')}")
+    return [Row("offload against in-memory", figure, (off, inmem))]

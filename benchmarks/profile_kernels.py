@@ -1,84 +1,123 @@
 """Profile gnnscale's hot kernels on the peers benchmark's workloads (issue #30 point 2).
 
-    python benchmarks/profile_kernels.py                       # every workload on csbm 200K
-    python benchmarks/profile_kernels.py --workloads gat --epochs 4 --top 15
-    python benchmarks/profile_kernels.py --no-profile          # times and peaks only
-    git archive HEAD~3 gnnscale | tar -x -C /tmp/base           # then, before against after, interleaved:
-    python benchmarks/profile_kernels.py --baseline /tmp/base --rounds 3
+    python -m benchmarks profile_kernels                       # every workload on csbm 200K
+    python -m benchmarks profile_kernels --workloads gat --epochs 4 --top 15
+    python -m benchmarks profile_kernels --no-profile          # times and peaks only
+    python -m benchmarks profile_kernels --baseline HEAD~3 --rounds 3   # before against after, interleaved
+    python -m benchmarks profile_kernels --quick
 
-Each workload runs in its own child process (``benchmarks/peers_workers.py``'s gnnscale runner, the same model,
-weights and data as ``benchmarks/peers.py``; one torch thread): one warm-up epoch, ``--epochs`` timed epochs
-(median and range printed), the peak resident memory over them (``VmHWM`` after a reset once set-up is done: the
-training's own peak, what peers.py calls ``train_peak_bytes``), then one more epoch under ``torch.profiler``
-(``record_shapes``) whose top ops by self CPU time are printed. The sampling workload samples one epoch of
-batches (SAGE fanouts 15,10, batch 1024) per "epoch" and reports sampled edges per second;
-``minibatch`` is a mini-batch SAGE epoch and ``offload`` the offload engine's GCN epoch at 8 chunks.
+Each workload is a case (the peers benchmark's gnnscale runner, ``benchmarks/peers_workers.py``: the same model,
+weights and data as ``python -m benchmarks peers``; one torch thread): one warm-up epoch, ``--epochs`` timed
+epochs (median and range), the peak resident memory over them (``VmHWM`` after a reset once set-up is done: the
+training's own peak, what peers calls ``train_peak_bytes``), then one more epoch under ``torch.profiler``
+(``record_shapes``) whose top ops by self CPU time are recorded (``table``). The sampling workload samples one
+epoch of batches (SAGE fanouts 15,10, batch 1024) per "epoch" and reports sampled edges per second; ``minibatch``
+is a mini-batch SAGE epoch and ``offload`` the offload engine's GCN epoch at 8 chunks.
 
-``--baseline DIR`` (a folder holding another revision's ``gnnscale`` package) runs every workload with that
-revision too, alternating with this one for ``--rounds`` rounds (the machine's load drifts: interleaving keeps the
-comparison fair), and prints the median over rounds of each run's median epoch time and peak.
+``--baseline REV`` (a git revision) adds a case per workload that imports ``gnnscale`` from a clean worktree of
+that revision; with this tree's case it forms the workload's group, so the two alternate over the ``--rounds``
+rounds (the machine's load drifts: interleaving keeps the comparison fair). The table gives, per workload and
+revision, the median over rounds of each run's median epoch time, CPU time and peak.
 
-The data set is prepared under ``--data`` (default: peers.py's cache) when it is missing.
+The data set is prepared under ``--data`` (default: the peers benchmark's cache) when it is missing.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import subprocess
+import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+from benchmarks.harness import Case, latest_session, split_list
+from benchmarks.harness.graphs import device_name
+from benchmarks.harness.records import fmt, provenance, table
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(1, os.environ.get("PROFILE_GNNSCALE_ROOT", str(HERE.parent)))  # --baseline: another revision
-
-import peers_workers as pw  # noqa: E402
-
+TITLE = "Profile of gnnscale's hot kernels on the peers workloads (issue #30 point 2)"
+ROUNDS = 1
 DEFAULT_DATA = Path.home() / ".cache" / "gnnscale" / "peers" / "data"
 WORKLOADS = ("gcn", "sage", "gat", "sampling", "minibatch", "offload")
-"""Full-graph GCN, SAGE and GAT, sampling only, a mini-batch SAGE epoch and offload GCN at 8 chunks (peers.py's)."""
+"""Full-graph GCN, SAGE and GAT, sampling only, a mini-batch SAGE epoch and offload GCN at 8 chunks (peers')."""
 
 
-def _table(prof: Any, top: int) -> str:
-    return str(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=40))
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help=f"comma-separated, of {', '.join(WORKLOADS)} (--quick: gcn,offload)")
+    ap.add_argument("--nodes", type=int, default=200_000, help="csbm vertices (default 200000; --quick 5000)")
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding csbm-n<nodes>-c16-s0")
+    ap.add_argument("--epochs", type=int, default=3, help="timed epochs after one warm-up (--quick: 2)")
+    ap.add_argument("--top", type=int, default=10, help="ops listed per profile")
+    ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--baseline", metavar="REV", help="a git revision whose gnnscale runs every workload too")
 
 
-def child(args: argparse.Namespace) -> dict[str, Any]:
-    torch.set_num_threads(1)
-    with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(1)
-    torch.manual_seed(pw.SEED)
-    a, meta = pw.load(args.data)
-    if args.workload == "sampling":
+def cases(args: argparse.Namespace) -> list[Case]:
+    q = args.quick
+    workloads = split_list("gcn,offload" if q and args.workloads == ",".join(WORKLOADS) else args.workloads)
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"error: unknown workload {unknown[0]!r}; pick from {', '.join(WORKLOADS)}")
+    nodes = 5000 if q and args.nodes == 200_000 else args.nodes
+    common = {"nodes": nodes, "data": str(args.data / f"csbm-n{nodes}-c16-s0"), "top": args.top,
+              "epochs": 2 if q and args.epochs == 3 else args.epochs, "profile": args.profile}
+    revs: list[str | None] = [None] if args.baseline is None else [args.baseline, None]
+    return [Case(f"{w} {rev or 'this'}", {**common, "workload": w, "revision": rev or "this"}, group=w, rev=rev)
+            for w in workloads for rev in revs]
+
+
+def _pw() -> Any:
+    try:  # the peers helpers (renamed with a leading underscore as a harness helper module)
+        from benchmarks import _peers_workers as pw  # type: ignore[attr-defined]
+    except ImportError:
+        from benchmarks import peers_workers as pw
+    return pw
+
+
+def _step(pw: Any, workload: str, data: Path, epochs: int) -> tuple[Any, dict[str, Any]]:
+    """One "epoch" of the workload: a function of the epoch number returning sampled edges (0 when training)."""
+    import argparse as ap_mod
+
+    import torch
+
+    a, meta = pw.load(data)
+    if workload == "sampling":
         fn, _ = pw.gnnscale_sampler(a, meta)
         seeds = torch.from_numpy(pw.train_seeds(a)).long()
         batches = [seeds[i: i + pw.BATCH] for i in range(0, seeds.numel(), pw.BATCH)]
+        return (lambda epoch: sum(fn(b, epoch) for b in batches)), meta
+    system, kind, model = {"minibatch": ("gnnscale", "minibatch", "sage"),
+                           "offload": ("gnnscale-offload", "full", "gcn")}.get(workload, ("gnnscale", "full", workload))
+    run = pw.gnnscale_run(a, meta, ap_mod.Namespace(system=system, workload=kind, model=model, epochs=epochs,
+                                                    chunks=8, host_allocator="auto"))
 
-        def step(epoch: int) -> int:
-            return sum(fn(b, epoch) for b in batches)
-    else:
-        system, workload, model = {"minibatch": ("gnnscale", "minibatch", "sage"),
-                                   "offload": ("gnnscale-offload", "full", "gcn")}.get(
-            args.workload, ("gnnscale", "full", args.workload))
-        ns = argparse.Namespace(system=system, workload=workload, model=model, epochs=args.epochs, chunks=8)
-        run = pw.gnnscale_run(a, meta, ns)
+    def step(epoch: int) -> int:
+        run["step"](epoch)
+        return 0
 
-        def step(epoch: int) -> int:
-            run["step"](epoch)
-            return 0
+    return step, meta
 
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """One workload's timed epochs, peak and profile, with this tree's gnnscale or ``params["_src"]``'s."""
+    if params.get("_src"):
+        sys.path.insert(0, params["_src"])  # before gnnscale is first imported: the baseline revision's
+    import numpy as np
+    import torch
+
+    pw = _pw()
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(1)
+    torch.manual_seed(pw.SEED)
+    data = Path(params["data"])
+    pw.prepare(data, params["nodes"])
+    step, meta = _step(pw, params["workload"], data, params["epochs"])
     step(0)  # warm-up: caches, allocator
     base = pw.reset_peak()
     times, cpu, edges = [], [], []
-    for e in range(1, args.epochs + 1):
+    for e in range(1, params["epochs"] + 1):
         t0, c0 = time.perf_counter(), time.process_time()
         edges.append(step(e))
         times.append(time.perf_counter() - t0)
@@ -86,89 +125,52 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     peak = pw._vm("VmHWM")
     import gnnscale
 
-    rec: dict[str, Any] = {"workload": args.workload, "nodes": meta["nodes"], "times_s": times,
-                           "gnnscale": str(Path(gnnscale.__file__).parent),
-                           "median_s": float(np.median(times)),
-                           "median_cpu_s": float(np.median(cpu)),
+    rec: dict[str, Any] = {"workload": params["workload"], "revision": params["revision"], "nodes": meta["nodes"],
+                           "device": "cpu", "device_name": device_name(),
+                           "times_s": times, "gnnscale": str(Path(gnnscale.__file__).parent),
+                           "median_s": float(np.median(times)), "median_cpu_s": float(np.median(cpu)),
                            "train_peak_bytes": None if base is None or peak is None else peak - base}
-    if args.workload == "sampling":
+    if params["workload"] == "sampling":
         rec["mteps"] = float(np.median(edges)) / rec["median_s"] / 1e6
-    if args.profile:
+    if params["profile"]:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-            step(args.epochs + 1)
-        rec["table"] = _table(prof, args.top)
+            step(params["epochs"] + 1)
+        rec["table"] = str(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=params["top"],
+                                                     max_name_column_width=40))
     return rec
 
 
-def _run_child(w: str, args: argparse.Namespace, root: str | None) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", w, "--nodes", str(args.nodes), "--data", str(args.data),
-           "--epochs", str(args.epochs), "--top", str(args.top)] + ([] if args.profile else ["--no-profile"])
-    env = dict(os.environ, **({"PROFILE_GNNSCALE_ROOT": root} if root else {}))
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-    rec: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    rec["revision"] = "baseline" if root else "this"
-    return rec
+def describe(r: dict[str, Any]) -> str:
+    extra = f", {r['mteps']:.2f} M sampled edges/s" if "mteps" in r else ""
+    return (f"{r['workload']} [{r['revision']}: {r['gnnscale']}]: median {r['median_s']:.3f} s "
+            f"(cpu {r['median_cpu_s']:.3f} s){extra}")
 
 
-def _line(w: str, rec: dict[str, Any]) -> str:
-    ts = ", ".join(f"{t:.3f}" for t in rec["times_s"])
-    peak = rec["train_peak_bytes"]
-    extra = f", {rec['mteps']:.2f} M sampled edges/s" if "mteps" in rec else ""
-    peak_s = "n/a" if peak is None else f"{peak / 2**30:.3f} GiB"
-    return (f"== {w} [{rec['revision']}: {rec['gnnscale']}] (csbm {rec['nodes']}, 1 thread): "
-            f"median {rec['median_s']:.3f} s [{ts}] (cpu {rec['median_cpu_s']:.3f} s)"
-            f"{extra}, train peak {peak_s}")
+def _median(recs: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in recs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
-    ap.add_argument("--nodes", type=int, default=200_000)
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding csbm-n<nodes>-c16-s0")
-    ap.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up)")
-    ap.add_argument("--top", type=int, default=10, help="ops listed per profile")
-    ap.add_argument("--no-profile", dest="profile", action="store_false")
-    ap.add_argument("--json", type=Path, help="also write the records here")
-    ap.add_argument("--baseline", type=Path, help="folder holding another revision's gnnscale package")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds (alternating with --baseline)")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    data = args.data / f"csbm-n{args.nodes}-c16-s0"
-    if args.child:
-        args.workload, args.data = args.child, data
-        print(json.dumps(child(args)))
-        return 0
-    pw.prepare(data, args.nodes)
-    recs: list[dict[str, Any]] = []
-    roots: list[str | None] = [None] if args.baseline is None else [str(args.baseline.resolve()), None]
-    for w in args.workloads.split(","):
-        if w not in WORKLOADS:
-            raise SystemExit(f"unknown workload {w!r}; pick from {', '.join(WORKLOADS)}")
-        mine: dict[str | None, list[dict[str, Any]]] = {r: [] for r in roots}
-        for rnd in range(args.rounds):
-            for root in roots:
-                rec = _run_child(w, args, root)
-                rec["round"] = rnd
-                recs.append(rec)
-                mine[root].append(rec)
-                print(_line(w, rec))
-                if "table" in rec and rnd == args.rounds - 1:
-                    print(rec["table"])
-                sys.stdout.flush()
-        if len(roots) > 1 or args.rounds > 1:
-            med = {r: (float(np.median([x["median_s"] for x in v])), float(np.median([x["median_cpu_s"] for x in v])),
-                       float(np.median([x["train_peak_bytes"] or 0 for x in v]))) for r, v in mine.items()}
-            base, this = med.get(roots[0], med[None]), med[None]
-            print(f"== {w}: median over {args.rounds} rounds: this {this[0]:.3f} s (cpu {this[1]:.3f} s), "
-                  f"peak {this[2] / 2**30:.3f} GiB" + ("" if len(roots) == 1 else
-                  f"; baseline {base[0]:.3f} s (cpu {base[1]:.3f} s), peak {base[2] / 2**30:.3f} GiB; time "
-                  f"x{this[0] / base[0]:.3f} (cpu x{this[1] / base[1]:.3f}), peak x{this[2] / max(base[2], 1):.3f}"))
-    if args.json:
-        args.json.write_text(json.dumps(recs, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def render(records: list[dict[str, Any]]) -> str:
+    recs = latest_session(records, lambda r: r.get("median_s") is not None)
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in recs:
+        groups.setdefault((r["workload"], r["revision"]), []).append(r)
+    rows = []
+    for (w, rev), rs in groups.items():
+        peak = _median(rs, "train_peak_bytes")
+        rows.append([w, rev, rs[0]["nodes"], len(rs), fmt(_median(rs, "median_s")), fmt(_median(rs, "median_cpu_s")),
+                     fmt(None if peak is None else peak / 2**30), fmt(_median(rs, "mteps"), ".2f")])
+    profiles = []
+    for r in {(r["workload"], r["revision"]): r for r in recs}.values():  # the last round's of each
+        if r.get("table"):
+            ops = "\n".join(ln.rstrip() for ln in r["table"].strip().splitlines())
+            profiles.append(f"`{r['workload']}` [{r['revision']}], the last round's profile (top ops by self CPU "
+                            f"time):\n\n```\n{ops}\n```")
+    head = ["workload", "revision", "nodes", "rounds", "median epoch (s)", "median CPU (s)", "train peak (GiB)",
+            "M sampled edges/s"]
+    return "\n\n".join([provenance(recs), "The latest run: per workload and revision, the median over rounds of "
+                        "each run's median epoch time, CPU time and training peak.", table(head, rows),
+                        *profiles]) + "\n"

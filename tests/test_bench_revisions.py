@@ -1,5 +1,6 @@
-"""benchmarks/revisions.py without git or training: its arguments, the interleaved order, the children's command
-and environment, the metrics reader and the median / ratio / bound table from made-up run records."""
+"""benchmarks/revisions.py without git or training: its cases and their interleaved order, the children's command
+and environment, the metrics reader, the median / ratio / bound table from made-up run records, and its section
+rendered from the real records."""
 
 from __future__ import annotations
 
@@ -10,27 +11,37 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import revisions as bench
+from benchmarks.harness import schedule
+from benchmarks.harness.cli import parser
+from benchmarks.harness.records import RESULTS_DIR, read_records
 
-import revisions as bench  # noqa: E402
+
+def _cases(*argv: str) -> list[Any]:
+    return bench.cases(parser("revisions", bench).parse_args(list(argv)))
 
 
-def test_defaults_and_checks() -> None:
-    a = bench.parse_args([])
-    assert (a.base, a.head, a.engines) == ("db8e33a", "HEAD", ["inmemory", "offload", "minibatch"])
-    assert (a.rounds, a.epochs, a.bound, a.threads) == (5, 6, 0.05, 1)
-    assert a.out == ROOT / "benchmarks" / "results" / "revisions.jsonl"
-    a = bench.parse_args(["--base", "abc", "--head", "def", "--engines", "offload, minibatch", "--rounds", "2"])
-    assert (a.base, a.head, a.engines, a.rounds) == ("abc", "def", ["offload", "minibatch"], 2)
-    for bad in (["--engines", "inmemory,hybrid"], ["--engines", ","], ["--epochs", "1"], ["--rounds", "0"],
-                ["--bound", "0"], ["--threads", "0"]):
+def test_default_and_quick_cases() -> None:
+    cs = _cases()
+    assert [c.name for c in cs] == ["inmemory base", "inmemory head", "offload base", "offload head",
+                                    "minibatch base", "minibatch head"]
+    assert [(c.group, c.rev) for c in cs[:2]] == [("inmemory", "db8e33a"), ("inmemory", "HEAD")]
+    p = cs[0].params
+    assert (p["dataset"], p["epochs"], p["bound"], p["side"]) == (bench.DEFAULT_DATASET, 6, 0.05, "base")
+    assert bench.ROUNDS == 5
+    q = _cases("--quick")
+    assert [c.name for c in q] == ["inmemory base", "inmemory head", "offload base", "offload head"]
+    assert q[0].params["dataset"] == bench.QUICK_DATASET and q[0].params["epochs"] == 2
+    cs = _cases("--base", "abc", "--head", "def", "--engines", "offload, minibatch")
+    assert [(c.name, c.rev) for c in cs] == [("offload base", "abc"), ("offload head", "def"),
+                                             ("minibatch base", "abc"), ("minibatch head", "def")]
+    for bad in (["--engines", "inmemory,hybrid"], ["--engines", ","], ["--epochs", "1"], ["--bound", "0"]):
         with pytest.raises(SystemExit):
-            bench.parse_args(bad)
+            _cases(*bad)
 
 
 def test_rounds_alternate_the_order_of_the_revisions() -> None:
-    got = [(s.round, s.engine, s.side) for s in bench.schedule(3, ["inmemory", "offload"])]
+    got = [(r, c.params["engine"], c.params["side"]) for r, c in schedule(3, _cases("--engines", "inmemory,offload"))]
     assert got == [(0, "inmemory", "base"), (0, "inmemory", "head"), (0, "offload", "base"), (0, "offload", "head"),
                    (1, "inmemory", "head"), (1, "inmemory", "base"), (1, "offload", "head"), (1, "offload", "base"),
                    (2, "inmemory", "base"), (2, "inmemory", "head"), (2, "offload", "base"), (2, "offload", "head")]
@@ -46,12 +57,11 @@ def test_child_command_and_environment(tmp_path: Path) -> None:
         assert part in text
     assert "--batch-size 1024" in " ".join(bench.train_command("/py", "d", "minibatch", 4, m))
     assert "--chunks" not in bench.train_command("/py", "d", "inmemory", 4, m)
-    env = bench.child_env(tmp_path / "wt", 1, tmp_path / "c", {"PYTHONPATH": "/work/main", "GNNSCALE_DEVICE": "sim"})
+    env = bench.child_env(tmp_path / "wt", tmp_path / "c", {"PYTHONPATH": "/work/main", "GNNSCALE_DEVICE": "sim"})
     assert env["PYTHONPATH"] == f"{tmp_path / 'wt'}:/work/main"
-    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("1", "1")
     assert env["GNNSCALE_CACHE_DIR"] == str(tmp_path / "c")
     assert "GNNSCALE_DEVICE" not in env
-    assert bench.child_env(tmp_path / "wt", 2, tmp_path / "c", {})["PYTHONPATH"] == str(tmp_path / "wt")
+    assert bench.child_env(tmp_path / "wt", tmp_path / "c", {})["PYTHONPATH"] == str(tmp_path / "wt")
 
 
 def test_reads_epoch_times_but_not_the_summary(tmp_path: Path) -> None:
@@ -109,16 +119,44 @@ def test_an_engine_that_failed_on_one_side_is_reported_failed() -> None:
     assert bench.format_table([s], 0.05).splitlines()[2] == "| offload | 2.050 | - | - | - | failed (head) | 1/1, 0/1 |"
 
 
-def test_a_run_drops_the_first_epoch_and_a_failed_run_is_recorded(tmp_path: Path) -> None:
+def test_a_run_reads_its_epochs_and_a_failed_run_raises(tmp_path: Path) -> None:
     m = tmp_path / "m.jsonl"
     epochs = [{"epoch": i + 1, "epoch_time_s": t} for i, t in enumerate([0.9, 0.3, 0.1, 0.2])]
     write = f"open({str(m)!r}, 'w').write({''.join(json.dumps(e) + chr(10) for e in epochs)!r})"
-    ok = bench.run_one([sys.executable, "-c", write], tmp_path, {}, m, 60)
-    assert ok["ok"] and ok["error"] is None
-    assert ok["epoch_times_s"] == [0.9, 0.3, 0.1, 0.2] and ok["timed_s"] == [0.3, 0.1, 0.2]
-    assert ok["median_s"] == pytest.approx(0.2)
-    bad = bench.run_one([sys.executable, "-c", write + "; import sys; sys.exit('boom')"], tmp_path, {}, m, 60)
-    assert not bad["ok"] and bad["error"] == "exit 1: boom" and bad["timed_s"] == [] and bad["median_s"] is None
+    assert bench.train([sys.executable, "-c", write], tmp_path, {}, m, 60) == [0.9, 0.3, 0.1, 0.2]
+    with pytest.raises(RuntimeError, match="exit 1: boom"):
+        bench.train([sys.executable, "-c", write + "; import sys; sys.exit('boom')"], tmp_path, {}, m, 60)
     one = f"open({str(m)!r}, 'w').write({json.dumps(epochs[0]) + chr(10)!r})"
-    short = bench.run_one([sys.executable, "-c", one], tmp_path, {}, m, 60)
-    assert not short["ok"] and short["error"] == "1 epoch records in the metrics"
+    with pytest.raises(RuntimeError, match="1 epoch records in the metrics"):
+        bench.train([sys.executable, "-c", one], tmp_path, {}, m, 60)
+
+
+def test_the_section_from_the_real_records_matches_their_summaries() -> None:
+    recs = read_records(RESULTS_DIR / "revisions.jsonl")
+    text = bench.render(recs)
+    assert text == bench.render(list(recs))  # pure
+    last = [r for r in recs if r.get("record") == "summary" and r["session"] == recs[-1]["session"]]
+    assert [s["engine"] for s in last] == ["inmemory", "offload", "minibatch"]
+    for s in last:  # the table's row of each engine, recomputed from the run records, is the recorded summary
+        rr = s["round_ratios"]
+        row = (f"| {s['engine']} | {s['base_median_s']:.3f} | {s['head_median_s']:.3f} | {s['ratio']:.3f} "
+               f"| {min(rr):.3f}-{max(rr):.3f} | {s['verdict']} | 5/5, 5/5 |")
+        assert row in text
+    assert "| minibatch | 0.279 | 0.277 | 0.993 | 0.903-1.047 | yes | 5/5, 5/5 |" in text
+    assert "| minibatch | 0.352 | 0.392 | 1.111 | 0.997-1.172 | **no** | 5/5, 5/5 |" in text  # the b8491fd session
+    (row,) = bench.headline(recs)
+    assert row.figure.startswith("inmemory 0.959 (yes); offload 1.027 (yes); minibatch 0.993 (yes)")
+    assert len(row.records) == 30
+
+
+def test_harness_records_with_a_failed_case_render() -> None:
+    def rec(engine: str, side: str, rnd: int, times: list[float] | None) -> dict[str, Any]:
+        base = {"session": "s1", "round": rnd, "engine": engine, "side": side, "dataset": "d", "epochs": 3,
+                "bound": 0.05, "rev_name": {"base": "db8e33a", "head": "HEAD"}[side], "date": "2026-11-28"}
+        if times is None:
+            return {**base, "ok": False, "error": "RuntimeError: exit 1: boom"}
+        return {**base, "ok": True, "record": "run", "rev": side * 20, "timed_s": times, "median_s": times[0]}
+    recs = [rec("offload", "base", 0, [1.0, 1.0]), rec("offload", "head", 0, None)]
+    text = bench.render(recs)
+    assert "| offload | 1.000 | - | - | - | failed (head) | 1/1, 0/1 |" in text
+    assert "Base db8e33a (basebasebase) against head HEAD:" in text

@@ -33,7 +33,8 @@ from gnnscale.runtime import cpu_kernels
 GATHER_METHODS = ("index_select", "uva")
 
 # Elements one Triton program moves: BLOCK_R rows x BLOCK_F columns (4096 float32 = 16 KiB of reads in flight per
-# program, to hide PCIe latency). An untuned starting point: time others with benchmarks/gather.py --uva-configs.
+# program, to hide PCIe latency). An untuned starting point: time others with
+# `python -m benchmarks gather --uva-configs`.
 _UVA_TILE = 4096
 _UVA_MAX_BLOCK_F = 256
 _UVA_MAX_BLOCK_R = 512
@@ -120,7 +121,8 @@ def _gather_uva(host: Tensor, rows: Tensor, out: Tensor, block_r: int | None = N
         # host.data_ptr() with cuPointerGetAttribute (see the module docstring), which needs this device's context.
         # TO VERIFY ON A GPU (only the interpreter path is tested on CPU-only machines): that this launch accepts the
         # pinned CPU tensor (no "cannot be accessed from Triton" error), that the result equals host[rows], and
-        # that it is asynchronous on the current stream (benchmarks/gather.py checks the first two bit for bit).
+        # that it is asynchronous on the current stream (`python -m benchmarks gather` checks the first two bit for
+        # bit).
         with rt.on_device(out.device):
             kernel[grid](*args, BLOCK_R=block_r, BLOCK_F=block_f, num_warps=num_warps)
     else:  # Triton interpreter: every tensor on the CPU

@@ -40,7 +40,7 @@ docs: setup
 	$(VPY) -m sphinx -W --keep-going -E -q -b html docs build/docs
 
 bench: setup
-	$(VPY) -m benchmarks peers --quick
+	$(VPY) -m benchmarks inmemory_vs_pyg
 
 # On a lent GPU machine (no .venv there: system python3), 8 minutes at most: make gpu-check OUT=/path [DRY=1]
 # (DRY=1: the same steps on the CPU, tiny sizes, as tests/test_gpu_check.py runs them)

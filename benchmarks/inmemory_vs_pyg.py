@@ -1,16 +1,19 @@
-"""gnnscale's in-memory engine vs the same model in PyG: same graph, same device, one run.
+"""gnnscale's in-memory engine vs the same model in PyG (issue #2): same graph, same device, one thread.
 
-    .venv/bin/python benchmarks/inmemory_vs_pyg.py --device cpu --threads 1 --rounds 3
-    .venv/bin/python benchmarks/inmemory_vs_pyg.py --nodes 20000 --epochs 3 --no-save
-    .venv/bin/python benchmarks/inmemory_vs_pyg.py --models gcn,sage,gat --device cuda --out /tmp/b.jsonl
+    python -m benchmarks inmemory_vs_pyg                       # 200K-vertex csbm, GCN and SAGE, 3 rounds
+    python -m benchmarks inmemory_vs_pyg --quick               # 20K vertices, 3 epochs, 1 round
+    python -m benchmarks inmemory_vs_pyg --models gcn,sage,gat --device cuda
 
-Cases (one per model, on a seeded CSBM graph) x implementations: gnnscale-inmemory, pyg (edge_index) and, for
-GCN, pyg-sparse (``adj_t`` from ``ToSparseTensor``). Each runs ``--warmup`` untimed then ``--epochs`` timed
-epochs; the table gives median epoch time and ``pyg_time / ours_time`` (> 1: gnnscale is faster). ``--threads``
-sets torch's intra-op threads (default: torch's choice); ``--rounds R`` repeats every case R times, interleaved
-(round 1 of every model and implementation, then round 2, ...), and ends with the median and range over the rounds
-of each implementation's median epoch and ratio. One JSON line per (round, case, implementation) is appended to
-benchmarks/results/inmemory_vs_pyg.jsonl, with ``threads``, ``round`` and ``rounds``.
+Cases: one per (model, implementation), the implementations of a model a group (the harness runs them back to
+back in an order that rotates per round, each in its own process): gnnscale-inmemory, pyg (edge_index) and, for
+GCN, pyg-sparse (``adj_t`` from ``ToSparseTensor``), all on the same seeded csbm graph (each process builds it).
+Each runs ``--warmup`` untimed then ``--epochs`` timed epochs; one record per run with the median epoch time and
+the peak memory (CPU: the increase of the process's peak RSS over its baseline; CUDA: ``max_memory_allocated``).
+The table gives, per model and implementation, the median and range over rounds of the median epoch and of
+``pyg_time / ours_time`` within each round (> 1: gnnscale is faster).
+
+The helpers ``PygNet``, ``make_pyg``, ``SPARSE_ADJ``, ``free_memory``, ``start_peak``, ``end_peak`` and ``sync``
+are shared with :mod:`benchmarks.offload` and :mod:`benchmarks._peers_workers`.
 """
 
 from __future__ import annotations
@@ -18,14 +21,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import datetime
 import gc
-import json
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +40,10 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.transforms import ToSparseTensor
 
+from benchmarks._peers_workers import _vm as _vm_bytes
+from benchmarks.harness import Case, latest_session, split_list
+from benchmarks.harness.graphs import device_name
+from benchmarks.harness.records import provenance, session_of, table
 from gnnscale.engines import InMemoryEngine
 from gnnscale.engines.devices import resolve_device
 from gnnscale.graph.generators import csbm
@@ -50,7 +53,7 @@ from gnnscale.train import TrainConfig
 
 Step = Callable[[int], float]  # one training epoch -> loss
 OURS = "gnnscale-inmemory"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "inmemory_vs_pyg.jsonl"
+TITLE = "In-memory engine vs PyG (issue #2)"
 SPARSE_ADJ = "torch_sparse.SparseTensor" if torch_geometric.typing.WITH_TORCH_SPARSE else "torch.sparse_csr"
 
 
@@ -116,15 +119,6 @@ IMPLS: dict[str, Callable[[Graph, TrainConfig, torch.device], Step]] = {
 }
 
 
-def _vm_bytes(key: str) -> int | None:
-    """``VmRSS`` / ``VmHWM`` of this process from /proc/self/status (Linux), else None."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return None
-
-
 def free_memory(dev: torch.device) -> None:
     gc.collect()
     if dev.type == "cuda":
@@ -158,7 +152,8 @@ def sync(dev: torch.device) -> None:
 
 
 def bench(name: str, g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int) -> dict[str, Any]:
-    """Median epoch time and peak memory of one implementation, or ``skipped`` when a baseline cannot run."""
+    """Median epoch time and peak memory of one implementation (a baseline that cannot run raises: the harness
+    records the error)."""
     free_memory(dev)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -176,11 +171,6 @@ def bench(name: str, g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int)
             if e > warmup:
                 times.append(time.perf_counter() - t0)
         peak = end_peak(dev, kind, base)
-    except Exception as exc:
-        if name == OURS:
-            raise
-        print(f"note: skipping {name} for {cfg.model}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return {"impl": name, "skipped": f"{type(exc).__name__}: {exc}"}
     finally:
         del step
         free_memory(dev)
@@ -189,84 +179,82 @@ def bench(name: str, g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int)
             "peak_bytes": peak, "peak_kind": kind, "loadavg_1m": load}
 
 
-def environment(dev: torch.device) -> dict[str, Any]:
-    """What the numbers depend on: date, device, torch/PyG versions and the gnnscale git revision."""
-    name = (torch.cuda.get_device_name(dev) if dev.type == "cuda" else
-            f"{platform.processor() or 'cpu'} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)")
-    rev = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        cmd = ["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"]
-        rev = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "device": str(dev),
-            "device_name": name, "torch": torch.__version__, "pyg": torch_geometric.__version__,
-            "gnnscale_rev": rev}
 
 
-def summarize(records: list[dict[str, Any]]) -> None:
-    """Per (model, implementation): the median and range over the rounds of its median epoch and of its ratio."""
-    rounds, threads = max((r["round"] for r in records), default=0), records[0]["threads"] if records else "-"
-    print(f"\nover {rounds} round(s), {threads} thread(s): median [min - max] of the rounds")
-    for key in dict.fromkeys((r["model"], r["impl"]) for r in records):
-        rs = [r for r in records if (r["model"], r["impl"]) == key]
-        t, q = [r["median_epoch_s"] for r in rs], [r["ratio_vs_ours"] for r in rs]
-        peak = max((r["peak_bytes"] or 0) for r in rs) / 2**20
-        print(f"  {key[0]:<5}{key[1]:<20} epoch {statistics.median(t):.3f} s [{min(t):.3f} - {max(t):.3f}]  "
-              f"pyg/ours {statistics.median(q):.2f} [{min(q):.2f} - {max(q):.2f}]  peak <= {peak:.0f} MiB")
+LABELS = {("gcn", "pyg"): "PyG `GCNConv(cached=True)`, edge_index",
+          ("gcn", "pyg-sparse"): "PyG `GCNConv`, sparse CSR `adj_t`",
+          ("sage", "pyg"): 'PyG `SAGEConv(aggr="mean")`, edge_index', ("gat", "pyg"): "PyG `GATConv`, edge_index"}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--models", default="gcn,sage", help="comma-separated subset of gcn,sage,gat")
-    ap.add_argument("--nodes", type=int, default=200_000)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--nodes", type=int, default=None, help="csbm vertices (default 200000; --quick 20000)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed epochs (default 2; --quick 1)")
+    ap.add_argument("--epochs", type=int, default=None, help="timed epochs (default 10; --quick 3)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
-    ap.add_argument("--no-save", action="store_true", help="print the table only")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    ap.add_argument("--rounds", type=int, default=1, help="interleaved repetitions of every case")
-    args = ap.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-
-    dev = resolve_device(args.device)
-    g = csbm(nodes=args.nodes, classes=5, avg_degree=10, features=128, seed=args.seed)  # one graph for all
-    common = environment(dev)
-    print(f"{g!r} on {common['device_name']}; torch {torch.__version__}, PyG {torch_geometric.__version__}, "
-          f"gnnscale {common['gnnscale_rev']}")
-    print(f"warmup {args.warmup}, timed {args.epochs}; ratio = impl_time / {OURS}_time (> 1: ours faster); "
-          f"pyg-sparse adj_t: {SPARSE_ADJ}")
-    records: list[dict[str, Any]] = []
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for rnd, model in [(r, m) for r in range(1, args.rounds + 1) for m in models]:
-        cfg = TrainConfig(model=model, hidden=64, layers=2, dropout=0.5, epochs=args.epochs, seed=args.seed)
-        case = {"model": model, "graph": "csbm", "nodes": g.num_nodes, "edges": g.num_edges, "avg_degree": 10,
-                "features": g.num_features, "classes": g.num_classes, "hidden": cfg.hidden,
-                "layers": cfg.layers, "dropout": cfg.dropout, "heads": cfg.heads, "warmup": args.warmup,
-                "epochs": args.epochs, "seed": args.seed, "threads": torch.get_num_threads(), "round": rnd,
-                "rounds": args.rounds}
-        impls = [OURS, "pyg"] + (["pyg-sparse"] if model == "gcn" else [])
-        rows = [bench(name, g, cfg, dev, args.warmup) for name in impls]
-        print(f"\nround {rnd}/{args.rounds}, {model}: nodes={g.num_nodes} edges={g.num_edges} "
-              f"features={g.num_features} hidden={cfg.hidden} layers={cfg.layers}  [peak = {rows[0]['peak_kind']}]")
-        print(f"  {'impl':<20}{'median epoch (s)':>18}{'peak (MiB)':>12}{'pyg/ours':>10}{'load 1m':>9}")
-        for r in rows:
-            if "skipped" in r:
-                print(f"  {r['impl']:<20}skipped: {r['skipped']}")
-                continue
-            r["ratio_vs_ours"] = r["median_epoch_s"] / rows[0]["median_epoch_s"]
-            peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.1f}"
-            print(f"  {r['impl']:<20}{r['median_epoch_s']:>18.4f}{peak:>12}{r['ratio_vs_ours']:>10.2f}"
-                  f"{r['loadavg_1m'] or float('nan'):>9.1f}")
-            records.append({**common, **case, **r})
-    summarize(records)
-    if not args.no_save and records:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
-        print(f"\nappended {len(records)} records to {args.out}")
 
 
-if __name__ == "__main__":
-    main()
+def cases(args: argparse.Namespace) -> list[Case]:
+    """Per model: gnnscale's in-memory engine, PyG on edge_index and (GCN) PyG on ``adj_t``, one group."""
+    common = {"nodes": args.nodes or (20_000 if args.quick else 200_000),
+              "warmup": args.warmup if args.warmup is not None else 1 if args.quick else 2,
+              "epochs": args.epochs or (3 if args.quick else 10), "seed": args.seed, "device": args.device}
+    return [Case(f"{model}:{impl}", {**common, "model": model, "impl": impl}, group=model)
+            for model in split_list(args.models) for impl in [OURS, "pyg"] + (["pyg-sparse"] if model == "gcn" else [])]
+
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """One implementation of one model on the seeded csbm graph."""
+    dev = resolve_device(params["device"])
+    g = csbm(nodes=params["nodes"], classes=5, avg_degree=10, features=128, seed=params["seed"])
+    cfg = TrainConfig(model=params["model"], hidden=64, layers=2, dropout=0.5, epochs=params["epochs"],
+                      seed=params["seed"])
+    case = {"model": cfg.model, "graph": "csbm", "nodes": g.num_nodes, "edges": g.num_edges, "avg_degree": 10,
+            "features": g.num_features, "classes": g.num_classes, "hidden": cfg.hidden, "layers": cfg.layers,
+            "dropout": cfg.dropout, "heads": cfg.heads, "warmup": params["warmup"], "epochs": cfg.epochs,
+            "seed": cfg.seed, "threads": torch.get_num_threads(), "device": str(dev),
+            "device_name": device_name(str(dev)), "pyg": torch_geometric.__version__}
+    return {**case, **bench(params["impl"], g, cfg, dev, params["warmup"])}
+
+
+def describe(r: dict[str, Any]) -> str:
+    return f"{r['model']} {r['impl']}: median epoch {r['median_epoch_s']:.3f} s"
+
+
+def ratios(recs: list[dict[str, Any]]) -> dict[int, float]:
+    """Each record's ``median_epoch_s`` over gnnscale's in the same run, round and model (by record index)."""
+    ours = {(session_of(r), r.get("round"), r["model"]): r["median_epoch_s"] for r in recs if r["impl"] == OURS}
+    return {i: r["median_epoch_s"] / ours[k] for i, r in enumerate(recs)
+            if (k := (session_of(r), r.get("round"), r["model"])) in ours}
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    """The latest run: per model and implementation, the median epoch over the rounds, each round's, the largest
+    peak and the ratio to gnnscale within each round."""
+    recs = latest_session(records, lambda r: r.get("median_epoch_s") is not None and r.get("ok", True))
+    if not recs:
+        return "No records.\n"
+    q = ratios(recs)
+    rounds = len({r.get("round") for r in recs})
+    rows = []
+    for model, impl in dict.fromkeys((r["model"], r["impl"]) for r in recs):
+        idx = [i for i, r in enumerate(recs) if (r["model"], r["impl"]) == (model, impl)]
+        t = [recs[i]["median_epoch_s"] for i in idx]
+        qs = [q[i] for i in idx if i in q]
+        peak = max((recs[i].get("peak_bytes") or 0) for i in idx)
+        ratio = "1.00" if impl == OURS else "-" if not qs else (
+            f"**{statistics.median(qs):.2f}** [{min(qs):.2f} - {max(qs):.2f}]")
+        label = "gnnscale inmemory" if impl == OURS else LABELS.get((model, impl), impl)
+        rows.append([model.upper(), label, f"{statistics.median(t):.3f}",
+                     ", ".join(f"{x:.3f}" for x in t), f"{peak / 2**20:.0f}", ratio])
+    r0 = recs[0]
+    load = [r["loadavg_1m"] for r in recs if r.get("loadavg_1m") is not None]
+    head = ["model", "implementation", f"median epoch (s), {rounds} rounds", "per round (s)", "peak (MiB), max",
+            "pyg / ours, median [range]"]
+    return (f"{provenance(recs).rstrip()}\n\nGraph: csbm, {r0['nodes']:,} nodes, {r0['edges']:,} directed edges, "
+            f"{r0['features']} features, {r0['classes']} classes; model {r0['layers']} layers, hidden "
+            f"{r0['hidden']}, dropout {r0['dropout']}, Adam; {r0['threads']} thread(s). Per round and implementation "
+            f"{r0['warmup']} warm-up epochs, then the median of {r0['epochs']} timed full-graph epochs; peak: "
+            f"{r0['peak_kind']}; 1-minute load average {min(load, default=0):.1f}-{max(load, default=0):.1f}. "
+            f"Figures: the median over the rounds; pyg / ours > 1: gnnscale is faster.\n\n{table(head, rows)}\n")

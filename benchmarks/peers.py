@@ -1,48 +1,42 @@
 """gnnscale, DGL and PyG side by side on the same graphs (issue #30): epoch time, peak memory, accuracy.
 
-    .venv/bin/python benchmarks/peers.py --quick                                   # 20K vertices, 1 round
-    .venv/bin/python benchmarks/peers.py                                           # 200K and 800K, 3 rounds
-    .venv/bin/python benchmarks/peers.py --workloads gcn,sage,gat --sizes 200000 --rounds 3 \\
-        --results /tmp/peers_section.md
+    python -m benchmarks peers --quick                            # 20K vertices, 1 round, 3 epochs
+    python -m benchmarks peers                                    # 200K and 800K, 3 rounds
+    python -m benchmarks peers --workloads gcn,sage,gat --sizes 800000 --epochs 3 --dgl-retain
+    python -m benchmarks peers --quick --workloads gcn --no-dgl   # no DGL venv needed
 
 Workloads (``--workloads``, default all): ``gcn``, ``sage``, ``gat``: full-graph training, 2 layers, hidden 64, at
 every ``--sizes`` (gnnscale's in-memory engine, DGL, PyG on a sparse CSR ``adj_t``, GAT on ``edge_index``);
 ``sampling``: neighbour sampling only, SAGE fanouts 15,10, batch 1024, one epoch of training seeds (sampled edges
 per second; PyG's sampler needs pyg_lib or torch_sparse); ``minibatch``: a mini-batch SAGE epoch (gnnscale
 ``--engine minibatch`` against DGL's NeighborSampler + DataLoader), both pinned to one core; ``offload``: GCN with
-gnnscale's offload engine at ``--chunks 8`` against its own in-memory engine. The last three run at the smallest
-size. Graphs: csbm with 16 communities, 5 classes, average degree 10, 128 features, seed 0, generated once into
-``--cache``/data as plain ``.npy`` arrays with gnnscale's initial weights, read by every system's process.
+gnnscale's offload engine at 8 chunks against its own in-memory engine. The last three run at the smallest size;
+an item ``<workload>-<size>`` (``gat-200K``) is that workload at that size only. Graphs: csbm with 16 communities,
+5 classes, average degree 10, 128 features, seed 0, generated once (before the cases run) into ``--cache``/data as
+plain ``.npy`` arrays with gnnscale's initial weights, read by every system's process.
 
-Every run is its own process with ``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)``
-(benchmarks/peers_workers.py); the DGL runs use a venv of their own, ``--cache``/dgl-venv (DGL 2.1.0, the newest
-Linux wheel, needs torch <= 2.2.1), made here on first use with pip from PyPI. A peer that cannot be set up (or a
-run that fails) is named in one line with the reason and the others go on. **Interleaved**: ``--rounds`` rounds;
-in each, every workload runs every system once, the order rotating by one per round.
+Cases: one per (workload, system), the workload's systems a group, so the harness runs them back to back in an
+order that rotates per round, each in its own process with one torch thread (the case code is
+:mod:`benchmarks._peers_workers`). The DGL cases run in a venv of their own, ``--cache``/dgl-venv (DGL 2.1.0, the
+newest Linux wheel, needs torch <= 2.2.1), made on first use with pip from PyPI (several GB); when DGL cannot be
+set up (or ``--no-dgl``), one line says why, there are no DGL cases and every record of the run carries that line
+in ``notes``. One record per run: the median epoch time (``--epochs`` epochs, the first ``--warmup`` untimed;
+sampling: ``--epochs`` timed passes), peak resident memory (``VmHWM``), training peak, test accuracy.
 
-Per workload and system: the median over rounds of each run's median epoch time (``--epochs`` epochs, the first
-``--warmup`` untimed; sampling: ``--epochs`` timed passes), its range over rounds, the ratio to DGL (to gnnscale's
-in-memory engine for offload; sampling: throughput over DGL's, > 1 is faster), the largest peak resident memory
-of the process (``VmHWM``) and the test accuracy after the epochs.
+The table, per workload and system: the median over rounds of each run's median epoch time, its range over rounds,
+the ratio to DGL (to gnnscale's in-memory engine for offload; sampling: throughput over DGL's, > 1 is faster),
+the ratio within each round, the largest peak resident memory and the test accuracy.
 
 gnnscale trains with its default ``--host-allocator auto`` (on the CPU: glibc keeps freed blocks below 1 GiB for
 reuse, so an epoch's ``[V, F]`` temporaries are not fresh pages the kernel faults in and zeroes; not for GAT,
-whose per-edge blocks fragment a retained heap: there glibc's default). ``--dgl-retain``
-runs DGL a second time with the same setting through glibc's environment tunables (``dgl-retain``; the ratios stay
-against plain DGL), so the table shows what the allocator alone is worth.
-
-gnnscale and PyG run from a clean worktree of HEAD (``git worktree``, removed afterwards) when gnnscale/ or
-benchmarks/ have uncommitted changes, so the record names a clean commit; ``--from-tree`` runs the working tree
-instead and marks the revision ``-dirty``. One JSON line per run and per summary is appended to ``--out``; the
-table (with the machine, versions, commit, threads, rounds and this command) replaces the text between
-``<!-- peers:begin -->`` and ``<!-- peers:end -->`` in ``--results`` (markers appended when absent).
+whose per-edge blocks fragment a retained heap: there glibc's default). ``--dgl-retain`` runs DGL a second time
+with the same setting through glibc's environment tunables (``dgl-retain``; the ratios stay against plain DGL),
+so the table shows what the allocator alone is worth.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
 import json
 import os
 import shlex
@@ -50,21 +44,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import uuid
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-try:  # run as a script (its folder is on sys.path) or imported as benchmarks.peers
-    from revisions import append_records, cpu_model, resolve, worktrees
-except ImportError:  # pragma: no cover
-    from benchmarks.revisions import append_records, cpu_model, resolve, worktrees
+from benchmarks.harness import Case, Row, split_list
+from benchmarks.harness.records import gib, provenance, session_of, table
 
-ROOT = Path(__file__).resolve().parents[1]
+TITLE = "Speed against the peers (issue #30), CPU: gnnscale, DGL and PyG on one machine"
+ROUNDS = 3
 DEFAULT_CACHE = Path.home() / ".cache" / "gnnscale" / "peers"
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "peers.jsonl"
-DEFAULT_RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
 WORKLOADS = ("gcn", "sage", "gat", "sampling", "minibatch", "offload")
 FULL = ("gcn", "sage", "gat")
 SYSTEMS = {"full": ("gnnscale", "dgl", "pyg"), "sampling": ("gnnscale", "dgl", "pyg"),
@@ -78,13 +68,18 @@ DGL_PINS = ("torch==2.2.1", "dgl==2.1.0", "numpy<2", "scipy", "networkx", "psuti
             "pandas<2.3", "pyyaml")
 DGL_NO_DEPS = ("torchdata==0.7.1",)  # dgl.graphbolt imports torchdata.datapipes (gone after 0.7), pinned torch 2.1
 QUICK_NODES = 20_000
+WORKER = "benchmarks._peers_workers"
+LEGEND = (
+    "Graphs: csbm, 16 communities, 5 classes, average degree 10, 128 features; model 2 layers, hidden 64 (GAT: "
+    "4 heads), dropout 0.5, Adam lr 0.01, the same initial weights everywhere. Time: median over rounds of each "
+    "run's median epoch (range over rounds); sampling: sampled edges per second over one epoch of seeds. "
+    "Ratio: median time / the reference's median time (DGL; offload: gnnscale in-memory), for sampling "
+    "throughput / DGL's (> 1: faster); per round: the same ratio within each round (range over rounds). "
+    "Peak RSS: largest `VmHWM` of the run's process (library, data and training); training peak: `VmHWM` "
+    "over the resident size after set-up (reset through `/proc/self/clear_refs`).")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
-def _list(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
 def _size(text: str) -> int:
     t = text.lower()
     return int(float(t[:-1]) * 1000) if t.endswith("k") else int(float(t[:-1]) * 10**6) if t.endswith("m") else int(t)
@@ -98,6 +93,15 @@ def _is_case(item: str) -> bool:
         return False
 
 
+def _workloads(text: str) -> list[str]:
+    """``--workloads``: the comma list, each a workload or ``<workload>-<size>``."""
+    items = split_list(text)
+    bad = [w for w in items if w not in WORKLOADS and not _is_case(w)]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(f"{','.join(bad) or '(none)'}: choose from {','.join(WORKLOADS)}")
+    return items
+
+
 def size_name(nodes: int) -> str:
     return f"{nodes // 10**6}M" if nodes % 10**6 == 0 else f"{nodes // 1000}K" if nodes % 1000 == 0 else str(nodes)
 
@@ -109,7 +113,7 @@ def _case(w: str, n: int) -> dict[str, Any]:
             "systems": SYSTEMS[kind]}
 
 
-def cases(workloads: Sequence[str], sizes: Sequence[int], dgl_retain: bool = False) -> list[dict[str, Any]]:
+def workload_cases(workloads: Sequence[str], sizes: Sequence[int], dgl_retain: bool = False) -> list[dict[str, Any]]:
     """``[{name, kind, model, nodes, systems}]``: the full-graph models at every size, the rest at the smallest; an
     item ``<workload>-<size>`` (``gat-200K``) is that workload at that size only."""
     out = []
@@ -126,19 +130,12 @@ def cases(workloads: Sequence[str], sizes: Sequence[int], dgl_retain: bool = Fal
     return out
 
 
-def schedule(rounds: int, case_list: Sequence[dict[str, Any]]) -> list[tuple[int, dict[str, Any], str]]:
-    """Interleaved: per round, per case, every system once; the systems' order rotates by one per round."""
-    out = []
-    for r in range(rounds):
-        for c in case_list:
-            s = list(c["systems"])
-            k = r % len(s)
-            out += [(r, c, system) for system in s[k:] + s[:k]]
-    return out
-
-
 def reference(case: dict[str, Any]) -> str:
     return "gnnscale" if case["kind"] == "offload" else "dgl"
+
+
+def _first_line(error: str | None) -> str:
+    return (error or "failed").strip().splitlines()[0] if (error or "").strip() else "failed"
 
 
 def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -154,7 +151,7 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         ok = [r for r in mine if r.get("ok")]
         s: dict[str, Any] = {"record": "summary", "case": case, "system": system, "kind": mine[0]["kind"],
                              "reference": mine[0]["reference"], "rounds_ok": len(ok), "rounds": len(mine),
-                             "errors": sorted({r.get("error") or "failed" for r in mine if not r.get("ok")})}
+                             "errors": sorted({_first_line(r.get("error")) for r in mine if not r.get("ok")})}
         s["per_round"] = {r["round"]: r["mteps"] if r["kind"] == "sampling" else r["median_s"] for r in ok}
         if ok:
             med = [r["median_s"] for r in ok]
@@ -180,75 +177,7 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _gib(b: int | None) -> str:
-    return "-" if not b else f"{b / 2**30:.2f} GiB"
-
-
-def _cell(s: dict[str, Any]) -> str:
-    if s["kind"] == "sampling":
-        return f"{s['mteps']:.2f} M edges/s ({s['mteps_min']:.2f}-{s['mteps_max']:.2f})"
-    return f"{s['median_s']:.3f} s ({s['min_s']:.3f}-{s['max_s']:.3f})"
-
-
-def render_section(summaries: Sequence[dict[str, Any]], env: dict[str, Any], notes: Sequence[str]) -> str:
-    """The markdown section (without the markers)."""
-    lines = [
-        "### Peers: gnnscale, DGL and PyG on one machine (benchmarks/peers.py)", "",
-        f"Machine: {env['cpu']}; {env['threads']} torch thread per process (`OMP_NUM_THREADS={env['threads']}`, "
-        f"`torch.set_num_threads({env['threads']})`), every run its own process; interleaved rounds: "
-        f"{env['rounds']}; {env['epochs']} epochs per run (the first {env['warmup']} untimed). gnnscale "
-        f"{env['gnnscale_rev']}; "
-        f"torch {env.get('torch') or '-'} (gnnscale, PyG {env.get('pyg') or '-'}); DGL {env.get('dgl') or '-'} on "
-        f"torch {env.get('dgl_torch') or '-'} in its own venv; {env['date']}.", "",
-        f"Command: `{env['command']}`", "",
-        "Graphs: csbm, 16 communities, 5 classes, average degree 10, 128 features; model 2 layers, hidden 64 (GAT: "
-        "4 heads), dropout 0.5, Adam lr 0.01, the same initial weights everywhere. Time: median over rounds of each "
-        "run's median epoch (range over rounds); sampling: sampled edges per second over one epoch of seeds. "
-        "Ratio: median time / the reference's median time (DGL; offload: gnnscale in-memory), for sampling "
-        "throughput / DGL's (> 1: faster); per round: the same ratio within each round (range over rounds). "
-        "Peak RSS: largest `VmHWM` of the run's process (library, data and training); training peak: `VmHWM` "
-        "over the resident size after set-up (reset through `/proc/self/clear_refs`).", "",
-        "| workload | system | epoch time, median (range) | ratio | ratio per round | peak RSS | training peak "
-        "| test acc |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for s in summaries:
-        label = LABELS.get(s["system"], s["system"])
-        if s["system"] == "gnnscale" and s["kind"] == "offload":
-            label = "gnnscale in-memory"
-        if "median_s" not in s:
-            lines.append(f"| {s['case']} | {label} | failed: {'; '.join(s['errors'])[:200]} | - | - | - | - | - |")
-            continue
-        ref = "DGL" if s["reference"] == "dgl" else "in-memory"
-        ratio = "-" if s["ratio"] is None else f"{s['ratio']:.2f}x {ref}"
-        rr = s.get("round_ratios") or []
-        per = "-" if not rr else f"{min(rr):.2f}-{max(rr):.2f}" if len(rr) > 1 else f"{rr[0]:.2f}"
-        acc = "-" if s.get("test_acc") is None else f"{s['test_acc']:.3f}"
-        miss = f" ({s['rounds_ok']}/{s['rounds']} rounds)" if s["rounds_ok"] < s["rounds"] else ""
-        lines.append(f"| {s['case']} | {label} | {_cell(s)}{miss} | {ratio} | {per} | {_gib(s.get('peak_rss_bytes'))} "
-                     f"| {_gib(s.get('train_peak_bytes'))} | {acc} |")
-    if notes:
-        lines += ["", *[f"- {n}" for n in notes]]
-    return "\n".join(lines) + "\n"
-
-
-def replace_section(text: str, section: str) -> str:
-    """``text`` with what lies between the markers replaced by ``section`` (markers appended when absent)."""
-    block = f"{BEGIN}\n{section.rstrip()}\n{END}"
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        sep = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
-        return f"{text}{sep}{block}\n"
-    return text[:start] + block + text[end + len(END):]
-
-
-def not_set_up(peer: str, reason: str) -> str:
-    """The one line that says a peer could not be set up and why."""
-    one = " ".join(reason.split())[:300] or "unknown reason"
-    return f"{peer} could not be set up: {one}; its cells are skipped"
-
-
-# ------------------------------------------------------------------------------------------------ environment
+# ------------------------------------------------------------------------------------------------ DGL's venv
 def _tail(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     errs = [ln for ln in lines if ln.startswith("ERROR") or "Error" in ln]
@@ -299,214 +228,220 @@ def setup_dgl(venv: Path, log: Path) -> tuple[Path | None, dict[str, Any] | str]
     return (py, info) if info else (None, f"DGL installed but `import dgl` fails: {why}")
 
 
-def git_state(repo: Path, rev: str = "HEAD") -> tuple[str, bool, list[str]]:
-    """``(rev's full hash, dirty, changed paths)``: uncommitted changes under gnnscale/ or benchmarks/ (results
-    and caches not counted); a ``rev`` other than HEAD counts as dirty (its worktree is used)."""
-    sha = resolve(repo, rev)
-    out = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "gnnscale", "benchmarks"],
-                         capture_output=True, text=True, check=True).stdout
-    paths = [ln[3:] for ln in out.splitlines() if ln.strip()]
-    paths = [p for p in paths if not p.startswith("benchmarks/results/") and "cache" not in p]
-    if sha != resolve(repo, "HEAD"):
-        paths = [f"HEAD is not {rev}"]
-    return sha, bool(paths), paths
+def not_set_up(peer: str, reason: str) -> str:
+    """The one line that says a peer could not be set up and why."""
+    one = " ".join(reason.split())[:300] or "unknown reason"
+    return f"{peer} could not be set up: {one}; its cells are skipped"
 
 
-@contextlib.contextmanager
-def source_tree(repo: Path, sha: str, from_tree: bool, dirty: bool) -> Iterator[Path]:
-    """The folder gnnscale and the workers are imported from: a clean worktree of ``sha`` when the tree is dirty."""
-    if from_tree or not dirty:
-        yield repo
-        return
-    with worktrees(repo, {"head": sha}) as (_, trees):
-        yield trees["head"]
-
-
-# ------------------------------------------------------------------------------------------------ runs
-def child_env(src: Path | None, cache: Path, threads: int) -> dict[str, str]:
-    env = dgl_env() if src is None else dict(os.environ)
-    if src is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(src), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-        env["GNNSCALE_CACHE_DIR"] = str(cache / "gnnscale-cache")
-    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    return env
-
-
-def run_child(cmd: list[str], env: dict[str, str], result: Path, timeout: float) -> dict[str, Any]:
-    result.unlink(missing_ok=True)
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=tempfile.gettempdir())
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-    if result.exists():
-        return json.loads(result.read_text())
-    return {"ok": False, "error": f"exit {p.returncode}: {_tail(p.stderr)}"}
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help=f"{QUICK_NODES:,} vertices, 1 round, 3 epochs")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3; --quick 1)")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma subset of {','.join(WORKLOADS)}, or "
-                    "<workload>-<size> for one size only (gat-200K)")
-    ap.add_argument("--sizes", default="200000,800000", help="csbm vertices, comma list (default 200000,800000)")
+# ------------------------------------------------------------------------------------------------ the cases
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--workloads", type=_workloads, default=",".join(WORKLOADS),
+                    help=f"comma subset of {','.join(WORKLOADS)}, or <workload>-<size> for one size only (gat-200K)")
+    ap.add_argument("--sizes", default="200000,800000",
+                    help=f"csbm vertices, comma list (default 200000,800000; --quick {QUICK_NODES})")
     ap.add_argument("--epochs", type=int, default=None, help="epochs per run (default 5; --quick 3)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed first epochs of each run (default 1)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     ap.add_argument("--timeout", type=float, default=3600.0, metavar="S", help="seconds per run (default 3600)")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"data and DGL's venv (default {DEFAULT_CACHE})")
     ap.add_argument("--dgl-venv", type=Path, default=None, help="DGL's venv (default CACHE/dgl-venv)")
-    ap.add_argument("--from-tree", action="store_true", help="run the working tree even if dirty (marked -dirty)")
-    ap.add_argument("--rev", default="HEAD", help="the commit whose gnnscale and workers run (default HEAD)")
-    ap.add_argument("--render", default=None, metavar="SESSIONS",
-                    help="run nothing: write the section from the run records of these sessions (comma list of "
-                         "session ids in --out, e.g. a 200K run and a later gat-800K run); a case that several of "
-                         "them ran is taken from the last listed")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
-    ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="markdown file for the section")
-    ap.add_argument("--note", action="append", default=[], help="a line added under the table (repeatable)")
-    ap.add_argument("--no-save", action="store_true", help="print the table only")
+    ap.add_argument("--no-dgl", action="store_true", help="run no DGL case (no venv set up; the records say so)")
     ap.add_argument("--dgl-retain", action="store_true",
                     help="also run DGL with glibc keeping freed blocks (MALLOC_MMAP_THRESHOLD_ and "
                          "MALLOC_TRIM_THRESHOLD_ at 1 GiB: what gnnscale's default --host-allocator does), as "
                          "'dgl-retain'; ratios stay against plain DGL")
-    args = ap.parse_args(argv)
-    args.workloads = _list(args.workloads)
-    bad = [w for w in args.workloads if w not in WORKLOADS and not _is_case(w)]
-    if bad or not args.workloads:
-        ap.error(f"--workloads: {','.join(bad) or '(none)'}: choose from {','.join(WORKLOADS)}")
-    args.sizes = [QUICK_NODES] if args.quick else sorted(_size(s) for s in _list(args.sizes))
-    args.rounds = args.rounds or (1 if args.quick else 3)
-    args.epochs = args.epochs or (3 if args.quick else 5)
-    if args.from_tree and args.rev != "HEAD":
-        ap.error("--from-tree runs the working tree; it cannot be combined with --rev")
-    if args.rounds < 1 or args.epochs <= args.warmup or args.warmup < 0 or args.threads < 1 or not args.sizes:
-        ap.error("need --rounds >= 1, --epochs > --warmup >= 0, --threads >= 1 and one size at least")
-    args.dgl_venv = args.dgl_venv or args.cache / "dgl-venv"
-    return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    command = shlex.join([".venv/bin/python", "benchmarks/peers.py", *(sys.argv[1:] if argv is None else argv)])
-    if args.render:
-        return render(args, command)
-    sha, dirty, changed = git_state(ROOT, args.rev)
-    notes: list[str] = []
-    pythons: dict[str, Path | None] = {"gnnscale": Path(sys.executable), "gnnscale-offload": Path(sys.executable),
-                                       "pyg": Path(sys.executable)}
-    py, dgl_info = setup_dgl(args.dgl_venv, args.cache / "dgl-setup.log")
-    pythons["dgl"] = py
-    if py is None:
-        notes.append(not_set_up("DGL", str(dgl_info)))
-        print(notes[-1], file=sys.stderr)
-    case_list = cases(args.workloads, args.sizes, args.dgl_retain)
-    session = uuid.uuid4().hex[:12]
-    with source_tree(ROOT, sha, args.from_tree, dirty) as src:
-        rev = sha[:12] + ("-dirty" if dirty and src == ROOT else "")
-        if dirty and src != ROOT:
-            why = f"--rev {args.rev}" if args.rev != "HEAD" else f"uncommitted changes in {', '.join(changed[:5])}"
-            notes.append(f"gnnscale and PyG ran from a clean worktree of {sha[:12]} ({why})")
-        workers = src / "benchmarks" / "peers_workers.py"
-        probe, why = _probe(Path(sys.executable), "import json, torch, torch_geometric as g; print(json.dumps("
-                            "{'torch': torch.__version__, 'pyg': g.__version__}))", child_env(src, args.cache, 1))
-        if probe is None:
-            notes.append(not_set_up("PyG", why))
-            pythons["pyg"] = None
-        env = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-               "cpu": f"{cpu_model()} ({os.cpu_count()} cores)", "threads": args.threads, "rounds": args.rounds,
-               "epochs": args.epochs, "warmup": args.warmup, "gnnscale_rev": rev, "gnnscale_commit": sha,
-               "command": command, "session": session, "notes": notes, **(probe or {}),
-               **({"dgl": dgl_info["dgl"], "dgl_torch": dgl_info["torch"]} if isinstance(dgl_info, dict) else {})}
-        data: dict[int, Path] = {}
-        for n in sorted({c["nodes"] for c in case_list}):
-            data[n] = args.cache / "data" / f"csbm-n{n}-c16-s0"
-            print(f"data: {data[n]}", file=sys.stderr, flush=True)
-            subprocess.run([sys.executable, str(workers), "prepare", "--data", str(data[n]), "--nodes", str(n)],
-                           env=child_env(src, args.cache, args.threads), check=True)
-        runs: list[dict[str, Any]] = []
-        with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
-            for rnd, case, system in schedule(args.rounds, case_list):
-                base = {"record": "run", "round": rnd, "case": case["name"], "kind": case["kind"],
-                        "system": system, "reference": reference(case), "nodes": case["nodes"]}
-                runner = "dgl" if system == "dgl-retain" else system  # the worker's system; env set below
-                python = pythons[runner if runner in pythons else "gnnscale"]
-                if python is None:
-                    runs.append({**base, "ok": False, "error": "peer not set up"})
-                    continue
-                result = Path(tmp) / "result.json"
-                cmd = [str(python), str(workers), "run", "--system", runner, "--workload", case["kind"],
-                       "--model", case["model"], "--data", str(data[case["nodes"]]), "--epochs", str(args.epochs),
-                       "--warmup", str(args.warmup), "--repeats", str(args.epochs), "--result", str(result)]
-                print(f"round {rnd + 1}/{args.rounds}: {case['name']} {system} ...", file=sys.stderr, flush=True)
-                child = child_env(None if runner == "dgl" else src, args.cache, args.threads)
-                rec = run_child(cmd, {**child, **(RETAIN_ENV if system == "dgl-retain" else {})}, result,
-                                args.timeout)
-                rec["system"] = system
-                if rec.get("ok"):
-                    rec.pop("traceback", None)
-                runs.append({**base, **rec, **{k: env[k] for k in ("date", "session", "gnnscale_rev", "cpu")}})
-                what = (f"{rec['median_s']:.3f} s" + (f", {rec['mteps']:.2f} M edges/s" if "mteps" in rec else "")
-                        if rec.get("ok") else f"failed: {rec.get('error')}")
-                print(f"    {what}", file=sys.stderr, flush=True)
-                if not args.no_save:
-                    append_records(args.out, [{**runs[-1], "command": command}])
-    summaries = summarise(runs)
-    if not args.no_save:
-        append_records(args.out, [{**s, **env} for s in summaries])
-    write_section(args, summaries, env, notes)
-    return 0
+def _dgl(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """DGL's interpreter, or None and the line that says why there are no DGL cases."""
+    if args.no_dgl:
+        return None, ["DGL not run (--no-dgl); its cells are skipped"]
+    venv = args.dgl_venv or args.cache / "dgl-venv"
+    py, info = setup_dgl(venv, args.cache / "dgl-setup.log")
+    return (str(py), []) if py is not None else (None, [not_set_up("DGL", str(info))])
 
 
-def sampling_notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
-    return [f"PyG sampling skipped: {s['errors'][0]} (pyg-lib has no PyPI distribution; torch-sparse is on PyPI only "
-            "as source to compile against torch)"
-            for s in summaries if s["system"] == "pyg" and s["kind"] == "sampling" and s["errors"]][:1]
+def _prepare(data: Path, nodes: int) -> None:
+    from benchmarks._peers_workers import prepare
+
+    print(f"data: {data}", file=sys.stderr, flush=True)
+    prepare(data, nodes)
 
 
-def write_section(args: argparse.Namespace, summaries: Sequence[dict[str, Any]], env: dict[str, Any],
-                  notes: Sequence[str]) -> None:
-    section = render_section(summaries, env, [*notes, *sampling_notes(summaries), *args.note])
-    print("\n" + section)
-    if not args.no_save:
-        text = args.results.read_text() if args.results.exists() else ""
-        args.results.write_text(replace_section(text, section))
-        print(f"wrote the peers section to {args.results}", file=sys.stderr)
+def cases(args: argparse.Namespace) -> list[Case]:
+    """One case per (workload, system), grouped by workload; DGL's cases in DGL's venv. Sets up DGL and writes the
+    graphs (once) here, in the parent, so no case process pays for it."""
+    sizes = [QUICK_NODES] if args.quick else sorted(_size(s) for s in split_list(args.sizes))
+    epochs = args.epochs or (3 if args.quick else 5)
+    if not sizes or args.warmup < 0 or epochs <= args.warmup:
+        raise SystemExit("error: peers: need one size at least and --epochs > --warmup >= 0")
+    plan = workload_cases(args.workloads, sizes, args.dgl_retain)
+    dgl, notes = _dgl(args)
+    for line in notes:
+        print(line, file=sys.stderr, flush=True)
+    data = {n: args.cache / "data" / f"csbm-n{n}-c16-s0" for n in sorted({c["nodes"] for c in plan})}
+    for n, path in data.items():
+        _prepare(path, n)
+    out = []
+    for c in plan:
+        for system in c["systems"]:
+            peer = system.startswith("dgl")
+            if peer and dgl is None:
+                continue
+            params = {"record": "run", "kind": c["kind"], "model": c["model"], "system": system,
+                      "reference": reference(c), "nodes": c["nodes"], "data": str(data[c["nodes"]]),
+                      "epochs": epochs, "warmup": args.warmup, "repeats": epochs, "notes": notes}
+            env = (RETAIN_ENV if system == "dgl-retain" else {}) if peer else {
+                "GNNSCALE_CACHE_DIR": str(args.cache / "gnnscale-cache")}
+            out.append(Case(f"{c['name']}:{system}", params, group=c["name"], module=WORKER,
+                            python=dgl if peer else None, env=dict(env), timeout=args.timeout))
+    return out
 
 
-def latest_runs(runs: Sequence[dict[str, Any]], sessions: Sequence[str]) -> list[dict[str, Any]]:
-    """Each case's runs from the last of ``sessions`` (in their listed order) that ran it: a later session's
-    rerun of a case replaces the earlier session's rounds of that case instead of merging with them."""
-    order = {s: i for i, s in enumerate(sessions)}
-    last: dict[str, int] = {}
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """One case (the cases name :mod:`benchmarks._peers_workers` as their module; this is the same)."""
+    from benchmarks._peers_workers import run as run_case
+
+    return run_case(params)
+
+
+def describe(r: dict[str, Any]) -> str:
+    return f"{r['median_s']:.3f} s" + (f", {r['mteps']:.2f} M edges/s" if "mteps" in r else "")
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+def _case_of(r: dict[str, Any]) -> str:
+    """The workload case of a run record: the harness names a case ``<case>:<system>``, the older records
+    ``<case>``."""
+    return str(r["case"]).removesuffix(f":{r['system']}")
+
+
+def select_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run records the table shows: among the sessions that ran :data:`ROUNDS` rounds (all sessions when none
+    did), each workload case from the latest session that ran it (its rounds only, never merged with another
+    session's)."""
+    runs = [{**r, "case": _case_of(r), "host_cpu": r.get("host_cpu") or r.get("cpu")}
+            for r in records if r.get("record") == "run"]
+    rounds: dict[str, set[int]] = {}
     for r in runs:
-        last[r["case"]] = max(last.get(r["case"], -1), order[r["session"]])
-    return [r for r in runs if order[r["session"]] == last[r["case"]]]
+        rounds.setdefault(session_of(r), set()).add(r["round"])
+    runs = [r for r in runs if len(rounds[session_of(r)]) == ROUNDS] or runs
+    last = {r["case"]: session_of(r) for r in runs}
+    return [r for r in runs if session_of(r) == last[r["case"]]]
 
 
-def render(args: argparse.Namespace, command: str) -> int:
-    """``--render``: the section from the records of earlier sessions in ``--out`` (their commands listed)."""
-    sessions = _list(args.render)
-    recs = [json.loads(ln) for ln in args.out.read_text().splitlines() if ln.strip()]
-    recs = [r for r in recs if r.get("session") in sessions]
-    runs = latest_runs([r for r in recs if r.get("record") == "run"], sessions)
-    heads = {r["session"]: r for r in recs if r.get("record") == "summary"}  # carry the sessions' environment
-    missing = [s for s in sessions if s not in heads]
-    if missing or not runs:
-        print(f"error: no finished session {','.join(missing) or args.render} in {args.out}", file=sys.stderr)
-        return 2
-    first = heads[sessions[0]]
-    revs = sorted({heads[s]["gnnscale_rev"] for s in sessions})
-    env = {**first, "gnnscale_rev": " and ".join(revs), "rounds": "/".join(str(heads[s]["rounds"]) for s in sessions),
-           "command": "`, then `".join(heads[s]["command"] for s in sessions) + f"`; table: `{command}"}
-    notes = [n for s in sessions for n in heads[s].get("notes", [])
-             if not n.startswith("PyG sampling") and "clean worktree" not in n]
-    if not any(r.endswith("-dirty") for r in revs):
-        notes.append(f"gnnscale and PyG ran from commit {env['gnnscale_rev']} (a clean worktree of it where the shared "
-                     "working tree had uncommitted changes)")
-    write_section(args, summarise(runs), env, list(dict.fromkeys(notes)))
-    return 0
+def _cell(s: dict[str, Any]) -> str:
+    if s["kind"] == "sampling":
+        return f"{s['mteps']:.2f} M edges/s ({s['mteps_min']:.2f}-{s['mteps_max']:.2f})"
+    return f"{s['median_s']:.3f} s ({s['min_s']:.3f}-{s['max_s']:.3f})"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _row(s: dict[str, Any]) -> list[str]:
+    label = LABELS.get(s["system"], s["system"])
+    if s["system"] == "gnnscale" and s["kind"] == "offload":
+        label = "gnnscale in-memory"
+    if "median_s" not in s:
+        return [s["case"], label, f"failed: {'; '.join(s['errors'])[:200]}", "-", "-", "-", "-", "-"]
+    ref = "DGL" if s["reference"] == "dgl" else "in-memory"
+    ratio = "-" if s["ratio"] is None else f"{s['ratio']:.2f}x {ref}"
+    rr = s.get("round_ratios") or []
+    per = "-" if not rr else f"{min(rr):.2f}-{max(rr):.2f}" if len(rr) > 1 else f"{rr[0]:.2f}"
+    acc = "-" if s.get("test_acc") is None else f"{s['test_acc']:.3f}"
+    miss = f" ({s['rounds_ok']}/{s['rounds']} rounds)" if s["rounds_ok"] < s["rounds"] else ""
+    return [s["case"], label, f"{_cell(s)}{miss}", ratio, per, gib(s.get("peak_rss_bytes")),
+            gib(s.get("train_peak_bytes")), acc]
+
+
+def _uniq(runs: Sequence[dict[str, Any]], key: str, where: Any = bool) -> str:
+    return ", ".join(dict.fromkeys(str(r[key]) for r in runs if r.get(key) is not None and where(r))) or "-"
+
+
+def _setup(runs: Sequence[dict[str, Any]]) -> str:
+    """Threads, rounds, epochs and the peers' versions of ``runs``, and the sessions they come from."""
+    ok = [r for r in runs if r.get("ok") and "epoch_times_s" in r and r["kind"] != "sampling"]
+    epochs = {r["case"]: len(r["epoch_times_s"]) + len(r.get("warmup_times_s") or []) for r in ok}
+    common = Counter(epochs.values()).most_common(1)[0][0] if epochs else "-"
+    odd = ", ".join(f"{c}: {e}" for c, e in epochs.items() if e != common)
+    warm = ", ".join(dict.fromkeys(str(len(r.get("warmup_times_s") or [])) for r in ok)) or "-"
+    sessions: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        sessions.setdefault(session_of(r), {"cases": [], "rounds": set()})
+        sessions[session_of(r)]["rounds"].add(r["round"])
+        if r["case"] not in sessions[session_of(r)]["cases"]:
+            sessions[session_of(r)]["cases"].append(r["case"])
+    dgl = [r for r in runs if r.get("dgl")]
+    return (f"{_uniq(runs, 'threads')} torch thread per process, every run its own process; interleaved rounds: "
+            f"{'/'.join(str(len(s['rounds'])) for s in sessions.values())}; {common} epochs per run"
+            f"{f' ({odd})' if odd else ''}, the first {warm} untimed. PyG {_uniq(runs, 'pyg')}"
+            + (f"; DGL {_uniq(dgl, 'dgl')} on torch {_uniq(dgl, 'torch')} in its own venv" if dgl else "")
+            + f". Each workload's rows come from "
+            f"the latest session that ran it with {ROUNDS} rounds (any session when none did): "
+            + "; ".join(f"{k} ({', '.join(s['cases'])})" for k, s in sessions.items()) + ".")
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    runs = select_runs(records)
+    if not runs:
+        return "No run records.\n"
+    summaries = summarise(runs)
+    head = ["workload", "system", "epoch time, median (range)", "ratio", "ratio per round", "peak RSS",
+            "training peak", "test acc"]
+    notes = [n for r in runs for n in r.get("notes") or []]
+    notes += [f"PyG sampling skipped: {s['errors'][0]} (pyg-lib has no PyPI distribution; torch-sparse is on PyPI "
+              "only as source to compile against torch)"
+              for s in summaries
+              if s["system"] == "pyg" and s["kind"] == "sampling" and "pyg_lib" in str(s["errors"])][:1]
+    body = [provenance(runs), _setup(runs), LEGEND, table(head, (_row(s) for s in summaries))]
+    if notes:
+        body.append("\n".join(f"- {n}" for n in dict.fromkeys(notes)))
+    return "\n\n".join(body) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ at a glance
+def _span(values: Sequence[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+
+
+def _full_figure(summaries: Sequence[dict[str, Any]], peer: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """gnnscale's full-graph epoch time over ``peer``'s, across the full-graph cases both finished."""
+    by = {(s["case"], s["system"]): s for s in summaries}
+    pairs = [(c, by[c, "gnnscale"]["median_s"] / by[c, peer]["median_s"])
+             for c in dict.fromkeys(s["case"] for s in summaries if s["kind"] == "full")
+             if "median_s" in by.get((c, "gnnscale"), {}) and "median_s" in by.get((c, peer), {})]
+    if not pairs:
+        return None
+    models = "/".join(dict.fromkeys(c.rpartition("-")[0].upper() for c, _ in pairs))
+    sizes = sorted({_size(c.rpartition("-")[2]) for c, _ in pairs})
+    span = size_name(sizes[0]) + (f"-{size_name(sizes[-1])}" if len(sizes) > 1 else "")
+    name = LABELS[peer]
+    return (f"{models} {span}: {_span([q for _, q in pairs])}x {name}'s epoch time",
+            [(c, s) for c, _ in pairs for s in ("gnnscale", peer)])
+
+
+def headline(records: list[dict[str, Any]]) -> list[Row]:
+    """gnnscale against DGL (full-graph epochs; mini-batch epoch and sampling throughput) and against PyG
+    (full-graph epochs), on the runs the table shows."""
+    runs = select_runs(records)
+    summaries = summarise(runs)
+
+    def recs(keys: Sequence[tuple[str, str]]) -> tuple[dict[str, Any], ...]:
+        return tuple(r for r in runs if (r["case"], r["system"]) in set(keys))
+
+    rows = []
+    parts, keys = [], []
+    for kind, what in (("minibatch", "mini-batch SAGE epoch {q:.2f}x DGL's time"),
+                       ("sampling", "neighbour sampling {q:.2f}x DGL's throughput")):
+        for s in summaries:
+            if s["kind"] == kind and s["system"] == "gnnscale" and s.get("ratio") is not None:
+                parts.append(f"{s['case']}: " + what.format(q=s["ratio"]))
+                keys += [(s["case"], "gnnscale"), (s["case"], "dgl")]
+    for peer in ("dgl", "pyg"):
+        got = _full_figure(summaries, peer)
+        if got:
+            rows.append(Row(f"gnnscale against {LABELS[peer]}: full-graph training epoch (CPU, 1 thread)", got[0],
+                            recs(got[1])))
+        if peer == "dgl" and parts:
+            rows.append(Row("gnnscale against DGL: mini-batch training and sampling (CPU, 1 thread)",
+                            "; ".join(parts), recs(keys)))
+    return rows

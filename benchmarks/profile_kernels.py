@@ -6,7 +6,7 @@
     python -m benchmarks profile_kernels --baseline HEAD~3 --rounds 3   # before against after, interleaved
     python -m benchmarks profile_kernels --quick
 
-Each workload is a case (the peers benchmark's gnnscale runner, ``benchmarks/peers_workers.py``: the same model,
+Each workload is a case (the peers benchmark's gnnscale runner, ``benchmarks/_peers_workers.py``: the same model,
 weights and data as ``python -m benchmarks peers``; one torch thread): one warm-up epoch, ``--epochs`` timed
 epochs (median and range), the peak resident memory over them (``VmHWM`` after a reset once set-up is done: the
 training's own peak, what peers calls ``train_peak_bytes``), then one more epoch under ``torch.profiler``
@@ -69,10 +69,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
 
 
 def _pw() -> Any:
-    try:  # the peers helpers (renamed with a leading underscore as a harness helper module)
-        from benchmarks import _peers_workers as pw  # type: ignore[attr-defined]
-    except ImportError:
-        from benchmarks import peers_workers as pw
+    from benchmarks import _peers_workers as pw  # the peers benchmark's case code
     return pw
 
 

@@ -1,28 +1,25 @@
-"""Child processes of benchmarks/peers.py: one run of one system on one workload, or the data set-up.
+"""The case code of ``python -m benchmarks peers``: one run of one system on one workload, and the data set-up.
 
-    python benchmarks/peers_workers.py prepare --data DIR --nodes 200000
-    python benchmarks/peers_workers.py run --system dgl --workload full --model gcn --data DIR --result OUT.json
-
-Systems: ``gnnscale`` (its in-memory engine; ``--workload minibatch``: its mini-batch engine), ``gnnscale-offload``
-(the offload engine, ``--chunks`` chunks), ``pyg`` (PyG's layers on a sparse CSR ``adj_t``, GAT on ``edge_index``)
-and ``dgl`` (DGL's ``GraphConv`` / ``SAGEConv`` / ``GATConv``). The DGL child runs in DGL's own venv (torch 2.2.1):
-this module imports only numpy and torch at the top, and gnnscale, PyG and DGL inside the functions that use them.
+Not a benchmark itself (hence the leading underscore): :mod:`benchmarks.peers` declares the cases and the harness
+runs each in its own process, calling :func:`run` here with the case's parameters (``system``, ``kind``, ``model``,
+``data``, ``epochs``, ``warmup``, ``repeats``, ``chunks``, ``host_allocator``). Systems: ``gnnscale`` (its in-memory
+engine; ``kind`` ``minibatch``: its mini-batch engine), ``gnnscale-offload`` (the offload engine, ``chunks``
+chunks), ``pyg`` (PyG's layers on a sparse CSR ``adj_t``, GAT on ``edge_index``) and ``dgl`` / ``dgl-retain``
+(DGL's ``GraphConv`` / ``SAGEConv`` / ``GATConv``; ``dgl-retain`` is DGL with glibc's tunables set by its case's
+environment). The DGL cases run in DGL's own venv (torch 2.2.1, no gnnscale dependencies): this module imports
+only numpy and torch at the top, and gnnscale, PyG and DGL inside the functions that use them.
 
 Every system trains the same model (2 layers, hidden 64, GAT with 4 hidden heads, dropout 0.5 before each layer,
 ReLU / ELU between layers; Adam lr 0.01, weight decay 5e-4) from the same initial weights (``weights-<model>.npz``,
-gnnscale's initialisation, parameter names mapped to each peer's) on the same arrays (``prepare``: plain ``.npy``
-files of the in-neighbour CSR, features, labels and masks). One torch thread (``torch.set_num_threads(1)``); the
-mini-batch workload also pins the process to one core. The result (epoch times, accuracy, peak memory) is written
-as one JSON object to ``--result``.
+gnnscale's initialisation, parameter names mapped to each peer's) on the same arrays (:func:`prepare`: plain
+``.npy`` files of the in-neighbour CSR, features, labels and masks). One torch thread (the harness's); the
+mini-batch workload also pins the process to one core. The record: epoch times, accuracy, peak memory.
 
 Memory: ``peak_rss_bytes`` is the process's ``VmHWM`` at the end (data, library and training together);
 ``train_peak_bytes`` is the peak over the resident size after set-up (``VmHWM`` reset through ``clear_refs``);
 ``epoch_peak_rss_bytes`` and ``epoch_minor_faults``: ``VmHWM`` after each epoch and the minor page faults within
-it (how a retained heap grows, and what glibc's default costs instead). ``--host-allocator`` (gnnscale only) sets
-gnnscale's ``--host-allocator``, default ``auto`` as a user gets it:
-
-    python benchmarks/peers_workers.py run --system gnnscale --workload full --model gat --data DIR --epochs 16 \
-        --host-allocator retain --result OUT.json
+it (how a retained heap grows, and what glibc's default costs instead). ``host_allocator`` (gnnscale only) sets
+gnnscale's ``--host-allocator``, default ``auto`` as a user gets it.
 """
 
 from __future__ import annotations
@@ -32,9 +29,7 @@ import contextlib
 import json
 import os
 import resource
-import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,10 +155,11 @@ def gnnscale_run(a: Arrays, meta: dict[str, Any], args: argparse.Namespace) -> d
 
 
 def pyg_run(a: Arrays, meta: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """benchmarks/inmemory_vs_pyg.py's ``PygNet`` with gnnscale's initial weights; GCN and SAGE on ``adj_t``
+    """:mod:`benchmarks.inmemory_vs_pyg`'s ``PygNet`` with gnnscale's initial weights; GCN and SAGE on ``adj_t``
     (``ToSparseTensor``), GAT on ``edge_index``."""
-    from inmemory_vs_pyg import SPARSE_ADJ, PygNet
     from torch_geometric.transforms import ToSparseTensor
+
+    from benchmarks.inmemory_vs_pyg import SPARSE_ADJ, PygNet
 
     g = _graph(a, meta)
     data = g.to_pyg()
@@ -195,9 +191,8 @@ def pyg_run(a: Arrays, meta: dict[str, Any], args: argparse.Namespace) -> dict[s
 
 
 def gnnscale_sampler(a: Arrays, meta: dict[str, Any]) -> tuple[Callable[[Tensor, int], int], str]:
-    """gnnscale's ``sample_blocks`` on the SAGE adjacency (benchmarks/minibatch.py's ``sample_ours``)."""
-    from minibatch import sample_ours
-
+    """gnnscale's ``sample_blocks`` on the SAGE adjacency (:mod:`benchmarks.minibatch`'s ``sample_ours``)."""
+    from benchmarks.minibatch import sample_ours
     from gnnscale.graph.block import normalized_csr
     from gnnscale.nn import build_model
     from gnnscale.sample import CSRTopology, sample_key
@@ -214,9 +209,8 @@ def gnnscale_sampler(a: Arrays, meta: dict[str, Any]) -> tuple[Callable[[Tensor,
 
 
 def pyg_sampler(a: Arrays, meta: dict[str, Any]) -> tuple[Callable[[Tensor, int], int], str]:
-    """benchmarks/minibatch.py's ``pyg_sampler`` (PyG's NeighborSampler; needs pyg_lib or torch_sparse)."""
-    from minibatch import pyg_sampler as make
-
+    """:mod:`benchmarks.minibatch`'s ``pyg_sampler`` (PyG's NeighborSampler; needs pyg_lib or torch_sparse)."""
+    from benchmarks.minibatch import pyg_sampler as make
     from gnnscale.sample import CSRTopology
 
     fn, note = make(CSRTopology(torch.from_numpy(a["indptr"]), torch.from_numpy(a["indices"]), None), FANOUTS)
@@ -395,24 +389,31 @@ def versions(system: str) -> dict[str, str | None]:
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    torch.set_num_threads(1)
+DEFAULTS = {"model": "sage", "epochs": 5, "warmup": 1, "repeats": 3, "chunks": 8, "host_allocator": "auto"}
+CARRIED = ("record", "kind", "system", "reference", "nodes", "notes")
+"""The case's parameters its record carries (the harness adds the rest)."""
+
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """One case: ``params`` as :data:`DEFAULTS` names them plus ``system``, ``kind`` and ``data``; an exception is
+    the case's error (the harness records it and goes on)."""
+    from benchmarks.harness.graphs import device_name
+    args = argparse.Namespace(**{**DEFAULTS, **params})
+    args.data, args.workload = Path(args.data), args.kind
+    args.system = "dgl" if args.system == "dgl-retain" else args.system  # the allocator is in the case's env
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
     if args.workload == "minibatch" and hasattr(os, "sched_setaffinity"):  # "both on one core"
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     torch.manual_seed(SEED)
     np.random.seed(SEED)
-    rec: dict[str, Any] = {"system": args.system, "workload": args.workload, "model": args.model, "ok": False}
-    try:
-        rec.update(versions(args.system))
-        a, meta = load(args.data)
-        rec.update(nodes=meta["nodes"], edges=meta["edges"])
-        work = sample_workload if args.workload == "sampling" else train_workload
-        rec.update(work(a, meta, args), ok=True)
-    except Exception as exc:  # recorded, the parent goes on with the other runs
-        rec["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        rec["traceback"] = traceback.format_exc()[-2000:]
+    rec: dict[str, Any] = {k: params[k] for k in CARRIED if k in params}
+    rec.update(workload=args.workload, model=args.model, device="cpu", device_name=device_name(),
+               **versions(args.system))
+    a, meta = load(args.data)
+    rec.update(nodes=meta["nodes"], edges=meta["edges"])
+    work = sample_workload if args.workload == "sampling" else train_workload
+    rec.update(work(a, meta, args))
     rec.update(peak_rss_bytes=_vm("VmHWM"), threads=torch.get_num_threads(),
                cpus=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
     base = rec.get("rss_after_setup_bytes")
@@ -440,34 +441,3 @@ def prepare(data: Path, nodes: int) -> None:
             "spec": "csbm:" + ",".join(f"{k}={v}" for k, v in {"nodes": nodes, **CSBM}.items())}
     (tmp / "meta.json").write_text(json.dumps(meta))
     tmp.rename(data)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare")
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--nodes", type=int, required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--system", choices=sorted(RUNNERS), required=True)
-    r.add_argument("--workload", choices=("full", "sampling", "minibatch", "offload"), required=True)
-    r.add_argument("--model", choices=MODELS, default="sage")
-    r.add_argument("--data", type=Path, required=True)
-    r.add_argument("--epochs", type=int, default=5)
-    r.add_argument("--warmup", type=int, default=1)
-    r.add_argument("--repeats", type=int, default=3, help="sampling: timed epochs of batches")
-    r.add_argument("--chunks", type=int, default=8, help="gnnscale-offload: chunks")
-    r.add_argument("--host-allocator", choices=("auto", "retain", "system"), default="auto",
-                   help="gnnscale's --host-allocator (default auto, as a user gets it)")
-    r.add_argument("--result", type=Path, required=True)
-    args = ap.parse_args(argv)
-    if args.cmd == "prepare":
-        prepare(args.data, args.nodes)
-        return 0
-    rec = run(args)
-    args.result.write_text(json.dumps(rec))
-    return 0 if rec["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -107,6 +107,8 @@ def run_benchmark(name: str, module: ModuleType, args: argparse.Namespace, comma
             extra = {"_src": str(revs[case.rev])} if case.rev else {}
             res = run_one(case, case.module or f"benchmarks.{name}", src, args.threads, Path(tmp), args.verbose,
                           extra)
+            if args.verbose and not res["ok"] and res.get("traceback"):  # -v: a failed case's traceback too
+                print(res["traceback"].rstrip(), file=sys.stderr, flush=True)
             date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
             head = {**base, **res.get("versions", {}), "date": date, "loadavg_1m": res["loadavg_1m"],
                     "wall_s": res["wall_s"], "peak_rss_bytes": res.get("peak_rss_bytes")}

@@ -1,8 +1,11 @@
 """gpu-check step ``mover``: the offload engine's row mover (:class:`gnnscale.engines.mover.RowMover`), host to
 device, in GB/s, against a plain copy of the same bytes from pinned memory (``Tensor.copy_``).
 
-    PYTHONPATH=. python3 benchmarks/gpu_check_mover.py --device cuda --out mover.jsonl
-    PYTHONPATH=. python3 benchmarks/gpu_check_mover.py --device sim:0 --rows-total 4096 ... # the dry run
+    PYTHONPATH=. python3 -m benchmarks._gpu_check_mover --device cuda --out mover.jsonl
+    PYTHONPATH=. python3 -m benchmarks._gpu_check_mover --device sim:0 --rows-total 4096 ... # the dry run
+
+A step of the GPU check (``benchmarks/_gpu_check.py``), not a benchmark of its own: its records go into the
+check's ``steps.jsonl``.
 
 One pinned host table of ``--rows-total`` rows of ``--features`` float32, moved in ``--pieces`` pieces of
 ``rows-total / pieces`` rows each way, median of ``--reps`` passes (after ``--warmup``), each pass timed from
@@ -25,7 +28,6 @@ checks still bite; its rates mean nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness.records import append_records
 from gnnscale import runtime as rt
 from gnnscale.engines.mover import RowMover
 from gnnscale.store import triton_available
@@ -130,14 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         gathers = [g for g in args.gather.split(",") if g]
     records = measure(device, args.rows_total, args.features, args.pieces, args.reps, args.warmup, gathers)
+    append_records(args.out, records)
     bad = 0
-    with args.out.open("a") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-            ok = r["exact"] and r["counted_ok"]
-            bad += not ok
-            print(f"{r['method']:<24} {r['seconds'] * 1e3:9.2f} ms  {r['gbps']:8.2f} GB/s  "
-                  f"{r['over_pinned_copy']:.2f}x the pinned copy  {'ok' if ok else 'WRONG'}", flush=True)
+    for r in records:
+        ok = r["exact"] and r["counted_ok"]
+        bad += not ok
+        print(f"{r['method']:<24} {r['seconds'] * 1e3:9.2f} ms  {r['gbps']:8.2f} GB/s  "
+              f"{r['over_pinned_copy']:.2f}x the pinned copy  {'ok' if ok else 'WRONG'}", flush=True)
     return 1 if bad else 0
 
 

@@ -1,5 +1,5 @@
 """gpu-check's environment: the packages the steps need (installed from carried wheels when missing) and the
-``env`` step's probe of the device, link, host and versions (``python benchmarks/gpu_check_env.py`` prints them
+``env`` step's probe of the device, link, host and versions (``python -m benchmarks._gpu_check_env`` prints them
 as one JSON line; run as a subprocess, so the driver holds no CUDA context)."""
 
 from __future__ import annotations

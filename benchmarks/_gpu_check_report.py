@@ -1,14 +1,15 @@
-"""`make gpu-check`'s report: ``summary.md`` from the steps' results and records (benchmarks/gpu_check.py writes it
+"""`make gpu-check`'s report: ``summary.md`` from the steps' results and records (benchmarks/_gpu_check.py writes it
 again after every step, so a run cut off still leaves the steps it finished)."""
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness.records import fmt, read_records, table
 
 XGNN_EPOCH_S = 0.3  # XGNN's mini-batch epoch time at products scale, the goal of the minibatch step
 H2D_PARTS = ("h2d_row_bytes", "h2d_topology_bytes", "h2d_index_bytes")
@@ -27,19 +28,12 @@ class Step:
     result: dict[str, Any] = field(default_factory=dict)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _f(v: Any, spec: str = ".3f") -> str:
-    return "-" if v is None else format(v, spec)
+    return fmt(v, spec)
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+    return table(head, rows).splitlines()
 
 
 def summarize_env(facts: dict[str, Any]) -> list[str]:
@@ -199,7 +193,7 @@ def step_records(out: Path, s: Step) -> list[dict[str, Any]]:
     """A step's records: embedded in its result (``embed``), else its file under OUT."""
     if s.embed:
         return list(s.result.get("data", []))
-    return read_jsonl(out / s.jsonl) if s.jsonl else []
+    return read_records(out / s.jsonl) if s.jsonl else []
 
 
 def write_summary(out: Path, steps: list[Step], header: list[str]) -> str:
@@ -223,7 +217,9 @@ def write_summary(out: Path, steps: list[Step], header: list[str]) -> str:
                 lines += [f"- {ln}" for ln in res.get("lines", [])] or ["(no output lines)"]
             elif s.jsonl:
                 recs = step_records(out, s)
-                lines += SUMMARIZERS[s.name](recs) if recs else ["(no records)"]
+                good = [r for r in recs if r.get("ok", True)]  # the harness's record of a case that raised: ok false
+                lines += [f"Case `{r.get('case')}` failed: {r.get('error')}" for r in recs if not r.get("ok", True)]
+                lines += SUMMARIZERS[s.name](good) if good else ["(no records)"]
         except Exception as exc:  # noqa: BLE001
             lines += [f"(summary of this step failed: {type(exc).__name__}: {exc}; see {s.jsonl or 'steps.jsonl'})"]
         if res.get("status") != "ok":

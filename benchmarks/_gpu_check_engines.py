@@ -2,8 +2,11 @@
 one config per engine; the step passes when each engine's losses on the device equal its CPU losses within
 ``--tol`` (``|device - cpu| <= tol * max(1, |cpu|)``, default 1e-4).
 
-    PYTHONPATH=. python3 benchmarks/gpu_check_engines.py --device cuda --out engines.jsonl
-    PYTHONPATH=. python3 benchmarks/gpu_check_engines.py --device cpu --out engines.jsonl   # the dry run
+    PYTHONPATH=. python3 -m benchmarks._gpu_check_engines --device cuda --out engines.jsonl
+    PYTHONPATH=. python3 -m benchmarks._gpu_check_engines --device cpu --out engines.jsonl   # the dry run
+
+A step of the GPU check (``benchmarks/_gpu_check.py``), not a benchmark of its own: its records go into the
+check's ``steps.jsonl``.
 
 On ``--device cpu`` (the dry run) an engine whose two configs are equal runs once (``same_run``).
 
@@ -21,7 +24,6 @@ at most 2, NCCL, against as many gloo ranks on the CPU).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 import traceback
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness.records import append_records
 from gnnscale import TrainConfig, launch, train
 from gnnscale.graph.generators import csbm
 
@@ -122,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         rec = check(name, pairs[name], graph, args.device, ranks, args.tol)
         rec["graph"] = GRAPH
-        with args.out.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+        append_records(args.out, [rec])
         diff = "-" if rec.get("max_diff") is None else f"{rec['max_diff']:.2e}"
         print(f"{name:<13} {rec['status']:<9} max |device - cpu| {diff}  device {rec.get('device_losses')}  "
               f"cpu {rec.get('cpu_losses')}", flush=True)

@@ -1,4 +1,6 @@
-"""Accuracy cost of bfloat16 feature storage (issue #29 item 5): GCN trained in memory on float32 features against
+"""Accuracy cost of bfloat16 feature storage (issue #29): GCN in memory, float32 against bfloat16 features.
+
+Accuracy cost of bfloat16 feature storage (issue #29 item 5): GCN trained in memory on float32 features against
 the same run on the features stored in bfloat16 (``feature_dtype=bf16``: rounded to bfloat16, upcast to float32 on
 the device), on Cora, CiteSeer and Amazon Computers.
 

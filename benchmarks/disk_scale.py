@@ -1,4 +1,6 @@
-"""Graphs bigger than host memory (issues #29, #44): convert a Kronecker graph with the streaming writer, then train
+"""Graphs bigger than host memory (issues #29, #44): convert, train from disk under --host-memory, vs RAM.
+
+Graphs bigger than host memory (issues #29, #44): convert a Kronecker graph with the streaming writer, then train
 an engine from its directory with ``--host-memory`` (the disk tier), beside the same run in RAM.
 
     # convert (the time and peak resident memory of the writer), then one epoch from disk:
@@ -37,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +93,6 @@ def cases(args: argparse.Namespace) -> list[Case]:
 
 def timed(cmd: list[str]) -> dict[str, Any]:
     """Run ``cmd`` (the harness set its threads); its wall seconds, peak RSS (bytes), exit status and output tails."""
-    import time
-
     wrapped = [str(TIME), "-v", *cmd] if TIME.exists() else cmd
     t0 = time.perf_counter()
     p = subprocess.run(wrapped, capture_output=True, text=True, check=False)

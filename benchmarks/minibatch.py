@@ -1,4 +1,6 @@
-"""The mini-batch engine (XGNN store + keyed k-hop sampler): sampler throughput against baselines in the same run,
+"""Mini-batch path as XGNN (issue #12): our sampler against baselines, read amplification, epoch time.
+
+The mini-batch engine (XGNN store + keyed k-hop sampler): sampler throughput against baselines in the same run,
 read amplification, epoch time for 1..k trainers and pipeline stages vs the store's ratios.
 
     python -m benchmarks minibatch --device cpu --hidden 64 --fanouts 15,10 \
@@ -192,7 +194,7 @@ def bench_samplers(g: Graph, cfg: TrainConfig, dev: torch.device, repeats: int,
         return f
 
     key = [sample_key(cfg.seed, 0)]  # ours: one key per epoch, as the engine
-    samplers: dict[str, Callable[[Tensor], tuple[int, int | None]]] = {
+    samplers: dict[str, Sampler] = {
         OURS: edges_of(lambda b: sample_ours(topo, b, fanouts, key[0])),
         "fetch-all-then-sample (gnnscale feae281)": edges_of(lambda b: sample_fetch_all(topo, b, fanouts, gen)),
         "Floyd, torch RNG (O(fanout))": edges_of(lambda b: sample_torch_rng(topo, b, fanouts, floyd_positions,
@@ -205,6 +207,36 @@ def bench_samplers(g: Graph, cfg: TrainConfig, dev: torch.device, repeats: int,
         print(f"  note: PyG's sampler skipped: {note}", file=sys.stderr)
     else:
         samplers[note] = lambda b: (pyg(b), None)
+    names = list(samplers)
+
+    def next_round(r: int) -> None:
+        key[0] = sample_key(cfg.seed, r + 1)
+
+    times, counts, load = time_rounds(samplers, batches, dev, repeats, next_round)
+    out = []
+    for name in names:
+        med = statistics.median(times[name])
+        edges, fetched = counts[name]
+        out.append({"kind": "sampler", "sampler": name, "median_sample_s": med, "sample_s_per_repeat": times[name],
+                    "sampled_edges": edges, "fetched_neighbor_entries": fetched, "mteps": edges / med / 1e6,
+                    "read_amplification": None if fetched is None else fetched / max(edges, 1),
+                    "batches": len(batches), "repeats": repeats, "fanouts": list(fanouts),
+                    "loadavg_1m_before_after": load, **({"pyg_note": note} if name == OURS and pyg is None else {})})
+    for r in out:
+        r["ours_mteps_ratio"] = out[0]["mteps"] / r["mteps"]
+        r["ours_speedup"] = r["median_sample_s"] / out[0]["median_sample_s"]  # its seconds / ours (gpu_check)
+    return out
+
+
+Sampler = Callable[[Tensor], tuple[int, int | None]]
+
+
+def time_rounds(samplers: dict[str, Sampler], batches: list[Tensor], dev: torch.device, repeats: int,
+                next_round: Callable[[int], None]) -> tuple[dict[str, list[float]], dict[str, tuple[int, int | None]],
+                                                           list[float]]:
+    """Each sampler's epoch over ``batches`` once untimed, then ``repeats`` rounds in which they take turns (the order
+    rotating; ``next_round(r)`` before round ``r``): the seconds per round, the last round's (sampled edges,
+    entries fetched) and the 1-minute load before and after."""
     names = list(samplers)
     times: dict[str, list[float]] = {n: [] for n in names}
     counts: dict[str, tuple[int, int | None]] = {}
@@ -224,25 +256,13 @@ def bench_samplers(g: Graph, cfg: TrainConfig, dev: torch.device, repeats: int,
     for name in names:  # untimed: first-call costs (allocator, lazy init) out of the way
         epoch(name)
     for r in range(repeats):
-        key[0] = sample_key(cfg.seed, r + 1)
+        next_round(r)
         for name in names[r % len(names):] + names[: r % len(names)]:
             t, edges, fetched = epoch(name)
             times[name].append(t)
             counts[name] = (edges, fetched)
     load.append(os.getloadavg()[0])
-    out = []
-    for name in names:
-        med = statistics.median(times[name])
-        edges, fetched = counts[name]
-        out.append({"kind": "sampler", "sampler": name, "median_sample_s": med, "sample_s_per_repeat": times[name],
-                    "sampled_edges": edges, "fetched_neighbor_entries": fetched, "mteps": edges / med / 1e6,
-                    "read_amplification": None if fetched is None else fetched / max(edges, 1),
-                    "batches": len(batches), "repeats": repeats, "fanouts": list(fanouts),
-                    "loadavg_1m_before_after": load, **({"pyg_note": note} if name == OURS and pyg is None else {})})
-    for r in out:
-        r["ours_mteps_ratio"] = out[0]["mteps"] / r["mteps"]
-        r["ours_speedup"] = r["median_sample_s"] / out[0]["median_sample_s"]  # its seconds / ours (gpu_check)
-    return out
+    return times, counts, load
 
 
 def sync(dev: torch.device) -> None:

@@ -1,4 +1,6 @@
-"""Accuracy of sampled training (issue #26): the mini-batch engine with the default fanouts against the same engine
+"""Sampled accuracy (issue #26): default fanouts against every neighbour, GCN and GAT on Amazon Computers.
+
+Accuracy of sampled training (issue #26): the mini-batch engine with the default fanouts against the same engine
 with every neighbour (``--fanouts=-1,-1``), GCN and GAT, on Amazon Computers, with the in-memory full-graph engine
 as the reference.
 
@@ -166,11 +168,11 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         metrics = Path(tmp) / "metrics.jsonl"
         cmd = command(params, metrics)
         res = train_run(cmd, metrics, params["timeout"])
-    dev = "cpu" if params["device"] in ("auto", "cpu") and not torch.cuda.is_available() else params["device"]
+    dev = params["device"] if params["device"] != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     keep = ("kind", "model", "seed", "engine", "fanouts", "norm", "epochs", "lr", "batch_size", "dataset",
             "bound_points")
-    return {**{k: params[k] for k in keep}, "run_command": shlex.join(cmd), **res, "device": dev,
-            "device_name": device_name("cuda" if dev == "auto" else dev)}
+    return {**{k: params[k] for k in keep}, "run_command": shlex.join(cmd), **res,
+            "device": torch.device(dev).type, "device_name": device_name(dev)}
 
 
 def describe(r: dict[str, Any]) -> str:

@@ -137,6 +137,13 @@ def test_bf16_render_of_records() -> None:
     assert "| citeseer | not run: x not found |" in text
     (row,) = bf16_accuracy.headline(recs)
     assert "cora +0.05" in row.figure and len(row.records) == 4
+
+
+def test_bf16_render_of_the_records_file() -> None:
     saved = read_records(RESULTS_DIR / "bf16_accuracy.jsonl")
-    if saved:  # the records file, once written: the latest session's figures
-        assert "| dataset | fp32, per seed (%) |" in bf16_accuracy.render(saved)
+    text = bf16_accuracy.render(saved)
+    last = saved[-1]["session"]
+    cora = {(r["seed"], r["dtype"]): r for r in saved if r["dataset"] == "cora" and r["session"] == last}
+    fp32 = " / ".join(f"{100 * cora[(s, 'fp32')]['test_acc_at_best_val']:.1f}" for s in (0, 1, 2))
+    assert f"| cora | {fp32} |" in text and fp32 == "83.0 / 81.8 / 82.3"
+    assert "| citeseer | not run:" in text and "| computers | 82.4 / 84.0 / 83.1 |" in text

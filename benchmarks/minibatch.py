@@ -1,10 +1,12 @@
-"""The mini-batch engine (XGNN store + keyed k-hop sampler): sampler throughput against baselines in the same run,
+"""Mini-batch path as XGNN (issue #12): our sampler against baselines, read amplification, epoch time.
+
+The mini-batch engine (XGNN store + keyed k-hop sampler): sampler throughput against baselines in the same run,
 read amplification, epoch time for 1..k trainers and pipeline stages vs the store's ratios.
 
-    .venv/bin/python benchmarks/minibatch.py --device cpu --threads 1 --hidden 64 --fanouts 15,10 \
+    python -m benchmarks minibatch --device cpu --hidden 64 --fanouts 15,10 \
         --dataset edgelist:/work/shared/datasets/snap/ego-twitter.txt.gz:symmetrize=1 \
         --gpu-feature-ratio 0.25 --trainers 1,2 --epochs 3 --warmup 1 --repeats 3
-    PYTHONPATH=. python3 benchmarks/minibatch.py --device cuda \
+    python -m benchmarks minibatch --device cuda \
         --dataset csbm:nodes=2450000,avg_degree=50,features=100,classes=47 --fanouts 25,10 --batch-size 1024 \
         --gpu-feature-ratio 0.25
 
@@ -61,12 +63,11 @@ extracts and trains its share of every batch, gradients summed, one optimiser st
 two equals (keyed sampling); a shared neighbour of two trainers' seeds is sampled by both, so the sampled edges
 per epoch grow with the trainer count.
 
-CPU timings: ``--threads 1`` keeps them stable on a shared machine. The producer thread still runs sampling
-concurrently with training (both release the GIL in torch ops), so a CPU run can keep up to two cores busy.
-
-One JSON line per sampler (``"kind": "sampler"``) and per configuration (``"kind": "engine"``) is appended to
-``--out`` (default benchmarks/results/minibatch.jsonl), with the environment (date, device, torch/PyG versions,
-git revision, command, ``OMP_*``/``MALLOC_*`` variables).
+Cases (one process each, ``--rounds`` interleaved rounds, one group per dataset): ``samplers`` (the sampler
+comparison) and one per (trainer count, feature ratio). The producer thread runs sampling concurrently with
+training (both release the GIL in torch ops), so a CPU case can keep two cores busy even at one torch thread.
+Records: one per sampler (``"kind": "sampler"``) and one per configuration (``"kind": "engine"``), with ``device``
+and ``device_name``.
 """
 
 from __future__ import annotations
@@ -84,30 +85,41 @@ from typing import Any
 import torch
 from torch import Tensor
 
-try:  # run as a script (its folder is on sys.path) or imported as benchmarks.minibatch
-    from offload import PRODUCTS_LIKE, _fmt, _list, append_records, environment, prepare
-    from offload import bench as time_epochs
-except ImportError:  # pragma: no cover
-    from benchmarks.offload import PRODUCTS_LIKE, _fmt, _list, append_records, environment, prepare
-    from benchmarks.offload import bench as time_epochs
-
+from benchmarks._minibatch_samplers import (
+    PositionFn,
+    floyd_positions,
+    pyg_sampler,
+    rejection_positions,
+    sample_fetch_all,
+    sample_ours,
+    sample_torch_rng,
+)
+from benchmarks.harness import Case, fmt, split_list
+from benchmarks.harness.graphs import device_name, load_graph
+from benchmarks.harness.records import provenance, table
+from benchmarks.offload import PRODUCTS_LIKE
+from benchmarks.offload import bench as time_epochs
 from gnnscale.engines import MiniBatchEngine, select_engine
 from gnnscale.engines.devices import resolve_device
-from gnnscale.errors import GnnscaleError
 from gnnscale.graph.block import Block, normalized_csr
-from gnnscale.graph.csr import csr_rows, csr_slices
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
-from gnnscale.sample import CSRTopology, sample_blocks, sample_key
-from gnnscale.sample.neighbor import _relabel
+from gnnscale.sample import CSRTopology, sample_key
 from gnnscale.train import TrainConfig
 from gnnscale.units import parse_budget
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "minibatch.jsonl"
+__all__ = ["OURS", "PositionFn", "bench", "bench_samplers", "floyd_positions", "make_engine", "pyg_sampler",
+           "rejection_positions", "sample_fetch_all", "sample_ours", "sample_torch_rng"]
+
+TITLE = "Mini-batch path as XGNN (issue #12), CPU"
+ROUNDS = 3
 EGO_TWITTER = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "snap" / "ego-twitter.txt.gz"
 DEFAULT_DATASET = (f"edgelist:{EGO_TWITTER}:symmetrize=1" if EGO_TWITTER.exists()
                    else "csbm:nodes=100000,avg_degree=10,features=100")
 STAGES = ("sample_s", "extract_s", "train_s")
+QUICK = {"dataset": "csbm:nodes=3000,avg_degree=10,features=16,classes=4", "hidden": 16, "fanouts": "5,5",
+         "batch_size": 256, "gpu_feature_ratio": "0.25", "trainers": "1,2", "epochs": 1, "repeats": 1}
+"""--quick: these values for the flags left at their defaults."""
 
 
 def make_engine(g: Graph, cfg: TrainConfig, dev: torch.device) -> MiniBatchEngine:
@@ -150,195 +162,6 @@ def bench(g: Graph, cfg: TrainConfig, dev: torch.device, warmup: int, epochs: in
             "read_amplification": int(last["fetched_neighbor_entries"]) / max(int(last["sampled_edges"]), 1)}
 
 
-# ------------------------------------------------------------------------------------------------ sampler baselines
-# Every sampler below takes one batch of seeds and returns ``(blocks, neighbour entries fetched)``: the same output
-# contract as ours (one Block per hop, relabelled, weights sliced), so the timings compare like with like.
-
-
-# (a) gnnscale's sampler before issue #12, copied from ``git show feae281:gnnscale/sample/neighbor.py``
-# (``CSRTopology.neighbors``, ``_sample_rows``, ``_relabel`` and the loop of ``sample_blocks``), unchanged but for
-# the names and the count of entries fetched.
-def _feae281_neighbors(topo: CSRTopology, ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-    """feae281's ``CSRTopology.neighbors``: the whole in-neighbour lists of ``ids``, one CSR local to the request."""
-    out_dev = ids.device
-    indptr, pos = csr_slices(topo.indptr, ids.to(topo.device).long())
-    w = None if topo.weight is None else topo.weight[pos].to(out_dev)
-    return indptr.to(out_dev), topo.indices[pos].to(out_dev), w
-
-
-def _feae281_sample_rows(indptr: Tensor, fanout: int, generator: torch.Generator | None
-                         ) -> tuple[Tensor, Tensor | None]:
-    """feae281's ``_sample_rows``: every candidate edge of a row with ``deg > fanout`` gets a random key, one sort
-    keyed by (row, key) shuffles each row, the first ``fanout`` of a row are kept."""
-    deg = indptr[1:] - indptr[:-1]
-    num_edges = int(indptr[-1])
-    if fanout < 0 or num_edges == 0 or int(deg.max()) <= fanout:
-        return indptr, None
-    dev = indptr.device
-    big = deg > fanout
-    rows = csr_rows(indptr)
-    cand = torch.nonzero(big[rows]).view(-1)
-    big_deg = deg[big]
-    m = int(big_deg.numel())
-    brow = torch.repeat_interleave(torch.arange(m, device=dev), big_deg, output_size=int(cand.numel()))
-    shift = 63 - max(m.bit_length(), 1)
-    key = (brow << shift) | torch.randint(0, 1 << shift, brow.shape, generator=generator, device=dev)
-    order = cand[torch.sort(key).indices]
-    seg_start = torch.cumsum(big_deg, 0) - big_deg
-    rank = torch.arange(order.numel(), device=dev) - seg_start[brow]
-    keep = ~big[rows]
-    keep[order[rank < fanout]] = True
-    picked = torch.nonzero(keep).view(-1)
-    new_indptr = torch.cat([indptr.new_zeros(1), torch.cumsum(deg.clamp(max=fanout), 0)])
-    return new_indptr, picked
-
-
-def _feae281_relabel(dst_ids: Tensor, nbr_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """feae281's ``_relabel``."""
-    n = dst_ids.numel()
-    uniq, inv = torch.unique(torch.cat([dst_ids, nbr_ids]), return_inverse=True)
-    is_dst = torch.zeros(uniq.numel(), dtype=torch.bool, device=uniq.device)
-    is_dst[inv[:n]] = True
-    new_ids = uniq[~is_dst]
-    local = torch.empty(uniq.numel(), dtype=torch.int64, device=uniq.device)
-    local[inv[:n]] = torch.arange(n, device=uniq.device)
-    local[~is_dst] = torch.arange(n, n + new_ids.numel(), device=uniq.device)
-    return local[inv[n:]], torch.cat([dst_ids, new_ids])
-
-
-def sample_fetch_all(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...],
-                     generator: torch.Generator | None = None) -> tuple[list[Block], int]:
-    """Baseline (a), feae281's ``sample_blocks``: per hop the frontier's whole lists are fetched, then sampled."""
-    frontier = seeds.long()
-    if torch.unique(frontier).numel() != frontier.numel():
-        raise ValueError("seeds contain duplicates")
-    dev = frontier.device
-    blocks: list[Block] = []
-    fetched = 0
-    for fanout in fanouts:
-        indptr, nbrs, weight = _feae281_neighbors(topo, frontier)
-        fetched += int(nbrs.numel())
-        indptr, nbrs = indptr.to(dev).long(), nbrs.to(dev).long()
-        weight = None if weight is None else weight.to(dev)
-        indptr, picked = _feae281_sample_rows(indptr, fanout, generator)
-        if picked is not None:
-            nbrs = nbrs[picked]
-            weight = None if weight is None else weight[picked]
-        local, src_ids = _feae281_relabel(frontier, nbrs)
-        blocks.append(Block(indptr=indptr, indices=local, num_src=int(src_ids.numel()), edge_weight=weight,
-                            src_ids=src_ids))
-        frontier = src_ids
-    blocks.reverse()
-    return blocks, fetched
-
-
-# (b) and (b2): straightforward vectorised O(fanout) samplers on torch's RNG. Both draw positions, then fetch only
-# those entries through the same store request as ours (``topo.request`` / ``take``) and relabel with gnnscale's
-# ``_relabel``: the only difference from ours is how the positions are drawn.
-def floyd_positions(deg: Tensor, fanout: int, generator: torch.Generator | None = None) -> Tensor:
-    """``[m, fanout]`` positions (ascending per row) of a uniform ``fanout``-subset of ``range(deg[i])``, every
-    ``deg > fanout``: Floyd's algorithm on all rows at once with ``torch.rand`` (for ``i < fanout``:
-    ``j = deg - fanout + i``, ``t`` uniform in ``[0, j]``, keep ``t`` or ``j`` if ``t`` is taken)."""
-    m = deg.numel()
-    out = torch.empty(m, fanout, dtype=torch.int64, device=deg.device)
-    for i in range(fanout):
-        j = deg - (fanout - i)
-        t = (torch.rand(m, dtype=torch.float64, generator=generator, device=deg.device) * (j + 1)).long()
-        if i:
-            t = torch.where((out[:, :i] == t.unsqueeze(1)).any(1), j, t)
-        out[:, i] = t
-    return out.sort(dim=1).values
-
-
-def rejection_positions(deg: Tensor, fanout: int, generator: torch.Generator | None = None) -> Tensor:
-    """``[m, fanout]`` positions (ascending per row) of a uniform ``fanout``-subset of ``range(deg[i])``, every
-    ``deg > fanout``: ``fanout`` positions drawn with replacement per row; while rows hold a repeat (found after a
-    per-row sort), those rows redraw their repeated slots. Uniform: the process treats all positions alike."""
-    dev = deg.device
-    d = deg.unsqueeze(1).double()
-    draw = (torch.rand(deg.numel(), fanout, dtype=torch.float64, generator=generator, device=dev) * d).long()
-    draw = draw.sort(dim=1).values
-    rows = torch.arange(deg.numel(), device=dev)  # rows that may still hold a repeat
-    while rows.numel():
-        sub = draw[rows]
-        dup = torch.zeros_like(sub, dtype=torch.bool)
-        dup[:, 1:] = sub[:, 1:] == sub[:, :-1]
-        bad = dup.any(1)
-        if not bool(bad.any()):
-            break
-        rows, sub, dup = rows[bad], sub[bad], dup[bad]
-        redraw = (torch.rand(sub.shape, dtype=torch.float64, generator=generator, device=dev) * d[rows]).long()
-        draw[rows] = torch.where(dup, redraw, sub).sort(dim=1).values
-    return draw
-
-
-PositionFn = Callable[[Tensor, int, "torch.Generator | None"], Tensor]
-
-
-def sample_torch_rng(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...], draw: PositionFn,
-                     generator: torch.Generator | None = None) -> tuple[list[Block], int]:
-    """Baselines (b) and (b2): ours with the positions of every row with ``deg > fanout`` drawn by ``draw``
-    (torch's RNG)."""
-    frontier = seeds.long()
-    if torch.unique(frontier).numel() != frontier.numel():
-        raise ValueError("seeds contain duplicates")
-    dev = frontier.device
-    before = topo.fetched_entries
-    blocks: list[Block] = []
-    for fanout in fanouts:
-        req = topo.request(frontier)
-        deg = req.degrees.to(dev)
-        take = deg if fanout < 0 else deg.clamp(max=fanout)
-        indptr = torch.zeros(deg.numel() + 1, dtype=torch.int64, device=dev)
-        torch.cumsum(take, 0, out=indptr[1:])
-        total = int(indptr[-1])
-        pos = torch.arange(total, device=dev) - indptr[csr_rows(indptr, total)]
-        if fanout > 0 and total:
-            big = torch.nonzero(deg > fanout).view(-1)
-            if big.numel():
-                slots = indptr[big].unsqueeze(1) + torch.arange(fanout, device=dev)
-                pos[slots.view(-1)] = draw(deg[big], fanout, generator).view(-1)
-        nbrs, weight = req.take(indptr, pos)
-        local, src_ids = _relabel(frontier, nbrs.to(dev).long())
-        blocks.append(Block(indptr=indptr, indices=local, num_src=int(src_ids.numel()),
-                            edge_weight=None if weight is None else weight.to(dev), src_ids=src_ids))
-        frontier = src_ids
-    blocks.reverse()
-    return blocks, topo.fetched_entries - before
-
-
-def sample_ours(topo: CSRTopology, seeds: Tensor, fanouts: tuple[int, ...], key: int) -> tuple[list[Block], int]:
-    """Ours, :func:`gnnscale.sample.sample_blocks` (keyed positions, then only those entries)."""
-    before = topo.fetched_entries
-    blocks = sample_blocks(topo, seeds, fanouts, key)
-    return blocks, topo.fetched_entries - before
-
-
-def pyg_sampler(topo: CSRTopology, fanouts: tuple[int, ...]) -> tuple[Callable[[Tensor], int] | None, str]:
-    """(c) PyG's ``NeighborSampler`` (pyg_lib's or torch_sparse's C++ kernel) on the same graph, as a function of a
-    batch giving its sampled edges, or ``None`` and why not. It samples each hop from the vertices the previous hop
-    reached for the first time only (ours re-expands the whole frontier), and returns edge lists, not blocks."""
-    try:
-        import torch_geometric.typing as pyg_typing
-        from torch_geometric.data import Data
-        from torch_geometric.sampler import NeighborSampler, NodeSamplerInput
-    except ImportError as exc:  # pragma: no cover
-        return None, f"torch_geometric not importable ({exc})"
-    if not (pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE):
-        return None, "PyG's neighbour sampler needs pyg_lib or torch_sparse; neither is installed"
-    if topo.device.type != "cpu":
-        return None, "PyG's NeighborSampler samples on CPU only; skipped on a device run"
-    rows = csr_rows(topo.indptr, topo.indices.numel())  # destination of each in-edge
-    data = Data(edge_index=torch.stack([topo.indices, rows]), num_nodes=topo.num_nodes)
-    sampler = NeighborSampler(data, num_neighbors=list(fanouts))  # CSC built here, outside the timing
-
-    def run(batch: Tensor) -> int:
-        out = sampler.sample_from_nodes(NodeSamplerInput(input_id=None, node=batch.cpu()))
-        return int(out.row.numel())
-
-    lib = "pyg_lib" if pyg_typing.WITH_PYG_LIB else "torch_sparse"
-    return run, f"PyG NeighborSampler ({lib})"
-
 
 OURS = "gnnscale (keyed positions, then fetch)"
 
@@ -371,7 +194,7 @@ def bench_samplers(g: Graph, cfg: TrainConfig, dev: torch.device, repeats: int,
         return f
 
     key = [sample_key(cfg.seed, 0)]  # ours: one key per epoch, as the engine
-    samplers: dict[str, Callable[[Tensor], tuple[int, int | None]]] = {
+    samplers: dict[str, Sampler] = {
         OURS: edges_of(lambda b: sample_ours(topo, b, fanouts, key[0])),
         "fetch-all-then-sample (gnnscale feae281)": edges_of(lambda b: sample_fetch_all(topo, b, fanouts, gen)),
         "Floyd, torch RNG (O(fanout))": edges_of(lambda b: sample_torch_rng(topo, b, fanouts, floyd_positions,
@@ -384,6 +207,36 @@ def bench_samplers(g: Graph, cfg: TrainConfig, dev: torch.device, repeats: int,
         print(f"  note: PyG's sampler skipped: {note}", file=sys.stderr)
     else:
         samplers[note] = lambda b: (pyg(b), None)
+    names = list(samplers)
+
+    def next_round(r: int) -> None:
+        key[0] = sample_key(cfg.seed, r + 1)
+
+    times, counts, load = time_rounds(samplers, batches, dev, repeats, next_round)
+    out = []
+    for name in names:
+        med = statistics.median(times[name])
+        edges, fetched = counts[name]
+        out.append({"kind": "sampler", "sampler": name, "median_sample_s": med, "sample_s_per_repeat": times[name],
+                    "sampled_edges": edges, "fetched_neighbor_entries": fetched, "mteps": edges / med / 1e6,
+                    "read_amplification": None if fetched is None else fetched / max(edges, 1),
+                    "batches": len(batches), "repeats": repeats, "fanouts": list(fanouts),
+                    "loadavg_1m_before_after": load, **({"pyg_note": note} if name == OURS and pyg is None else {})})
+    for r in out:
+        r["ours_mteps_ratio"] = out[0]["mteps"] / r["mteps"]
+        r["ours_speedup"] = r["median_sample_s"] / out[0]["median_sample_s"]  # its seconds / ours (gpu_check)
+    return out
+
+
+Sampler = Callable[[Tensor], tuple[int, int | None]]
+
+
+def time_rounds(samplers: dict[str, Sampler], batches: list[Tensor], dev: torch.device, repeats: int,
+                next_round: Callable[[int], None]) -> tuple[dict[str, list[float]], dict[str, tuple[int, int | None]],
+                                                           list[float]]:
+    """Each sampler's epoch over ``batches`` once untimed, then ``repeats`` rounds in which they take turns (the order
+    rotating; ``next_round(r)`` before round ``r``): the seconds per round, the last round's (sampled edges,
+    entries fetched) and the 1-minute load before and after."""
     names = list(samplers)
     times: dict[str, list[float]] = {n: [] for n in names}
     counts: dict[str, tuple[int, int | None]] = {}
@@ -403,71 +256,21 @@ def bench_samplers(g: Graph, cfg: TrainConfig, dev: torch.device, repeats: int,
     for name in names:  # untimed: first-call costs (allocator, lazy init) out of the way
         epoch(name)
     for r in range(repeats):
-        key[0] = sample_key(cfg.seed, r + 1)
+        next_round(r)
         for name in names[r % len(names):] + names[: r % len(names)]:
             t, edges, fetched = epoch(name)
             times[name].append(t)
             counts[name] = (edges, fetched)
     load.append(os.getloadavg()[0])
-    out = []
-    for name in names:
-        med = statistics.median(times[name])
-        edges, fetched = counts[name]
-        out.append({"kind": "sampler", "sampler": name, "median_sample_s": med, "sample_s_per_repeat": times[name],
-                    "sampled_edges": edges, "fetched_neighbor_entries": fetched, "mteps": edges / med / 1e6,
-                    "read_amplification": None if fetched is None else fetched / max(edges, 1),
-                    "batches": len(batches), "repeats": repeats, "fanouts": list(fanouts),
-                    "loadavg_1m_before_after": load, **({"pyg_note": note} if name == OURS and pyg is None else {})})
-    for r in out:
-        r["ours_mteps_ratio"] = out[0]["mteps"] / r["mteps"]
-        r["ours_speedup"] = r["median_sample_s"] / out[0]["median_sample_s"]  # its seconds / ours (gpu_check)
-    return out
+    return times, counts, load
+
 
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
 
-def print_samplers(rows: list[dict[str, Any]]) -> None:
-    print(f"  {'sampler':<42}{'epoch (s)':>10}{'edges':>11}{'MTEPS':>8}{'fetched/sampled':>16}{'ours/this MTEPS':>16}")
-    for r in rows:
-        print(f"  {r['sampler']:<42}{r['median_sample_s']:>10.3f}{r['sampled_edges']:>11,d}{r['mteps']:>8.2f}"
-              f"{_fmt(r['read_amplification'], '.2f'):>16}{r['ours_mteps_ratio']:>15.2f}x")
-    print(f"  one epoch's batches, median of {rows[0]['repeats']} rounds; MTEPS = sampled edges / s / 1e6; "
-          "fetched/sampled: neighbour entries read per sampled edge")
-    if "pyg_note" in rows[0]:
-        print(f"  PyG's sampler not timed: {rows[0]['pyg_note']}")
-
-
-def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"  {'trainers':>8}{'feat r':>7}{'graph r':>8}{'median (s)':>11}{'sample':>8}{'extract':>8}{'train':>8}"
-          f"{'edges/ep':>12}{'MTEPS':>8}{'feat hit':>9}{'graph hit':>10}{'H2D MB':>8}{'batches':>8}{'loss':>8}")
-    for r in rows:
-        head = f"  {r['trainers_requested']:>8d}{r['gpu_feature_ratio']:>7g}{r['gpu_graph_ratio']:>8g}"
-        if r["status"] != "ok":
-            print(f"{head}  {r['status']}: {r['reason'][:110]}")
-            continue
-        print(f"{head}{r['median_epoch_s']:>11.3f}{r['median_sample_s']:>8.3f}{r['median_extract_s']:>8.3f}"
-              f"{r['median_train_s']:>8.3f}{r['sampled_edges']:>12,.0f}{r['mteps']:>8.2f}"
-              f"{r['feature_hit_rate']:>9.3f}{r['graph_hit_rate']:>10.3f}{_fmt(r['h2d_bytes'] / 1e6, '.1f'):>8}"
-              f"{r['batches']:>8d}{r['final_loss']:>8.4f}  read x{r['read_amplification']:.2f}")
-    print("  sample/extract: producer-thread sums, overlapping train; MTEPS = sampled edges / median epoch / 1e6; "
-          "hit: store requests answered from device memory")
-    for r in rows:
-        if r.get("engine_detail"):
-            print(f"    {r['trainers_requested']} trainer(s), feature ratio {r['gpu_feature_ratio']:g}: "
-                  f"{r['engine_detail']}")
-
-
-def _ratios(text: str, flag: str) -> list[float]:
-    values = [float(v) for v in _list(text)]
-    if not values or any(not 0.0 <= v <= 1.0 for v in values):
-        raise ValueError(f"{flag}: one or more values in [0, 1], got {text!r}")
-    return values
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     ap.add_argument("--dataset", default=DEFAULT_DATASET, metavar="SPEC",
                     help=f"dataset spec (default {DEFAULT_DATASET}; ogbn-products-sized: {PRODUCTS_LIKE})")
@@ -498,66 +301,128 @@ def main(argv: list[str] | None = None) -> int:
                     help="sampler comparison: also time the rejection baseline (b2)")
     ap.add_argument("--repeats", type=int, default=3, help="sampler comparison: repeats (the median is reported)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
-    ap.add_argument("--no-save", action="store_true", help="print the table only")
-    args = ap.parse_args(argv)
 
-    try:
-        dev = resolve_device(args.device)
-        fanouts = tuple(int(f) for f in _list(args.fanouts))
-        feature_ratios = _ratios(args.gpu_feature_ratio, "--gpu-feature-ratio")
-        (graph_ratio,) = _ratios(str(args.gpu_graph_ratio), "--gpu-graph-ratio")
-        budget = None if args.gpu_memory is None else parse_budget(args.gpu_memory)
-        trainer_counts = [int(k) for k in _list(args.trainers) if int(k) != 0]  # 0: samplers only
-        if (trainer_counts and min(trainer_counts) < 1) or args.repeats < 1:
-            raise ValueError("--trainers takes counts >= 1 (or 0: no engine run) and --repeats must be >= 1")
-        if args.warmup < 0 or args.epochs < 1:
-            raise ValueError("--warmup must be >= 0 and --epochs >= 1")
-        base = TrainConfig(model=args.model, layers=args.layers or len(fanouts), hidden=args.hidden,
-                           heads=args.heads, dropout=args.dropout, lr=args.lr, epochs=args.epochs, seed=args.seed,
-                           engine="minibatch", batch_size=args.batch_size, fanouts=fanouts,
-                           gpu_graph_ratio=graph_ratio, memory_budget=budget, gather=args.gather)
-        g, load_s = prepare(args)
-    except (GnnscaleError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    common = environment(dev)
-    case = {"dataset": g.meta.get("spec", args.dataset), "graph": g.name, "nodes": g.num_nodes,
-            "edges": g.num_edges, "avg_in_degree": g.num_edges / max(g.num_nodes, 1), "features": g.num_features,
+
+def _ratios(text: str, flag: str) -> list[float]:
+    values = [float(v) for v in split_list(text)]
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise SystemExit(f"error: {flag}: one or more values in [0, 1], got {text!r}")
+    return values
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    """``samplers`` (unless ``--samplers off``) and one case per (trainer count, feature ratio), one group."""
+    defaults = argparse.Namespace()
+    add_arguments(ap := argparse.ArgumentParser())
+    ap.parse_args([], defaults)
+    a = {k: (QUICK[k] if args.quick and k in QUICK and v == getattr(defaults, k) else v)
+         for k, v in vars(args).items()}
+    fanouts = [int(f) for f in split_list(a["fanouts"])]
+    trainers = [int(k) for k in split_list(a["trainers"]) if int(k) != 0]  # 0: samplers only
+    if (trainers and min(trainers) < 1) or a["repeats"] < 1 or a["warmup"] < 0 or a["epochs"] < 1:
+        raise SystemExit("error: --trainers takes counts >= 1 (or 0), --repeats and --epochs >= 1, --warmup >= 0")
+    (graph_ratio,) = _ratios(str(a["gpu_graph_ratio"]), "--gpu-graph-ratio")
+    common = {k: a[k] for k in ("device", "dataset", "root", "model", "hidden", "heads", "dropout", "lr",
+                                "batch_size", "gather", "warmup", "epochs", "seed", "repeats", "rejection")}
+    common |= {"layers": a["layers"] or len(fanouts), "fanouts": fanouts, "gpu_graph_ratio": graph_ratio,
+               "memory_budget": None if a["gpu_memory"] is None else parse_budget(a["gpu_memory"])}
+    group = a["dataset"]
+    out = [Case("samplers", {**common, "what": "samplers"}, group)] if a["samplers"] == "on" else []
+    out += [Case(f"{k} trainer(s), feature ratio {r:g}",
+                 {**common, "what": "engine", "trainers": k, "gpu_feature_ratio": r}, group)
+            for k in trainers for r in _ratios(a["gpu_feature_ratio"], "--gpu-feature-ratio")]
+    return out
+
+
+def run(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sampler comparison or one engine configuration on ``params["dataset"]``."""
+    p = params
+    dev = resolve_device(p["device"])
+    base = TrainConfig(model=p["model"], layers=p["layers"], hidden=p["hidden"], heads=p["heads"],
+                       dropout=p["dropout"], lr=p["lr"], epochs=p["epochs"], seed=p["seed"], engine="minibatch",
+                       batch_size=p["batch_size"], fanouts=tuple(p["fanouts"]), gpu_graph_ratio=p["gpu_graph_ratio"],
+                       memory_budget=p["memory_budget"], gather=p["gather"])
+    g, load_s = load_graph(p["dataset"], p["root"], p["seed"])
+    case = {"device": str(dev.type), "device_name": device_name(str(dev)), "dataset": g.meta.get("spec", p["dataset"]),
+            "graph": g.name, "nodes": g.num_nodes, "edges": g.num_edges,
+            "avg_in_degree": g.num_edges / max(g.num_nodes, 1), "features": g.num_features,
             "classes": g.num_classes, "engine": "minibatch", "model": base.model, "layers": base.layers,
             "hidden": base.hidden, "heads": base.heads, "dropout": base.dropout, "lr": base.lr,
-            "batch_size": base.batch_size, "fanouts_requested": list(fanouts), "memory_budget": budget,
-            "gather_requested": base.gather, "warmup": args.warmup, "epochs": args.epochs, "seed": args.seed,
-            "load_s": load_s}
-    print(f"{case['dataset']}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, {g.num_features} features, "
-          f"{g.num_classes} classes (built in {load_s:.1f} s)")
-    print(f"device {common['device_name']}; torch {common['torch']}, PyG {common['pyg']}, gnnscale "
-          f"{common['gnnscale_rev']}; {base.model}, {base.layers} layers, hidden {base.hidden}, batch "
-          f"{base.batch_size}, fanouts {','.join(map(str, fanouts))}; warmup {args.warmup}, median of "
-          f"{args.epochs} timed epochs")
-    samplers: list[dict[str, Any]] = []
-    if args.samplers == "on":
-        print("  timing the samplers ...", file=sys.stderr, flush=True)
-        samplers = bench_samplers(g, base, dev, args.repeats, args.rejection)
-        print()
-        print_samplers(samplers)
-    rows = []
-    for k in trainer_counts:
-        for ratio in feature_ratios:
-            cfg = TrainConfig(**{**asdict(base), "gpu_feature_ratio": ratio, "devices": (str(dev),) * k})
-            print(f"  running {k} trainer(s), feature ratio {ratio:g}, graph ratio {graph_ratio:g} ...",
-                  file=sys.stderr, flush=True)
-            rows.append({"gpu_feature_ratio": ratio, "gpu_graph_ratio": graph_ratio, "trainers_requested": k,
-                         **bench(g, cfg, dev, args.warmup, args.epochs)})
-    if rows:
-        print()
-        print_table(rows)
-    records = [{**common, **case, **r} for r in [*samplers, *rows]]
-    if not args.no_save:
-        append_records(args.out, records)
-    return 0
+            "batch_size": base.batch_size, "fanouts_requested": list(p["fanouts"]),
+            "memory_budget": p["memory_budget"], "gather_requested": base.gather, "warmup": p["warmup"],
+            "epochs": p["epochs"], "seed": p["seed"], "load_s": load_s}
+    if p["what"] == "samplers":
+        return [{**case, **r} for r in bench_samplers(g, base, dev, p["repeats"], p["rejection"])]
+    k, ratio = p["trainers"], p["gpu_feature_ratio"]
+    cfg = TrainConfig(**{**asdict(base), "gpu_feature_ratio": ratio, "devices": (str(dev),) * k})
+    return [{**case, "gpu_feature_ratio": ratio, "gpu_graph_ratio": base.gpu_graph_ratio, "trainers_requested": k,
+             **bench(g, cfg, dev, p["warmup"], p["epochs"])}]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def describe(r: dict[str, Any]) -> str:
+    if r.get("kind") == "sampler":
+        return f"{r['sampler']}: {r['median_sample_s']:.3f} s, {r['mteps']:.2f} MTEPS"
+    if r.get("status") != "ok":
+        return f"{r.get('status')}: {str(r.get('reason'))[:120]}"
+    return f"epoch {r['median_epoch_s']:.3f} s, {r['mteps']:.2f} MTEPS, loss {r['final_loss']:.4f}"
+
+
+# ------------------------------------------------------------------------------------------------------- rendering
+def _label(r: dict[str, Any]) -> str:
+    spec = str(r.get("dataset", ""))
+    if spec.startswith("csbm"):
+        return f"csbm n={r['nodes']:,} degree {round(r['edges'] / max(r['nodes'], 1))}"
+    return f"{r.get('graph')}{' sym.' if 'symmetrize=1' in spec else ''}"
+
+
+def selected(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The CPU sampler and engine records shown: per graph, the runs of its latest series (a harness session, or
+    every run of the old script's latest command on that graph)."""
+    recs = [r for r in records if r.get("device") == "cpu" and r.get("kind") in ("sampler", "engine")
+            and r.get("ok", True)]
+    series = {_label(r): (r.get("session") or r.get("command")) for r in recs}
+    return [r for r in recs if (r.get("session") or r.get("command")) == series[_label(r)]]
+
+
+def _med(rs: list[dict[str, Any]], key: str, spec: str, ranged: bool = False) -> str:
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    if not vals:
+        return "-"
+    out = fmt(statistics.median(vals), spec)
+    return f"{out} ({fmt(min(vals), spec)}-{fmt(max(vals), spec)})" if ranged and len(vals) > 1 else out
+
+
+def _tables(recs: list[dict[str, Any]]) -> tuple[str, str]:
+    samplers: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    engines: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
+    for r in recs:
+        if r["kind"] == "sampler":
+            samplers.setdefault((_label(r), r["sampler"]), []).append(r)
+        elif r.get("status") == "ok":
+            engines.setdefault((_label(r), r["trainers_requested"], r["gpu_feature_ratio"]), []).append(r)
+    s_rows = [[g, name, _med(rs, "median_sample_s", ".3f", True), _med(rs, "mteps", ".2f", True),
+               _med(rs, "read_amplification", ".2f"), _med(rs, "ours_mteps_ratio", ".2f", True), len(rs)]
+              for (g, name), rs in samplers.items()]
+    e_rows = [[g, k, f"{ratio:g}", _med(rs, "median_epoch_s", ".3f", True), _med(rs, "median_sample_s", ".3f"),
+               _med(rs, "median_extract_s", ".3f"), _med(rs, "median_train_s", ".3f"),
+               _med(rs, "sampled_edges", ",.0f"), _med(rs, "read_amplification", ".2f"), _med(rs, "mteps", ".2f"),
+               _med(rs, "feature_hit_rate", ".3f"), fmt(statistics.median(r["h2d_bytes"] / 1e6 for r in rs), ".1f"),
+               _med(rs, "final_loss", ".4f"), len(rs)] for (g, k, ratio), rs in engines.items()]
+    s_head = ["graph", "sampler", "epoch of sampling (s)", "MTEPS", "fetched / sampled", "ours / this MTEPS", "runs"]
+    e_head = ["graph", "trainers", "feature ratio", "epoch (s)", "sample (s)", "extract (s)", "train (s)",
+              "sampled edges", "fetched / sampled", "MTEPS", "feature hit", "H2D MB", "loss", "runs"]
+    return table(s_head, s_rows), table(e_head, e_rows)
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    recs = selected(records)
+    if not recs:
+        return "No CPU records.\n"
+    samplers, engines = _tables(recs)
+    return (f"{provenance(recs)}\n\nPer graph, the runs of its latest command (a harness session's rounds, or the "
+            "old script's repeated invocations): the median over the runs (range in brackets).\n\n"
+            "**Samplers**: one epoch's batches on the in-memory CSR of the model's adjacency, every sampler giving "
+            "the same blocks; MTEPS = sampled edges / s / 10^6; fetched / sampled = neighbour entries read per "
+            f"sampled edge.\n\n{samplers}\n\n**Engine** (`MiniBatchEngine.train_epoch`): median of the timed "
+            "epochs per run; sample and extract are the producer threads' summed stage times, overlapping "
+            f"train.\n\n{engines}\n")

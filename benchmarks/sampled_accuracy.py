@@ -1,21 +1,23 @@
-"""Accuracy of sampled training (issue #26): the mini-batch engine with the default fanouts against the same engine
+"""Sampled accuracy (issue #26): default fanouts against every neighbour, GCN and GAT on Amazon Computers.
+
+Accuracy of sampled training (issue #26): the mini-batch engine with the default fanouts against the same engine
 with every neighbour (``--fanouts=-1,-1``), GCN and GAT, on Amazon Computers, with the in-memory full-graph engine
 as the reference.
 
-    .venv/bin/python benchmarks/sampled_accuracy.py
-    .venv/bin/python benchmarks/sampled_accuracy.py --models gcn --seeds 0 --epochs 5 --no-save
-    .venv/bin/python benchmarks/sampled_accuracy.py --root /data/datasets --no-inmemory --no-graph-norm
+    python -m benchmarks sampled_accuracy
+    python -m benchmarks sampled_accuracy --models gcn --seeds 0 --epochs 5 --no-save
+    python -m benchmarks sampled_accuracy --root /data/datasets --no-inmemory --no-graph-norm
 
 The acceptance point: "Sampled GCN with default fanouts within 2 points of full-neighbour sampled GCN on Amazon
 Computers (median of 3 seeds, 30 epochs, batch 64), and the same for GAT".
 
 The graph is ``<root>/gnn-benchmark/amazon_electronics_computers.npz`` (``--root``, default ``../shared/datasets``
-from the repository root; when the file is missing the script says so and exits 0 without running anything), with
+from the repository root; when the file is missing there is no case to run), with
 gnnscale's npz split: 20 training and 30 validation vertices per class, the rest for testing, drawn with the
 seed, so each ``--seeds`` value is another split as well as another initialisation and other samples.
 
-Per ``--models`` value (default ``gcn,gat``) and seed (default ``0,1,2``) one subprocess per configuration, run
-one after another (never two at once), every one with ``OMP_NUM_THREADS=--omp-threads`` (default 1)::
+Per ``--models`` value (default ``gcn,gat``) and seed (default ``0,1,2``) one case per configuration (one group
+per model and seed), each launching one ``gnnscale train`` process with the harness's ``--threads`` (default 1)::
 
     python -m gnnscale train --dataset npz:FILE --model M --epochs 30 --seed S --device D --metrics F --quiet \\
         --engine minibatch --batch-size 64                                  # default fanouts (15,10), sampled norm
@@ -31,23 +33,18 @@ configuration is judged on the same split in the same way; only training is samp
 From each run's ``--metrics`` file: the test accuracy at the best validation epoch (``test_acc_at_best_val``, the
 figure the CLI prints first; the first epoch of best validation accuracy on ties), the final test accuracy, the
 best epoch, every epoch's loss / validation / test accuracy, and the median ``epoch_time_s`` (training only,
-without the evaluation) and the process's wall time. One JSON line per run (``"kind": "run"``) and one per
-(model, fanouts, norm) group (``"kind": "summary"``: medians over the seeds and, for the default-fanout groups, the
-difference to the every-neighbour group of the same model and norm in points) are appended to ``--out`` (default
-benchmarks/results/sampled_accuracy.jsonl), with the environment (date, device, torch/PyG versions, git revision
-of the code measured and whether ``gnnscale/`` had uncommitted changes, command, ``OMP_*`` variables).
-
-The printed table has per group the median over the seeds of both accuracies (in %), the per-seed values, the
-median epoch time, and for default fanouts ``default - all`` in points with PASS when ``|default - all| <=
---bound`` (2 points) for the test accuracy at best validation (the acceptance's figure). The final-accuracy
-difference is shown beside it, not judged. Epoch times on a shared 2-core machine are indicative only.
+without the evaluation) and the process's wall time: one record per run (``"kind": "run"``). The rendered table
+has per (model, engine, fanouts, norm) group the medians over the seeds of both accuracies (in %), the per-seed
+values, the median epoch time, and for default fanouts ``default - all`` in points with PASS when ``|default -
+all| <= 2`` for the test accuracy at best validation (the acceptance's figure); the final-accuracy difference is
+shown beside it, not judged. (The script before the harness also wrote ``"kind": "summary"`` records; the table
+is computed from the runs.) ``--quick``: GCN, seed 0, 3 epochs, default and every neighbour only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -57,23 +54,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
+from benchmarks.harness import Case, Row, split_list
+from benchmarks.harness.records import provenance, session_of, table
 
-try:  # run as a script (its folder is on sys.path) or imported as benchmarks.sampled_accuracy
-    from offload import append_records, environment
-except ImportError:  # pragma: no cover
-    from benchmarks.offload import append_records, environment
-
+TITLE = "Sampled accuracy: default fanouts vs every neighbour (issue #26), CPU"
+ROUNDS = 1  # each seed is a run of its own; a second round would only repeat them
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = ROOT.parent / "shared" / "datasets"
 AMAZON = Path("gnn-benchmark") / "amazon_electronics_computers.npz"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sampled_accuracy.jsonl"
 BOUND_POINTS = 2.0
 """default-fanout sampled training must be within this many points of full-neighbour sampled training."""
-
-
-def _list(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 def configurations(model: str, graph_norm: bool, inmemory: bool) -> list[dict[str, Any]]:
@@ -89,37 +79,73 @@ def configurations(model: str, graph_norm: bool, inmemory: bool) -> list[dict[st
     return cfgs
 
 
-def command(args: argparse.Namespace, spec: str, model: str, seed: int, cfg: dict[str, Any],
-            metrics: Path) -> list[str]:
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT,
+                    help=f"datasets folder holding {AMAZON} (default {DEFAULT_ROOT})")
+    ap.add_argument("--models", default="gcn,gat", help="comma-separated models (default gcn,gat; --quick gcn)")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2; --quick 0)")
+    ap.add_argument("--epochs", type=int, default=30, help="default 30 (--quick 3)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, help="the children's --lr, every run alike (default: gnnscale's, 0.01)")
+    ap.add_argument("--device", default="auto", help="the children's --device (default auto)")
+    ap.add_argument("--no-graph-norm", action="store_true", help="leave out the GCN --sample-norm graph runs")
+    ap.add_argument("--no-inmemory", action="store_true", help="leave out the in-memory full-graph reference")
+    ap.add_argument("--bound", type=float, default=BOUND_POINTS, help="points default - all may differ (2)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default 1800)")
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    """One case per (seed, model, configuration); the configurations of a (model, seed) are one group."""
+    npz = Path(args.root) / AMAZON
+    if not npz.exists():
+        raise SystemExit(f"error: {npz} is missing (Amazon Computers, the gnn-benchmark npz); pass --root DIR "
+                         f"holding {AMAZON}")
+    quick = args.quick
+    models = ["gcn"] if quick and args.models == "gcn,gat" else split_list(args.models)
+    seeds = [0] if quick and args.seeds == "0,1,2" else [int(s) for s in split_list(args.seeds)]
+    epochs = 3 if quick and args.epochs == 30 else args.epochs
+    common = {"kind": "run", "dataset": f"npz:{npz.resolve()}", "epochs": epochs, "lr": args.lr,
+              "device": args.device, "bound_points": args.bound, "timeout": args.timeout}
+    out = []
+    for seed in seeds:
+        for model in models:
+            for cfg in configurations(model, not (args.no_graph_norm or quick), not (args.no_inmemory or quick)):
+                params = {**common, "model": model, "seed": seed, "engine": cfg["engine"], "fanouts": cfg["fanouts"],
+                          "norm": cfg["norm"], "flags": cfg["flags"],
+                          "batch_size": args.batch_size if cfg["engine"] == "minibatch" else None}
+                out.append(Case(f"{model} seed {seed} {cfg['engine']} fanouts {cfg['fanouts']} norm {cfg['norm']}",
+                                params, group=f"{model} seed {seed}", timeout=args.timeout + 60))
+    return out
+
+
+def command(p: dict[str, Any], metrics: Path) -> list[str]:
     """The ``gnnscale train`` command of one run."""
-    cmd = [sys.executable, "-m", "gnnscale", "train", "--dataset", spec, "--model", model,
-           "--epochs", str(args.epochs), "--seed", str(seed), "--device", args.device,
-           "--engine", cfg["engine"], "--metrics", str(metrics), "--quiet"]
-    if args.lr is not None:
-        cmd += ["--lr", str(args.lr)]
-    if cfg["engine"] == "minibatch":
-        cmd += ["--batch-size", str(args.batch_size), *cfg["flags"]]
+    cmd = [sys.executable, "-m", "gnnscale", "train", "--dataset", p["dataset"], "--model", p["model"],
+           "--epochs", str(p["epochs"]), "--seed", str(p["seed"]), "--device", p["device"],
+           "--engine", p["engine"], "--metrics", str(metrics), "--quiet"]
+    if p["lr"] is not None:
+        cmd += ["--lr", str(p["lr"])]
+    if p["engine"] == "minibatch":
+        cmd += ["--batch-size", str(p["batch_size"]), *p["flags"]]
     return cmd
 
 
-def run_one(cmd: list[str], env: dict[str, str], metrics: Path, timeout: float) -> dict[str, Any]:
-    """Run one training; its figures, or why it failed."""
-    metrics.unlink(missing_ok=True)
+def train_run(cmd: list[str], metrics: Path, timeout: float) -> dict[str, Any]:
+    """Run one training (``python -m gnnscale train``); its figures (RuntimeError when it failed)."""
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0}
-    wall = time.perf_counter() - t0
-    out: dict[str, Any] = {"returncode": p.returncode, "wall_s": wall, "stdout": p.stdout[-1500:]}
-    if p.returncode != 0 or not metrics.exists():
-        return {**out, "ok": False, "error": f"exit status {p.returncode}", "stderr_tail": p.stderr[-3000:]}
-    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"timed out after {timeout:.0f} s") from exc
+    out: dict[str, Any] = {"returncode": p.returncode, "train_wall_s": time.perf_counter() - t0,
+                           "stdout": p.stdout[-1500:]}
+    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
     epochs = [r for r in recs if not r.get("summary")]
     summary: dict[str, Any] | None = next((r for r in recs if r.get("summary")), None)
-    if summary is None or not epochs:
-        return {**out, "ok": False, "error": "no summary record", "stderr_tail": p.stderr[-3000:]}
-    return {**out, "ok": True,
+    if p.returncode != 0 or summary is None or not epochs:
+        raise RuntimeError(f"exit status {p.returncode}, {'no' if summary is None else 'a'} summary: "
+                           f"{p.stderr[-400:]}")
+    return {**out,
             "test_acc_at_best_val": summary["test_acc_at_best_val"], "final_test_acc": summary["final_test_acc"],
             "best_val_acc": summary["best_val_acc"], "best_by": summary["best_by"],
             "best_epoch": summary["best_epoch"], "engine_detail": summary.get("engine_detail"),
@@ -132,16 +158,30 @@ def run_one(cmd: list[str], env: dict[str, str], metrics: Path, timeout: float) 
             "config": summary.get("config")}
 
 
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """One ``gnnscale train`` run of one (model, seed, configuration)."""
+    import torch
+
+    from benchmarks.harness.graphs import device_name
+
+    with tempfile.TemporaryDirectory(prefix="gnnscale-sampled-acc-") as tmp:
+        metrics = Path(tmp) / "metrics.jsonl"
+        cmd = command(params, metrics)
+        res = train_run(cmd, metrics, params["timeout"])
+    dev = params["device"] if params["device"] != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    keep = ("kind", "model", "seed", "engine", "fanouts", "norm", "epochs", "lr", "batch_size", "dataset",
+            "bound_points")
+    return {**{k: params[k] for k in keep}, "run_command": shlex.join(cmd), **res,
+            "device": torch.device(dev).type, "device_name": device_name(dev)}
+
+
+def describe(r: dict[str, Any]) -> str:
+    return (f"test acc {_pct(r['test_acc_at_best_val'])} at best val {_pct(r['best_val_acc'])} (epoch "
+            f"{r['best_epoch']}), final {_pct(r['final_test_acc'])}; epoch {r['median_epoch_s']:.3f} s")
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.2f}"
-
-
-def _git(*cmd: str) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), *cmd], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def summarise(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:
@@ -173,88 +213,65 @@ def summarise(runs: list[dict[str, Any]], bound: float) -> list[dict[str, Any]]:
     return out
 
 
-def print_table(summary: list[dict[str, Any]]) -> None:
+def _runs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == "run" and r.get("model")]
+
+
+def _bound(runs: list[dict[str, Any]]) -> float:
+    return next((r["bound_points"] for r in runs if r.get("bound_points") is not None), BOUND_POINTS)
+
+
+def summary_table(summary: list[dict[str, Any]], bound: float) -> str:
     """The summary as a Markdown table (accuracies in %, differences in points)."""
-    print("\n| model | engine | fanouts | GCN norm | test acc at best val, median (seeds) | final test acc, median "
-          "(seeds) | median epoch s | default - all, best val (pts) | within 2 | default - all, final (pts) |")
-    print("|---|---|---|---|---|---|---:|---:|---|---:|")
     def seeds(s: dict[str, Any], k: str) -> str:
         return ", ".join(_pct(v) for v in s[f"per_seed_{k}"])
 
+    rows = []
     for s in summary:
         d, f = s.get("diff_points_test_acc_at_best_val"), s.get("diff_points_final_test_acc")
         verdict = "-" if "within_bound" not in s else ("PASS" if s["within_bound"] else "FAIL")
         fail = f" (failed seeds {s['failed_seeds']})" if s["failed_seeds"] else ""
-        print(f"| {s['model']} | {s['engine']} | {s['fanouts']} | {s['norm']} | "
-              f"**{_pct(s['median_test_acc_at_best_val'])}** ({seeds(s, 'test_acc_at_best_val')}){fail} | "
-              f"{_pct(s['median_final_test_acc'])} ({seeds(s, 'final_test_acc')}) | "
-              f"{'-' if s['median_median_epoch_s'] is None else format(s['median_median_epoch_s'], '.3f')} | "
-              f"{'-' if d is None else format(d, '+.2f')} | {verdict} | {'-' if f is None else format(f, '+.2f')} |")
+        med = s["median_median_epoch_s"]
+        rows.append([s["model"], s["engine"], s["fanouts"], s["norm"], f"{', '.join(map(str, s['seeds']))}",
+                     f"**{_pct(s['median_test_acc_at_best_val'])}** ({seeds(s, 'test_acc_at_best_val')}){fail}",
+                     f"{_pct(s['median_final_test_acc'])} ({seeds(s, 'final_test_acc')})",
+                     "-" if med is None else f"{med:.3f}", "-" if d is None else f"{d:+.2f}", verdict,
+                     "-" if f is None else f"{f:+.2f}"])
+    head = ["model", "engine", "fanouts", "GCN norm", "seeds", "test acc at best val, median (seeds)",
+            "final test acc, median (seeds)", "median epoch s", "default - all, best val (pts)",
+            f"within {bound:g}", "default - all, final (pts)"]
+    return table(head, rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT,
-                    help=f"datasets folder holding {AMAZON} (default {DEFAULT_ROOT})")
-    ap.add_argument("--models", default="gcn,gat", help="comma-separated models (default gcn,gat)")
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    ap.add_argument("--epochs", type=int, default=30)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, help="the children's --lr, every run alike (default: gnnscale's, 0.01)")
-    ap.add_argument("--device", default="auto", help="the children's --device (default auto)")
-    ap.add_argument("--omp-threads", type=int, default=1, help="OMP_NUM_THREADS of every run (default 1)")
-    ap.add_argument("--no-graph-norm", action="store_true", help="leave out the GCN --sample-norm graph runs")
-    ap.add_argument("--no-inmemory", action="store_true", help="leave out the in-memory full-graph reference")
-    ap.add_argument("--bound", type=float, default=BOUND_POINTS, help="points default - all may differ (2)")
-    ap.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default 1800)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON Lines file to append to")
-    ap.add_argument("--no-save", action="store_true", help="print the table only")
-    args = ap.parse_args(argv)
-
-    npz = args.root / AMAZON
-    if not npz.exists():
-        print(f"skipped: {npz} is missing (Amazon Computers, the gnn-benchmark npz); pass --root DIR holding "
-              f"{AMAZON}")
-        return 0
-    spec = f"npz:{npz.resolve()}"
-    torch.set_num_threads(args.omp_threads)  # so the environment reports the children's thread count
-    env_rec = environment(torch.device("cpu") if args.device in ("auto", "cpu") else torch.device(args.device))
-    env_rec["code_rev"] = _git("rev-parse", "--short", "HEAD")
-    env_rec["gnnscale_dirty"] = bool(_git("status", "--short", "gnnscale"))
-    child_env = {**os.environ, "OMP_NUM_THREADS": str(args.omp_threads), "PYTHONPATH": str(ROOT)}
-    print(f"gnnscale {env_rec['code_rev']}{' (gnnscale/ has uncommitted changes)' if env_rec['gnnscale_dirty'] else ''}"
-          f", torch {torch.__version__}, {env_rec['device_name']}")
-
-    runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="gnnscale-sampled-acc-") as tmp:
-        for seed in (int(s) for s in _list(args.seeds)):
-            for model in _list(args.models):
-                for cfg in configurations(model, not args.no_graph_norm, not args.no_inmemory):
-                    metrics = Path(tmp) / "metrics.jsonl"
-                    cmd = command(args, spec, model, seed, cfg, metrics)
-                    res = run_one(cmd, child_env, metrics, args.timeout)
-                    rec = {"kind": "run", "model": model, "seed": seed, "engine": cfg["engine"],
-                           "fanouts": cfg["fanouts"], "norm": cfg["norm"], "epochs": args.epochs, "lr": args.lr,
-                           "batch_size": args.batch_size if cfg["engine"] == "minibatch" else None,
-                           "dataset": spec, "run_command": shlex.join(cmd), **res, **env_rec}
-                    runs.append(rec)
-                    what = f"{model} seed {seed} {cfg['engine']} fanouts {cfg['fanouts']} norm {cfg['norm']}"
-                    if res["ok"]:
-                        print(f"{what}: test acc {_pct(res['test_acc_at_best_val'])} at best val "
-                              f"{_pct(res['best_val_acc'])} (epoch {res['best_epoch']}), final "
-                              f"{_pct(res['final_test_acc'])}; epoch {res['median_epoch_s']:.3f} s, "
-                              f"wall {res['wall_s']:.1f} s", flush=True)
-                    else:
-                        print(f"{what}: FAILED ({res['error']}): {res.get('stderr_tail', '')[-500:]}", flush=True)
-
-    summary = summarise(runs, args.bound)
-    print_table(summary)
-    print(f"\n{len(runs)} runs, {sum(r['wall_s'] for r in runs):.0f} s; dataset {spec}")
-    if not args.no_save:
-        append_records(args.out, runs + [{**s, **env_rec} for s in summary])
-    failed = any(not r["ok"] for r in runs)
-    return 1 if failed else 0
+def render(records: list[dict[str, Any]]) -> str:
+    """One table per run of the benchmark (session), in the order run."""
+    runs = _runs(records)
+    sessions = list(dict.fromkeys(session_of(r) for r in runs))
+    parts = ["Test accuracy (%) at the best validation epoch, median over the seeds (per seed in brackets), the "
+             "final test accuracy, the median epoch time (training only); the bound: |default - all| <= 2 points on "
+             "the first figure. One table per run of the benchmark, in the order run; lr is gnnscale's default "
+             "(0.01) unless the command says otherwise."]
+    for sess in sessions:
+        rs = [r for r in runs if session_of(r) == sess]
+        parts += [provenance(rs), summary_table(summarise(rs, _bound(rs)), _bound(rs))]
+    return "\n\n".join(parts) + "\n"
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def headline(records: list[dict[str, Any]]) -> list[Row]:
+    """Per model, the latest run comparing default fanouts with every neighbour (sampled norm)."""
+    runs = _runs(records)
+    rows = []
+    for model in dict.fromkeys(r["model"] for r in runs):
+        mine = [r for r in runs if r["model"] == model and r["engine"] == "minibatch" and r["norm"] == "sampled"]
+        last = [r for r in mine if session_of(r) == session_of(mine[-1])] if mine else []
+        s = next((s for s in summarise(last, _bound(last)) if s.get("fanouts") == "default"), None)
+        if s is None or s.get("diff_points_test_acc_at_best_val") is None:
+            continue
+        ref = next(x for x in summarise(last, _bound(last)) if x["fanouts"] == "all")
+        lr = last[0].get("lr")
+        rows.append(Row(f"Sampled accuracy, {model.upper()} on Amazon Computers: default fanouts vs every neighbour",
+                        f"{s['diff_points_test_acc_at_best_val']:+.2f} points ({_pct(s['median_test_acc_at_best_val'])}"
+                        f" vs {_pct(ref['median_test_acc_at_best_val'])} %, median of {len(s['seeds'])} seeds"
+                        f"{'' if lr is None else f', lr {lr:g}'}; bound ±{s['bound_points']:g}: "
+                        f"{'PASS' if s['within_bound'] else 'FAIL'})", tuple(last)))
+    return rows

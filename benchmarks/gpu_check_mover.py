@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from gnnscale import runtime as rt
-from gnnscale.engines.mover import RowMover
+from gnnscale.engines.core.mover import RowMover
 from gnnscale.store import triton_available
 
 

@@ -57,7 +57,7 @@ except ImportError:  # run as a module
     from benchmarks.offload import _list, append_records, environment
 
 from gnnscale.config import TrainConfig
-from gnnscale.engines.hybrid import HybridEngine
+from gnnscale.engines.sampled.hybrid import HybridEngine
 from gnnscale.errors import GnnscaleError
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph

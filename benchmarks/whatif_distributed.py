@@ -40,7 +40,7 @@ except ImportError:  # run as a module
     from benchmarks.offload import append_records, environment
 
 from gnnscale.config import STRATEGIES, TrainConfig
-from gnnscale.engines.distributed import DistributedEngine
+from gnnscale.engines.sampled.distributed import DistributedEngine
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.plan.epoch_time import Cluster
 from gnnscale.plan.rates import rates

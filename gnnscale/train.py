@@ -38,7 +38,7 @@ from gnnscale.checkpoint import (
 )
 from gnnscale.config import TrainConfig
 from gnnscale.engines import ignored_warning, select_engine
-from gnnscale.engines.base import Engine
+from gnnscale.engines.core.base import Engine
 from gnnscale.engines.devices import peak_device_bytes, reset_peak_device_bytes, resolve_devices
 from gnnscale.errors import ConfigError, GnnscaleError, TrainingError
 from gnnscale.graph.fingerprint import fingerprint
@@ -130,7 +130,7 @@ def train(
             ``load_s``): the CLI prints the plan there.
         timings: seconds of steps the caller ran before (``load_s``, a part of the summary's ``wall_s``),
             reported with the engine's own. The summary's ``timings`` split the wall time into parts that sum to
-            it (``engines.schema.WALL_PARTS``, docs/metrics.md).
+            it (``engines.core.schema.WALL_PARTS``, docs/metrics.md).
         checkpoint: a folder for ``checkpoint.pt`` (:mod:`gnnscale.checkpoint`), written every
             ``checkpoint_every`` epochs and after the last one.
         checkpoint_iterations: also every this many iterations within an epoch (engines that checkpoint mid-epoch:

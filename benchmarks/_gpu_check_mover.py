@@ -1,4 +1,4 @@
-"""gpu-check step ``mover``: the offload engine's row mover (:class:`gnnscale.engines.mover.RowMover`), host to
+"""gpu-check step ``mover``: the offload engine's row mover (:class:`gnnscale.engines.core.mover.RowMover`), host to
 device, in GB/s, against a plain copy of the same bytes from pinned memory (``Tensor.copy_``).
 
     PYTHONPATH=. python3 -m benchmarks._gpu_check_mover --device cuda --out mover.jsonl
@@ -38,7 +38,7 @@ import torch
 
 from benchmarks.harness.records import append_records
 from gnnscale import runtime as rt
-from gnnscale.engines.mover import RowMover
+from gnnscale.engines.core.mover import RowMover
 from gnnscale.store import triton_available
 
 

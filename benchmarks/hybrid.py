@@ -47,8 +47,8 @@ from benchmarks.harness import Case, fmt, latest_session, split_list
 from benchmarks.harness.graphs import device_name, load_graph
 from benchmarks.harness.records import provenance, table
 from gnnscale.config import TrainConfig
-from gnnscale.engines.hybrid import HybridEngine
-from gnnscale.engines.minibatch import MiniBatchEngine
+from gnnscale.engines.sampled.hybrid import HybridEngine
+from gnnscale.engines.sampled.minibatch import MiniBatchEngine
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
 

@@ -55,7 +55,7 @@ from benchmarks.harness.graphs import device_name, load_graph
 from benchmarks.harness.records import provenance, table
 from benchmarks.hybrid import _engine, resolved
 from gnnscale.config import TrainConfig
-from gnnscale.engines.hybrid import HybridEngine
+from gnnscale.engines.sampled.hybrid import HybridEngine
 from gnnscale.graph.graph import Graph
 from gnnscale.plan.hybrid import HybridModel, Threads
 

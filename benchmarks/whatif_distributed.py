@@ -94,7 +94,7 @@ def predict(params: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from gnnscale.config import TrainConfig
-    from gnnscale.engines.distributed import DistributedEngine
+    from gnnscale.engines.sampled.distributed import DistributedEngine
     from gnnscale.graph.datasets import load_dataset
     from gnnscale.plan.epoch_time import Cluster
     from gnnscale.plan.rates import rates

@@ -3,7 +3,7 @@ previous one (temporary file in the same folder, fsync, rename, fsync of the fol
 
 A checkpoint holds the model and optimiser state, the epoch, the best-epoch bookkeeping and weights, the epoch
 records so far (a resumed run's metrics file continues the old one), the config, and what the engine declares in
-:meth:`gnnscale.engines.base.Engine.state_dict`. Dropout masks and sampling are keyed by (seed, epoch), so the
+:meth:`gnnscale.engines.core.base.Engine.state_dict`. Dropout masks and sampling are keyed by (seed, epoch), so the
 epochs after a resume are the epochs an uninterrupted run would have trained.
 
 Models and checkpoints are files users pass around, so they hold plain data only -- tensors, numbers, strings and

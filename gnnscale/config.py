@@ -114,7 +114,7 @@ class RunOptions:
     ``retain`` keeps them for reuse (no page faults on the next ``[V, F]`` temporary; a larger resident peak),
     ``system`` is glibc's default; ``auto``: ``retain`` when the training device is the CPU, no layer computes
     per edge (GAT: the retained heap fragments) and the engine's host estimate is at most half the available
-    memory, else untouched (:meth:`~gnnscale.engines.base.Engine.auto_retains`)."""
+    memory, else untouched (:meth:`~gnnscale.engines.core.base.Engine.auto_retains`)."""
 
 
 @dataclass(kw_only=True)

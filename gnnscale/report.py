@@ -4,7 +4,7 @@ A metrics file is JSON Lines: one record per finished epoch, then -- only when t
 (``"summary": true``). :func:`read_run` reads one (:func:`run_from_records`: a run from records in memory, for
 ``TrainResult.plot``), :func:`build_panels` turns runs into plot-ready series (the function the tests check),
 :func:`render_png` draws them headless and :func:`markdown` prints the same as tables, with every key a record holds
-under its kind (``engines.schema.KINDS``: bytes moved, bytes held, counts, ...).
+under its kind (``engines.core.schema.KINDS``: bytes moved, bytes held, counts, ...).
 
 Text that comes from the data (run labels: dataset names and specs, file names; counter names) is drawn as plain
 text, never parsed as matplotlib mathtext: a ``$`` in a dataset name is a dollar sign.
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gnnscale import _compat
-from gnnscale.engines.schema import EPOCH_KEYS, KINDS
+from gnnscale.engines.core.schema import EPOCH_KEYS, KINDS
 from gnnscale.errors import ConfigError, DatasetError
 from gnnscale.fsutil import atomic_file, check_output, make_parents
 from gnnscale.notes import note
@@ -175,7 +175,7 @@ def _counters(rec: dict[str, Any]) -> list[str]:
 
 
 def _kind(key: str) -> str:
-    """The key's kind in the schema (``engines.schema.KINDS``); ``other`` for a key it does not define."""
+    """The key's kind in the schema (``engines.core.schema.KINDS``); ``other`` for a key it does not define."""
     k = EPOCH_KEYS.get(key)
     return "other" if k is None else k.kind
 
@@ -368,7 +368,7 @@ def save_png(fig: Any, out: str | os.PathLike[str], *, dpi: int = 100) -> Path:
 def markdown(runs: Sequence[Run]) -> str:
     """The report as Markdown: per run a heading, a table with one row per epoch (loss, accuracies, epoch time,
     peak MiB), a closing line with the best epoch and the test accuracy there, then every other key the records
-    hold, one table per kind of the schema (``engines.schema.KINDS``: bytes moved in MB, bytes held in MiB, row
+    hold, one table per kind of the schema (``engines.core.schema.KINDS``: bytes moved in MB, bytes held in MiB, row
     volumes in MB, counts, seconds, fractions and rates, settings; ``other`` for keys it does not define), one row
     per epoch and one column per key, lists as their values one after another."""
     if not runs:

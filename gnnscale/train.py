@@ -38,7 +38,7 @@ from gnnscale.checkpoint import (
 )
 from gnnscale.config import TrainConfig
 from gnnscale.engines import ignored_warning, select_engine
-from gnnscale.engines.base import Engine
+from gnnscale.engines.core.base import Engine
 from gnnscale.engines.devices import peak_device_bytes, reset_peak_device_bytes, resolve_devices
 from gnnscale.errors import ConfigError, GnnscaleError, TrainingError
 from gnnscale.graph.fingerprint import fingerprint

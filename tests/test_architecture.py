@@ -1,5 +1,6 @@
 """Layering: imports only go down the layers that docs/architecture.md lists (its ``layers`` block is the one
-place the order is written), no module imports another inside a function, and there is no import circle.
+place the order is written), the packages of one layer separated by ``|`` (the engine families) never import each
+other, no module imports another inside a function, and there is no import circle.
 
 Every ``import`` is walked with :mod:`ast`: module-level, function-local and ``if TYPE_CHECKING:`` ones alike.
 Local imports are allowed only for third-party packages (optional ones such as matplotlib or pymetis, or heavy
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,13 +21,28 @@ PKG = ROOT / "gnnscale"
 DOC = ROOT / "docs" / "architecture.md"
 
 
-def read_layers(text: str) -> list[list[str]]:
-    """The ``layers`` fenced block of the architecture page: one layer per line, lowest first, module prefixes
-    separated by spaces (``#`` starts a comment)."""
+def _layer_lines(text: str) -> list[str]:
     m = re.search(r"```layers\n(.*?)```", text, re.S)
     assert m, "docs/architecture.md has no ```layers block"
-    rows = [line.split("#")[0].split() for line in m.group(1).splitlines()]
-    return [r for r in rows if r]
+    return [line.split("#")[0] for line in m.group(1).splitlines() if line.split("#")[0].strip()]
+
+
+def read_layers(text: str) -> list[list[str]]:
+    """The ``layers`` fenced block of the architecture page: one layer per line, lowest first, module prefixes
+    separated by spaces, or by `` | `` where they are apart (:func:`read_apart`; ``#`` starts a comment)."""
+    return [line.replace("|", " ").split() for line in _layer_lines(text)]
+
+
+def read_apart(text: str) -> list[set[str]]:
+    """The layers of the ``layers`` block whose prefixes are separated by ``|``: packages side by side that never
+    import each other (the engine families), each layer as the set of its prefixes."""
+    return [set(line.replace("|", " ").split()) for line in _layer_lines(text) if "|" in line]
+
+
+def _prefix_of(module: str, prefixes: set[str]) -> str | None:
+    """The longest prefix of ``prefixes`` that ``module`` is or is inside."""
+    found = [p for p in prefixes if module == p or module.startswith(p + ".")]
+    return max(found, key=len, default=None)
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -78,8 +95,9 @@ def layer_of(module: str, layers: list[list[str]]) -> int | None:
     return None if best is None else best[0]
 
 
-def violations(root: Path, layers: list[list[str]]) -> list[str]:
-    """Every broken rule under ``root``, one line each (empty when the package is layered)."""
+def violations(root: Path, layers: list[list[str]], apart: Sequence[set[str]] = ()) -> list[str]:
+    """Every broken rule under ``root``, one line each (empty when the package is layered). ``apart``: groups of
+    prefixes (:func:`read_apart`) of which no one imports another."""
     mods = modules(root)
     known = set(mods)
     bad: list[str] = []
@@ -100,6 +118,10 @@ def violations(root: Path, layers: list[list[str]]) -> list[str]:
             there = layer_of(target, layers)
             if there is not None and there > here:
                 bad.append(f"{where}: {mod} (layer {here}) imports {target} (layer {there}), an upper layer")
+            for group in apart:
+                mine, theirs = _prefix_of(mod, group), _prefix_of(target, group)
+                if mine and theirs and mine != theirs:
+                    bad.append(f"{where}: {mod} imports {target}: {mine} and {theirs} are apart (a sibling)")
             if target != mod:
                 graph[mod].add(target)
     bad.extend(f"import circle: {' -> '.join(c)}" for c in circles(graph))
@@ -144,7 +166,37 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_package_is_layered() -> None:
     layers = read_layers(DOC.read_text())
     assert len(modules()) > 60 and len(layers) >= 8
-    assert violations(PKG, layers) == []
+    assert violations(PKG, layers, read_apart(DOC.read_text())) == []
+
+
+FAMILIES = {"gnnscale.engines.offload", "gnnscale.engines.taskparallel", "gnnscale.engines.sampled"}
+
+
+def test_the_engine_families_are_apart_above_core() -> None:
+    """Inside gnnscale/engines/: ``core`` below the families; the families (one layer, apart) below the registry
+    and the in-memory engine, so that a family imports core and the layers under the engines, never another
+    family, the registry or inmemory; core imports no family."""
+    text = DOC.read_text()
+    layers = read_layers(text)
+    core = layer_of("gnnscale.engines.core", layers)
+    family = {layer_of(f, layers) for f in FAMILIES}
+    top = layer_of("gnnscale.engines", layers)
+    assert core is not None and top is not None and len(family) == 1
+    assert core < family.pop() < top == layer_of("gnnscale.engines.inmemory", layers)
+    assert FAMILIES in read_apart(text)
+
+
+TOP_LEVEL_ENGINE_MODULES = {"__init__.py", "inmemory.py", "devices.py"}
+"""What sits directly in gnnscale/engines/: the registry, the in-memory engine (the reference, no family), and
+``devices.py``, which reads the registry (``ENGINES``, ``requested_mode``) and so cannot be in core."""
+
+
+def test_no_module_sits_directly_in_the_engines_but_the_registrys() -> None:
+    engines = PKG / "engines"
+    assert {p.name for p in engines.glob("*.py")} == TOP_LEVEL_ENGINE_MODULES
+    assert {p.name for p in engines.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "core", "offload", "taskparallel", "sampled"}
+    assert all((engines / d / "__init__.py").is_file() for d in ("core", "offload", "taskparallel", "sampled"))
 
 
 def test_every_layer_names_modules_that_exist() -> None:
@@ -178,6 +230,28 @@ LAYERS = [["pkg.low"], ["pkg.mid"], ["pkg.top", "pkg"]]
 def test_the_check_sees(tmp_path: Path, files: dict[str, str], expected: str) -> None:
     found = violations(_package(tmp_path, files), LAYERS)
     assert any(expected in v for v in found), found
+
+
+FAMILY_LAYERS = [["pkg.core"], ["pkg.fam_a", "pkg.fam_b"], ["pkg.reg", "pkg"]]
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"core.py": "", "fam_a/__init__.py": "", "fam_a/x.py": "from pkg.fam_b.y import z\n", "fam_b/__init__.py": "",
+      "fam_b/y.py": ""}, "are apart"),
+    ({"core.py": "", "fam_a.py": "import pkg.fam_b\n", "fam_b.py": ""}, "are apart"),
+    ({"core.py": "from pkg.fam_a import x\n", "fam_a.py": "", "fam_b.py": ""}, "an upper layer"),
+    ({"core.py": "", "fam_a.py": "from pkg import reg\n", "fam_b.py": "", "reg.py": ""}, "an upper layer"),
+])
+def test_the_check_sees_a_family_import(tmp_path: Path, files: dict[str, str], expected: str) -> None:
+    found = violations(_package(tmp_path, files), FAMILY_LAYERS, [{"pkg.fam_a", "pkg.fam_b"}])
+    assert any(expected in v for v in found), found
+
+
+def test_the_check_passes_families_that_import_core(tmp_path: Path) -> None:
+    root = _package(tmp_path, {"core.py": "", "fam_a/__init__.py": "from pkg.fam_a.x import X\n",
+                               "fam_a/x.py": "from pkg.core import c\nfrom pkg.fam_a.y import z\n", "fam_a/y.py": "",
+                               "fam_b.py": "import pkg.core\n", "reg.py": "from pkg.fam_a import X\n"})
+    assert violations(root, FAMILY_LAYERS, [{"pkg.fam_a", "pkg.fam_b"}]) == []
 
 
 def test_the_check_sees_a_circle_within_a_layer(tmp_path: Path) -> None:

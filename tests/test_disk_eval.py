@@ -1,5 +1,5 @@
 """How the sampled engines evaluate a graph read from disk (issue #29): exact layer-wise inference, unless it would
-read many times the feature rows of sampled inference (:data:`~gnnscale.engines.sampled_eval.EVAL_READ_RATIO`):
+read many times the feature rows of sampled inference (:data:`~gnnscale.engines.sampled.eval.EVAL_READ_RATIO`):
 layer-wise inference reads the labelled vertices' whole two-hop neighbourhoods at random, which a disk serves at a
 few thousand rows a second. The choice is counted from the graph's degrees, not timed."""
 
@@ -13,7 +13,7 @@ import torch
 
 from gnnscale import TrainConfig
 from gnnscale.engines import ENGINES
-from gnnscale.engines.sampled_eval import SampledInference, eval_reads
+from gnnscale.engines.sampled.eval import SampledInference, eval_reads
 from gnnscale.graph import Graph, io
 from gnnscale.nn import build_model
 

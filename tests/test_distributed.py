@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from gnnscale.config import TrainConfig
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
-from gnnscale.engines.minibatch import MiniBatchEngine
+from gnnscale.engines.sampled.minibatch import MiniBatchEngine
 from gnnscale.graph import io
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
@@ -130,7 +130,7 @@ def _free_port() -> int:
 
 def _dist_engine(g: Any, model_name: str, plan_dir: str, **options: Any) -> Any:
     """This rank's engine (inside a spawned rank): batch 25 per rank, the test's fanouts, hidden 8."""
-    from gnnscale.engines.distributed import DistributedEngine
+    from gnnscale.engines.sampled.distributed import DistributedEngine
 
     cfg = TrainConfig(engine="distributed", model=model_name, batch_size=25, fanouts=FANOUTS, seed=0,
                       plan_dir=plan_dir, heads=2, hidden=8, **options)

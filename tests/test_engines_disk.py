@@ -1,6 +1,6 @@
 """Every engine from disk through the one disk tier (issue #29 item 3): with ``--host-memory`` on a converted
 directory, task-parallel, hybrid and distributed read the features of ``x.npy`` through a
-:class:`~gnnscale.store.disk.DiskSource` (set up by :func:`gnnscale.engines.disk_tier.open_disk_tier`), train
+:class:`~gnnscale.store.disk.DiskSource` (set up by :func:`gnnscale.engines.core.disk_tier.open_disk_tier`), train
 exactly as from memory, and count what they read.
 
 The mechanism checks: ``graph.x`` is a tensor that records every operation on it (:class:`Watched`), so a copy of
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-import gnnscale.engines.disk_tier as disk_tier
+import gnnscale.engines.core.disk_tier as disk_tier
 from gnnscale import TrainConfig
 from gnnscale.engines import ENGINES
 from gnnscale.graph import io

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from gnnscale.config import TrainConfig
-from gnnscale.engines.hybrid import HybridEngine
-from gnnscale.engines.minibatch import MiniBatchEngine
-from gnnscale.engines.sampled_predict import _store, predict_hybrid
+from gnnscale.engines.sampled.hybrid import HybridEngine
+from gnnscale.engines.sampled.minibatch import MiniBatchEngine
+from gnnscale.engines.sampled.predict import _store, predict_hybrid
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.plan import sampled_epoch as se
 from gnnscale.plan import work

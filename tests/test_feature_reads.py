@@ -16,8 +16,8 @@ from torch import Tensor
 import gnnscale.runtime as rt
 from gnnscale import TrainConfig
 from gnnscale.engines import OffloadEngine, TaskParallelEngine
-from gnnscale.engines.mover import RowMover
-from gnnscale.engines.offload_workers import Features
+from gnnscale.engines.core.mover import RowMover
+from gnnscale.engines.offload.workers import Features
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

@@ -4,7 +4,7 @@ raises StreamOrderError when a stream touches memory another stream may still us
 
 Every run trains two epochs and equals the in-memory reference on the CPU (losses, gradients, weights and
 accuracies, within the tolerances of the CPU equivalence tests), with no NaN anywhere; the syncs and waits per
-epoch are what the engines promise (engines/mover.py: two waits per chunk and one host sync per pass and per
+epoch are what the engines promise (engines/core/mover.py: two waits per chunk and one host sync per pass and per
 accumulation into host memory for offload, one host sync per operation for taskparallel, none on the CPU); the
 pools bound what the engines allocate. Removing any wait of the mover or the engines makes one of these tests
 fail, and so does a copy into a buffer the compute stream still reads (the last tests show both on purpose).
@@ -25,8 +25,8 @@ from torch import Tensor
 import gnnscale.runtime as rt
 from gnnscale import TrainConfig
 from gnnscale.engines import InMemoryEngine, OffloadEngine, TaskParallelEngine
-from gnnscale.engines.mover import RowMover
-from gnnscale.engines.taskparallel_runner import Runner
+from gnnscale.engines.core.mover import RowMover
+from gnnscale.engines.taskparallel.runner import Runner
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block, normalized_csr
 from gnnscale.graph.csr import csr_rows

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-import gnnscale.engines.base as base
+import gnnscale.engines.core.base as base
 from gnnscale.config import TrainConfig
 from gnnscale.engines import InMemoryEngine
 from gnnscale.errors import ConfigError

@@ -17,8 +17,8 @@ import torch
 
 from gnnscale import TrainConfig
 from gnnscale.engines import OffloadEngine
-from gnnscale.engines.offload import spill_window
-from gnnscale.engines.sampled_eval import _steps, layerwise
+from gnnscale.engines.offload.engine import spill_window
+from gnnscale.engines.sampled.eval import _steps, layerwise
 from gnnscale.graph import io
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model

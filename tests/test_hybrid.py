@@ -22,11 +22,11 @@ import torch
 
 from gnnscale.cli import main
 from gnnscale.config import TrainConfig
-from gnnscale.engines.hybrid import HybridEngine, _Iteration
-from gnnscale.engines.minibatch import MiniBatchEngine
-from gnnscale.engines.pipeline import Pipeline
-from gnnscale.engines.replicas import Replicas
-from gnnscale.engines.sampled_stages import Propagated
+from gnnscale.engines.core.pipeline import Pipeline
+from gnnscale.engines.core.replicas import Replicas
+from gnnscale.engines.sampled.hybrid import HybridEngine, _Iteration
+from gnnscale.engines.sampled.minibatch import MiniBatchEngine
+from gnnscale.engines.sampled.stages import Propagated
 from gnnscale.errors import ConfigError
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.generators import csbm

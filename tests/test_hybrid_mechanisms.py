@@ -19,10 +19,10 @@ import pytest
 import torch
 from test_hybrid import AHEAD, CPU, CPU_RATES, WAIT, _force_times, _hybrid
 
-import gnnscale.engines.hybrid as hybrid_mod
-import gnnscale.engines.sampled_stages as stages_mod
-from gnnscale.engines.hybrid import COST_SAMPLES, _Iteration
-from gnnscale.engines.sampled_stages import Propagated
+import gnnscale.engines.sampled.hybrid as hybrid_mod
+import gnnscale.engines.sampled.stages as stages_mod
+from gnnscale.engines.sampled.hybrid import COST_SAMPLES, _Iteration
+from gnnscale.engines.sampled.stages import Propagated
 from gnnscale.graph.generators import csbm
 from gnnscale.plan.hybrid import (
     BatchShape,

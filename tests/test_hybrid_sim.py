@@ -5,7 +5,7 @@ touches memory another stream may still use; docs/runtime.md).
 With DRM off, every run trains two epochs and equals the mini-batch engine on the CPU (losses and weights, within
 the tolerances of tests/test_hybrid.py), with no NaN anywhere, on ``cpu,sim:0`` (the accelerator's share sampled by
 the CPU sampler or on the device itself) and on ``cpu,sim:0,sim:1``. The syncs and waits per iteration are what
-the stages promise (gnnscale/engines/sampled_stages.py): per accelerator, one wait (its stream on the copy's event)
+the stages promise (gnnscale/engines/sampled/stages.py): per accelerator, one wait (its stream on the copy's event)
 and two host syncs (the transfer stage's on its copies, the trainer's on its work and loss), and where the device
 samples its share two more (the sampling stream, the loader's read of the input ids) plus the store reader's two
 per hop; none on the CPU.
@@ -33,7 +33,7 @@ from test_hybrid import CPU, _hybrid, _minibatch
 from torch import Tensor
 
 import gnnscale.runtime as rt
-from gnnscale.engines.hybrid import HybridEngine
+from gnnscale.engines.sampled.hybrid import HybridEngine
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gnnscale import TrainConfig, train
-from gnnscale.engines.sampled_eval import layerwise
+from gnnscale.engines.sampled.eval import layerwise
 from gnnscale.graph.block import Block
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gnnscale import TrainConfig
-from gnnscale.engines import MiniBatchEngine, sampled_eval
+from gnnscale.engines import MiniBatchEngine
+from gnnscale.engines.sampled import eval as sampled_eval
 from gnnscale.graph.generators import kronecker
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

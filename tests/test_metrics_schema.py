@@ -1,5 +1,5 @@
 """One counter schema: every key an engine writes into a training record is in
-:data:`gnnscale.engines.schema.EPOCH_KEYS` (one meaning, one unit), ``h2d_bytes`` is the sum of its parts in every
+:data:`gnnscale.engines.core.schema.EPOCH_KEYS` (one meaning, one unit), ``h2d_bytes`` is the sum of its parts in every
 engine that writes it, and docs/metrics.md is the schema's own page."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from gnnscale import TrainConfig, train
 from gnnscale.cli.common import _MetricsWriter
-from gnnscale.engines.schema import EPOCH_KEYS, H2D_PARTS, KINDS, markdown
+from gnnscale.engines.core.schema import EPOCH_KEYS, H2D_PARTS, KINDS, markdown
 from gnnscale.graph.generators import csbm
 from gnnscale.report import markdown as report_markdown
 from gnnscale.report import read_run
@@ -98,4 +98,4 @@ def test_every_key_has_a_unit_and_a_meaning() -> None:
 
 
 def test_docs_metrics_is_generated_from_the_schema() -> None:
-    assert DOC.read_text() == markdown(), "regenerate: python -m gnnscale.engines.schema > docs/metrics.md"
+    assert DOC.read_text() == markdown(), "regenerate: python -m gnnscale.engines.core.schema > docs/metrics.md"

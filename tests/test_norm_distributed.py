@@ -1,7 +1,7 @@
-"""``--norm batch`` in the distributed engine (gnnscale/engines/distributed_norm.py): BatchNorm's statistics span the
-whole global batch of an iteration over the ranks and, in micrograph training, over every time step, so each
-strategy's iteration equals the single-process mini-batch engine's step on the union of the ranks' batches (its
-loss, gradients and running statistics), and whole runs equal its runs."""
+"""``--norm batch`` in the distributed engine (gnnscale/engines/sampled/distributed_norm.py): BatchNorm's statistics
+span the whole global batch of an iteration over the ranks and, in micrograph training, over every time step, so each
+strategy's iteration equals the single-process mini-batch engine's step on the union of the ranks' batches (its loss,
+gradients and running statistics), and whole runs equal its runs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from gnnscale import TrainConfig, load_dataset, train
-from gnnscale.engines.minibatch import MiniBatchEngine
+from gnnscale.engines.sampled.minibatch import MiniBatchEngine
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.nn.batchnorm import split_norms
@@ -57,7 +57,7 @@ def _iteration_task(rank: int, world: int, name: str, residual: bool, seeds: int
     """Each variant's first iteration of epoch 1 (no optimiser step; ``seeds``: a global batch of that many seeds
     instead, so that a rank's share may be empty), then, with a full batch, the same with the statistics left per
     rank (the reducer adds nothing from the peers): what the test must tell apart."""
-    from gnnscale.engines.distributed import DistributedEngine
+    from gnnscale.engines.sampled.distributed import DistributedEngine
 
     out = []
     variants = _variants(world)

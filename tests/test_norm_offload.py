@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gnnscale import TrainConfig, train
-from gnnscale.engines.offload_layers import LayerPasses
+from gnnscale.engines.offload.layers import LayerPasses
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model
 from gnnscale.nn.batchnorm import SplitBatchNorm

@@ -1,4 +1,4 @@
-"""``--norm batch`` with several trainers in one process (gnnscale/engines/sampled_norm.py): the trainers reduce
+"""``--norm batch`` with several trainers in one process (gnnscale/engines/sampled/norm.py): the trainers reduce
 BatchNorm's statistics over the global batch, each vertex counted once however many shares reach it, so the
 mini-batch engine on 3 trainers equals it on 1, and the hybrid engine with DRM off equals the mini-batch engine."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gnnscale import TrainConfig, train
-from gnnscale.engines import sampled_norm
-from gnnscale.engines.sampled_norm import GroupAborted, TrainerGroup, norm_sites, wait_all
+from gnnscale.engines.sampled import norm as sampled_norm
+from gnnscale.engines.sampled.norm import GroupAborted, TrainerGroup, norm_sites, wait_all
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
@@ -162,7 +162,7 @@ def test_two_trainers_on_one_accelerator_are_refused() -> None:
     """Autograd runs one accelerator's backward on one thread: two trainers there could not reduce (the first would
     wait for the second forever), so the engine says so before it starts; CPU trainers run backward on their own
     threads and may share the CPU."""
-    from gnnscale.engines.minibatch import MiniBatchEngine
+    from gnnscale.engines.sampled.minibatch import MiniBatchEngine
 
     why = MiniBatchEngine.batch_norm_reason(TrainConfig(engine="minibatch", devices=("cuda", "cuda:0"), norm="batch"))
     assert why is not None and "cuda:0 named twice" in why

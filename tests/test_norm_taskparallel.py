@@ -1,7 +1,7 @@
 """``--norm`` in the task-parallel engine: the decoupled models normalise between their T tasks' linear layers (PyG's
 MLP order), and the engine, which runs the T tasks subgraph by subgraph on several devices, trains them as the
 in-memory engine does: BatchNorm's statistics and gradient sums over every vertex (statistics and gradient-sums
-passes, engines/taskparallel_norm.py), the running statistics the same, LayerNorm per row as it is. A run whose
+passes, engines/taskparallel/norm.py), the running statistics the same, LayerNorm per row as it is. A run whose
 statistics come from one subgraph only is another run, and the tests see it."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import gnnscale.runtime as rt
 from gnnscale import TrainConfig, train
 from gnnscale.cli import main
 from gnnscale.engines import InMemoryEngine, TaskParallelEngine
-from gnnscale.engines.taskparallel_norm import NormPasses
+from gnnscale.engines.taskparallel.norm import NormPasses
 from gnnscale.errors import ConfigError
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph

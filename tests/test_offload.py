@@ -207,7 +207,7 @@ def test_host_buffer_widths_are_probed_on_the_models_device(model: str) -> None:
     """The host-buffer sizes come from a probe row through each layer's projection. On the H200 gpu-check that row
     was made on the CPU in float32 whatever the model's tensors (every CUDA offload test failed). The probe must be
     made like the layer's own parameters: here float64 ones, which a float32 row cannot multiply."""
-    from gnnscale.engines.offload_rows import HostRows
+    from gnnscale.engines.offload.rows import HostRows
 
     kw = dict(layers=3, dropout=0.5, heads=2, seed=0)
     cpu = build_model(model, 12, 16, 5, **kw)

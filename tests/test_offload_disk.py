@@ -14,11 +14,12 @@ import torch
 
 from gnnscale import TrainConfig
 from gnnscale.cli import main
-from gnnscale.engines import OffloadEngine, offload_workers
-from gnnscale.engines import offload as offload_module
-from gnnscale.engines.offload import chunk_file_bytes
-from gnnscale.engines.offload_layers import LayerPasses
-from gnnscale.engines.offload_rows import HostRows
+from gnnscale.engines import OffloadEngine
+from gnnscale.engines.offload import engine as offload_module
+from gnnscale.engines.offload import workers as offload_workers
+from gnnscale.engines.offload.engine import chunk_file_bytes
+from gnnscale.engines.offload.layers import LayerPasses
+from gnnscale.engines.offload.rows import HostRows
 from gnnscale.errors import ConfigError
 from gnnscale.graph import io
 from gnnscale.graph.generators import csbm

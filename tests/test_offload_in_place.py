@@ -12,8 +12,8 @@ import torch
 
 from gnnscale import TrainConfig
 from gnnscale.engines import OffloadEngine
-from gnnscale.engines import mover as mover_mod
-from gnnscale.engines.chunks import Chunk
+from gnnscale.engines.core import mover as mover_mod
+from gnnscale.engines.core.chunks import Chunk
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

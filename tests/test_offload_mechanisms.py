@@ -13,8 +13,8 @@ from torch import Tensor
 
 from gnnscale import TrainConfig
 from gnnscale.engines import OffloadEngine
-from gnnscale.engines import mover as mover_mod
-from gnnscale.engines import offload_exchange as exchange_mod
+from gnnscale.engines.core import mover as mover_mod
+from gnnscale.engines.offload import exchange as exchange_mod
 from gnnscale.graph.block import Block
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph

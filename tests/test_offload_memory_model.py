@@ -8,7 +8,7 @@ import torch
 
 from gnnscale import TrainConfig
 from gnnscale.engines import OffloadEngine
-from gnnscale.engines.offload_layers import LayerPasses
+from gnnscale.engines.offload.layers import LayerPasses
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model
@@ -117,7 +117,7 @@ def test_the_estimate_stays_tight_on_other_graphs(nodes: int, degree: int, featu
     assert 1.0 <= est / counted <= 1.15, f"{model}: {est} vs {counted} ({est / counted:.3f})"
 
 
-# the passes of an epoch (:class:`~gnnscale.engines.offload_layers.LayerPasses`) and the model's name of each
+# the passes of an epoch (:class:`~gnnscale.engines.offload.layers.LayerPasses`) and the model's name of each
 PASSES = {"forward": "forward", "project": "project", "project_backward": "project_backward",
           "loss_and_last_backward": "loss", "backward": "backward"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gnnscale import TrainConfig, TrainResult, _compat, train
-from gnnscale.engines.schema import EPOCH_KEYS, KINDS, Key
+from gnnscale.engines.core.schema import EPOCH_KEYS, KINDS, Key
 from gnnscale.errors import ConfigError, DatasetError, GnnscaleError
 from gnnscale.graph.generators import csbm
 from gnnscale.report import Run, build_panels, draw_figure, markdown, read_run, render_png, run_from_records

@@ -1,5 +1,5 @@
-"""The shared sampled loop (``gnnscale.engines.sampled``): a toy sampled engine, one small module on the loop plus a
-registry entry, trains through the CLI with the mini-batch engine's losses and accuracies, checkpoints within an
+"""The shared sampled loop (``gnnscale.engines.sampled.loop``): a toy sampled engine, one small module on the loop
+plus a registry entry, trains through the CLI with the mini-batch engine's losses and accuracies, checkpoints within an
 epoch and resumes to an uninterrupted run's losses; the loop runs its parts in order (the feed ahead of each step,
 reduce, step, sync, the engine's look, the iteration hook) and counts what they did."""
 
@@ -15,7 +15,9 @@ import torch
 from gnnscale.cli import main
 from gnnscale.config import SamplingOptions, TrainConfig
 from gnnscale.engines import ENGINES
-from gnnscale.engines.sampled import (
+from gnnscale.engines.sampled.engine import IterationCheckpoints, SampledEngine
+from gnnscale.engines.sampled.eval import SampledInference
+from gnnscale.engines.sampled.loop import (
     NoReducer,
     SampledBatch,
     SampledCounters,
@@ -26,8 +28,6 @@ from gnnscale.engines.sampled import (
     forward,
     inline_feed,
 )
-from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
-from gnnscale.engines.sampled_eval import SampledInference
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph

@@ -30,8 +30,8 @@ from torch import Tensor
 
 import gnnscale.runtime as rt
 from gnnscale.config import TrainConfig
-from gnnscale.engines.distributed import DistributedEngine
-from gnnscale.engines.minibatch import MiniBatchEngine
+from gnnscale.engines.sampled.distributed import DistributedEngine
+from gnnscale.engines.sampled.minibatch import MiniBatchEngine
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

@@ -18,7 +18,7 @@ import torch
 import gnnscale.runtime as rt
 from gnnscale import TrainConfig
 from gnnscale.engines import InMemoryEngine, TaskParallelEngine
-from gnnscale.engines.taskparallel_runner import Runner
+from gnnscale.engines.taskparallel.runner import Runner
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

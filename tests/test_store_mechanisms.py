@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_minibatch_xgnn import CPU, GCN, RING, _engine, weighted
 
-from gnnscale.engines.minibatch import PRESAMPLE_BATCHES, epoch_order
+from gnnscale.engines.sampled.minibatch import PRESAMPLE_BATCHES, epoch_order
 from gnnscale.errors import ConfigError
 from gnnscale.graph.generators import csbm
 from gnnscale.sample import CSRTopology, hop_key, sample_blocks, sample_key, sample_positions

@@ -268,7 +268,7 @@ def test_skip_mode_overlaps_t_and_p_devices(graph) -> None:  # type: ignore[no-u
 def test_t_stages_run_at_most_the_queue_depth_ahead(graph) -> None:  # type: ignore[no-untyped-def]
     """Stage 1 stalls on subgraph 0 until stage 0 starts subgraph QUEUE_DEPTH, which the bounded queue between
     the stages forbids: the wait must run out (an unbounded queue lets stage 0 run ahead and meet it)."""
-    from gnnscale.engines.taskparallel import QUEUE_DEPTH
+    from gnnscale.engines.taskparallel.engine import QUEUE_DEPTH
 
     cfg = _config("dgcn", 2, 3, t_devices=2, subgraphs=QUEUE_DEPTH + 2)
     eng = TaskParallelEngine(graph, _model(graph, cfg), cfg, CPU)

@@ -22,7 +22,7 @@ import torch
 
 from gnnscale.config import TrainConfig
 from gnnscale.engines import TaskParallelEngine
-from gnnscale.engines.taskparallel_tasks import TaskOps
+from gnnscale.engines.taskparallel.tasks import TaskOps
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

@@ -14,7 +14,7 @@ import pytest
 
 from gnnscale import TrainConfig, train
 from gnnscale.cli.main import main
-from gnnscale.engines.schema import TIMING_KEYS, WALL_PARTS
+from gnnscale.engines.core.schema import TIMING_KEYS, WALL_PARTS
 from gnnscale.graph.generators import csbm
 
 SPEC = "csbm:nodes=200,features=8,classes=3"

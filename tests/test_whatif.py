@@ -16,7 +16,7 @@ import torch
 from gnnscale.cli.main import main
 from gnnscale.config import TrainConfig
 from gnnscale.distributed.comm import Comm, Pacer, ring_bytes, ring_rounds
-from gnnscale.engines.distributed_predict import LocalExchange, exchange_work, sync_work
+from gnnscale.engines.sampled.distributed_predict import LocalExchange, exchange_work, sync_work
 from gnnscale.errors import ConfigError
 from gnnscale.graph.generators import csbm
 from gnnscale.nn import build_model

@@ -9,12 +9,10 @@ import torch
 from gnnscale import runtime as rt
 from gnnscale.config import ModelOptions, RunOptions, TrainConfig, register_check
 from gnnscale.distributed.job import launched
-from gnnscale.engines.base import Engine
-from gnnscale.engines.distributed import DistributedEngine
-from gnnscale.engines.hybrid import HybridEngine
+from gnnscale.engines.core import Engine
 from gnnscale.engines.inmemory import InMemoryEngine
-from gnnscale.engines.minibatch import MiniBatchEngine
 from gnnscale.engines.offload import OffloadEngine
+from gnnscale.engines.sampled import DistributedEngine, HybridEngine, MiniBatchEngine
 from gnnscale.engines.taskparallel import TaskParallelEngine
 from gnnscale.errors import ConfigError, EngineError
 from gnnscale.graph.graph import Graph

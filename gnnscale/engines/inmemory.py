@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gnnscale.engines.base import Engine, graph_bytes
+from gnnscale.engines.core.base import Engine, graph_bytes
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.stack import Stack

@@ -127,7 +127,7 @@ class DecoupledGNN(GNN):
     (``norms[l]`` on layer ``l``'s output, run at the start of T task ``l + 1``). BatchNorm's statistics are over
     the rows :meth:`transform` is given: every vertex in :meth:`forward`; a task-parallel engine that runs the T
     tasks subgraph by subgraph spans them with statistics and gradient-sums passes
-    (:mod:`gnnscale.engines.taskparallel_norm`).
+    (:mod:`gnnscale.engines.taskparallel.norm`).
     """
 
     decoupled: ClassVar[bool] = True

@@ -147,7 +147,7 @@ class Stack(nn.Module):
         tasks' ``lin.bias``. BatchNorm subtracts its rows' mean, so their true gradient is exactly zero; a computed
         one is rounding noise that Adam scales up to steps of about ``lr``, different in every engine (chunks,
         trainers and ranks sum in other orders). Every engine zeroes their gradients before each optimiser step
-        (:class:`~gnnscale.engines.base.Engine`): they keep their initial values (unless ``weight_decay`` shrinks
+        (:class:`~gnnscale.engines.core.base.Engine`): they keep their initial values (unless ``weight_decay`` shrinks
         them), as the running means they shift do, so the engines agree on accuracies as on losses."""
         biases: list[nn.Parameter] = []
         for i, layer in enumerate(self.block_layers):

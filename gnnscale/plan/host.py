@@ -21,7 +21,7 @@ What the budget bounds (issue #44): the process's peak resident memory (``VmHWM`
 memory and mapped file pages alike) is at most :class:`HostBase` plus the budget. The base is what no budget can
 remove: the process as it stands once the graph is loaded (the interpreter, torch, the graph's memory-mapped
 topology as validation read it: its features' pages are released after they are checked), the engine's own
-topology index (its copies of the CSR, :attr:`~gnnscale.engines.base.Engine.host_topology_copies` of the graph's
+topology index (its copies of the CSR, :attr:`~gnnscale.engines.core.base.Engine.host_topology_copies` of the graph's
 CSR bytes) and :data:`RUNTIME_ALLOWANCE` for what training loads (compiled kernels, thread stacks). ``gnnscale
 plan --host-memory`` prints it; each epoch record carries ``host_base_bytes`` and ``host_peak_bytes``.
 
@@ -118,7 +118,7 @@ def sampled_working_bytes(num_nodes: int, row_bytes: int, batch_size: int, fanou
     trained; :func:`sampled_batch_rows`), each row gathered as float32 features (``row_bytes``) and its blocks'
     edges (ids and weights, 16 bytes each), a hidden activation and its gradient per layer for the batch in
     training; and layer-wise evaluation's two ``[N, max(hidden, classes)]`` float32 tables, whose steps take the
-    batches' rows (:func:`~gnnscale.engines.sampled_eval.layerwise`'s ``max_rows``)."""
+    batches' rows (:func:`~gnnscale.engines.sampled.eval.layerwise`'s ``max_rows``)."""
     rows, edges = sampled_batch_rows(num_nodes, batch_size, fanouts)
     batches = in_flight * (rows * row_bytes + 16 * edges) + rows * 8 * hidden * len(fanouts)
     return batches + 2 * 4 * num_nodes * max(hidden, classes)

@@ -1,7 +1,7 @@
 """Per-pass memory model of the offload engine: the device bytes alive at each pass's peak, chunk by chunk.
 
 An epoch of the offload engine is a sequence of passes over the chunk schedule
-(:class:`~gnnscale.engines.offload_layers.LayerPasses`): each projecting layer's projection, each layer's
+(:class:`~gnnscale.engines.offload.layers.LayerPasses`): each projecting layer's projection, each layer's
 forward, the last layer's fused loss and backward, each layer's backward and the projections' backward. A pass
 holds, besides the model:
 
@@ -137,7 +137,7 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
         idx: bytes of a topology index (int32 while the graph has fewer than 2^31 vertices).
         fused_min: elements from which keyed dropout runs the fused CPU kernel (:class:`Drops`).
         views: destination slices are views of host memory, no device bytes (the CPU's mover,
-            :meth:`~gnnscale.engines.mover.RowMover.slice`).
+            :meth:`~gnnscale.engines.core.mover.RowMover.slice`).
     """
     layers = model.block_layers
     L = len(layers)

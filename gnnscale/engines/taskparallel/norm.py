@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gnnscale.engines.taskparallel_runner import Runner
-from gnnscale.engines.taskparallel_tasks import TaskOps
+from gnnscale.engines.taskparallel.runner import Runner
+from gnnscale.engines.taskparallel.tasks import TaskOps
 from gnnscale.nn.batchnorm import SplitBatchNorm, end_grad_sums_together, end_stats_together
 
 Key = tuple[int, int]
@@ -75,7 +75,7 @@ class NormPasses:
         return out
 
     def sync_buffers(self) -> None:
-        """The replicas' norms take the master's running statistics (:class:`~gnnscale.engines.replicas.Replicas`
+        """The replicas' norms take the master's running statistics (:class:`~gnnscale.engines.core.replicas.Replicas`
         copies parameters only)."""
         for j in self.ids:
             master, *replicas = self.copies(j)

@@ -8,7 +8,7 @@ rows, and trains its model replica on the blocks. Every trainer reads through it
 (:meth:`GlobalMemoryStore.reader`). Gradients are summed over the trainers, weighted by their seeds, and the
 optimiser steps once per global batch. Sampling is keyed by ``(seed, epoch, hop, vertex)``, so a step on N
 trainers equals one trainer's step on the whole batch; with ``--norm batch`` the trainers reduce BatchNorm's
-statistics over the whole batch (:mod:`gnnscale.engines.sampled_norm`) for the same reason.
+statistics over the whole batch (:mod:`gnnscale.engines.sampled.norm`) for the same reason.
 
 Per trainer, sampling and extraction run on a producer thread ahead of training through a bounded queue
 (:data:`QUEUE_DEPTH` batches: HyScale-GNN's pipeline of sampling, feature loading and training); on CUDA on their
@@ -21,7 +21,7 @@ inference (every vertex's exact output, layer by layer over destination batches,
 the in-memory engine's evaluation and PyG's full-batch ``model(x, edge_index)``), or sampled inference with
 ``--eval-fanouts`` (the training blocks' semantics).
 
-The engine is the shared sampled loop (:class:`~gnnscale.engines.sampled.SampledLoop`) with XGNN's parts: a
+The engine is the shared sampled loop (:class:`~gnnscale.engines.sampled.loop.SampledLoop`) with XGNN's parts: a
 producer thread per trainer as the feed, model replicas on threads as the trainers, :class:`Replicas` as the
 reducer.
 
@@ -46,9 +46,11 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.config import GatherOptions, MiniBatchOptions, SamplingOptions, StoreOptions
-from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
-from gnnscale.engines.replicas import Replicas
-from gnnscale.engines.sampled import (
+from gnnscale.engines.core.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
+from gnnscale.engines.core.replicas import Replicas
+from gnnscale.engines.sampled.engine import SampledEngine
+from gnnscale.engines.sampled.eval import SampledInference
+from gnnscale.engines.sampled.loop import (
     EVAL_BATCH,
     EVAL_EPOCH,
     SampledBatch,
@@ -63,10 +65,8 @@ from gnnscale.engines.sampled import (
     forward,
     model_depth,
 )
-from gnnscale.engines.sampled_engine import SampledEngine
-from gnnscale.engines.sampled_eval import SampledInference
-from gnnscale.engines.sampled_norm import BatchNormSync, traffic, wait_all
-from gnnscale.engines.sampled_predict import predict_minibatch
+from gnnscale.engines.sampled.norm import BatchNormSync, traffic, wait_all
+from gnnscale.engines.sampled.predict import predict_minibatch
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.stack import Stack
@@ -108,7 +108,7 @@ class MiniBatchEngine(SampledEngine):
     """Sampled mini-batch training with topology and features in a global GPU+host store (XGNN), one trainer
     per device.
 
-    The :class:`~gnnscale.engines.sampled.SampledLoop`'s parts: the feed is a producer thread per trainer that
+    The :class:`~gnnscale.engines.sampled.loop.SampledLoop`'s parts: the feed is a producer thread per trainer that
     samples and extracts its shares through its reader ahead of training (:meth:`_batches`), the trainers are
     model replicas on threads (:meth:`_run`), and :class:`Replicas` reduces."""
 
@@ -125,7 +125,7 @@ class MiniBatchEngine(SampledEngine):
     @classmethod
     def batch_norm_reason(cls, config: TrainConfig) -> str | None:
         """Each layer normalises over the batch's rows of that layer, as PyG with a NeighborLoader; several
-        trainers reduce their statistics (:mod:`gnnscale.engines.sampled_norm`), so 3 trainers equal 1. Not two
+        trainers reduce their statistics (:mod:`gnnscale.engines.sampled.norm`), so 3 trainers equal 1. Not two
         trainers on one accelerator: autograd runs a device's backward on one thread, where the first trainer's
         reduction would wait for the second's forever."""
         named = [d.strip().lower() for d in config.devices or ()]
@@ -162,7 +162,7 @@ class MiniBatchEngine(SampledEngine):
     @classmethod
     def predict_epoch(cls, graph: Graph, config: TrainConfig, device: torch.device, rates: Rates, *,
                       model: Stack | None = None, cluster: Cluster = HERE) -> EpochTime | None:
-        """XGNN's placement cost and the sampled blocks' work (:mod:`gnnscale.engines.sampled_predict`); with
+        """XGNN's placement cost and the sampled blocks' work (:mod:`gnnscale.engines.sampled.predict`); with
         ``cluster.devices_per_machine``, that many devices sharing the host bus."""
         return predict_minibatch(graph, config, trainer_devices(config, device), rates, store_share=STORE_SHARE,
                                  model=model, cluster=cluster)

@@ -2,9 +2,9 @@
 
 The graph is cut into ``partitions x chunks`` destination chunks (:mod:`gnnscale.partition`); partition ``i`` runs
 on worker ``i mod len(devices)`` (one thread, stream set and model replica per device,
-:mod:`~gnnscale.engines.offload_workers`), and a *batch* -- the chunks at one position of every partition, in the
+:mod:`~gnnscale.engines.offload.workers`), and a *batch* -- the chunks at one position of every partition, in the
 planner's (possibly reorganised, Algorithm 4) schedule -- runs concurrently. Per epoch (:meth:`OffloadEngine.
-train_epoch`, each step one pass over the schedule, :mod:`~gnnscale.engines.offload_layers`):
+train_epoch`, each step one pass over the schedule, :mod:`~gnnscale.engines.offload.layers`):
 
 1. **Forward**, layer by layer, chunk by chunk: gather the chunk's source rows ``h^l[N_k]`` (layer ``l``'s input)
    from host memory, run the layer, apply the next layer's activation and keyed dropout to the destination rows
@@ -27,16 +27,16 @@ train_epoch`, each step one pass over the schedule, :mod:`~gnnscale.engines.offl
 
 Source rows reach a chunk in one of three ways (``--dedup``, :mod:`gnnscale.partition.dedup`): gathered from host
 memory per chunk (``none``), or assembled from per-device *transition buffers*
-(:mod:`~gnnscale.engines.offload_exchange`) into which each batch's rows are loaded once, by the partition that
+(:mod:`~gnnscale.engines.offload.exchange`) into which each batch's rows are loaded once, by the partition that
 owns them (``full``, Algorithm 2) or per partition (``reuse``), rows kept from the previous batch staying in their
 slots. Source-row gradients go the opposite way into the same slots and reach host memory once each time a row
 leaves the device (Algorithm 3).
 
 The features (layer 0's input) are read only through feature sources (:mod:`gnnscale.store.features`; one per
-worker, :class:`~gnnscale.engines.offload_workers.Features`: an ``InMemorySource`` on the CPU, a
+worker, :class:`~gnnscale.engines.offload.workers.Features`: an ``InMemorySource`` on the CPU, a
 ``PinnedHostSource`` read by the worker's row mover on an accelerator, with the mover's copies, staging and
 waits; with ``--host-memory`` and a converted directory's ``x.npy``, the shared disk tier
-(:func:`~gnnscale.engines.disk_tier.open_disk_tier`: one :class:`~gnnscale.store.disk.DiskSource` per worker,
+(:func:`~gnnscale.engines.core.disk_tier.open_disk_tier`: one :class:`~gnnscale.store.disk.DiskSource` per worker,
 read through a :class:`~gnnscale.store.sources.ReorderedRows` that maps the engine's vertex order back to file
 rows), so every feature row read is counted per tier
 (``engine.features.read_stats()``). The later layers'
@@ -44,7 +44,7 @@ inputs, gradients, projections and cached aggregations are plain host buffers: t
 and read back during the epoch, not features; with ``--host-memory`` those the planner's budget cannot hold
 (:func:`~gnnscale.plan.host.plan_host`: what the budget has left after the model, the vertex arrays and the read
 buffers) are file-backed in ``--scratch`` (default: the system's temporary folder;
-:class:`~gnnscale.engines.offload_workers.Spill`: unlinked shared maps, bit-exact, nothing left in the folder
+:class:`~gnnscale.engines.offload.workers.Spill`: unlinked shared maps, bit-exact, nothing left in the folder
 whatever ends the run).
 
 Dropout masks are keyed by (seed, epoch, layer, *original* vertex id), so forward, recomputation and the in-memory
@@ -53,22 +53,22 @@ engine draw the same masks. The result is the in-memory engine's, up to floating
 On a CPU without a device budget or a host one (no ``--gpu-memory``, no ``--host-memory``: host memory is the
 device, and the 4 bytes an edge of the blocks over host rows need no planning) the chunks read what the
 host holds where it is: a propagation, or a cached parameter-free AGGREGATE after layer 0, multiplies the host
-table itself through the chunk's block over its rows (:meth:`~gnnscale.engines.chunks.Chunk.in_place`), and a
+table itself through the chunk's block over its rows (:meth:`~gnnscale.engines.core.chunks.Chunk.in_place`), and a
 cached propagation's source gradients are added into host rows as they are made
 (:meth:`~gnnscale.nn.base.BlockLayer.aggregate_vjp_add`): the same sums in the same order as gathering, without
 the per-chunk copies (``tests/test_offload_in_place.py``). With a budget the CPU stands in for the accelerator it
 is for, and gathers.
 
-On an accelerator (a GPU, or the runtime's sim device) the host buffers are pinned where the device needs it, the
-next chunk's rows and topology are loaded on a copy stream while the current chunk computes, and gradient
-accumulation into host memory runs on a worker thread (all in the row mover, :mod:`~gnnscale.engines.mover`, through
+On an accelerator (a GPU, or the runtime's sim device) the host buffers are pinned where the device needs it, the next
+chunk's rows and topology are loaded on a copy stream while the current chunk computes, and gradient accumulation into
+host memory runs on a worker thread (all in the row mover, :mod:`~gnnscale.engines.core.mover`, through
 :mod:`gnnscale.runtime`), and ``peak_device_bytes`` is the device's allocation peak; on the CPU the same code runs
 synchronously and ``peak_device_bytes`` is measured by :class:`~gnnscale.plan.memory.LiveBytesCounter` (every epoch
 under ``--gpu-memory``; else the first, later epochs reporting the process's peak as the other engines do). Every epoch
-record carries the planner's ``estimated_peak_device_bytes`` (per device) beside that count. Per pass a
-device waits twice per chunk (its copy stream for its compute stream, its compute stream for the chunk's loads)
-and the host once (:meth:`~gnnscale.engines.mover.RowMover.barrier`), plus once per accumulation into host memory
-on the accumulating thread.
+record carries the planner's ``estimated_peak_device_bytes`` (per device) beside that count. Per pass a device waits
+twice per chunk (its copy stream for its compute stream, its compute stream for the chunk's loads) and the host once
+(:meth:`~gnnscale.engines.core.mover.RowMover.barrier`), plus once per accumulation into host memory on the
+accumulating thread.
 """
 
 from __future__ import annotations
@@ -85,15 +85,15 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.config import ChunkOptions, GatherOptions, OffloadOptions, PartitionOptions
-from gnnscale.engines.base import Engine
-from gnnscale.engines.chunks import Chunk, cut_chunks
-from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
-from gnnscale.engines.mover import RowMover
-from gnnscale.engines.offload_layers import LayerPasses
-from gnnscale.engines.offload_rows import HostRows
-from gnnscale.engines.offload_sweep import Sweep
-from gnnscale.engines.offload_workers import Features, Spill, Worker, WorkerGroup
-from gnnscale.engines.replicas import Replicas
+from gnnscale.engines.core.base import Engine
+from gnnscale.engines.core.chunks import Chunk, cut_chunks
+from gnnscale.engines.core.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
+from gnnscale.engines.core.mover import RowMover
+from gnnscale.engines.core.replicas import Replicas
+from gnnscale.engines.offload.layers import LayerPasses
+from gnnscale.engines.offload.rows import HostRows
+from gnnscale.engines.offload.sweep import Sweep
+from gnnscale.engines.offload.workers import Features, Spill, Worker, WorkerGroup
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph
@@ -136,7 +136,7 @@ class OffloadEngine(Engine):
     @classmethod
     def batch_norm_reason(cls, config: TrainConfig) -> str | None:
         """None: a statistics pass and a gradient-sums pass over the chunks per BatchNorm make each chunk's
-        normalisation, and its backward, the whole layer's (:class:`~gnnscale.engines.offload_layers.LayerPasses`)."""
+        normalisation, and its backward, the whole layer's (:class:`~gnnscale.engines.offload.layers.LayerPasses`)."""
         del config
         return None
 

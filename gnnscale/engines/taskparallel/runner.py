@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.engines.chunks import Chunk
-from gnnscale.engines.mover import RowMover
+from gnnscale.engines.core.chunks import Chunk
+from gnnscale.engines.core.mover import RowMover
 from gnnscale.graph.block import Block
 from gnnscale.nn.decoupled import DecoupledGNN
 from gnnscale.plan.memory import LiveBytesCounter, replica_baseline
@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 OPS = ("TF", "TR", "TB", "PF", "PB", "TS", "TG")
 """Operation kinds timed per device: T forward, T recomputation, T backward, P forward, P backward, and BatchNorm's
-passes over the T tasks: statistics, gradient sums (:mod:`~gnnscale.engines.taskparallel_norm`)."""
+passes over the T tasks: statistics, gradient sums (:mod:`~gnnscale.engines.taskparallel.norm`)."""
 
 
 class Runner:

@@ -10,7 +10,7 @@ import torch
 
 from gnnscale import runtime as rt
 from gnnscale.config import TrainConfig
-from gnnscale.engines.sampled import default_fanouts, model_depth
+from gnnscale.engines.sampled.loop import default_fanouts, model_depth
 from gnnscale.graph.block import AdjacencySpec, sampling_csr
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

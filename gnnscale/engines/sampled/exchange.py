@@ -10,7 +10,7 @@ parts of the sampled loop that cross ranks.
 
 A sample's input rows are read through the rank's feature source (its
 :class:`~gnnscale.store.partitioned.PartitionedFeatures`, or the rows pre-gathered for an iteration), in the
-engine (:mod:`gnnscale.engines.distributed`).
+engine (:mod:`gnnscale.engines.sampled.distributed`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.distributed.comm import Comm
-from gnnscale.engines.sampled import EVAL_BATCH
+from gnnscale.engines.sampled.loop import EVAL_BATCH
 from gnnscale.graph.block import Block
 from gnnscale.nn.stack import Stack
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks

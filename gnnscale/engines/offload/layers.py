@@ -2,8 +2,8 @@
 loss and backward, in a layer's backward, and in the projections (HongTu Algorithm 1, §4.2).
 
 Every vertex's rows live in host memory (:class:`HostRows`); a pass walks the chunk schedule
-(:class:`~gnnscale.engines.offload_sweep.Sweep`) and each worker computes its chunks in order, reading the rows its
-:class:`~gnnscale.engines.offload_sweep.LayerPass` names and writing its outputs back to host memory.
+(:class:`~gnnscale.engines.offload.sweep.Sweep`) and each worker computes its chunks in order, reading the rows its
+:class:`~gnnscale.engines.offload.sweep.LayerPass` names and writing its outputs back to host memory.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gnnscale import runtime as rt
-from gnnscale.engines.offload_rows import HostRows
-from gnnscale.engines.offload_sweep import ChunkStep, LayerPass, Sweep
-from gnnscale.engines.offload_workers import Worker
+from gnnscale.engines.offload.rows import HostRows
+from gnnscale.engines.offload.sweep import ChunkStep, LayerPass, Sweep
+from gnnscale.engines.offload.workers import Worker
 from gnnscale.nn.batchnorm import (
     SplitBatchNorm,
     end_grad_sums_together,

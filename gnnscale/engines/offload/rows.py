@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gnnscale.engines.offload_workers import Features, HostTable, Spill
+from gnnscale.engines.offload.workers import Features, HostTable, Spill
 from gnnscale.nn.stack import Stack
 
 
@@ -26,7 +26,7 @@ def projected_width(layer: torch.nn.Module, width: int) -> int:
 class HostRows:
     """Every vertex's rows in host memory (pinned for a GPU), in the engine's vertex order: features, each layer's
     input and its gradient, the projected rows of projecting layers and the cached aggregations. The features are
-    read through feature sources (:class:`~gnnscale.engines.offload_workers.Features`); the rest are the engine's
+    read through feature sources (:class:`~gnnscale.engines.offload.workers.Features`); the rest are the engine's
     own scratch, plain host tensors it writes and reads during the epoch."""
 
     x: Features

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.engines.mover import RowMover
+from gnnscale.engines.core.mover import RowMover
 from gnnscale.errors import ConfigError
 from gnnscale.graph.mapped import release_pages
 from gnnscale.nn.stack import Stack

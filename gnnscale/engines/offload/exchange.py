@@ -16,7 +16,7 @@ from typing import NamedTuple
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.engines.offload_workers import HostTable, Worker, WorkerGroup, width
+from gnnscale.engines.offload.workers import HostTable, Worker, WorkerGroup, width
 from gnnscale.partition.dedup import ExchangePlan
 
 AssemblyOnDevice = list[tuple[int, Tensor | None, Tensor]]

@@ -1,11 +1,11 @@
 """What every engine that trains on sampled neighbourhoods sets up the same way, and how it evaluates.
 
 :class:`SampledEngine` holds the common set-up (the fanouts, the masks, the training vertices, the adjacency the
-sampled blocks carry) and evaluation through the engine's :class:`~gnnscale.engines.sampled_eval.SampledInference`;
-each engine composes its :class:`~gnnscale.engines.sampled.SampledLoop` from its own parts (the feed, the
+sampled blocks carry) and evaluation through the engine's :class:`~gnnscale.engines.sampled.eval.SampledInference`;
+each engine composes its :class:`~gnnscale.engines.sampled.loop.SampledLoop` from its own parts (the feed, the
 trainers, the reducer) and calls it from ``train_epoch``. A new sampled engine is one module: a subclass that
 calls this constructor, builds its ``loop`` and ``inference``, and writes ``train_epoch`` as one
-:meth:`SampledLoop.run <gnnscale.engines.sampled.SampledLoop.run>`; with :class:`IterationCheckpoints` it also
+:meth:`SampledLoop.run <gnnscale.engines.sampled.loop.SampledLoop.run>`; with :class:`IterationCheckpoints` it also
 checkpoints within epochs.
 """
 
@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gnnscale.engines.base import Engine
-from gnnscale.engines.disk_tier import DiskTier
-from gnnscale.engines.sampled import (
+from gnnscale.engines.core.base import Engine
+from gnnscale.engines.core.disk_tier import DiskTier
+from gnnscale.engines.sampled.eval import EVAL_READ_RATIO, SampledInference, eval_ids
+from gnnscale.engines.sampled.loop import (
     EVAL_EPOCH,
     SampledLoop,
     check_fanouts,
@@ -28,7 +29,6 @@ from gnnscale.engines.sampled import (
     model_depth,
     sampling_reasons,
 )
-from gnnscale.engines.sampled_eval import EVAL_READ_RATIO, SampledInference, eval_ids
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import MASK_NAMES, Graph
 from gnnscale.nn.stack import Stack
@@ -70,7 +70,7 @@ class SampledEngine(Engine):
         check_fanouts(config)
 
     def _order(self, epoch: int) -> Tensor:
-        """The epoch's shuffle of the training vertices (:func:`~gnnscale.engines.sampled.epoch_order`)."""
+        """The epoch's shuffle of the training vertices (:func:`~gnnscale.engines.sampled.loop.epoch_order`)."""
         return epoch_order(self.config.seed, epoch, self.train_ids.numel())
 
     @torch.no_grad()
@@ -90,7 +90,7 @@ class SampledEngine(Engine):
     def eval_fanouts(self, targets: Tensor) -> tuple[int, ...] | None:
         """How evaluation infers ``targets``: ``--eval-fanouts`` when given; else exact layer-wise inference
         (``None``), except from disk (:attr:`tier`) when that would read more than :data:`EVAL_READ_RATIO` times
-        the feature rows of sampled inference with the training fanouts (:func:`~gnnscale.engines.sampled_eval.
+        the feature rows of sampled inference with the training fanouts (:func:`~gnnscale.engines.sampled.eval.
         eval_reads`): then those fanouts, said in a note. Layer-wise inference reads the labelled vertices' whole
         two-hop neighbourhoods, at random, which a disk serves at thousands of rows a second; the choice is made
         once, at the first evaluation."""

@@ -1,11 +1,11 @@
 """What the task-parallel engine's operations compute (NeutronTask Algorithm 2), and the epoch's state they share.
 
-The engine (:mod:`gnnscale.engines.taskparallel`) decides the order and dependencies of the operations; each one
-runs on its device's :class:`~gnnscale.engines.taskparallel_runner.Runner` and is one of:
+The engine (:mod:`gnnscale.engines.taskparallel.engine`) decides the order and dependencies of the operations; each one
+runs on its device's :class:`~gnnscale.engines.taskparallel.runner.Runner` and is one of:
 
 * a T stage's forward, recomputation or backward for one subgraph (``t_forward``, ``t_refwd``, ``t_backward``),
-  or its part in one of BatchNorm's passes (``t_partial``, ``t_grad_sums``: :mod:`~gnnscale.engines.
-  taskparallel_norm`);
+  or its part in one of BatchNorm's passes (``t_partial``, ``t_grad_sums``:
+  :mod:`~gnnscale.engines.taskparallel.norm`);
 * a P task's forward or backward for one chunk (``p_forward``, ``p_backward``), reading the chunk's source rows
   from the rows its device cached this epoch (each chunk's rows received once), posting gradient shares into the
   epoch's mailbox for the chunks that own the rows.
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gnnscale.engines.chunks import Chunk
-from gnnscale.engines.taskparallel_runner import Runner
+from gnnscale.engines.core.chunks import Chunk
+from gnnscale.engines.taskparallel.runner import Runner
 from gnnscale.graph.block import Block
 from gnnscale.nn.decoupled import weighted
 from gnnscale.nn.ops import spmm_t
@@ -47,7 +47,7 @@ class TaskOps:
     Args:
         plan: the task plan (stages, devices, chunks per subgraph).
         runners: one per device of the plan.
-        chunks: the plan's chunks, each with its sources located (:meth:`~gnnscale.engines.chunks.Chunk.
+        chunks: the plan's chunks, each with its sources located (:meth:`~gnnscale.engines.core.chunks.Chunk.
             with_sources`).
         x: ``[N, F]`` the features in host memory (pinned for a GPU), or a feature source on the host (the disk
             tier, ``--host-memory``): each runner reads it onto its device (:class:`~gnnscale.store.sources.

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.engines.chunks import Chunk
+from gnnscale.engines.core.chunks import Chunk
 from gnnscale.graph.block import Block
 from gnnscale.store import FeatureSource, InMemorySource, PinnedHostSource, gather_rows, scatter_add_rows
 

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gnnscale.distributed.comm import Comm
-from gnnscale.engines.sampled import forward
+from gnnscale.engines.sampled.loop import forward
 from gnnscale.graph.block import Block
 from gnnscale.nn.batchnorm import SplitBatchNorm, split_norms
 from gnnscale.nn.stack import Stack

@@ -17,19 +17,19 @@ One epoch, :meth:`SampledLoop.run`::
 An engine specialises the loop by the parts it passes, never by overriding it:
 
 * the **feed** (``feed(batches, first) -> iterable``) prepares each global batch's inputs: the mini-batch engine's
-  producer thread per trainer (XGNN), the hybrid engine's four-stage :class:`~gnnscale.engines.pipeline.Pipeline`
+  producer thread per trainer (XGNN), the hybrid engine's four-stage :class:`~gnnscale.engines.core.pipeline.Pipeline`
   (HyScale-GNN), the distributed engine's batches as they are (its strategies sample and exchange rows as they
   train);
 * **train** (``train(item, total)``) runs every trainer's forward and backward: one thread per device over model
-  replicas (:class:`~gnnscale.engines.replicas.Replicas`), or one rank's model, hopping between ranks (HopGNN);
+  replicas (:class:`~gnnscale.engines.core.replicas.Replicas`), or one rank's model, hopping between ranks (HopGNN);
 * the **reducer** (:class:`GradientReducer`) sums the gradients: the replicas' into the master, or an all-reduce
   between ranks.
 
 What every sampled engine shares besides the loop lives here too: the epoch's order (:func:`epoch_order`), the
 fanouts (:func:`default_fanouts`, :func:`check_fanouts`), one trainer's share of a batch (:class:`SampledBatch`),
 its forward (:func:`forward`) and backward (:func:`backward_share`), and the counters (:class:`SampledCounters`).
-Evaluation is :mod:`gnnscale.engines.sampled_eval`'s; the common set-up (fanouts, masks, training vertices, the
-blocks' adjacency) :class:`~gnnscale.engines.sampled_engine.SampledEngine`'s.
+Evaluation is :mod:`gnnscale.engines.sampled.eval`'s; the common set-up (fanouts, masks, training vertices, the
+blocks' adjacency) :class:`~gnnscale.engines.sampled.engine.SampledEngine`'s.
 
 Sampling is keyed by ``(seed, epoch, hop, vertex)`` (:func:`gnnscale.sample.sample_key`), and each share's loss is
 its summed loss over the global batch's size: a step equals one trainer's step on the whole batch whatever the
@@ -260,7 +260,7 @@ class SampledCounters:
 class GradientReducer(Protocol):
     """Where the trainers' gradients meet: :meth:`reduce` sums them into the model the optimiser steps, and
     :meth:`sync` hands the stepped parameters back to every trainer (model replicas in one process:
-    :class:`~gnnscale.engines.replicas.Replicas`; ranks: an all-reduce)."""
+    :class:`~gnnscale.engines.core.replicas.Replicas`; ranks: an all-reduce)."""
 
     def reduce(self) -> None: ...
 

@@ -1,6 +1,6 @@
 """The stages a pipelined sampled batch goes through before training (HyScale-GNN §III-B, Figure 4): sampling,
 feature loading and data transfer of every trainer's share of a global batch. Each stage is a function of an
-:class:`Iteration`, run on its own thread by :class:`~gnnscale.engines.pipeline.Pipeline`, and times itself.
+:class:`Iteration`, run on its own thread by :class:`~gnnscale.engines.core.pipeline.Pipeline`, and times itself.
 
 1. **Sampling**: the shares sampled on the CPU go to a pool of sampler threads; an accelerator with a sampler of its
    own samples its share on its device (on a stream of its own), beside them (``SC`` and ``SA``).

@@ -1,7 +1,7 @@
 """Evaluation of the sampled engines, without dropout: layer-wise full-neighbour inference (every vertex's exact
 output, layer by layer over destination batches, with the whole graph's weights: the in-memory engine's evaluation
 and PyG's full-batch ``model(x, edge_index)``), or sampled inference over keyed samples (``--eval-fanouts``: the
-training blocks' semantics, keyed by :data:`~gnnscale.engines.sampled.EVAL_EPOCH`, the same sample every time).
+training blocks' semantics, keyed by :data:`~gnnscale.engines.sampled.loop.EVAL_EPOCH`, the same sample every time).
 
 An engine says where inference reads with a :class:`SampledInference`: a topology and a feature source (the
 mini-batch engine's store, the hybrid engine's host memory); the distributed engine infers across ranks (its own
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.engines.sampled import EVAL_BATCH, SampledBatch, forward, inline_feed
+from gnnscale.engines.sampled.loop import EVAL_BATCH, SampledBatch, forward, inline_feed
 from gnnscale.nn.stack import Stack
 from gnnscale.sample import SampledAdjacency, Topology, sample_blocks
 from gnnscale.store.transfer import place

@@ -37,7 +37,7 @@ trained batches or micrographs, and how many were this rank's: ``local_hit_rate`
 rows held at once: one iteration's with pre-gathering) and ``rank_rss_bytes`` (its resident memory at the epoch's
 end).
 
-The engine is the shared sampled loop (:class:`~gnnscale.engines.sampled.SampledLoop`) with HopGNN's parts: the
+The engine is the shared sampled loop (:class:`~gnnscale.engines.sampled.loop.SampledLoop`) with HopGNN's parts: the
 global batches as the feed (the strategies sample and exchange rows as they train), the strategy's iteration as
 the trainers (this rank's model, or the models hopping through it), an all-reduce between the ranks as the
 reducer; the loop's iteration hook writes §8's iteration checkpoints, with every rank's counters.
@@ -62,12 +62,12 @@ from torch import Tensor
 from gnnscale.config import DistributedOptions, PartitionOptions, SamplingOptions
 from gnnscale.distributed.comm import SETUP_TIMEOUT, Comm
 from gnnscale.distributed.schedule import MergeController, build_schedule, home_groups
-from gnnscale.engines.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
-from gnnscale.engines.distributed_norm import RankBatchNorm
-from gnnscale.engines.distributed_predict import predict_distributed
-from gnnscale.engines.sampled import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
-from gnnscale.engines.sampled_engine import IterationCheckpoints, SampledEngine
-from gnnscale.engines.sampled_exchange import RankReducer, blocks_on, layerwise_across_ranks
+from gnnscale.engines.core.disk_tier import anon_rss_bytes, host_plan, open_disk_tier
+from gnnscale.engines.sampled.distributed_norm import RankBatchNorm
+from gnnscale.engines.sampled.distributed_predict import predict_distributed
+from gnnscale.engines.sampled.engine import IterationCheckpoints, SampledEngine
+from gnnscale.engines.sampled.exchange import RankReducer, blocks_on, layerwise_across_ranks
+from gnnscale.engines.sampled.loop import SampledCounters, SampledLoop, backward_share, check_fanouts, forward
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import MASK_NAMES, Graph

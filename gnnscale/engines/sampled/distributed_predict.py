@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from gnnscale.engines.sampled import backward_share, default_fanouts, forward, model_depth
+from gnnscale.engines.sampled.loop import backward_share, default_fanouts, forward, model_depth
 from gnnscale.graph.block import Block
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

@@ -17,7 +17,7 @@ step of :class:`BatchNormSync`:
 
 A trainer whose share is empty posts no rows and leaves: the reductions are among the trainers that train. Every
 trainer that trains moves its running statistics with the same global moments; the master takes them from one of
-those when it had no share (:meth:`BatchNormSync.settle`), and :class:`~gnnscale.engines.replicas.Replicas` hands
+those when it had no share (:meth:`BatchNormSync.settle`), and :class:`~gnnscale.engines.core.replicas.Replicas` hands
 the master's buffers to the replicas with its parameters.
 """
 
@@ -132,7 +132,7 @@ class TrainerGroup:
 
 def norm_sites(model: Stack, blocks: Sequence[Block]) -> list[tuple[SplitBatchNorm, Tensor]]:
     """Every :class:`SplitBatchNorm` of ``model`` with the global ids of the rows it normalises in a sampled forward
-    over ``blocks`` (:func:`gnnscale.engines.sampled.forward`), in the order they run: ``norms[l - 1]`` on layer
+    over ``blocks`` (:func:`gnnscale.engines.sampled.loop.forward`), in the order they run: ``norms[l - 1]`` on layer
     ``l``'s input rows (block ``l``'s sources), then those inside layer ``l`` (GIN's MLP) on its destinations; with
     ``--jk`` last the last layer's output norm, on the seeds."""
     sites: list[tuple[SplitBatchNorm, Tensor]] = []

@@ -3,7 +3,7 @@
 Every epoch yields one record (``--metrics FILE`` writes it as a JSON line): the keys the training loop writes for
 every engine, then the counters of the engine that ran. :data:`EPOCH_KEYS` is the whole vocabulary; an engine writes
 the subset that applies to it, and never a key that is not here (``tests/test_metrics_schema.py`` runs every engine
-and checks). docs/metrics.md is generated from this module (``python -m gnnscale.engines.schema``).
+and checks). docs/metrics.md is generated from this module (``python -m gnnscale.engines.core.schema``).
 
 Units: ``bytes``; ``s`` (seconds, wall clock); ``rows`` (vertex rows of a feature or activation matrix);
 ``count``; ``fraction`` (0..1); ``list`` (one value per device, trainer or rank, in that order).
@@ -250,7 +250,8 @@ def markdown() -> str:
         "",
         "`gnnscale train --metrics FILE` writes one JSON object per epoch, then a summary object (`\"summary\":",
         "true`). The epoch keys below mean one thing, in one unit, whichever engine writes them; an engine writes the",
-        "ones that apply to it. Generated from `gnnscale/engines/schema.py` (`python -m gnnscale.engines.schema`).",
+        "ones that apply to it. Generated from `gnnscale/engines/core/schema.py`",
+        "(`python -m gnnscale.engines.core.schema`).",
         "",
         "Units: bytes; s (seconds, wall clock); rows (vertex rows); count; fraction (0..1); list (one value per",
         "device, trainer or rank).",

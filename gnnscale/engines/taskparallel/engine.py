@@ -5,10 +5,10 @@ task, then ``L`` P tasks (propagations). :func:`~gnnscale.plan.taskparallel.plan
 devices (one device; same-type tasks grouped; one task per device; hybrid groups) and cuts the vertex ids into
 ``M = S * k`` chunks. Every epoch the chunks are shuffled and every ``k`` form a subgraph (Algorithm 1, line 3).
 
-Each device is driven by one thread (a :class:`~gnnscale.engines.taskparallel_runner.Runner`), which runs the
+Each device is driven by one thread (a :class:`~gnnscale.engines.taskparallel.runner.Runner`), which runs the
 operations submitted to it in order; an operation first waits for the operations whose results it reads. This
 module submits everything in one order that respects those dependencies, so no device waits for work queued behind
-it; what each operation computes is :mod:`~gnnscale.engines.taskparallel_tasks`. Per epoch (Algorithm 2):
+it; what each operation computes is :mod:`~gnnscale.engines.taskparallel.tasks`. Per epoch (Algorithm 2):
 
 1. **T forward**, subgraph by subgraph through the T stages (features from host memory on the first; each
    stage's output handed to the next device); the last stage's output ``H^0`` of a subgraph goes to the P
@@ -29,7 +29,7 @@ it; what each operation computes is :mod:`~gnnscale.engines.taskparallel_tasks`.
 
 With ``--norm batch`` the T tasks' BatchNorms span every vertex, not a subgraph's: a statistics pass per norm before
 step 1 and a gradient-sums pass per norm between steps 3's P and T backward, barriers over every subgraph
-(:mod:`~gnnscale.engines.taskparallel_norm`), so the epoch is the in-memory engine's.
+(:mod:`~gnnscale.engines.taskparallel.norm`), so the epoch is the in-memory engine's.
 
 Dropout masks are keyed by (seed, epoch, layer, vertex id), so recomputation and the in-memory engine draw the same
 masks. On the CPU every device thread counts the bytes it allocates (:class:`~gnnscale.plan.memory.LiveBytesCounter`):
@@ -53,13 +53,13 @@ from torch import Tensor
 from gnnscale import progress
 from gnnscale import runtime as rt
 from gnnscale.config import ChunkOptions, TaskParallelOptions
-from gnnscale.engines.base import Engine
-from gnnscale.engines.chunks import Chunk, cut_chunks
-from gnnscale.engines.disk_tier import host_plan, open_disk_tier, tier_metrics
-from gnnscale.engines.replicas import Replicas
-from gnnscale.engines.taskparallel_norm import NormPasses
-from gnnscale.engines.taskparallel_runner import OPS, Runner
-from gnnscale.engines.taskparallel_tasks import TaskOps
+from gnnscale.engines.core.base import Engine
+from gnnscale.engines.core.chunks import Chunk, cut_chunks
+from gnnscale.engines.core.disk_tier import host_plan, open_disk_tier, tier_metrics
+from gnnscale.engines.core.replicas import Replicas
+from gnnscale.engines.taskparallel.norm import NormPasses
+from gnnscale.engines.taskparallel.runner import OPS, Runner
+from gnnscale.engines.taskparallel.tasks import TaskOps
 from gnnscale.errors import ConfigError
 from gnnscale.graph.block import normalized_csr
 from gnnscale.graph.graph import MASK_NAMES, Graph

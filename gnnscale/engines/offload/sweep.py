@@ -28,10 +28,10 @@ import torch
 from torch import Tensor
 
 from gnnscale import runtime as rt
-from gnnscale.engines.chunks import Chunk
-from gnnscale.engines.mover import record_streams
-from gnnscale.engines.offload_exchange import AssemblyOnDevice, Exchange, StagedRows
-from gnnscale.engines.offload_workers import HostTable, Worker, WorkerGroup, width
+from gnnscale.engines.core.chunks import Chunk
+from gnnscale.engines.core.mover import record_streams
+from gnnscale.engines.offload.exchange import AssemblyOnDevice, Exchange, StagedRows
+from gnnscale.engines.offload.workers import HostTable, Worker, WorkerGroup, width
 from gnnscale.graph.block import Block
 from gnnscale.partition.dedup import ExchangePlan
 
@@ -55,7 +55,7 @@ class LayerPass:
     """... with its transpose (they backpropagate through the adjacency)."""
     in_place: bool = False
     """The chunks may read ``src``'s rows where they are (a plain host tensor, no exchange, a mover that reads in
-    place): through :meth:`Chunk.in_place <gnnscale.engines.chunks.Chunk.in_place>`, whose products sum what the
+    place): through :meth:`Chunk.in_place <gnnscale.engines.core.chunks.Chunk.in_place>`, whose products sum what the
     gathered rows' would, in the same order. Only for a pass whose compute reads the source rows through products
     of the block alone (a parameter-free linear AGGREGATE or a propagation), and whose gradient to them, if any,
     goes through the block's transpose (:meth:`~gnnscale.nn.base.BlockLayer.aggregate_vjp_add`), not through
@@ -123,7 +123,7 @@ class ChunkStep:
 
     def record_stream(self, stream: rt.Stream | None) -> None:
         """The loaded tensors on the worker's device are used on ``stream`` (see
-        :func:`~gnnscale.engines.mover.record_streams`); slots in other workers' buffers are read on those devices'
+        :func:`~gnnscale.engines.core.mover.record_streams`); slots in other workers' buffers are read on those devices'
         own streams."""
         own = [(pos, slots if d == self.worker.index else None) for d, pos, slots in self.assembly or ()]
         record_streams((self.staged, own, self.block_, self.gathered, self.slices), stream)

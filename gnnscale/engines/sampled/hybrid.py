@@ -5,10 +5,10 @@ per accelerator, each training its share of every iteration's global mini-batch 
 shuffle and batches, its keyed sampler, its model replicas). The synchronizer sums the trainers' gradients,
 weighted by their seeds, and the optimiser steps once: an iteration equals one step on the whole global batch,
 whatever the split, because keyed sampling gives every seed the same neighbourhood in any share (with ``--norm
-batch`` the trainers reduce BatchNorm's statistics over the batch: :mod:`gnnscale.engines.sampled_norm`).
+batch`` the trainers reduce BatchNorm's statistics over the batch: :mod:`gnnscale.engines.sampled.norm`).
 
 Four pipeline stages (§III-B, Figure 4), each on its own thread, joined by queues of one iteration
-(:class:`~gnnscale.engines.pipeline.Pipeline`): **sampling** (the CPU sampler samples the CPU trainer's share
+(:class:`~gnnscale.engines.core.pipeline.Pipeline`): **sampling** (the CPU sampler samples the CPU trainer's share
 and those of accelerators without a GPU sampler; a CUDA accelerator samples its own share on its device),
 **feature loading** (CPU threads gather the sampled rows from host memory, into pinned buffers for CUDA),
 **data transfer** (asynchronous copies to each accelerator on a copy stream) and **propagation** (the trainers in
@@ -22,8 +22,8 @@ loader and the CPU trainer). A share is fixed when its iteration is sampled; the
 takes effect a few iterations later, and DRM waits for an iteration sampled under its last decision before it
 decides again.
 
-The engine is the shared sampled loop (:class:`~gnnscale.engines.sampled.SampledLoop`) with HyScale-GNN's parts:
-the three stages before training (:mod:`gnnscale.engines.sampled_stages`) on a pipeline as the feed, the trainers
+The engine is the shared sampled loop (:class:`~gnnscale.engines.sampled.loop.SampledLoop`) with HyScale-GNN's parts:
+the three stages before training (:mod:`gnnscale.engines.sampled.stages`) on a pipeline as the feed, the trainers
 on a thread each (:meth:`HybridEngine._propagate`), :class:`Replicas` with the master on the CPU as the
 synchronizer, and DRM looking at every step.
 
@@ -48,15 +48,15 @@ from torch import Tensor
 
 from gnnscale import runtime as rt
 from gnnscale.config import HybridOptions, MiniBatchOptions, SamplingOptions, TrainConfig
-from gnnscale.engines.disk_tier import host_plan, open_disk_tier, tier_metrics
-from gnnscale.engines.pipeline import Pipeline
-from gnnscale.engines.replicas import Replicas
-from gnnscale.engines.sampled import SampledCounters, SampledLoop, Step, backward_share, check_fanouts, cut, forward
-from gnnscale.engines.sampled_engine import SampledEngine
-from gnnscale.engines.sampled_eval import SampledInference
-from gnnscale.engines.sampled_norm import BatchNormSync, kept_buffers, run_trainers, traffic, waited
-from gnnscale.engines.sampled_predict import hybrid_devices, predict_hybrid
-from gnnscale.engines.sampled_stages import Iteration, Propagated, SampledStages, StageSums
+from gnnscale.engines.core.disk_tier import host_plan, open_disk_tier, tier_metrics
+from gnnscale.engines.core.pipeline import Pipeline
+from gnnscale.engines.core.replicas import Replicas
+from gnnscale.engines.sampled.engine import SampledEngine
+from gnnscale.engines.sampled.eval import SampledInference
+from gnnscale.engines.sampled.loop import SampledCounters, SampledLoop, Step, backward_share, cut, forward
+from gnnscale.engines.sampled.norm import BatchNormSync, kept_buffers, run_trainers, traffic, waited
+from gnnscale.engines.sampled.predict import hybrid_devices, predict_hybrid
+from gnnscale.engines.sampled.stages import Iteration, Propagated, SampledStages, StageSums
 from gnnscale.errors import ConfigError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn.stack import Stack, class_count
@@ -98,7 +98,7 @@ MIN_SHARE_SEEDS = 1
 CPU = torch.device("cpu")
 
 
-_Iteration = Iteration  # one global mini-batch on its way through the pipeline (sampled_stages.Iteration)
+_Iteration = Iteration  # one global mini-batch on its way through the pipeline (sampled.stages.Iteration)
 
 
 class HybridEngine(SampledEngine):
@@ -116,7 +116,7 @@ class HybridEngine(SampledEngine):
     @classmethod
     def check_options(cls, config: TrainConfig) -> None:
         """The fanouts, the devices (a CPU among them, none twice) and the threads (no more than the cores)."""
-        check_fanouts(config)
+        super().check_options(config)  # the fanouts
         for why in (None if config.devices is None else check_devices(config.devices),
                     None if config.threads is None else check_threads(config.threads, os.cpu_count() or 1)):
             if why:
@@ -124,7 +124,7 @@ class HybridEngine(SampledEngine):
 
     @classmethod
     def batch_norm_reason(cls, config: TrainConfig) -> str | None:
-        """None: the trainers reduce their statistics over the global batch (:mod:`gnnscale.engines.sampled_norm`),
+        """None: the trainers reduce their statistics over the global batch (:mod:`gnnscale.engines.sampled.norm`),
         so any split (DRM's included) normalises as the mini-batch engine's one trainer does."""
         del config
         return None

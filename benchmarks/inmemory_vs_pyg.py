@@ -45,7 +45,7 @@ from benchmarks.harness import Case, latest_session, split_list
 from benchmarks.harness.graphs import device_name
 from benchmarks.harness.records import provenance, session_of, table
 from gnnscale.engines import InMemoryEngine
-from gnnscale.engines.devices import resolve_device
+from gnnscale.engines.core.devices import resolve_device
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

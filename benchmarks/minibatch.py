@@ -100,7 +100,7 @@ from benchmarks.harness.records import provenance, table
 from benchmarks.offload import PRODUCTS_LIKE
 from benchmarks.offload import bench as time_epochs
 from gnnscale.engines import MiniBatchEngine, select_engine
-from gnnscale.engines.devices import resolve_device
+from gnnscale.engines.core.devices import resolve_device
 from gnnscale.graph.block import Block, normalized_csr
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

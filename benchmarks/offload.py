@@ -66,7 +66,7 @@ from benchmarks.harness.graphs import device_name, load_graph
 from benchmarks.harness.records import fmt, provenance, session_of, table
 from benchmarks.inmemory_vs_pyg import SPARSE_ADJ, end_peak, free_memory, make_pyg, start_peak, sync
 from gnnscale.engines import InMemoryEngine, OffloadEngine, select_engine
-from gnnscale.engines.devices import resolve_device
+from gnnscale.engines.core.devices import resolve_device
 from gnnscale.errors import GnnscaleError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

@@ -64,7 +64,7 @@ from benchmarks.harness.graphs import device_name, load_graph
 from benchmarks.harness.records import provenance, session_of, table
 from benchmarks.offload import bench as time_epochs
 from gnnscale.engines import InMemoryEngine, OffloadEngine, TaskParallelEngine, select_engine
-from gnnscale.engines.devices import resolve_device
+from gnnscale.engines.core.devices import resolve_device
 from gnnscale.errors import GnnscaleError
 from gnnscale.graph.graph import Graph
 from gnnscale.nn import build_model

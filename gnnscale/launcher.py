@@ -28,7 +28,7 @@ from gnnscale.distributed.comm import current as current_comm
 from gnnscale.distributed.job import PEER_FAILED, launched
 from gnnscale.distributed.launch import run_ranks
 from gnnscale.engines import requested_mode
-from gnnscale.engines.devices import rank_device
+from gnnscale.engines.core.devices import rank_device
 from gnnscale.errors import ConfigError, GnnscaleError, RankFailure
 from gnnscale.graph import io
 from gnnscale.graph.datasets import load_dataset

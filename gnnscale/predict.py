@@ -20,8 +20,7 @@ from torch import Tensor
 
 from gnnscale.checkpoint import check_fields, load_versioned
 from gnnscale.config import TrainConfig
-from gnnscale.engines import select_engine
-from gnnscale.engines.devices import resolve_devices
+from gnnscale.engines import resolve_devices, select_engine
 from gnnscale.errors import ConfigError, GnnscaleError, GraphError
 from gnnscale.fsutil import atomic_file
 from gnnscale.graph.graph import Graph

@@ -37,9 +37,9 @@ from gnnscale.checkpoint import (
     save_checkpoint,
 )
 from gnnscale.config import TrainConfig
-from gnnscale.engines import ignored_warning, select_engine
+from gnnscale.engines import ignored_warning, resolve_devices, select_engine
 from gnnscale.engines.core.base import Engine
-from gnnscale.engines.devices import peak_device_bytes, reset_peak_device_bytes, resolve_devices
+from gnnscale.engines.core.devices import peak_device_bytes, reset_peak_device_bytes
 from gnnscale.errors import ConfigError, GnnscaleError, TrainingError
 from gnnscale.graph.fingerprint import fingerprint
 from gnnscale.graph.graph import Graph

@@ -186,9 +186,8 @@ def test_the_engine_families_are_apart_above_core() -> None:
     assert FAMILIES in read_apart(text)
 
 
-TOP_LEVEL_ENGINE_MODULES = {"__init__.py", "inmemory.py", "devices.py"}
-"""What sits directly in gnnscale/engines/: the registry, the in-memory engine (the reference, no family), and
-``devices.py``, which reads the registry (``ENGINES``, ``requested_mode``) and so cannot be in core."""
+TOP_LEVEL_ENGINE_MODULES = {"__init__.py", "inmemory.py"}
+"""What sits directly in gnnscale/engines/: the registry and the in-memory engine (the reference, no family)."""
 
 
 def test_no_module_sits_directly_in_the_engines_but_the_registrys() -> None:

@@ -616,7 +616,7 @@ def test_bad_input_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_gpus_per_rank(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """NCCL takes one GPU per rank: rank LOCAL_RANK gets cuda:LOCAL_RANK, and a machine with more ranks than
     GPUs, or one --device cuda:N for all its ranks, is a clear error (not NCCL's "duplicate GPU" abort)."""
-    from gnnscale.engines.devices import resolve_devices
+    from gnnscale.engines import resolve_devices
     from gnnscale.errors import ConfigError
     from gnnscale.testing import fake_accelerator
 

@@ -918,7 +918,7 @@ def test_hybrid_accuracy_on_amazon_computers_matches_the_minibatch_engine() -> N
 def test_the_hybrid_engines_training_device_is_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The synchronizer and master model live on the CPU: with or without --devices, even where a GPU would be
     --device auto's pick (CUDA faked present), and wherever the CPU stands in the list."""
-    from gnnscale.engines.devices import resolve_devices
+    from gnnscale.engines import resolve_devices
     from gnnscale.testing import fake_accelerator
 
     fake_accelerator(monkeypatch, 1)

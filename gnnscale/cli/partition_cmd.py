@@ -14,8 +14,16 @@ from gnnscale import runtime as rt
 from gnnscale.cli.common import _device_list, _num_list
 from gnnscale.cli.whatif_cmd import check_whatif, cmd_whatif
 from gnnscale.config import TrainConfig
-from gnnscale.engines import ENGINES, Candidate, candidates, chosen, no_engine_error, requested_mode, why_chosen
-from gnnscale.engines.devices import resolve_devices
+from gnnscale.engines import (
+    ENGINES,
+    Candidate,
+    candidates,
+    chosen,
+    no_engine_error,
+    requested_mode,
+    resolve_devices,
+    why_chosen,
+)
 from gnnscale.errors import ConfigError
 from gnnscale.graph.datasets import load_dataset
 from gnnscale.graph.graph import Graph

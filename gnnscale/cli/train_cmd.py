@@ -22,8 +22,8 @@ from gnnscale.config import TrainConfig
 from gnnscale.distributed.comm import current as current_comm
 from gnnscale.distributed.job import launched
 from gnnscale.distributed.launch import run_ranks
-from gnnscale.engines import requested_mode
-from gnnscale.engines.devices import rank_device, resolve_devices
+from gnnscale.engines import requested_mode, resolve_devices
+from gnnscale.engines.core.devices import rank_device
 from gnnscale.errors import ConfigError
 from gnnscale.fsutil import check_output, write_output
 from gnnscale.graph.datasets import load_dataset

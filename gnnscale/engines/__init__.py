@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -10,6 +11,7 @@ from gnnscale import runtime as rt
 from gnnscale.config import ModelOptions, RunOptions, TrainConfig, register_check
 from gnnscale.distributed.job import launched
 from gnnscale.engines.core import Engine
+from gnnscale.engines.core.devices import rank_device, resolve_device
 from gnnscale.engines.inmemory import InMemoryEngine
 from gnnscale.engines.offload import OffloadEngine
 from gnnscale.engines.sampled import DistributedEngine, HybridEngine, MiniBatchEngine
@@ -276,12 +278,45 @@ def _assess_auto(names: list[str], graph: Graph, config: TrainConfig, device: to
     return found, slower
 
 
+
+
+def _beside_accelerators(config: TrainConfig) -> bool:
+    """Whether the named engine trains on the CPU and the accelerators together (its device is the CPU)."""
+    return config.engine in ENGINES and ENGINES[config.engine].trains_beside_accelerators
+
+
+def resolve_devices(config: TrainConfig, device: str | torch.device) -> torch.device:
+    """The training device; with ``config.devices`` (validated here, all CPU or all CUDA), their first. The hybrid
+    engine's is always the CPU (its synchronizer and master model live there), and so is any engine's that trains
+    beside the accelerators (``Engine.trains_beside_accelerators``)."""
+    if not config.devices:
+        if requested_mode(config) == "distributed":  # one device per rank: torchrun's LOCAL_RANK picks the GPU
+            return rank_device(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                               int(os.environ.get("LOCAL_RANK", "0")))
+        if _beside_accelerators(config):
+            if not (isinstance(device, str) and device == "auto") and resolve_device(device).type != "cpu":
+                raise ConfigError(f"--device {device}: the {config.engine} engine trains on the CPU and the "
+                                  "accelerators together; name them with --devices (e.g. --devices cpu,cuda:0)")
+            return torch.device("cpu")
+        return resolve_device(device)
+    devs = [resolve_device(d) for d in config.devices]
+    if any(d.type == "cuda" and d.index is None for d in devs):
+        raise ConfigError("--devices takes explicit devices: cpu, or cuda:0,cuda:1,...")
+    if _beside_accelerators(config):  # CPU and accelerators together; the synchronizer (master model) on the CPU
+        return next(d for d in devs if d.type == "cpu")
+    if len({d.type for d in devs}) > 1:
+        raise ConfigError(f"--devices mixes CPU and CUDA devices ({', '.join(config.devices)}); use one kind")
+    if not (isinstance(device, str) and device == "auto") and resolve_device(device) != devs[0]:
+        raise ConfigError(f"--device {device} disagrees with --devices {','.join(config.devices)}; give one of them")
+    return devs[0]
+
+
 __all__ = [
     "ENGINES", "DistributedEngine", "Engine", "HybridEngine",
     "InMemoryEngine", "MiniBatchEngine", "OffloadEngine", "TaskParallelEngine",
     "Candidate", "Rejected", "assess", "candidate_names", "candidates", "chosen", "ranked", "why_chosen",
     "ignored_options", "ignored_settings",
     "disk_tier_engines", "ignored_warning", "model_refusers", "model_trainers", "no_engine_error",
-    "readers_of", "requested_mode",
+    "readers_of", "requested_mode", "resolve_devices",
     "select_engine",
 ]

@@ -1,19 +1,15 @@
-"""Which devices a run trains on (``--device``, ``--devices``, a distributed rank's ``LOCAL_RANK``), and the
-peak-memory window an epoch is measured in."""
+"""A device spec resolved (``--device``, a distributed rank's ``LOCAL_RANK``), and the peak-memory window an epoch is
+measured in. Which device an engine trains on (``--devices``, an engine beside the accelerators) is the registry's
+:func:`gnnscale.engines.resolve_devices`."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import torch
 
 from gnnscale import runtime as rt
-from gnnscale.engines import ENGINES, requested_mode
 from gnnscale.errors import ConfigError
-
-if TYPE_CHECKING:
-    from gnnscale.config import TrainConfig
 
 
 def resolve_device(spec: str | torch.device) -> torch.device:
@@ -46,37 +42,6 @@ def rank_device(device: str | torch.device, local_ranks: int, local_rank: int) -
                           "takes one GPU per rank; start at most that many ranks per machine, or train CPU ranks "
                           "with --device cpu")
     return dev if dev.index is not None else resolve_device(f"cuda:{local_rank}")
-
-
-def _beside_accelerators(config: TrainConfig) -> bool:
-    """Whether the named engine trains on the CPU and the accelerators together (its device is the CPU)."""
-    return config.engine in ENGINES and ENGINES[config.engine].trains_beside_accelerators
-
-
-def resolve_devices(config: TrainConfig, device: str | torch.device) -> torch.device:
-    """The training device; with ``config.devices`` (validated here, all CPU or all CUDA), their first. The hybrid
-    engine's is always the CPU (its synchronizer and master model live there), and so is any engine's that trains
-    beside the accelerators (``Engine.trains_beside_accelerators``)."""
-    if not config.devices:
-        if requested_mode(config) == "distributed":  # one device per rank: torchrun's LOCAL_RANK picks the GPU
-            return rank_device(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                               int(os.environ.get("LOCAL_RANK", "0")))
-        if _beside_accelerators(config):
-            if not (isinstance(device, str) and device == "auto") and resolve_device(device).type != "cpu":
-                raise ConfigError(f"--device {device}: the {config.engine} engine trains on the CPU and the "
-                                  "accelerators together; name them with --devices (e.g. --devices cpu,cuda:0)")
-            return torch.device("cpu")
-        return resolve_device(device)
-    devs = [resolve_device(d) for d in config.devices]
-    if any(d.type == "cuda" and d.index is None for d in devs):
-        raise ConfigError("--devices takes explicit devices: cpu, or cuda:0,cuda:1,...")
-    if _beside_accelerators(config):  # CPU and accelerators together; the synchronizer (master model) on the CPU
-        return next(d for d in devs if d.type == "cpu")
-    if len({d.type for d in devs}) > 1:
-        raise ConfigError(f"--devices mixes CPU and CUDA devices ({', '.join(config.devices)}); use one kind")
-    if not (isinstance(device, str) and device == "auto") and resolve_device(device) != devs[0]:
-        raise ConfigError(f"--device {device} disagrees with --devices {','.join(config.devices)}; give one of them")
-    return devs[0]
 
 
 def reset_peak_device_bytes(device: torch.device) -> None:

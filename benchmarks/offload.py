@@ -429,19 +429,24 @@ def render(records: list[dict[str, Any]]) -> str:
 
 
 def headline(records: list[dict[str, Any]]) -> list[Row]:
-    """Offload against in-memory: the first offload configuration of the latest run's first model."""
-    recs = latest_session(records, lambda r: r.get("impl") is not None)
-    rows = runs(recs, lambda r: (r.get("model"), r.get("hidden")))[:1]
-    if not rows:
-        return []
-    rat, _ = ratios(rows[0])
-    off = next((r for r in rows[0] if r["impl"] == "offload" and id(r) in rat), None)
-    inmem = next((r for r in rows[0] if r["impl"] == "inmemory"), None)
-    if off is None or rat[id(off)][0] is None or inmem is None:
-        return []
-    what = f"chunks {off.get('chunks')}" if off.get("budget_spec") is None else f"budget {off['budget_spec']}"
-    figure = (f"{rat[id(off)][0]:.2f}x in-memory's epoch ({off['median_epoch_s']:.3f} s against "
-              f"{inmem['median_epoch_s']:.3f} s), {fmt((off.get('h2d_bytes') or 0) / GB, '.2f')} GB host->device "
-              f"per epoch: {str(off.get('model')).upper()} hidden {off.get('hidden')}, offload {what}, "
-              f"`{off.get('dataset')}`, {off.get('device_name')}")
-    return [Row("offload against in-memory", figure, (off, inmem))]
+    """Offload against in-memory, per device type (the CPU, an accelerator): the first offload configuration of
+    the latest run's first model on it."""
+    out = []
+    for kind in dict.fromkeys(str(r.get("device", "cpu")).split(":")[0] for r in records if r.get("impl")):
+        recs = latest_session(records, lambda r, k=kind: r.get("impl") is not None
+                              and str(r.get("device", "cpu")).split(":")[0] == k)
+        rows = runs(recs, lambda r: (r.get("model"), r.get("hidden")))[:1]
+        if not rows:
+            continue
+        rat, _ = ratios(rows[0])
+        off = next((r for r in rows[0] if r["impl"] == "offload" and id(r) in rat), None)
+        inmem = next((r for r in rows[0] if r["impl"] == "inmemory"), None)
+        if off is None or rat[id(off)][0] is None or inmem is None:
+            continue
+        what = f"chunks {off.get('chunks')}" if off.get("budget_spec") is None else f"budget {off['budget_spec']}"
+        figure = (f"{rat[id(off)][0]:.2f}x in-memory's epoch ({off['median_epoch_s']:.3f} s against "
+                  f"{inmem['median_epoch_s']:.3f} s), {fmt((off.get('h2d_bytes') or 0) / GB, '.2f')} GB "
+                  f"host->device per epoch: {str(off.get('model')).upper()} hidden {off.get('hidden')}, offload "
+                  f"{what}, `{off.get('dataset')}`")
+        out.append(Row(f"offload against in-memory, {off.get('device_name')}", figure, (off, inmem)))
+    return out

@@ -11,7 +11,7 @@ import pytest
 from benchmarks import gather, h2d_split, offload, offload_dedup, offload_memory_model, profile_kernels
 from benchmarks.harness import registry
 from benchmarks.harness.cli import parser
-from benchmarks.harness.records import RESULTS_DIR, read_records
+from benchmarks.harness.records import RESULTS_DIR, read_records, session_of
 
 MINE = ("offload", "offload_dedup", "gather", "h2d_split", "offload_memory_model", "profile_kernels", "revisions")
 
@@ -63,11 +63,14 @@ def test_offload_section_from_the_real_records() -> None:
     assert "| gnnscale inmemory |  |  |  | 0.686 |" in text and "| 0.170 |" not in text
     assert "| gnnscale inmemory |  |  |  | 1.170 |" not in text
     assert text == offload.render(list(recs))
-    (head,) = offload.headline(recs)  # the latest run: the GPU check's, 6 GiB budget
-    off, inmem = head.records
-    assert off["budget_spec"] == "6" and inmem["impl"] == "inmemory"
-    assert head.figure.startswith(f"{off['median_epoch_s'] / inmem['median_epoch_s']:.2f}x in-memory's epoch")
-    assert f"{off['h2d_bytes'] / 1e9:.2f} GB host->device per epoch" in head.figure
+    cpu, gpu = offload.headline(recs)  # per device type: the latest CPU run, and the GPU check's (6 GiB budget)
+    assert "AMD EPYC" in cpu.what and "H200" in gpu.what
+    assert {r["device"] for r in cpu.records} == {"cpu"} and gpu.records[0]["budget_spec"] == "6"
+    for head in (cpu, gpu):
+        off, inmem = head.records
+        assert off["impl"] == "offload" and inmem["impl"] == "inmemory" and session_of(off) == session_of(inmem)
+        assert head.figure.startswith(f"{off['median_epoch_s'] / inmem['median_epoch_s']:.2f}x in-memory's epoch")
+        assert f"{off['h2d_bytes'] / 1e9:.2f} GB host->device per epoch" in head.figure
 
 
 def _quick_record(impl: str, median: float, **kw: Any) -> dict[str, Any]:

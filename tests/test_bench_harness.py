@@ -135,3 +135,8 @@ def test_latest_session_groups_old_records_by_command_and_commit() -> None:
     old = [{"command": "a", "gnnscale_rev": "1", "v": 1}, {"command": "a", "gnnscale_rev": "2", "v": 2},
            {"command": "a", "gnnscale_rev": "2", "v": 3}]
     assert [r["v"] for r in latest_session(old)] == [2, 3]
+
+
+def test_the_headline_order_names_benchmarks_that_exist() -> None:
+    from benchmarks.harness.results import FIRST
+    assert set(FIRST) <= set(registry.benchmarks()), set(FIRST) - set(registry.benchmarks())

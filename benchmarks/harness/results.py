@@ -18,8 +18,8 @@ from benchmarks.harness import registry
 from benchmarks.harness.records import RESULTS_DIR, Row, read_records, table
 
 RESULTS_MD = Path(__file__).resolve().parents[1] / "RESULTS.md"
-FIRST = ("gpu_check", "peers", "offload", "revisions", "disk_scale", "inmemory_scaling", "sampled_accuracy",
-         "bf16_accuracy", "gin_photo_pyg")
+FIRST = ("gpu_check", "peers", "offload", "revisions", "disk_scale", "inmemory_scaling", "accuracy", "sampled_accuracy",
+         "bf16_accuracy")
 """The order of the at-a-glance rows and of the sections: these first (the issue's headline figures: the GPU
 check, against DGL and PyG, offload against in-memory, scale, accuracy), then the rest by name."""
 HEADER = """# Benchmark results

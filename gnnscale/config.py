@@ -64,7 +64,7 @@ class ModelOptions:
     input_dropout: float | None = None
     """Drop probability of the input features (before the first layer); ``None``: :attr:`dropout`, as Kipf &
     Welling's GCN. ``0`` is PyG's ``BasicGNN``, which drops only between layers (its GIN with batch norm gains
-    4.5 points from it on Amazon Photo: benchmarks/RESULTS.md)."""
+    4.5 points from it on Amazon Photo: benchmarks/HISTORY.md, "Normalisation")."""
     norm: str = "none"
     """Normalisation of every hidden layer's output, before its activation (PyG's ``BasicGNN`` order): ``none``,
     ``batch`` (BatchNorm: statistics over the layer's vertices, all of them full-graph, the batch's sampled;

@@ -51,7 +51,7 @@ RUNTIME_ALLOWANCE = 168 << 20
 """Bytes training adds to the process that loaded the graph, whatever the budget: the code of torch's and
 gnnscale's kernels paged in as training first runs them (shared-library file pages count in the resident set),
 the JIT's compiled kernels, thread stacks and allocator arenas (measured on Linux, torch 2.13, one thread:
-120-150 MiB, mostly library pages: benchmarks/RESULTS.md; the minibatch engine in a freshly installed
+120-150 MiB, mostly library pages: benchmarks/HISTORY.md; the minibatch engine in a freshly installed
 environment up to 162 MiB, 2026-11-28, which 160 MiB missed in 2 of 6 runs: 168 MiB)."""
 
 

@@ -58,7 +58,7 @@ process, on first use): a loop over a handful of elements whose count is known o
 its arithmetic (5-wide rows: 2.5x slower than the width's own loop). :func:`csr_mm` keeps its one loop for any
 width: a second compiled set costs every process resident memory and was no faster (GAT at 800K vertices, whose
 16- and 5-wide products would take two: 5.0-5.5 against 4.7-4.8 GiB peak, measured with freed blocks retained,
-whose fragmentation alone moves that peak by as much: benchmarks/RESULTS.md)."""
+whose fragmentation alone moves that peak by as much: benchmarks/HISTORY.md)."""
 
 PREFETCH_AHEAD = 8
 """How many entries ahead :func:`csr_mm` prefetches the row an entry gathers (8: measured best of 8, 16 and 32 on

@@ -192,7 +192,7 @@ class Engine(ABC):
         layer computes per edge and the host has room (:meth:`host_room`). A layer with per-edge work (GAT) frees
         ``[heads, E]``, ``[E]`` and ``[V, F]`` blocks of many sizes each epoch; kept in glibc's heap, they
         fragment it over the epochs (GAT, csbm 800K, one thread: the resident peak climbs from 4.4 to 5.2 GiB
-        over five epochs, then stays; 3.1 GiB with glibc's default, at 1.6x the epoch time: benchmarks/RESULTS.md).
+        over five epochs, then stays; 3.1 GiB with glibc's default, at 1.6x the epoch time: benchmarks/HISTORY.md).
         There, ``auto`` leaves glibc's default and ``--host-allocator retain`` buys the speed with the memory."""
         return (device.type == "cpu" and not any(layer.edge_compute for layer in model.block_layers)
                 and config.host_memory is None  # retained blocks are resident: past a budget's bound

@@ -259,7 +259,7 @@ class OffloadEngine(Engine):
         self._counting_now, self._epochs_counted = False, 0
         """Whether this epoch runs under :attr:`counter` (on one CPU: every epoch under ``--gpu-memory``, which
         rehearses a device's budget; else the first epoch only: counting every op costs Python time per op, 1.2x
-        the epoch of a PyG GraphConv stack at 8 chunks, benchmarks/RESULTS.md)."""
+        the epoch of a PyG GraphConv stack at 8 chunks, benchmarks/HISTORY.md)."""
         if cpu and len(devices) > 1:
             for w in self.workers:
                 w.counter = LiveBytesCounter()

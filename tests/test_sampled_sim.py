@@ -31,6 +31,7 @@ from torch import Tensor
 import gnnscale.runtime as rt
 from gnnscale.config import TrainConfig
 from gnnscale.engines.sampled.distributed import DistributedEngine
+from gnnscale.engines.sampled.minibatch import QUEUE_DEPTH as MB_QUEUE_DEPTH
 from gnnscale.engines.sampled.minibatch import MiniBatchEngine
 from gnnscale.graph.generators import csbm
 from gnnscale.graph.graph import Graph
@@ -126,7 +127,11 @@ def test_a_missing_wait_of_the_minibatch_engine_fails(graph: Graph, sims: list[r
     and training's ``record_stream`` of the batch's tensors (else the sampling stream's next allocation may take
     memory training still reads). Each fails the run through the data."""
     devices = None if trainers == 1 else ("sim:0", "sim:1")
-    eng = _minibatch(graph, sims[0], devices)
+    # 16 iterations an epoch, many more than the producer may run ahead (QUEUE_DEPTH): batch k is allocated only
+    # after training took batch k - 3 and so dropped batch k - 4; with 4 iterations the producer could finish the
+    # epoch before training dropped its first batch, and nothing would allocate after the free (a flaky test)
+    eng = _minibatch(graph, sims[0], devices, batch_size=BATCH // 4)
+    assert -(-64 // (BATCH // 4)) > MB_QUEUE_DEPTH + 8
     streams = [t.stream for t in eng.trainers]
     if removed.startswith("training's wait"):
         _skip(monkeypatch, "wait_event", lambda event, stream: stream is not None

@@ -344,13 +344,22 @@ def describe(r: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ rendering
+def _pick(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's record of a run: over the harness's rounds, the round with the median epoch time (the
+    lower middle of an even count); records from before the harness (no ``round``), the last."""
+    ok = sorted((r for r in recs if "round" in r and r.get("status") == "ok"), key=lambda r: r["median_epoch_s"])
+    return ok[(len(ok) - 1) // 2] if ok else recs[-1]
+
+
 def runs(records: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> list[list[dict[str, Any]]]:
-    """The records grouped by (run, ``key``) in first-seen order; in each, the last record per configuration."""
-    groups: dict[Any, dict[tuple[Any, ...], dict[str, Any]]] = {}
+    """The records grouped by (run, ``key``) in first-seen order; in each, one record per configuration
+    (:func:`_pick`)."""
+    groups: dict[Any, dict[tuple[Any, ...], list[dict[str, Any]]]] = {}
     for r in records:
         if r.get("impl") is not None:
-            groups.setdefault((session_of(r), key(r)), {})[tuple(r.get(k) for k in CONFIG_KEYS)] = r
-    return [list(g.values()) for g in groups.values()]
+            config = tuple(r.get(k) for k in CONFIG_KEYS)
+            groups.setdefault((session_of(r), key(r)), {}).setdefault(config, []).append(r)
+    return [[_pick(recs) for recs in g.values()] for g in groups.values()]
 
 
 def ratios(rows: list[dict[str, Any]]) -> tuple[dict[int, tuple[float | None, float | None]], str | None]:
@@ -419,7 +428,8 @@ def render(records: list[dict[str, Any]]) -> str:
     groups = runs(records, lambda r: (r.get("model"), r.get("hidden")))
     parts = [provenance([r for g in groups for r in g]),
              "One table per run and model, in the order they ran (a run repeated under one command and commit: "
-             "the last record of each configuration). Ratios: epoch time over in-memory's and the faster PyG "
+             "the last record of each configuration; a run of several rounds: each configuration's round with the "
+             "median epoch time). Ratios: epoch time over in-memory's and the faster PyG "
              "variant's in the same run (< 1: offload faster); device peak: CUDA's, or on CPU offload's own count "
              "of live device-side bytes; host RSS: the increase of the process's peak RSS."]
     for rows in groups:

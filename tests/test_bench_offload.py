@@ -175,3 +175,13 @@ def test_profile_kernels_cases_and_section() -> None:
             for rev, t in (("this", 0.5), ("this", 0.7))]
     text = profile_kernels.render(recs)
     assert "| gcn | this | 5000 | 2 | 0.600 | 0.600 | 1.000 | - |" in text and "op table this\n  ops\n```" in text
+
+
+def test_a_run_of_several_rounds_shows_each_configurations_median_round() -> None:
+    recs = [_quick_record(impl, t, round=k, chunks_requested=4 if impl == "offload" else None)
+            for k, (a, b) in enumerate([(0.30, 0.20), (0.10, 0.25), (0.20, 0.15)])
+            for impl, t in (("offload", a), ("inmemory", b))]
+    (rows,) = offload.runs(recs, lambda r: r["model"])
+    assert sorted((r["impl"], r["median_epoch_s"]) for r in rows) == [("inmemory", 0.20), ("offload", 0.20)]
+    (row,) = [line for line in offload.render(recs).splitlines() if line.startswith("| offload |")]
+    assert "| 1.00 |" in row and "1.33" not in row  # 0.20 against 0.20, not the last round's 0.20 against 0.15

@@ -74,7 +74,7 @@ from gnnscale.train import TrainConfig
 from gnnscale.units import parse_budget
 
 TITLE = "Offload engine (HongTu) against the in-memory engine and PyG"
-ROUNDS = 1  # every configuration of a model is a case; one round of them is the run the tables quote
+ROUNDS = 3  # every configuration of a model is a case; the tables show each one's median round
 Step = Callable[[int], dict[str, Any]]  # one training epoch -> {"loss": ..., engine counters}
 DEFAULT_DATASET = "csbm:nodes=100000,avg_degree=10,features=100"
 QUICK_DATASET = "csbm:nodes=3000,avg_degree=10,features=32"

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,18 +63,23 @@ def _child(rank: int, port: int, out: mp.SimpleQueue) -> None:  # type: ignore[t
 
 def measure_network() -> tuple[float, float]:
     """``(bytes/s, seconds per message)`` between two gloo processes on this machine's loopback."""
+    rate, latency = _run_ranks(_child, 2, (), "the rate between processes")
+    return float(rate), float(latency)
+
+
+def _run_ranks(target: Callable[..., None], world: int, args: tuple[Any, ...], what: str) -> Any:
+    """``target(rank, *args, port, out)`` in ``world`` spawned processes; what rank 0 put in ``out``."""
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, port, out), daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, *args, port, out), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
     if out.empty():
-        raise RuntimeError("measuring the rate between processes failed (gloo over loopback)")
-    rate, latency = out.get()
-    return float(rate), float(latency)
+        raise RuntimeError(f"measuring {what} failed (gloo over loopback)")
+    return out.get()
 
 
 def with_network(rates: Rates, measure: Callable[[], tuple[float, float]] = measure_network) -> Rates:
@@ -132,18 +138,9 @@ def measure_sync(ranks: int) -> float:
             alone.append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)
-    ctx = mp.get_context("spawn")
-    out = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_sync_child, args=(r, ranks, port, out), daemon=True) for r in range(ranks)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    if out.empty():
-        raise RuntimeError("measuring the synchronisation cost failed (gloo over loopback)")
+    mean_round = _run_ranks(_sync_child, ranks, (ranks,), "the synchronisation cost")
     share = max(1.0, ranks / (os.cpu_count() or 1))
-    return max(float(out.get()) - share * min(alone), 0.0)
+    return max(float(mean_round) - share * min(alone), 0.0)
 
 
 def sync_cost(rates: Rates, ranks: int, measure: Callable[[int], float] = measure_sync) -> float:

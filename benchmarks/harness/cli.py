@@ -11,9 +11,12 @@ import argparse
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from benchmarks.harness import registry
 from benchmarks.harness.records import RESULTS_DIR
+from benchmarks.harness.results import main as results_main
+from benchmarks.harness.runner import run_benchmark
 
 
 def parser(name: str, module: object) -> argparse.ArgumentParser:
@@ -44,7 +47,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name:22s} {doc}")
         return 0
     if argv[0] == "results":
-        from benchmarks.harness.results import main as results_main
         return results_main(argv[1:])
     name = argv[0]
     try:
@@ -56,9 +58,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads < 1 or (args.rounds is not None and args.rounds < 1):
         print("error: --threads and --rounds must be >= 1", file=sys.stderr)
         return 2
-    from pathlib import Path
-
-    from benchmarks.harness.runner import run_benchmark
     default = RESULTS_DIR / f"{getattr(module, 'RESULTS', name)}.jsonl"
     out = None if args.no_save else Path(args.out) if args.out else default
     command = shlex.join(["python", "-m", "benchmarks", *argv])

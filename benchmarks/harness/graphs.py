@@ -1,4 +1,6 @@
-"""Loading a benchmark's graph in its case process (imports gnnscale; the rest of the harness does not)."""
+"""Loading a benchmark's graph in its case process, and the device name records carry. gnnscale is imported inside
+the functions: a peer's own venv (DGL's, torch 2.2) calls :func:`device_name` on the CPU without gnnscale's
+dependencies."""
 
 from __future__ import annotations
 

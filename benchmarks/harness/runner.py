@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,8 +50,6 @@ def _tail(text: str, lines: int = 3) -> str:
 def run_one(case: Case, module: str, src: Path, threads: int, tmp: Path, verbose: bool,
             extra: dict[str, Any]) -> dict[str, Any]:
     """One case's process: ``{"ok", "records" | "error", "versions", "wall_s", "loadavg_1m", ...}``."""
-    import subprocess
-
     spec, result, log = tmp / "spec.json", tmp / "result.json", tmp / "child.log"
     result.unlink(missing_ok=True)
     spec.write_text(json.dumps({"module": module, "params": {**case.params, **extra}, "threads": threads}))

@@ -305,17 +305,49 @@ def convert(spec: str, out: Path | str, *, host_memory: int, root: str | Path | 
         raise DatasetError(f"not enough disk space in {out.parent} to convert {parsed.path.name}") from None
 
 
+@dataclass(frozen=True)
+class _Options:
+    """The options of a spec that shape the output: made-up features and classes, weights, merging, dtype."""
+
+    features: int
+    classes: int
+    weight_column: int
+    coalesce: bool
+    symmetrize: bool | None
+    bf16: bool
+
+    @classmethod
+    def of(cls, spec: Spec) -> _Options:
+        opts = spec.opts
+        features, classes = int(opts.get("features", 64)), int(opts.get("classes", 16))
+        weight_column, coalesce = int(opts.get("weight_column", 0)), bool(opts.get("coalesce", False))
+        symmetrize: bool | None = opts.get("symmetrize")
+        bf16 = graph_feature_dtype(spec.dtype or "fp32") == torch.bfloat16
+        return cls(features, classes, weight_column, coalesce, symmetrize, bf16)
+
+
 def _convert(spec: Spec, out: Path, tmp: Path, budget: int, bar: tqdm) -> stream.Written:
-    path, opts = spec.path, spec.opts
-    features, classes = int(opts.get("features", 64)), int(opts.get("classes", 16))
-    weight_column, coalesce = int(opts.get("weight_column", 0)), bool(opts.get("coalesce", False))
-    symmetrize: bool | None = opts.get("symmetrize")
-    bf16 = graph_feature_dtype(spec.dtype or "fp32") == torch.bfloat16
+    o = _Options.of(spec)
     first, weights = _first_pass(spec, tmp, budget, bar)
+    m = first.edges
+    n, uniq = _vertex_count(spec, tmp, first, weights)
+    blocks = _plan(spec, o, out, budget, n, m, uniq is not None, bar)
+    if uniq is not None:
+        np.save(tmp / "node_ids.npy", uniq)
+    buckets = _bucket_pass(o, tmp, n, m, uniq, blocks, bar)
+    del uniq
+    num_edges, listed = _merge_pass(o, tmp, n, buckets, bar)
+    return _finish(spec, o, tmp, n, num_edges, listed, first.headers, blocks, bar)
+
+
+def _vertex_count(spec: Spec, tmp: Path, first: _Pass1, weights: _Weights | None) -> tuple[int, np.ndarray | None]:
+    """After the first pass, the reader's checks and notes in its order; the vertex count and the distinct ids the
+    edges are renumbered by (``None``: ids kept as they are). Drops ``first.uniq``."""
+    path, opts = spec.path, spec.opts
     m = first.edges
     if weights is not None:
         distinct = lambda: _distinct_weights(tmp, weights.lo, m, 1 << 20)  # noqa: E731
-        edgelist.warn_weights(path, weight_column,
+        edgelist.warn_weights(path, int(opts.get("weight_column", 0)),
                               edgelist.ids_like(weights.integral, weights.top, weights.lo, weights.hi, m, distinct))
     first.headers.check_edges(path, m)
     nodes = first.headers.nodes
@@ -326,61 +358,91 @@ def _convert(spec: Spec, out: Path, tmp: Path, budget: int, bar: tqdm) -> stream
         n = int(first.uniq.size)
         uniq = first.uniq if edgelist.renumbered(path, first.top, n, nodes) else None
     first.uniq = None
-    sides = 2 if symmetrize else 1
+    return n, uniq
+
+
+def _plan(spec: Spec, o: _Options, out: Path, budget: int, n: int, m: int, renumbered: bool,
+          bar: tqdm) -> stream.Blocks:
+    """The second pass's blocks for ``budget``; refused where the output's disk has too little room; the bar's
+    total set."""
+    features, classes, weight_column = o.features, o.classes, o.weight_column
+    sides = 2 if o.symmetrize else 1
     blocks = stream.plan_blocks(budget, n, m, features, directions=sides, edge_bytes=_EDGE_BYTES,
                                 sort_bytes=_SORT_BYTES)
-    itemsize = 2 if bf16 else 4
+    itemsize = 2 if o.bf16 else 4
     most = sides * m
     size = ((n + 1) * 8 + most * (8 + 4 * bool(weight_column)) + n * max(features, 0) * itemsize
-            + (n * 8 + len(MASK_NAMES) * n) * (classes > 0) + n * 8 * (uniq is not None))
+            + (n * 8 + len(MASK_NAMES) * n) * (classes > 0) + n * 8 * renumbered)
     scratch = most * (8 + 4 * bool(weight_column))
     free = shutil.disk_usage(out.parent).free
     if free < size + scratch:
-        raise DatasetError(f"not enough disk space in {out.parent}: converting {path.name} needs up to "
+        raise DatasetError(f"not enough disk space in {out.parent}: converting {spec.path.name} needs up to "
                            f"{format_bytes(size + scratch)} ({format_bytes(size)} of output, "
                            f"{format_bytes(scratch)} of temporary buckets) and {format_bytes(free)} is free")
     bar.total = bar.n + -(-m // blocks.edges) + (2 + bool(weight_column)) * blocks.buckets
     bar.total += (features > 0) * -(-n // blocks.rows) + (classes > 0) * -(-n // blocks.rows)
     bar.refresh()
-    if uniq is not None:
-        np.save(tmp / "node_ids.npy", uniq)
-    buckets = stream.Buckets(tmp, n, blocks.buckets, sides=sides, weighted=bool(weight_column))
-    raw = {name: tmp / f"raw-{name}.bin" for name in ("src", "dst", "w")}
+    return blocks
+
+
+def _raw_paths(tmp: Path) -> dict[str, Path]:
+    """The first pass's raw files: ids (``src``, ``dst``) and weights (``w``)."""
+    return {name: tmp / f"raw-{name}.bin" for name in ("src", "dst", "w")}
+
+
+def _bucket_pass(o: _Options, tmp: Path, n: int, m: int, uniq: np.ndarray | None, blocks: stream.Blocks,
+                 bar: tqdm) -> stream.Buckets:
+    """Read the raw files back in blocks, renumber the ids by ``uniq`` (unless ``None``) and bucket the edges by
+    destination (with ``symmetrize``, the reversed edges as a second side)."""
+    buckets = stream.Buckets(tmp, n, blocks.buckets, sides=2 if o.symmetrize else 1, weighted=bool(o.weight_column))
+    raw = _raw_paths(tmp)
     for lo in range(0, m, blocks.edges):
         count = min(blocks.edges, m - lo)
         src = stream._materialised(np.fromfile(raw["src"], dtype=np.int64, count=count, offset=8 * lo))
         dst = stream._materialised(np.fromfile(raw["dst"], dtype=np.int64, count=count, offset=8 * lo))
         w = (stream._materialised(np.fromfile(raw["w"], dtype=np.float32, count=count, offset=4 * lo))
-             if weight_column else None)
+             if o.weight_column else None)
         if uniq is not None:
             src, dst = np.searchsorted(uniq, src), np.searchsorted(uniq, dst)
         buckets.add(dst, src, w)
-        if symmetrize:
+        if o.symmetrize:
             buckets.add(src, dst, w, side=1)
         bar.update()
-    del uniq
-    for p in raw.values():
+    return buckets
+
+
+def _merge_pass(o: _Options, tmp: Path, n: int, buckets: stream.Buckets, bar: tqdm) -> tuple[int, int]:
+    """Drop the raw files, merge each bucket and write ``indptr``, ``indices`` (and weights): ``(edges written,
+    edges listed before symmetrising)``."""
+    for p in _raw_paths(tmp).values():
         p.unlink()
     counts = np.zeros(n, dtype=np.int64)
-    merge = _Merge(coalesce, bool(symmetrize))
+    merge = _Merge(o.coalesce, bool(o.symmetrize))
     buckets.merge(merge, counts, bar)
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
     del counts
     np.save(tmp / "indptr.npy", indptr)
     del indptr
-    num_edges = buckets.write(tmp, bar)
+    return buckets.write(tmp, bar), merge.listed
+
+
+def _finish(spec: Spec, o: _Options, tmp: Path, n: int, num_edges: int, listed: int, headers: edgelist.Headers,
+            blocks: stream.Blocks, bar: tqdm) -> stream.Written:
+    """The reader's notes, the drawn features, labels and masks, and ``meta.json``."""
+    path, opts = spec.path, spec.opts
+    features, classes, weight_column, bf16 = o.features, o.classes, o.weight_column, o.bf16
     meta: dict[str, Any] = {}
     made_up = (["features"] if features > 0 else []) + (["labels"] if classes > 0 else [])
     if made_up:
         meta["made_up"] = made_up
     if weight_column:
         meta["edge_weight"] = f"column {weight_column} of {path.name}"
-    if symmetrize:
-        meta["symmetrized_from_edges"] = merge.listed
-        note(f"symmetrised {path.name}: {merge.listed:,} -> {num_edges:,} edges")
+    if o.symmetrize:
+        meta["symmetrized_from_edges"] = listed
+        note(f"symmetrised {path.name}: {listed:,} -> {num_edges:,} edges")
     else:
-        first.headers.note_undirected(path, symmetrize)
+        headers.note_undirected(path, o.symmetrize)
     parts = (["features"] if features > 0 else []) + (["labels", "split"] if classes > 0 else [])
     if parts:
         meta["seed"] = int(opts["seed"])

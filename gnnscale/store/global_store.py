@@ -95,6 +95,25 @@ def directory_reason(num_nodes: int, budget: int, share: float) -> str | None:
             f"{format_bytes_up(least)}")
 
 
+def _check_ratios(gpu_graph_ratio: float | None, gpu_feature_ratio: float | None) -> None:
+    """Refuse a ratio given outside [0, 1]."""
+    for name, ratio in (("--gpu-graph-ratio", gpu_graph_ratio), ("--gpu-feature-ratio", gpu_feature_ratio)):
+        if ratio is not None and not 0.0 <= ratio <= 1.0:
+            raise ConfigError(f"{name} must be in [0, 1], got {ratio}")
+
+
+def _refuse_share(g: int, need: int, memory_budget: int, ratios: tuple[float | None, float | None]) -> None:
+    """Refuse device ``g``'s share of ``need`` bytes, over ``memory_budget``."""
+    gpu_graph_ratio, gpu_feature_ratio = ratios
+    if gpu_graph_ratio is None or gpu_feature_ratio is None:  # fitted: only the directory overflows
+        raise ConfigError(f"the memory store needs {format_bytes(need)} on device {g} for its vertex "
+                          f"directory alone (8 bytes per vertex), more than its share of the budget "
+                          f"({format_bytes(memory_budget)}); raise --gpu-memory")
+    raise ConfigError(f"the memory store puts {format_bytes(need)} on device {g} at --gpu-graph-ratio "
+                      f"{gpu_graph_ratio} and --gpu-feature-ratio {gpu_feature_ratio}, more than the "
+                      f"budget ({format_bytes(memory_budget)}); lower the ratios")
+
+
 class GlobalMemoryStore:
     """Topology and features of ``graph`` over ``devices`` and host memory, hottest on the devices (XGNN GGMS).
 
@@ -131,22 +150,14 @@ class GlobalMemoryStore:
                  hotness: Tensor | None = None,
                  memory_budget: int | None = None, gather: str = "auto", links: object | None = None,
                  host_source: FeatureSource | None = None, host_cache_bytes: int = 0):
-        for name, ratio in (("--gpu-graph-ratio", gpu_graph_ratio), ("--gpu-feature-ratio", gpu_feature_ratio)):
-            if ratio is not None and not 0.0 <= ratio <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1], got {ratio}")
+        _check_ratios(gpu_graph_ratio, gpu_feature_ratio)
         if not devices:
             raise ConfigError("the memory store needs at least one device")
         if graph.x is None:
             raise ConfigError(f"graph {graph.name} has no features to store")
         n = graph.num_nodes
         self.devices, self.num_nodes = list(devices), n
-        G = len(self.devices)
-        scores = graph.out_degree().double() if hotness is None else hotness.double()
-        if scores.shape != (n,):
-            raise ConfigError(f"hotness must have one score per vertex ({n}), got shape {tuple(scores.shape)}")
-        order = torch.sort(-scores, stable=True).indices  # rank -> vertex, hottest first (ties: lower id)
-        self.rank = torch.empty(n, dtype=torch.int64)
-        self.rank[order] = torch.arange(n)
+        order = self._rank_vertices(graph, hotness)
         indptr, indices, weight = sampling_csr(graph, adjacency or AdjacencySpec())[:3]
         x = graph.x  # kept in its dtype (bfloat16: half the bytes); the disk tier: x (a memory map) is never read
         if host_source is not None and (host_source.dtype != x.dtype or host_source.num_rows != n):
@@ -161,18 +172,52 @@ class GlobalMemoryStore:
         self.placement: Placement = solve_placement(default_links(self.devices) if links is None else links)
         edge_bytes = 8 + (4 if weight is not None else 0)
         directory = n * 8  # the rank of every vertex, on every device: requests are routed where they are made
+        ratios = (gpu_graph_ratio, gpu_feature_ratio)
+        self.hot_graph, self.hot_features = self._hot_counts(order, indptr, edge_bytes, directory, memory_budget,
+                                                             ratios)
+        self._place_partitions(order, (indptr, indices, weight), x, host_source, edge_bytes, directory,
+                               memory_budget, ratios)
+        self._place_directory()
+        self._place_host(order, (indptr, indices, weight), x, pin, host_source, host_cache_bytes)
+        if pin and gather == "auto" and host_source is None and default_gather_method(self.devices[0]) == "uva":
+            self.gather = self._faster_gather()
+        self.readers = [StoreReader(self, g) for g in range(len(self.devices))]
+        for dev in self.directory:  # every copy made above has landed: any reader's stream may read it
+            rt.synchronize(dev)
+
+    def _rank_vertices(self, graph: Graph, hotness: Tensor | None) -> Tensor:
+        """Set :attr:`rank` (vertex -> rank, hottest first) and return its inverse ``order`` (rank -> vertex)."""
+        n = self.num_nodes
+        scores = graph.out_degree().double() if hotness is None else hotness.double()
+        if scores.shape != (n,):
+            raise ConfigError(f"hotness must have one score per vertex ({n}), got shape {tuple(scores.shape)}")
+        order = torch.sort(-scores, stable=True).indices  # rank -> vertex, hottest first (ties: lower id)
+        self.rank = torch.empty(n, dtype=torch.int64)
+        self.rank[order] = torch.arange(n)
+        return order
+
+    def _hot_counts(self, order: Tensor, indptr: Tensor, edge_bytes: int, directory: int, memory_budget: int | None,
+                    ratios: tuple[float | None, float | None]) -> tuple[int, int]:
+        """``(hot_graph, hot_features)``: the ratios' counts, or (a ratio ``None``) the most the budget holds."""
+        n = self.num_nodes
+        gpu_graph_ratio, gpu_feature_ratio = ratios
         if gpu_graph_ratio is None or gpu_feature_ratio is None:
             if memory_budget is None:
                 raise ConfigError("the memory store fills the device budget only when it has one: give "
                                   "--gpu-memory, or both --gpu-graph-ratio and --gpu-feature-ratio")
             list_bytes = 8 + (indptr[1:] - indptr[:-1])[order] * edge_bytes  # [N] by rank: pointer + entries
-            fit = fit_hot_counts(list_bytes, self.feature_row_bytes, self.placement.stored, memory_budget - directory,
-                                 None if gpu_graph_ratio is None else int(round(gpu_graph_ratio * n)),
-                                 None if gpu_feature_ratio is None else int(round(gpu_feature_ratio * n)))
-            self.hot_graph, self.hot_features = fit
-        else:
-            self.hot_graph = int(round(gpu_graph_ratio * n))
-            self.hot_features = int(round(gpu_feature_ratio * n))
+            return fit_hot_counts(list_bytes, self.feature_row_bytes, self.placement.stored, memory_budget - directory,
+                                  None if gpu_graph_ratio is None else int(round(gpu_graph_ratio * n)),
+                                  None if gpu_feature_ratio is None else int(round(gpu_feature_ratio * n)))
+        return int(round(gpu_graph_ratio * n)), int(round(gpu_feature_ratio * n))
+
+    def _place_partitions(self, order: Tensor, csr: tuple[Tensor, Tensor, Tensor | None], x: Tensor,
+                          host_source: FeatureSource | None, edge_bytes: int, directory: int,
+                          memory_budget: int | None, ratios: tuple[float | None, float | None]) -> None:
+        """Copy each device's logical partitions (hot feature rows, hot in-neighbour lists) to it: :attr:`dev_x`,
+        :attr:`dev_csr`; a device whose share is over ``memory_budget`` is refused."""
+        indptr, indices, weight = csr
+        G = len(self.devices)
 
         def hot_rows(limit: int, p: int) -> Tensor:
             return order[p:limit:G]  # vertices of logical partition p (ranks p, p + G, ...), local row = rank // G
@@ -185,13 +230,7 @@ class GlobalMemoryStore:
             need = directory + sum(parts[p][0].numel() * self.feature_row_bytes + parts[p][1][0].numel() * 8
                                    + parts[p][1][1].numel() * edge_bytes for p in stored)
             if memory_budget is not None and need > memory_budget:
-                if gpu_graph_ratio is None or gpu_feature_ratio is None:  # fitted: only the directory overflows
-                    raise ConfigError(f"the memory store needs {format_bytes(need)} on device {g} for its vertex "
-                                      f"directory alone (8 bytes per vertex), more than its share of the budget "
-                                      f"({format_bytes(memory_budget)}); raise --gpu-memory")
-                raise ConfigError(f"the memory store puts {format_bytes(need)} on device {g} at --gpu-graph-ratio "
-                                  f"{gpu_graph_ratio} and --gpu-feature-ratio {gpu_feature_ratio}, more than the "
-                                  f"budget ({format_bytes(memory_budget)}); lower the ratios")
+                _refuse_share(g, need, memory_budget, ratios)
             self.dev_x.append({p: rt.to_device(x.index_select(0, parts[p][0]) if host_source is None
                                                else host_source.gather_unchecked(parts[p][0]), dev)
                                for p in stored})
@@ -200,37 +239,41 @@ class GlobalMemoryStore:
                                      None if weight is None else rt.to_device(weight.index_select(0, parts[p][1][1]),
                                                                               dev))
                                  for p in stored})
+
+    def _place_directory(self) -> None:
+        """Copy the rank directory to every device (once a device): :attr:`directory`."""
         self.directory: dict[rt.Device, Tensor] = {}
         for dev in self.devices:
             if dev not in self.directory:
                 self.directory[dev] = rt.to_device(self.rank, dev)
+
+    def _place_host(self, order: Tensor, csr: tuple[Tensor, Tensor, Tensor | None], x: Tensor, pin: bool,
+                    host_source: FeatureSource | None, host_cache_bytes: int) -> None:
+        """The host tier: :attr:`host_x` (or :attr:`host_source`) and :attr:`host_csr`, pinned where ``pin``."""
+        indptr, indices, weight = csr
         # host memory keeps everything (cold rows are read from it; hot ones never are), as [rows, width] tables
         # the gathers read: row pointers, entries, weights, features
         # On CUDA they are page-locked in place (cudaHostRegister; a pinned copy only where that fails).
         self.pinned: list[rt.PinnedRegion] = []
-
-        def host(t: Tensor) -> Tensor:
-            t = t.contiguous()
-            if not pin:
-                return t
-            t, region = rt.pinned_host(t, device=self.devices[0])
-            if region is not None:
-                self.pinned.append(region)
-            return t
-
-        self.host_x = host(x) if host_source is None else x
+        self.host_x = self._host(x, pin) if host_source is None else x
         self.host_source: FeatureSource | None = None
         """The host tier's rows when not in host memory: the disk tier behind its host cache (``None``: host_x)."""
         if host_source is not None:
             host_source.reset_stats()  # the device tier's rows read above are not the training's reads
             self.host_source = host_cached(host_source, order[self.hot_features:], host_cache_bytes)
-        self.host_csr = (host(indptr).view(-1, 1), host(indices).view(-1, 1),
-                         None if weight is None else host(weight).view(-1, 1))
-        if pin and gather == "auto" and host_source is None and default_gather_method(self.devices[0]) == "uva":
-            self.gather = self._faster_gather()
-        self.readers = [StoreReader(self, g) for g in range(G)]
-        for dev in self.directory:  # every copy made above has landed: any reader's stream may read it
-            rt.synchronize(dev)
+        self.host_csr = (self._host(indptr, pin).view(-1, 1), self._host(indices, pin).view(-1, 1),
+                         None if weight is None else self._host(weight, pin).view(-1, 1))
+
+    def _host(self, t: Tensor, pin: bool) -> Tensor:
+        """``t`` as a host table the gathers read: contiguous, and page-locked where ``pin`` (its region kept in
+        :attr:`pinned`)."""
+        t = t.contiguous()
+        if not pin:
+            return t
+        t, region = rt.pinned_host(t, device=self.devices[0])
+        if region is not None:
+            self.pinned.append(region)
+        return t
 
     def _faster_gather(self, rows: int = 1 << 14, repeats: int = 3) -> str:
         """``uva`` or ``index_select``, whichever reads random host feature rows onto the first device faster (a

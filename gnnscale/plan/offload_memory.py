@@ -125,6 +125,151 @@ class _Pass:
     """Assembled source rows (an exchange's assembly; without one the gathered rows are a load)."""
 
 
+@dataclass
+class _Epoch:
+    """What every pass of :func:`pass_peaks` shares: the model, the chunks, the options and the peaks so far."""
+
+    model: Stack
+    c: Chunks
+    exchange: bool
+    capacity: int
+    multi_part: bool
+    resident: bool
+    idx: int
+    fused_min: float
+    views: bool
+    weights: bool
+    """The adjacency carries edge weights (``gcn`` normalisation)."""
+    p_in: float
+    p: float
+    relu: bool
+    """The next layer's input backpropagated without its forward."""
+    ids_view: Tensor
+    """The previous chunk's destination ids (its output's dropout keys) bound beside its output: a view of its
+    block's source ids, which keeps all ``R`` of them (resident blocks: priced with the blocks)."""
+    out: dict[str, int]
+
+
+def _drops(e: _Epoch, l: int) -> Drops:
+    """Whether layer ``l``'s pass drops out its input rows (layer 0's features) and its output rows."""
+    return Drops(l == 0 and e.p_in > 0, e.p > 0, e.fused_min)
+
+
+def _topology(e: _Epoch, transpose: bool, blocks: bool) -> Tensor:
+    V, R, E = e.c.V, e.c.R, e.c.E
+    if not blocks or e.resident:
+        return torch.zeros_like(V)
+    idx, weights = e.idx, e.weights
+    t = idx * (V + 1) + idx * E + idx * R + (F32 * E if weights else 0)
+    if transpose:
+        t = t + idx * (R + 1) + idx * E + (F32 * E if weights else 0)
+    return t + block_cache_bytes(e.model, V, R, E, transpose)
+
+
+def _loads(e: _Epoch, *, src: int, grad: int, slices: Sequence[int], blocks: bool,
+           transpose: bool) -> tuple[int, Tensor, Tensor, Tensor]:
+    """A pass's transition buffers' bytes, and per chunk its load, its assembled source rows and the newcomer rows
+    of its batch it still holds (see :func:`_run`)."""
+    c, V, R = e.c, e.c.V, e.c.R
+    moves = e.exchange and (src > 0 or grad > 0)
+    persistent = F32 * e.capacity * (src + grad) if moves else 0
+    load = _topology(e, transpose, blocks) + F32 * V * sum(slices) * (not e.views)
+    if blocks and src and not moves:
+        load = load + F32 * R * src  # gathered rows
+    A = torch.zeros_like(V)
+    if moves:
+        load = load + I64 * R * (2 if e.multi_part else 1)  # assembly slots (and positions)
+        if src:
+            load = load + (F32 * src + I64) * c.staged  # newcomer rows and their slots
+            A = F32 * R * src
+        if grad:
+            load = load + I64 * c.staged * c.first  # leaving slots (at most the batch's newcomers)
+    held = F32 * src * c.held if moves and src else torch.zeros_like(V)
+    if moves and src and e.multi_part:
+        A = 2 * A  # the parts gathered, then the assembled rows
+    return persistent, load, A, held
+
+
+def _run(e: _Epoch, name: str, *, src: int, grad: int, slices: Sequence[int], blocks: bool, transpose: bool,
+         compute: Callable[[Tensor, Tensor], Tensor], stale: Callable[[Tensor], Tensor],
+         rebind: Callable[[Tensor], Tensor] | None = None, slack: int = 0) -> None:
+    """One pass: ``src``/``grad`` the widths of the rows/gradients it moves (0: none), ``slices`` the widths
+    of the destination rows it reads; ``compute(A, P)`` the chunk's own peak given its assembled rows' bytes
+    ``A`` and the previous chunk's leftovers ``P`` (``stale(A)`` of that chunk: what it leaves bound until
+    the next chunk rebinds it; ``compute`` adds them where they are still bound), ``rebind(A)`` what the
+    next chunk allocates before its variables let go of the previous chunk's (its source rows, assembled
+    while the old ones are bound)."""
+    persistent, load, A, held = _loads(e, src=src, grad=grad, slices=slices, blocks=blocks, transpose=transpose)
+    nxt, prev = _shift(load, 1), _shift(load, -1)
+    st = stale(A)
+    prev_stale = _shift(st, -1)
+    at_compute = load + nxt + held + compute(A, prev_stale)
+    peak = torch.maximum(at_compute, prev + load + nxt + held + prev_stale)
+    if rebind is not None:
+        peak = torch.maximum(peak, load + nxt + held + rebind(A) + prev_stale)
+    # slack: parameter-gradient temporaries; SMALL: what no row count scales (scalars, per-column vectors)
+    e.out[name] = persistent + slack + SMALL + int(peak.max())
+
+
+def _project_pass(e: _Epoch, l: int, layer: BlockLayer) -> None:
+    V, fi, fa = e.c.V, layer.in_features, layer.out_features
+    _run(e, f"project{l}", src=0, grad=0, slices=[fi], blocks=False, transpose=False,
+         compute=lambda A, P: _project(V, fi, fa, P, _drops(e, l)), stale=lambda A: F32 * V * fi * _drops(e, l)[0])
+
+
+def _project_backward_pass(e: _Epoch, l: int, layer: BlockLayer) -> None:
+    V, fi, fa = e.c.V, layer.in_features, layer.out_features
+    _run(e, f"project_backward{l}", src=0, grad=0, slices=[fi, fa], blocks=False, transpose=False,
+         compute=lambda A, P: _project_backward(V, fi, fa, l, P, _drops(e, l)), slack=2 * _params(layer),
+         stale=lambda A: _project_backward_stale(V, fi, l, _drops(e, l)))
+
+
+def _forward_pass(e: _Epoch, l: int, layer: BlockLayer) -> None:
+    V, R, E = e.c.V, e.c.R, e.c.E
+    fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
+    if proj:
+        _project_pass(e, l, layer)
+    _run(e, f"forward{l}", src=fo if proj else fi, grad=0, slices=[fi] if proj and layer.update_uses_dst else [],
+         blocks=True, transpose=False, compute=lambda A, P: _forward(layer, l, proj, V, R, E, A, _drops(e, l)) + P,
+         stale=lambda A: F32 * V * fo + e.ids_view)
+
+
+def _loss_pass(e: _Epoch, l: int, layer: BlockLayer) -> None:
+    V, R, E = e.c.V, e.c.R, e.c.E
+    fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
+    fa = fo if proj else fi
+    if proj:
+        _project_pass(e, l, layer)
+    _run(e, "loss", src=fa, grad=fa if proj or l > 0 else 0, slices=[fi] if proj and layer.update_uses_dst else [],
+         blocks=True, transpose=layer.sparse_backward and (proj or l > 0),
+         compute=lambda A, P: _loss(layer, l, proj, V, R, E, A, P, _drops(e, l)), slack=2 * _params(layer),
+         stale=lambda A: _loss_stale(layer, l, proj, V, R, A), rebind=lambda A: A)
+    if proj:
+        _project_backward_pass(e, l, layer)
+
+
+def _backward_pass(e: _Epoch, l: int, layer: BlockLayer) -> None:
+    V, R, E = e.c.V, e.c.R, e.c.E
+    fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
+    fa = fo if proj else fi
+    through = (layer.cacheable or proj) and (l > 0 or proj)
+    grad = fa if proj or l > 0 else 0
+    if layer.cacheable or proj:
+        slices = [fa, fo] + ([fi] if layer.update_uses_dst else [])
+        _run(e, f"backward{l}", src=0, grad=grad if through else 0, slices=slices, blocks=through,
+             transpose=layer.sparse_backward and through, slack=2 * _params(layer),
+             compute=lambda A, P: _backward_cached(layer, l, proj, through, V, R, P, _drops(e, l), e.relu),
+             stale=lambda A: _backward_cached_stale(layer, l, proj, through, V, _drops(e, l)))
+    else:
+        _run(e, f"backward{l}", src=fi, grad=grad, slices=[fo], blocks=True, transpose=layer.sparse_backward and l > 0,
+             compute=lambda A, P: _backward_whole(layer, l, V, R, E, A, P, _drops(e, l)), slack=2 * _params(layer),
+             stale=lambda A: _backward_whole_stale(layer, l, V, R, A) if not measured(layer) else
+             F32 * R * fi * (2 if l > 0 else 1),  # a measured layer's input (and its gradient)
+             rebind=lambda A: A + _dropout(R, fi, _drops(e, l)[0], e.fused_min))
+    if proj:
+        _project_backward_pass(e, l, layer)
+
+
 def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_part: bool, resident: bool,
                idx: int = 4, fused_min: float = math.inf, views: bool = False) -> dict[str, int]:
     """Modelled peak device bytes of each pass of a training epoch (beyond the parameters), the largest chunk of
@@ -141,120 +286,16 @@ def pass_peaks(model: Stack, c: Chunks, *, exchange: bool, capacity: int, multi_
     """
     layers = model.block_layers
     L = len(layers)
-    V, R, E = c.V, c.R, c.E
-    out: dict[str, int] = {}
-    weights = model.adjacency.norm == "gcn"
-    p_in, p = getattr(model, "input_dropout", model.dropout), model.dropout
-    relu = model.activation is F.relu  # the next layer's input backpropagated without its forward
-
-    def drops(l: int) -> Drops:
-        """Whether layer ``l``'s pass drops out its input rows (layer 0's features) and its output rows."""
-        return Drops(l == 0 and p_in > 0, p > 0, fused_min)
-
-    def topology(transpose: bool, blocks: bool) -> Tensor:
-        if not blocks or resident:
-            return torch.zeros_like(V)
-        t = idx * (V + 1) + idx * E + idx * R + (F32 * E if weights else 0)
-        if transpose:
-            t = t + idx * (R + 1) + idx * E + (F32 * E if weights else 0)
-        return t + block_cache_bytes(model, V, R, E, transpose)
-
-    def run(name: str, *, src: int, grad: int, slices: Sequence[int], blocks: bool, transpose: bool,
-            compute: Callable[[Tensor, Tensor], Tensor], stale: Callable[[Tensor], Tensor],
-            rebind: Callable[[Tensor], Tensor] | None = None, slack: int = 0) -> None:
-        """One pass: ``src``/``grad`` the widths of the rows/gradients it moves (0: none), ``slices`` the widths
-        of the destination rows it reads; ``compute(A, P)`` the chunk's own peak given its assembled rows' bytes
-        ``A`` and the previous chunk's leftovers ``P`` (``stale(A)`` of that chunk: what it leaves bound until
-        the next chunk rebinds it; ``compute`` adds them where they are still bound), ``rebind(A)`` what the
-        next chunk allocates before its variables let go of the previous chunk's (its source rows, assembled
-        while the old ones are bound)."""
-        moves = exchange and (src > 0 or grad > 0)
-        persistent = F32 * capacity * (src + grad) if moves else 0
-        load = topology(transpose, blocks) + F32 * V * sum(slices) * (not views)
-        if blocks and src and not moves:
-            load = load + F32 * R * src  # gathered rows
-        A = torch.zeros_like(V)
-        if moves:
-            load = load + I64 * R * (2 if multi_part else 1)  # assembly slots (and positions)
-            if src:
-                load = load + (F32 * src + I64) * c.staged  # newcomer rows and their slots
-                A = F32 * R * src
-            if grad:
-                load = load + I64 * c.staged * c.first  # leaving slots (at most the batch's newcomers)
-        held = F32 * src * c.held if moves and src else torch.zeros_like(V)
-        if moves and src and multi_part:
-            A = 2 * A  # the parts gathered, then the assembled rows
-        nxt, prev = _shift(load, 1), _shift(load, -1)
-        st = stale(A)
-        prev_stale = _shift(st, -1)
-        at_compute = load + nxt + held + compute(A, prev_stale)
-        peak = torch.maximum(at_compute, prev + load + nxt + held + prev_stale)
-        if rebind is not None:
-            peak = torch.maximum(peak, load + nxt + held + rebind(A) + prev_stale)
-        # slack: parameter-gradient temporaries; SMALL: what no row count scales (scalars, per-column vectors)
-        out[name] = persistent + slack + SMALL + int(peak.max())
-
-    def project(l: int, layer: BlockLayer) -> None:
-        fi, fa = layer.in_features, layer.out_features
-        run(f"project{l}", src=0, grad=0, slices=[fi], blocks=False, transpose=False,
-            compute=lambda A, P: _project(V, fi, fa, P, drops(l)), stale=lambda A: F32 * V * fi * drops(l)[0])
-
-    def project_backward(l: int, layer: BlockLayer) -> None:
-        fi, fa = layer.in_features, layer.out_features
-        run(f"project_backward{l}", src=0, grad=0, slices=[fi, fa], blocks=False, transpose=False,
-            compute=lambda A, P: _project_backward(V, fi, fa, l, P, drops(l)), slack=2 * _params(layer),
-            stale=lambda A: _project_backward_stale(V, fi, l, drops(l)))
-
-    # the previous chunk's destination ids (its output's dropout keys) stay bound beside its output: a view of its
-    # block's source ids, which keeps all ``R`` of them (resident blocks: priced with the blocks)
-    ids_view = torch.zeros_like(R) if resident else idx * R
-
-    def forward(l: int, layer: BlockLayer) -> None:
-        fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
-        if proj:
-            project(l, layer)
-        run(f"forward{l}", src=fo if proj else fi, grad=0, slices=[fi] if proj and layer.update_uses_dst else [],
-            blocks=True, transpose=False, compute=lambda A, P: _forward(layer, l, proj, V, R, E, A, drops(l)) + P,
-            stale=lambda A: F32 * V * fo + ids_view)
-
-    def loss(l: int, layer: BlockLayer) -> None:
-        fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
-        fa = fo if proj else fi
-        if proj:
-            project(l, layer)
-        run("loss", src=fa, grad=fa if proj or l > 0 else 0, slices=[fi] if proj and layer.update_uses_dst else [],
-            blocks=True, transpose=layer.sparse_backward and (proj or l > 0),
-            compute=lambda A, P: _loss(layer, l, proj, V, R, E, A, P, drops(l)), slack=2 * _params(layer),
-            stale=lambda A: _loss_stale(layer, l, proj, V, R, A), rebind=lambda A: A)
-        if proj:
-            project_backward(l, layer)
-
-    def backward(l: int, layer: BlockLayer) -> None:
-        fi, fo, proj = layer.in_features, layer.out_features, layer.projects_first
-        fa = fo if proj else fi
-        through = (layer.cacheable or proj) and (l > 0 or proj)
-        grad = fa if proj or l > 0 else 0
-        if layer.cacheable or proj:
-            slices = [fa, fo] + ([fi] if layer.update_uses_dst else [])
-            run(f"backward{l}", src=0, grad=grad if through else 0, slices=slices, blocks=through,
-                transpose=layer.sparse_backward and through, slack=2 * _params(layer),
-                compute=lambda A, P: _backward_cached(layer, l, proj, through, V, R, P, drops(l), relu),
-                stale=lambda A: _backward_cached_stale(layer, l, proj, through, V, drops(l)))
-        else:
-            run(f"backward{l}", src=fi, grad=grad, slices=[fo], blocks=True, transpose=layer.sparse_backward and l > 0,
-                compute=lambda A, P: _backward_whole(layer, l, V, R, E, A, P, drops(l)), slack=2 * _params(layer),
-                stale=lambda A: _backward_whole_stale(layer, l, V, R, A) if not measured(layer) else
-                F32 * R * fi * (2 if l > 0 else 1),  # a measured layer's input (and its gradient)
-                rebind=lambda A: A + _dropout(R, fi, drops(l)[0], fused_min))
-        if proj:
-            project_backward(l, layer)
-
+    e = _Epoch(model, c, exchange, capacity, multi_part, resident, idx, fused_min, views,
+               weights=model.adjacency.norm == "gcn", p_in=getattr(model, "input_dropout", model.dropout),
+               p=model.dropout, relu=model.activation is F.relu,
+               ids_view=torch.zeros_like(c.R) if resident else idx * c.R, out={})
     for l in range(L - 1):
-        forward(l, layers[l])
-    loss(L - 1, layers[L - 1])
+        _forward_pass(e, l, layers[l])
+    _loss_pass(e, L - 1, layers[L - 1])
     for l in reversed(range(L - 1)):
-        backward(l, layers[l])
-    return out
+        _backward_pass(e, l, layers[l])
+    return e.out
 
 
 def block_cache_bytes(model: Stack, V: Tensor, R: Tensor, E: Tensor, transpose: bool = True) -> Tensor:

@@ -113,18 +113,6 @@ def fused_dropout_min(devices: Sequence[rt.Device]) -> float:
     return float(cpu_kernels.MIN_ELEMENTS) if on_cpu and cpu_kernels.available() else math.inf
 
 
-Moments = Callable[["_Pass"], Tensor]
-
-
-@dataclass
-class _Pass:
-    """What every moment of a pass may name, per chunk."""
-
-    c: Chunks
-    A: Tensor
-    """Assembled source rows (an exchange's assembly; without one the gathered rows are a load)."""
-
-
 @dataclass
 class _Epoch:
     """What every pass of :func:`pass_peaks` shares: the model, the chunks, the options and the peaks so far."""

@@ -227,8 +227,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gnnscale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{train,predict,partition,plan,info,report,convert}")
+    _add_train_parser(sub)
+    _add_partition_parser(sub)
+    _add_plan_parser(sub)
+    _add_info_parser(sub)
+    _add_predict_parser(sub)
+    _add_report_parser(sub)
+    _add_convert_parser(sub)
+    return parser
 
+
+def _add_train_parser(sub: Any) -> None:
     t = sub.add_parser("train", help="train a model and report accuracy")
+    _add_model_and_run_args(t)
+    group = _option_groups(t)
+    _add_offload_args(t, group)
+    _add_sampling_args(group)
+    _add_host_memory(t.add_argument_group(
+        f"host memory (engines {', '.join(n for n, cls in ENGINES.items() if cls.honours_host_memory())})",
+        "bound the process's peak resident memory: a converted directory's features read from disk"))
+    _add_hybrid_args(group[HybridOptions])
+    _add_taskparallel_args(group[TaskParallelOptions])
+    _add_distributed_args(group[DistributedOptions])
+    _add_checkpoint_args(t)
+    t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
+    t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
+    _add_recalibrate(t)
+    t.set_defaults(command="train")
+
+
+def _add_model_and_run_args(t: argparse.ArgumentParser) -> None:
+    """train's ungrouped flags: the data, the model's (ModelOptions) and the run's (RunOptions)."""
     _add_dataset_args(t, required=False)
     _add_keep_ids(t)
     t.add_argument("--model", choices=list(ALL_MODELS), default="gcn",
@@ -271,7 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "when training on the CPU with room (the engine's host estimate at most half the free "
                         "memory) and no per-edge layer (GAT: there the retained heap fragments, so auto leaves "
                         "glibc's default)")
-    group = _option_groups(t)
+
+
+def _add_offload_args(t: argparse.ArgumentParser, group: dict[type, Any]) -> None:
     o = group[OffloadOptions]
     o.add_argument("--partitions", type=_int, default=1, help="level-1 partitions m (default 1)")
     group[ChunkOptions].add_argument("--chunks", type=_int,
@@ -299,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "cannot hold spill to, as files removed at the end (default: the system's temporary folder); "
                         "without --host-memory nothing spills (said in a warning)")
     _add_plan_dir(group[PartitionOptions])
+
+
+def _add_sampling_args(group: dict[type, Any]) -> None:
     mb = group[MiniBatchOptions]
     sampling = group[SamplingOptions]
     sampling.add_argument("--batch-size", type=_int, default=1024, help="seed vertices per mini-batch (default 1024)")
@@ -322,11 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     group[StoreOptions].add_argument("--hotness", choices=["degree", "presample"], default="degree",
                     help="rank vertices for device memory by out-degree or by access counts of a few sampled "
                          "batches (default degree)")
-    _add_host_memory(t.add_argument_group(
-        f"host memory (engines {', '.join(n for n, cls in ENGINES.items() if cls.honours_host_memory())})",
-        "bound the process's peak resident memory: a converted directory's features read from disk"))
-    _add_hybrid_args(group[HybridOptions])
-    tp = group[TaskParallelOptions]
+
+
+def _add_taskparallel_args(tp: Any) -> None:
     tp.add_argument("--dependency", choices=["exact", "skip"], default="exact",
                     help="exact: every T task before the first P task (the in-memory model exactly); skip: "
                          "Algorithm 1, edges from later subgraphs of the epoch skipped, T and P overlap (default "
@@ -336,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "sets the chunks per subgraph (default: the P group size)")
     tp.add_argument("--t-devices", type=_int, metavar="N",
                     help="devices of --devices that run the T tasks (default: the scheduling model, Eqs. 7-8)")
-    ds = group[DistributedOptions]
+
+
+def _add_distributed_args(ds: Any) -> None:
     ds.add_argument("--ranks", type=_int, metavar="R",
                     help="start R ranks on this machine (without torchrun; under torchrun: the job's size)")
     ds.add_argument("--strategy", choices=list(STRATEGIES), default="micrograph",
@@ -352,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--plan", metavar="FILE",
                     help="a partition plan (gnnscale partition --partitions R) with one part per rank; default: "
                          "partition with --partition-method, reusing a saved plan")
+
+
+def _add_checkpoint_args(t: argparse.ArgumentParser) -> None:
     ck = t.add_argument_group("checkpoints")
     ck.add_argument("--checkpoint", metavar="DIR",
                     help="keep DIR/checkpoint.pt (model, optimiser, epoch, best epoch, records, engine state), "
@@ -367,16 +404,17 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--save-model", metavar="PATH",
                     help="write the model at its best epoch (the weights the reported test accuracy comes from) "
                          "for 'gnnscale predict' and gnnscale.load_model; --checkpoint DIR also keeps DIR/model.pt")
-    t.add_argument("--metrics", metavar="FILE", help="write JSON Lines: one object per epoch, then a summary")
-    t.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
-    _add_recalibrate(t)
-    t.set_defaults(command="train")
 
+
+def _add_partition_parser(sub: Any) -> None:
     pa = sub.add_parser("partition",
                         help="a partition plan without training: two-level partition (offload), task assignment "
                              "(taskparallel) or pipeline prediction (hybrid)")
     _add_partition_args(pa, engine_default=next(n for n, cls in ENGINES.items() if cls.plan_kind == "partition"))
     pa.set_defaults(command="partition")
+
+
+def _add_plan_parser(sub: Any) -> None:
     pl = sub.add_parser("plan",
                         help="which engine --engine auto would choose: every engine of the training mode with its "
                              "estimate or the reasons against it (with --engine: that engine's plan, as partition)")
@@ -389,12 +427,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_whatif_args(pl)
     pl.set_defaults(command="plan")
 
+
+def _add_info_parser(sub: Any) -> None:
     i = sub.add_parser("info", help="print size, degree statistics and memory footprint of a dataset")
     _add_dataset_args(i, required=True)
     _add_keep_ids(i)
     i.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     i.set_defaults(command="info")
 
+
+def _add_predict_parser(sub: Any) -> None:
     pr = sub.add_parser("predict", help="predict every vertex's class with a saved model")
     _add_dataset_args(pr, required=True)
     _add_keep_ids(pr)
@@ -412,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--devices", metavar="LIST", help="comma-separated devices for multi-device engines")
     pr.add_argument("--partitions", type=_int, default=1, help="offload: level-1 partitions (default 1)")
     pr.set_defaults(command="predict")
+
+
+def _add_report_parser(sub: Any) -> None:
     r = sub.add_parser("report", help="plot or tabulate one or more metrics files (loss, accuracy, time, memory, "
                                       "bytes moved per epoch)")
     r.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="metrics files written by 'train --metrics'")
@@ -420,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="png: a figure of panels, runs overlaid (needs matplotlib); md: Markdown tables on stdout "
                         "(default png)")
     r.set_defaults(command="report")
+
+
+def _add_convert_parser(sub: Any) -> None:
     c = sub.add_parser("convert", help="write a dataset in gnnscale's memory-mappable directory format")
     _add_dataset_args(c, required=True)
     _add_keep_ids(c)
@@ -441,7 +489,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: a quarter of the available RAM); every other spec is loaded whole (this has no "
                         "effect on it, said in a note)")
     c.set_defaults(command="convert")
-    return parser
 
 
 def _add_recalibrate(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from gnnscale import progress
@@ -41,7 +42,34 @@ def _warm_imports() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    config = TrainConfig(
+    config = _config(args)
+    _check_outputs(args)
+    status = _start_job(args, config)
+    if status is not None:  # this process started the ranks: their exit status
+        return status
+    device = _device(args, config)
+    timings: dict[str, float] = {}
+    writer = _MetricsWriter(args.metrics) if args.metrics else None  # holds the file's lock until it is closed
+    try:
+        with progress.stage("load", timings):
+            graph = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)
+        check_trainable(graph)
+        print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
+              f"{graph.num_features} features, {graph.num_classes} classes")
+        result = _run(args, config, device, graph, writer, timings)
+        _report(args, config, graph, result, writer)
+    finally:
+        if writer:
+            writer.close()
+    comm = current_comm()
+    if comm is not None:  # a failed job keeps it: main names the failed rank through it
+        comm.close()
+    return 0
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    """The run's configuration, read from train's flags."""
+    return TrainConfig(
         model=args.model, layers=args.layers, hidden=args.hidden, heads=args.heads, dropout=args.dropout,
         input_dropout=args.input_dropout,
         norm=args.norm, residual=args.residual, jk=args.jk, model_factory=args.model_factory,
@@ -62,115 +90,128 @@ def cmd_train(args: argparse.Namespace) -> int:
         ranks=args.ranks, strategy=args.strategy, pregather=args.pregather, merge=args.merge, timeout=args.timeout,
         plan=args.plan,
     )
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse the checkpoint and model flags before anything is loaded."""
     check_checkpoint_args(args.checkpoint, args.checkpoint_every, args.resume)
     if args.save_model:
         check_output(args.save_model, "--save-model")
     if args.checkpoint_iterations and args.checkpoint is None:
         raise ConfigError("--checkpoint-iterations needs --checkpoint DIR (where to write)")
-    rank = 0
-    if requested_mode(config) == "distributed":
-        if not launched():
-            if args.ranks is None:
-                raise ConfigError("--engine distributed runs as a job of ranks: start it with torchrun (torchrun "
-                                  "--nproc-per-node R -m gnnscale train --engine distributed ...) or give --ranks R "
-                                  "to start R ranks on this machine")
-            rank_device(args.device, args.ranks, 0)  # one GPU per rank: say so before any rank starts
-            if args.plan is not None:
-                PartitionPlan.load_for_ranks(args.plan, args.ranks)
-            with job_locks(metrics=args.metrics, checkpoint=args.checkpoint):  # a bad path fails here, before any
-                return run_ranks(args.entry, args.argv, args.ranks)  # rank starts; args.entry: main, run by the ranks
-        rank = int(os.environ["RANK"])
-        if rank != 0:  # rank 0 reports; the others speak only of their own failures (stderr)
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the rest of this rank's life
-            args.metrics, args.save_model, args.quiet = None, None, True
+
+
+def _start_job(args: argparse.Namespace, config: TrainConfig) -> int | None:
+    """A distributed run outside a job starts its ranks here (their exit status); a rank other than 0 goes quiet.
+    ``None``: this process trains."""
+    if requested_mode(config) != "distributed":
+        return None
+    if not launched():
+        if args.ranks is None:
+            raise ConfigError("--engine distributed runs as a job of ranks: start it with torchrun (torchrun "
+                              "--nproc-per-node R -m gnnscale train --engine distributed ...) or give --ranks R "
+                              "to start R ranks on this machine")
+        rank_device(args.device, args.ranks, 0)  # one GPU per rank: say so before any rank starts
+        if args.plan is not None:
+            PartitionPlan.load_for_ranks(args.plan, args.ranks)
+        with job_locks(metrics=args.metrics, checkpoint=args.checkpoint):  # a bad path fails here, before any
+            return run_ranks(args.entry, args.argv, args.ranks)  # rank starts; args.entry: main, run by the ranks
+    rank = int(os.environ["RANK"])
+    if rank != 0:  # rank 0 reports; the others speak only of their own failures (stderr)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the rest of this rank's life
+        args.metrics, args.save_model, args.quiet = None, None, True
+    return None
+
+
+def _device(args: argparse.Namespace, config: TrainConfig) -> torch.device:
+    """The training device (said when auto finds no CUDA), the progress display, and torch's slow imports begun."""
     device = resolve_devices(config, args.device)
     if args.device == "auto" and not config.devices and device.type == "cpu":
         print("no CUDA device found: training on CPU (--device cpu says so and silences this)")
     progress.enable(not args.quiet and sys.stderr.isatty())
     # torch's optimisers import torch._dynamo (seconds) when the engine is built: import it while the data loads
     threading.Thread(target=_warm_imports, daemon=True, name="gnnscale-imports").start()
-    timings: dict[str, float] = {}
-    writer = _MetricsWriter(args.metrics) if args.metrics else None  # holds the file's lock until it is closed
-    try:
-        with progress.stage("load", timings):
-            graph = load_dataset(args.dataset, args.root, seed=args.seed, keep_ids=args.keep_ids)
-        check_trainable(graph)
-        print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
-              f"{graph.num_features} features, {graph.num_classes} classes")
-        bar = tqdm(total=config.epochs, unit="epoch", file=sys.stderr, leave=False,
-                   disable=args.quiet or not sys.stderr.isatty())
+    return device
 
-        def on_epoch(rec: dict[str, Any]) -> None:
+
+def _run(args: argparse.Namespace, config: TrainConfig, device: torch.device, graph: Any,
+         writer: _MetricsWriter | None, timings: dict[str, float]) -> TrainResult:
+    """Train, with the progress bar, the per-epoch lines and metrics, and the resume and stop hooks."""
+    bar = tqdm(total=config.epochs, unit="epoch", file=sys.stderr, leave=False,
+               disable=args.quiet or not sys.stderr.isatty())
+
+    def on_epoch(rec: dict[str, Any]) -> None:
+        if writer:
+            writer.write(rec)
+        bar.update(1)
+        bar.set_postfix(loss=f"{rec['loss']:.4f}", val=_fmt(rec["val_acc"]))
+        if not args.quiet:
+            tqdm.write(f"epoch {rec['epoch']:>4}/{config.epochs}  loss {rec['loss']:.4f}  "
+                       f"train {_fmt(rec['train_acc'])}  val {_fmt(rec['val_acc'])}  "
+                       f"test {_fmt(rec['test_acc'])}  training {rec['epoch_time_s']:.3f}s", file=sys.stdout)
+
+    def on_resume(history: list[dict[str, Any]]) -> None:
+        print(f"resuming from {args.checkpoint} after epoch {history[-1]['epoch'] if history else 0}")
+        bar.update(len(history))
+        for rec in history:  # the metrics file continues the old run's (rewritten from the checkpoint)
             if writer:
                 writer.write(rec)
-            bar.update(1)
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", val=_fmt(rec["val_acc"]))
-            if not args.quiet:
-                tqdm.write(f"epoch {rec['epoch']:>4}/{config.epochs}  loss {rec['loss']:.4f}  "
-                           f"train {_fmt(rec['train_acc'])}  val {_fmt(rec['val_acc'])}  "
-                           f"test {_fmt(rec['test_acc'])}  training {rec['epoch_time_s']:.3f}s", file=sys.stdout)
 
-        def on_start(engine: Any, rejected: dict[str, list[str]], ready: dict[str, float]) -> None:
-            for name, reasons in rejected.items():
-                print(f"engine {name} rejected: {'; '.join(reasons)}")
-            if getattr(rejected, "why", ""):  # --engine auto's choice by predicted epoch time
-                print(rejected.why)  # type: ignore[attr-defined]
-            detail = engine.describe()
-            if detail:
-                print(detail)
-            print(_ready_line(ready, engine.timings), flush=True)
+    def on_stop(partial: TrainResult, exc: BaseException) -> None:
+        _keep_stopped_model(args, partial, exc, config, graph)
 
-        def on_resume(history: list[dict[str, Any]]) -> None:
-            print(f"resuming from {args.checkpoint} after epoch {history[-1]['epoch'] if history else 0}")
-            bar.update(len(history))
-            for rec in history:  # the metrics file continues the old run's (rewritten from the checkpoint)
-                if writer:
-                    writer.write(rec)
+    if args.recalibrate:  # the predicted epoch times (--engine auto's choice) priced with fresh rates
+        rates(rt.torch_device(device), recalibrate=True)
+    result = train(graph, config, device, on_epoch=on_epoch, on_start=_on_start, timings=timings,
+                   checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                   checkpoint_iterations=args.checkpoint_iterations, resume=args.resume, on_resume=on_resume,
+                   on_stop=on_stop)
+    bar.close()
+    return result
 
-        def on_stop(partial: TrainResult, exc: BaseException) -> None:
-            _keep_stopped_model(args, partial, exc, config, graph)
 
-        if args.recalibrate:  # the predicted epoch times (--engine auto's choice) priced with fresh rates
-            rates(rt.torch_device(device), recalibrate=True)
-        result = train(graph, config, device, on_epoch=on_epoch, on_start=on_start, timings=timings,
-                       checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                       checkpoint_iterations=args.checkpoint_iterations, resume=args.resume, on_resume=on_resume,
-                       on_stop=on_stop)
-        bar.close()
-        s = result.summary
-        factory = f" (--model-factory {s['model_factory']})" if s["model_factory"] else ""
-        print(f"engine {result.engine} on {s['device']}, model {s['model']}{factory}, {config.epochs} "
-              f"epoch{'s' * (config.epochs != 1)} in {_wall_line(s, args.checkpoint is not None)}")
-        caveat = "; made-up labels (random): this accuracy is not a result" if "labels" in s["made_up"] else ""
-        if s["best_by"] == "val":
-            print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
-                  f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}{caveat}")
-        else:
-            print(f"no validation vertices: best epoch {s['best_epoch']} by training accuracy, test accuracy "
-                  f"{_fmt(s['test_acc_at_best_val'])} there; final test accuracy {_fmt(s['final_test_acc'])}{caveat}")
-        last = result.history[-1]
-        if "predicted_t_s" in last:
-            print(f"task forward times, last epoch (summed over devices): T tasks {last['t_forward_s']:.3f}s "
-                  f"measured vs {last['predicted_t_s']:.3g}s predicted by Eq. 5; P tasks {last['p_forward_s']:.3f}s "
-                  f"vs {last['predicted_p_s']:.3g}s by Eq. 6 (with recomputation and backward: T "
-                  f"{last['t_busy_s']:.3f}s, P {last['p_busy_s']:.3f}s)")
-        if s.get("engine_report"):
-            _print_stage_table(s["engine_report"])
-        if writer:
-            writer.write(s)
-        if args.save_model:
-            saved = write_output(args.save_model, lambda p: save_model(p, result.model, config, graph,
-                                                                       result.best_state),
-                                 flag="--save-model", what="model")
-            again = f" (predict builds it again with --model-factory {config.model_factory})" if factory else ""
-            print(f"saved the epoch-{s['best_epoch']} model to {saved}{again}")
-    finally:
-        if writer:
-            writer.close()
-    comm = current_comm()
-    if comm is not None:  # a failed job keeps it: main names the failed rank through it
-        comm.close()
-    return 0
+def _on_start(engine: Any, rejected: dict[str, list[str]], ready: dict[str, float]) -> None:
+    """The engines rejected and why auto chose, the engine's own lines, and where the time before training went."""
+    for name, reasons in rejected.items():
+        print(f"engine {name} rejected: {'; '.join(reasons)}")
+    if getattr(rejected, "why", ""):  # --engine auto's choice by predicted epoch time
+        print(rejected.why)  # type: ignore[attr-defined]
+    detail = engine.describe()
+    if detail:
+        print(detail)
+    print(_ready_line(ready, engine.timings), flush=True)
+
+
+def _report(args: argparse.Namespace, config: TrainConfig, graph: Any, result: TrainResult,
+            writer: _MetricsWriter | None) -> None:
+    """The summary lines, the summary record of the metrics file, and the saved model."""
+    s = result.summary
+    factory = f" (--model-factory {s['model_factory']})" if s["model_factory"] else ""
+    print(f"engine {result.engine} on {s['device']}, model {s['model']}{factory}, {config.epochs} "
+          f"epoch{'s' * (config.epochs != 1)} in {_wall_line(s, args.checkpoint is not None)}")
+    caveat = "; made-up labels (random): this accuracy is not a result" if "labels" in s["made_up"] else ""
+    if s["best_by"] == "val":
+        print(f"test accuracy {_fmt(s['test_acc_at_best_val'])} at best val {_fmt(s['best_val_acc'])} "
+              f"(epoch {s['best_epoch']}); final test accuracy {_fmt(s['final_test_acc'])}{caveat}")
+    else:
+        print(f"no validation vertices: best epoch {s['best_epoch']} by training accuracy, test accuracy "
+              f"{_fmt(s['test_acc_at_best_val'])} there; final test accuracy {_fmt(s['final_test_acc'])}{caveat}")
+    last = result.history[-1]
+    if "predicted_t_s" in last:
+        print(f"task forward times, last epoch (summed over devices): T tasks {last['t_forward_s']:.3f}s "
+              f"measured vs {last['predicted_t_s']:.3g}s predicted by Eq. 5; P tasks {last['p_forward_s']:.3f}s "
+              f"vs {last['predicted_p_s']:.3g}s by Eq. 6 (with recomputation and backward: T "
+              f"{last['t_busy_s']:.3f}s, P {last['p_busy_s']:.3f}s)")
+    if s.get("engine_report"):
+        _print_stage_table(s["engine_report"])
+    if writer:
+        writer.write(s)
+    if args.save_model:
+        saved = write_output(args.save_model, lambda p: save_model(p, result.model, config, graph,
+                                                                   result.best_state),
+                             flag="--save-model", what="model")
+        again = f" (predict builds it again with --model-factory {config.model_factory})" if factory else ""
+        print(f"saved the epoch-{s['best_epoch']} model to {saved}{again}")
 
 
 def _ready_line(ready: dict[str, float], engine_steps: dict[str, float]) -> str:
